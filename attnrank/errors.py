@@ -1,0 +1,82 @@
+"""Typed errors. Every error carries an ``error_type`` (the API's error body field) and a
+message that says what to do. The API maps error types to HTTP statuses."""
+
+from __future__ import annotations
+
+
+class AttnrankError(Exception):
+    """Base class of all attnrank errors."""
+
+    error_type: str = "internal"
+    status_code: int = 500
+
+
+class ValidationError(AttnrankError, ValueError):
+    """Bad input from a caller (HTTP 422)."""
+
+    error_type = "validation"
+    status_code = 422
+
+
+class UnknownNameError(ValidationError, KeyError):
+    """An unknown retriever, reranker, metric or other registry name (HTTP 422)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class ContextOverflowError(ValidationError):
+    """A reranking prompt would exceed the model's context (HTTP 422).
+
+    Attributes:
+        max_candidates: The largest candidate count that fits (0 when none does).
+    """
+
+    def __init__(self, message: str, max_candidates: int) -> None:
+        super().__init__(message)
+        self.max_candidates = max_candidates
+
+
+class NotFoundError(AttnrankError, LookupError):
+    """A document, index or collection that does not exist (HTTP 404)."""
+
+    error_type = "not_found"
+    status_code = 404
+
+
+class IndexMismatchError(AttnrankError):
+    """An index built with other models or parameters than those requested (HTTP 409)."""
+
+    error_type = "index_mismatch"
+    status_code = 409
+
+
+class ModelLoadError(AttnrankError):
+    """A model that cannot be found or loaded (HTTP 503)."""
+
+    error_type = "model_unavailable"
+    status_code = 503
+
+
+class MissingDependencyError(AttnrankError, ImportError):
+    """An optional dependency is not installed; the message names the pip command."""
+
+    error_type = "missing_dependency"
+    status_code = 500
+
+
+def require(module: str, extra: str):
+    """Import ``module`` or raise :class:`MissingDependencyError` naming the extra to install.
+
+    Raises:
+        MissingDependencyError: chained to the original ImportError.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(
+            f"{module!r} is needed here but could not be imported ({exc}); install it with "
+            f"`pip install 'attnrank[{extra}]'`"
+        ) from exc

@@ -1,0 +1,86 @@
+"""By-name registries of retrievers, rerankers and the index opener.
+
+Targets are ``"module:attribute"`` strings imported on first use, so that ``attnrank``
+never imports ``index``/``retriever``/``reranker`` at import time (dependencies point one
+way) and heavy libraries load only when a stage is built. Plugins add entries with
+:func:`register_retriever` / :func:`register_reranker`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from attnrank.errors import UnknownNameError
+
+_RETRIEVERS: dict[str, str | Callable[..., Any]] = {
+    "bm25": "retriever.bm25:BM25Retriever",
+    "dense": "retriever.dense:DenseRetriever",
+    "hybrid": "retriever.hybrid:HybridRetriever",
+}
+_RERANKERS: dict[str, str | Callable[..., Any]] = {
+    "icr": "reranker.icr:ICRReranker",
+}
+_INDEX_OPENER = "index.store:Index.open"
+
+
+def _resolve(target: str | Callable[..., Any]) -> Any:
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def retriever_names() -> list[str]:
+    return sorted(_RETRIEVERS)
+
+
+def reranker_names() -> list[str]:
+    return sorted(_RERANKERS)
+
+
+def register_retriever(name: str, target: str | Callable[..., Any]) -> None:
+    """Register a retriever class (with ``from_index(index, **options)``) under ``name``."""
+    _RETRIEVERS[name] = target
+
+
+def register_reranker(name: str, target: str | Callable[..., Any]) -> None:
+    """Register a reranker class (with ``from_config(RerankerConfig)``) under ``name``."""
+    _RERANKERS[name] = target
+
+
+def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
+    try:
+        target = table[name]
+    except KeyError:
+        raise UnknownNameError(f"unknown {kind} {name!r}; choose one of {sorted(table)}") from None
+    return _resolve(target)
+
+
+def retriever_class(name: str) -> Any:
+    """The retriever class registered as ``name``. Raises UnknownNameError."""
+    return _lookup(_RETRIEVERS, "retriever", name)
+
+
+def reranker_class(name: str) -> Any:
+    """The reranker class registered as ``name``. Raises UnknownNameError."""
+    return _lookup(_RERANKERS, "reranker", name)
+
+
+def build_retriever(name: str, index: Any, **options: Any) -> Any:
+    """Build retriever ``name`` over an opened index. Raises UnknownNameError."""
+    return retriever_class(name).from_index(index, **options)
+
+
+def build_reranker(config: Any) -> Any:
+    """Build the reranker named by ``config.method`` from a RerankerConfig. Raises UnknownNameError."""
+    return reranker_class(config.method).from_config(config)
+
+
+def open_index(path: str, **options: Any) -> Any:
+    """Open an index directory (``index.store.Index.open``)."""
+    return _resolve(_INDEX_OPENER)(path, **options)
