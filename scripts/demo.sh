@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set everything up, index BEIR NFCorpus from ../shared/data, and serve /search with
+# attention reranking on http://127.0.0.1:${PORT:-8000}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${ATTNRANK_DATA:-../shared/data}
+INDEX=${ATTNRANK_INDEX:-indexes/nfcorpus}
+PORT=${PORT:-8000}
+bash scripts/setup.sh
+if [ ! -f "$INDEX/params.json" ]; then
+  .venv/bin/attnrank index build --corpus "$DATA/beir-nfcorpus" --out "$INDEX"
+fi
+.venv/bin/attnrank serve --index "$INDEX" --port "$PORT" &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null' EXIT INT TERM
+for _ in $(seq 1 600); do
+  if curl -fs "http://127.0.0.1:$PORT/health" 2>/dev/null | grep -q '"ok"'; then break; fi
+  kill -0 $SERVER 2>/dev/null || { echo "server exited" >&2; exit 1; }
+  sleep 1
+done
+cat <<MSG
+
+attnrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Try:
+
+  curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
+    -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "retriever": "hybrid", "rerank": {"method": "icr", "candidates": 20}}'
+
+MSG
+wait $SERVER
