@@ -21,6 +21,7 @@ _RETRIEVERS: dict[str, str | Callable[..., Any]] = {
 }
 _RERANKERS: dict[str, str | Callable[..., Any]] = {
     "icr": "reranker.icr:ICRReranker",
+    "blockrank": "reranker.blockrank:BlockRankReranker",
 }
 _INDEX_OPENER = "index.store:Index.open"
 
