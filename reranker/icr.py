@@ -150,8 +150,11 @@ class ICRReranker(AttentionReranker):
         )
 
     # -- prompt ----------------------------------------------------------------------
-    def build_prompt(self, query: str, candidates: Sequence[Document]) -> ICRPrompt:
+    def build_prompt(self, query: str, candidates: Sequence[Document], *, check_context: bool = True) -> ICRPrompt:
         """Tokenise the ICR prompt for ``query`` and ``candidates`` (first-stage order).
+
+        ``check_context=False`` builds prompts past the model's trained positions (only for
+        benchmarks that time the full-attention path there).
 
         Raises:
             ContextOverflowError: the prompt exceeds the model's context; the error names
@@ -185,7 +188,7 @@ class ICRReranker(AttentionReranker):
 
         prompt = ICRPrompt(context, spans, span(query), span(CALIBRATION_QUERY), truncated)
         limit = self.lm.max_positions
-        if prompt.total_tokens > limit:
+        if check_context and prompt.total_tokens > limit:
             fixed = len(head) + len(sep) + max(len(prompt.query_ids), len(prompt.calib_ids))
             n, used = 0, fixed
             for i in range(len(candidates)):  # top candidates first

@@ -1,0 +1,218 @@
+"""Shared evaluation steps: query selection, running the pipeline, building the report.
+
+Both :mod:`eval.beir` and :mod:`eval.trecdl` run queries through the same
+:class:`attnrank.pipeline.Pipeline` that serves the API, then evaluate its output here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from attnrank.errors import UnknownNameError, ValidationError
+from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
+from attnrank.types import Qrels, Query
+from eval.metrics import evaluate_run
+from eval.report import EvalReport, jsonable, latency_summary, now_iso, save_report
+
+logger = logging.getLogger(__name__)
+
+EVAL_TOP_K = 100
+"""Depth of the evaluated rankings and of the written run files."""
+
+
+def select_queries(
+    queries: Mapping[str, Query], qrels: Qrels, max_queries: int | None, seed: int
+) -> tuple[list[Query], list[str]]:
+    """The queries to evaluate: those with qrels, optionally a fixed seeded subset.
+
+    The subset is ``random.Random(seed).sample(sorted(ids), max_queries)``, then sorted,
+    so the same ``(max_queries, seed)`` always picks the same queries.
+
+    Args:
+        queries: Query texts by id (may hold queries of other splits).
+        qrels: Judgements of the evaluated split; only queries with at least one
+            judgement are evaluated.
+        max_queries: Subset size; ``None`` (or at least the number of judged queries) = all.
+        seed: Seed of the subset.
+
+    Returns:
+        ``(queries, missing)``: the selected queries sorted by id, and the judged query ids
+        that have no query text (left out, logged).
+
+    Raises:
+        ValidationError: ``max_queries < 1``, or no judged query has a text.
+    """
+    if max_queries is not None and max_queries < 1:
+        raise ValidationError(f"max_queries must be >= 1, got {max_queries}")
+    judged = sorted(q for q, judgements in qrels.items() if judgements)
+    missing = [q for q in judged if q not in queries]
+    if missing:
+        logger.warning("%d judged queries have no query text and are left out: %s", len(missing), missing[:10])
+    ids = [q for q in judged if q in queries]
+    if not ids:
+        raise ValidationError("no judged query has a query text; check the queries and qrels files")
+    if max_queries is not None and max_queries < len(ids):
+        ids = sorted(random.Random(seed).sample(ids, max_queries))
+        logger.info("evaluating a seeded subset of %d of %d judged queries (seed %d)", len(ids), len(judged), seed)
+    return [queries[q] for q in ids], missing
+
+
+def report_name(*parts: object) -> str:
+    """Join name parts with ``-``, replacing characters unsafe in file names and run tags."""
+    return "-".join(re.sub(r"[^A-Za-z0-9._=+-]+", "_", str(p)) for p in parts if p not in (None, ""))
+
+
+def subset_suffix(n_selected: int, max_queries: int | None, seed: int) -> str | None:
+    """``"q<n>-s<seed>"`` when a subset was drawn, else ``None``."""
+    return f"q{n_selected}-s{seed}" if max_queries is not None else None
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A reranker/pipeline config dataclass as a JSON-ready dict."""
+    from dataclasses import asdict
+
+    return jsonable(asdict(config))
+
+
+def check_rerank_name(rerank: str) -> None:
+    """Fail early on an unknown reranker name (before indexes or models load).
+
+    Raises:
+        UnknownNameError: ``rerank`` is neither ``"none"`` nor a registered reranker.
+    """
+    from attnrank import registry
+
+    if rerank != NO_RERANK and rerank not in registry.reranker_names():
+        raise UnknownNameError(f"unknown reranker {rerank!r}; choose one of {[NO_RERANK, *registry.reranker_names()]}")
+
+
+def preload_reranker(pipeline: Pipeline, method: str) -> None:
+    """Build reranker ``method`` and load its model now, so that model loading is not
+    counted in the first query's latency (rerankers with ``load()`` load lazily otherwise)."""
+    reranker = pipeline.reranker(method)
+    load = getattr(reranker, "load", None)
+    if callable(load):
+        load()
+
+
+def run_evaluation(
+    pipeline: Pipeline,
+    queries: Sequence[Query],
+    qrels: Qrels,
+    options: SearchOptions,
+    metrics: Sequence[str],
+    *,
+    name: str,
+    dataset: str,
+    split: str,
+    first_stage: str,
+    out_dir: str | Path,
+    inputs: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    missing: Sequence[str] = (),
+    show_progress: bool = True,
+) -> EvalReport:
+    """Search ``queries`` with ``pipeline``, evaluate, write ``<out_dir>/<name>.trec`` and
+    ``<out_dir>/<name>.json``.
+
+    Queries are reranked one at a time (a progress bar counts queries); per-query
+    latencies come from :attr:`attnrank.pipeline.SearchResult.timings`. The reranker's
+    model is loaded before the first query and its load time reported apart. When reranking,
+    the first-stage ranking (top ``options.top_k``) is evaluated too.
+
+    Returns:
+        The saved :class:`~eval.report.EvalReport`.
+
+    Raises:
+        ValidationError, UnknownNameError, ContextOverflowError: from the pipeline.
+    """
+    from attnrank.data import write_trec_run
+
+    reranking = options.rerank != NO_RERANK
+    load_seconds = None
+    if reranking:
+        pipeline.validate(options)  # fail on bad options before loading a model
+        t0 = time.perf_counter()
+        preload_reranker(pipeline, options.rerank)
+        load_seconds = time.perf_counter() - t0
+        logger.info("reranker %r ready in %.1f s", options.rerank, load_seconds)
+    logger.info("evaluating %s on %d queries", name, len(queries))
+    results = pipeline.search_batch(list(queries), options, show_progress=show_progress)
+    qids = [r.query.query_id for r in results]
+    run = {r.query.query_id: r.ranking.to_dict() for r in results}
+    ev = evaluate_run(run, qrels, metrics, query_ids=qids)
+
+    base = None
+    if reranking:
+        base_run = {r.query.query_id: r.first_stage.top(options.top_k).to_dict() for r in results}
+        base = evaluate_run(base_run, qrels, metrics, query_ids=qids)
+
+    timings = {r.query.query_id: {k: float(v) for k, v in r.timings.items()} for r in results}
+    truncation: dict[str, int] = {}
+    prompt_tokens: dict[str, float] = {}
+    reranker_info = None
+    if reranking:
+        rrs = [r.rerank for r in results if r.rerank is not None]
+        truncation = {
+            "docs_reranked": sum(len(rr.ranking) for rr in rrs),
+            "docs_truncated": sum(len(rr.truncated) for rr in rrs),
+            "queries_with_truncation": sum(1 for rr in rrs if rr.truncated),
+        }
+        total_tokens = sum(int(rr.prompt_tokens) for rr in rrs)
+        prompt_tokens = {"total": total_tokens, "mean": total_tokens / len(rrs) if rrs else 0.0}
+        reranker_info = jsonable(dict(pipeline.reranker(options.rerank).describe()))
+        if truncation["docs_truncated"]:
+            logger.info("%d of %d reranked documents were truncated to the token budget",
+                        truncation["docs_truncated"], truncation["docs_reranked"])
+
+    out_dir = Path(out_dir)
+    run_path = out_dir / f"{name}.trec"
+    write_trec_run(run, run_path, tag=name)
+    logger.info("wrote run %s", run_path)
+
+    report = EvalReport(
+        name=name,
+        dataset=dataset,
+        split=split,
+        first_stage=first_stage,
+        rerank=options.rerank,
+        candidates=options.candidates if reranking else None,
+        top_k=options.top_k,
+        query_ids=ev.query_ids,
+        metrics=ev.aggregate,
+        per_query=ev.per_query,
+        first_stage_metrics=base.aggregate if base else None,
+        first_stage_per_query=base.per_query if base else None,
+        timings=timings,
+        latency=latency_summary(timings),
+        reranker=reranker_info,
+        index=jsonable(dict(pipeline.describe_index)) if pipeline.describe_index else None,
+        truncation=truncation,
+        prompt_tokens=prompt_tokens,
+        excluded_query_ids=sorted(set(missing) | set(ev.excluded)),
+        inputs=jsonable(dict(inputs or {})),
+        params=jsonable(dict(params or {})),
+        argv=list(sys.argv),
+        timestamp=now_iso(),
+        run_file=str(run_path),
+        reranker_load_seconds=load_seconds,
+    )
+    save_report(report, out_dir / f"{name}.json")
+    return report

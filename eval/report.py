@@ -1,0 +1,247 @@
+"""Evaluation reports: one JSON-serialisable record per evaluation run.
+
+A report holds what was evaluated (dataset, split, query ids, first stage, reranker,
+candidates), the results (aggregate and per-query metrics, per-query latencies), and what
+is needed to reproduce them (reranker and index identity, arguments, command line, time).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from attnrank.errors import NotFoundError, ValidationError
+
+logger = logging.getLogger(__name__)
+
+REPORT_FORMAT = 1
+"""Version of the JSON layout written by :func:`save_report`."""
+
+STAGES = ("retrieve", "hydrate", "rerank", "total")
+"""Timed pipeline stages (seconds per query)."""
+
+
+@dataclass
+class EvalReport:
+    """The result of one evaluation.
+
+    Attributes:
+        name: File stem of the run and report (encodes dataset, split, first stage,
+            reranker, candidates and subset).
+        dataset: Dataset name (the data folder name, e.g. ``"beir-nfcorpus"``).
+        split: Qrels split (``"test"``, ``"dev"``, ...).
+        first_stage: Retriever name (``"bm25"``) or first-stage run (``"run:BM25"``).
+        rerank: Reranker name, or ``"none"``.
+        candidates: First-stage hits sent to the reranker; ``None`` without reranking.
+        top_k: Depth of the evaluated ranking (hits per query in the run file).
+        query_ids: Evaluated queries (with qrels), sorted.
+        metrics: Aggregate metrics ``{name: mean}`` (values in [0, 1]).
+        per_query: ``{query_id: {metric: value}}``.
+        first_stage_metrics: Aggregate metrics of the first-stage ranking (top ``top_k``),
+            when reranking; ``None`` otherwise.
+        first_stage_per_query: Per-query first-stage metrics, when reranking.
+        timings: ``{query_id: {stage: seconds}}`` for the stages in :data:`STAGES`
+            (``retrieve`` is the batch retrieval time divided by the number of queries).
+        latency: ``{stage: {"mean", "median", "p95"}}`` in seconds, over queries.
+        reranker: The reranker's ``describe()`` (model identity and file hash, prompt
+            template version, ``max_doc_tokens``, ...); ``None`` without reranking.
+        index: The index's ``describe()``; ``None`` when there is no index.
+        truncation: ``{"docs_reranked", "docs_truncated", "queries_with_truncation"}``:
+            documents whose content was cut to ``max_doc_tokens`` LM tokens.
+        prompt_tokens: ``{"total", "mean"}`` LM tokens processed per query when reranking.
+        excluded_query_ids: Queries left out because they have no qrels.
+        inputs: Input files and their hashes (qrels, run JSON, corpus).
+        params: The evaluation function's arguments.
+        argv: The command line of the process.
+        timestamp: ISO 8601 UTC time at which the report was made.
+        run_file: Path of the TREC run file written with the report, if any.
+        reranker_load_seconds: Time to build the reranker and load its model before the
+            first query (not part of ``timings``); ``None`` without reranking.
+        format: Report layout version (:data:`REPORT_FORMAT`).
+    """
+
+    name: str
+    dataset: str
+    split: str
+    first_stage: str
+    rerank: str
+    candidates: int | None
+    top_k: int
+    query_ids: list[str]
+    metrics: dict[str, float]
+    per_query: dict[str, dict[str, float]]
+    first_stage_metrics: dict[str, float] | None = None
+    first_stage_per_query: dict[str, dict[str, float]] | None = None
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    reranker: dict[str, Any] | None = None
+    index: dict[str, Any] | None = None
+    truncation: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: dict[str, float] = field(default_factory=dict)
+    excluded_query_ids: list[str] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    timestamp: str = field(default_factory=lambda: now_iso())
+    run_file: str | None = None
+    reranker_load_seconds: float | None = None
+    format: int = REPORT_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (values converted with :func:`jsonable`)."""
+        return jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EvalReport:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (logged).
+
+        Raises:
+            ValidationError: a required field is missing.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            logger.debug("ignoring unknown report fields %s", unknown)
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:
+            raise ValidationError(f"not an attnrank evaluation report: {exc}") from None
+
+    @property
+    def label(self) -> str:
+        """Short human label: ``first_stage`` or ``first_stage>rerank@candidates``."""
+        if self.rerank == "none":
+            return self.first_stage
+        return f"{self.first_stage}>{self.rerank}@{self.candidates}"
+
+
+def now_iso() -> str:
+    """Current UTC time as ISO 8601 with seconds, e.g. ``2025-01-31T12:00:00+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def jsonable(value: Any) -> Any:
+    """Convert to JSON-compatible values: mappings -> dict, sequences -> list, paths -> str,
+    numpy scalars -> Python numbers, non-finite floats -> ``None``."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return [jsonable(v) for v in items]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        return value
+    return str(value)
+
+
+def summarize_latency(values: Iterable[float]) -> dict[str, float]:
+    """``{"mean", "median", "p95"}`` of per-query seconds (NaN for no values).
+
+    ``p95`` uses linear interpolation between order statistics (numpy's default).
+    """
+    xs = sorted(float(v) for v in values)
+    if not xs:
+        return {"mean": math.nan, "median": math.nan, "p95": math.nan}
+    pos = 0.95 * (len(xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    p95 = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return {"mean": math.fsum(xs) / len(xs), "median": statistics.median(xs), "p95": p95}
+
+
+def latency_summary(timings: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """Per-stage :func:`summarize_latency` over the per-query ``timings``."""
+    return {s: summarize_latency(t[s] for t in timings.values() if s in t) for s in STAGES}
+
+
+def save_report(report: EvalReport, path: str | Path) -> Path:
+    """Write ``report`` as indented JSON (parent folders are created).
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    logger.info("wrote report %s", path)
+    return path
+
+
+def load_report(path: str | Path) -> EvalReport:
+    """Read a report written by :func:`save_report`.
+
+    Raises:
+        NotFoundError: the file does not exist.
+        ValidationError: the file is not a report.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise NotFoundError(f"report {str(path)!r} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"report {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValidationError(f"report {str(path)!r} is not a JSON object")
+    return EvalReport.from_dict(data)
+
+
+def _fmt_metric(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * value:.1f}"
+
+
+def _fmt_ms(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    ms = 1000 * value
+    return f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
+def format_table(reports: Sequence[EvalReport]) -> str:
+    """A plain-text table: one row per report (plus a base row for the first stage of
+    reranking reports), metrics x100 with one decimal, latency in ms per query.
+
+    Latency columns are the total pipeline time per query (retrieve + hydrate + rerank;
+    mean and p95 over queries, model loading excluded); ``-`` for base rows.
+    """
+    metric_names: list[str] = []
+    for r in reports:
+        for name in list(r.metrics) + list(r.first_stage_metrics or {}):
+            if name not in metric_names:
+                metric_names.append(name)
+    header = ["dataset", "split", "system", "queries", *metric_names, "ms/q", "p95 ms"]
+    rows: list[list[str]] = []
+    for r in reports:
+        n = str(len(r.query_ids))
+        if r.first_stage_metrics is not None:
+            rows.append([r.dataset, r.split, f"{r.first_stage} (base)", n,
+                         *(_fmt_metric(r.first_stage_metrics.get(m)) for m in metric_names), "-", "-"])
+        lat = r.latency.get("total", {})
+        rows.append([r.dataset, r.split, r.label, n, *(_fmt_metric(r.metrics.get(m)) for m in metric_names),
+                     _fmt_ms(lat.get("mean")), _fmt_ms(lat.get("p95"))])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    left = 3  # text columns are left-aligned, numbers right-aligned
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(header), line(["-" * w for w in widths])]
+    out += [line(row) for row in rows]
+    return "\n".join(out)

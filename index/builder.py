@@ -1,0 +1,269 @@
+"""Build an index directory from a BEIR corpus (``attnrank index build``).
+
+Layout of the directory (written to a temporary sibling and renamed into place at the
+end, so a failed build never leaves a half-written index behind)::
+
+    docs.sqlite     documents (SQLiteDocStore); vid = corpus position
+    bm25/           bm25s arrays + vocabulary + analyzer.json   (rows = vid)
+    vectors.faiss   IndexIDMap2(IndexFlatIP), labels = vid       (absent with dense=False)
+    params.json     how it was built (see build_index)
+
+The corpus is streamed in batches (Arrow memory map -> documents -> SQLite, BM25 tokens,
+embeddings), so only the BM25 token lists and the vectors grow with the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import platform
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime, timezone
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnrank.data import find_beir_corpus, iter_beir_documents, load_beir_corpus
+from attnrank.errors import NotFoundError, ValidationError
+from attnrank.types import Document
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+"""Version of the index directory layout; :class:`index.store.Index` refuses others."""
+PARAMS_FILE = "params.json"
+DOCS_FILE = "docs.sqlite"
+BM25_DIR = "bm25"
+_READ_BATCH = 1000
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a file's bytes (as stored, e.g. still gzipped)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries an index depends on (``None`` = not installed)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("attnrank", "bm25s", "PyStemmer", "faiss-cpu", "faiss-gpu", "sentence-transformers",
+                 "transformers", "torch", "datasets", "numpy"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    if out.get("faiss-gpu") is None:
+        out.pop("faiss-gpu")
+    return out
+
+
+def load_metadata_file(path: Path) -> dict[str, dict[str, Any]]:
+    """``{doc_id: fields}`` from a JSONL of ``{"doc_id": ..., ...fields}`` lines.
+
+    Later lines for the same doc id update earlier ones.
+
+    Raises:
+        NotFoundError: missing file.
+        ValidationError: a line that is not a JSON object with a ``doc_id``.
+    """
+    if not path.is_file():
+        raise NotFoundError(f"metadata file not found: {path}")
+    out: dict[str, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValidationError(f"{path}:{lineno}: not JSON ({exc})") from None
+            if not isinstance(row, dict) or "doc_id" not in row:
+                raise ValidationError(f"{path}:{lineno}: expected an object with a 'doc_id' field")
+            doc_id = str(row.pop("doc_id"))
+            out.setdefault(doc_id, {}).update(row)
+    return out
+
+
+def _batched(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def _check_target(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ValidationError(f"index path {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ValidationError(f"index directory {out} exists and is not empty; pass overwrite=True (--overwrite)")
+
+
+def build_index(
+    corpus: str | Path,
+    out: str | Path,
+    *,
+    embedder: str | None = None,
+    metadata: str | Path | None = None,
+    dense: bool = True,
+    batch_size: int = 64,
+    overwrite: bool = False,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Build an index directory over a BEIR corpus.
+
+    Every document is indexed as :attr:`Document.content` (``title + " " + text``) for
+    both BM25 and dense vectors.
+
+    Args:
+        corpus: BEIR-layout folder or ``corpus.jsonl[.gz]`` file.
+        out: Index directory to write.
+        embedder: sentence-transformers model directory; ``None`` = packaged
+            all-MiniLM-L6-v2. Ignored when ``dense`` is false.
+        metadata: JSONL of ``{"doc_id": ..., ...fields}`` merged into each document's
+            metadata (file fields win over corpus fields).
+        dense: Also encode documents into ``vectors.faiss``.
+        batch_size: Encoder batch size (texts per forward pass).
+        overwrite: Replace an existing non-empty ``out``.
+        show_progress: tqdm bar over documents.
+
+    Returns:
+        The content of ``params.json``: ``format_version``, ``created`` (UTC ISO 8601),
+        ``build_seconds``, ``corpus`` (path, file, sha256), ``metadata_file``,
+        ``num_docs``, ``bm25`` (k1, b, method, tokenisation, vocabulary size), ``dense``
+        (``None`` or index type, dimension, metric, ``embedder`` = encoder describe()
+        incl. weights sha256), ``versions`` (library versions).
+
+    Raises:
+        ValidationError: ``out`` exists and is non-empty without ``overwrite``; empty
+            corpus; duplicate doc ids; malformed metadata file.
+        NotFoundError: corpus or metadata file missing.
+        ModelLoadError: the embedder cannot be found or loaded.
+    """
+    from tqdm.auto import tqdm
+
+    from index.bm25 import BM25Builder, BM25Params
+    from index.dense import INDEX_TYPE, VECTORS_FILE, DenseIndex
+    from index.docstore import SQLiteDocStore
+
+    t0 = time.perf_counter()
+    out = Path(out).expanduser().absolute()
+    corpus = Path(corpus).expanduser().absolute()
+    _check_target(out, overwrite)
+    corpus_file = find_beir_corpus(corpus)
+    extra = load_metadata_file(Path(metadata)) if metadata is not None else {}
+
+    encoder = None
+    if dense:
+        from index.encoder import SentenceTransformerEncoder
+
+        encoder = SentenceTransformerEncoder(embedder, batch_size=batch_size)
+
+    total = len(load_beir_corpus(corpus_file))
+    if total == 0:
+        raise ValidationError(f"corpus {corpus_file} has no documents")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    logger.info("building index of %d documents from %s into %s", total, corpus_file, out)
+    try:
+        store = SQLiteDocStore(tmp / DOCS_FILE, create=True)
+        bm25_params = BM25Params()
+        bm25_builder = BM25Builder(bm25_params)
+        vectors = DenseIndex(encoder.dim) if encoder is not None else None
+        n = 0
+        matched = 0
+        chunk = max(_READ_BATCH, batch_size * 8)
+        with tqdm(total=total, desc="index documents", unit="doc", disable=not show_progress) as bar:
+            for batch in _batched(iter_beir_documents(corpus_file, batch_size=_READ_BATCH), chunk):
+                if extra:
+                    merged = []
+                    for doc in batch:
+                        fields = extra.get(doc.doc_id)
+                        if fields:
+                            matched += 1
+                            doc = Document(doc.doc_id, doc.text, doc.title, {**doc.metadata, **fields})
+                        merged.append(doc)
+                    batch = merged
+                store.add_many(batch)
+                texts = [d.content for d in batch]
+                bm25_builder.add(texts)
+                if vectors is not None and encoder is not None:
+                    vectors.add(encoder.encode_documents(texts), np.arange(n, n + len(batch), dtype=np.int64))
+                n += len(batch)
+                bar.update(len(batch))
+        if extra and matched < len(extra):
+            logger.warning("%d metadata rows name doc ids that are not in the corpus", len(extra) - matched)
+
+        bm25 = bm25_builder.build(show_progress=False)
+        bm25.save(tmp / BM25_DIR)
+        if vectors is not None:
+            vectors.save(tmp / VECTORS_FILE)
+        store.close()
+
+        params: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "build_seconds": None,
+            "corpus": {"path": str(corpus), "file": str(corpus_file), "sha256": sha256_file(corpus_file)},
+            "metadata_file": (
+                {"path": str(Path(metadata).absolute()), "sha256": sha256_file(Path(metadata)), "matched_docs": matched}
+                if metadata is not None else None
+            ),
+            "num_docs": n,
+            "bm25": bm25.describe(),
+            "dense": (
+                {
+                    "index_type": INDEX_TYPE,
+                    "dim": vectors.dim,
+                    "metric": "inner_product",
+                    "file": VECTORS_FILE,
+                    "embedder": encoder.describe(),
+                }
+                if vectors is not None and encoder is not None else None
+            ),
+            "versions": library_versions(),
+        }
+        params["build_seconds"] = round(time.perf_counter() - t0, 3)
+        (tmp / PARAMS_FILE).write_text(json.dumps(params, indent=2) + "\n")
+        _replace_dir(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("index of %d documents written to %s in %.1f s", n, out, params["build_seconds"])
+    return params
+
+
+def _replace_dir(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Move ``tmp`` to ``out``; an existing ``out`` is moved aside first, then deleted."""
+    _check_target(out, overwrite)  # something may have appeared during the build
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_params(path: str | Path) -> Mapping[str, Any]:
+    """``params.json`` of an index directory. Raises NotFoundError when missing or unreadable."""
+    file = Path(path) / PARAMS_FILE
+    hint = f"; build one with `attnrank index build --corpus DATA --out {path}`"
+    if not file.is_file():
+        raise NotFoundError(f"no index at {path} (missing {PARAMS_FILE}){hint}")
+    try:
+        params = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NotFoundError(f"index at {path} is corrupt ({PARAMS_FILE}: {exc}){hint}") from exc
+    if not isinstance(params, dict):
+        raise NotFoundError(f"index at {path} is corrupt ({PARAMS_FILE} is not an object){hint}")
+    return params

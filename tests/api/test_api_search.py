@@ -1,0 +1,88 @@
+"""POST /search over an injected in-memory pipeline with a fake reranker."""
+
+from __future__ import annotations
+
+import pytest
+
+from api_fakes import DOCS
+
+
+def _check_ranking(body: dict, k: int) -> list[str]:
+    results = body["results"]
+    ids = [h["doc_id"] for h in results]
+    scores = [h["score"] for h in results]
+    assert len(results) == k
+    assert len(set(ids)) == len(ids), "doc ids must be distinct"
+    assert scores == sorted(scores, reverse=True), "results must be sorted by descending score"
+    assert [h["rank"] for h in results] == list(range(1, k + 1))
+    assert set(ids) <= {d.doc_id for d in DOCS}
+    return ids
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_first_stage_only(client, k):
+    r = client.post("/search", json={"query": "red apples", "top_k": k})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = _check_ranking(body, k)
+    assert ids[0] == "d01"  # "red" and "apples" both occur only in d01 and d02; tie broken by doc id
+    assert body["rerank"] is None
+    assert set(body["timings"]) == {"retrieve", "hydrate", "rerank", "total"}
+    assert body["timings"]["rerank"] == 0.0
+    docs = {d.doc_id: d for d in DOCS}
+    for hit in body["results"]:
+        assert hit["title"] == docs[hit["doc_id"]].title
+        assert hit["text"] == docs[hit["doc_id"]].text
+
+
+def test_default_top_k_is_10(client):
+    r = client.post("/search", json={"query": "fruit"})
+    assert r.status_code == 200
+    _check_ranking(r.json(), 10)
+
+
+def test_top_k_larger_than_corpus_returns_all(client):
+    r = client.post("/search", json={"query": "fruit", "top_k": 20})
+    assert r.status_code == 200
+    _check_ranking(r.json(), len(DOCS))
+
+
+def test_rerank_reorders_the_candidates(client):
+    base = client.post("/search", json={"query": "apples orchards", "top_k": 6}).json()
+    r = client.post("/search", json={"query": "apples orchards", "top_k": 6, "rerank": {"method": "fake", "candidates": 4}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = _check_ranking(body, 6)
+    base_ids = [h["doc_id"] for h in base["results"]]
+    # the reranked top 4 are the first-stage top 4, shortest content first (fake reranker)
+    assert set(ids[:4]) == set(base_ids[:4])
+    lengths = {d.doc_id: len(d.content) for d in DOCS}
+    assert [lengths[i] for i in ids[:4]] == sorted(lengths[i] for i in ids[:4])
+    assert ids[4:] == base_ids[4:6]  # below the candidates: first-stage order
+    info = body["rerank"]
+    assert info["method"] == "fake"
+    assert info["candidates"] == 4
+    assert set(info["truncated"]) == {i for i in ids[:4] if lengths[i] > 60}
+    assert info["prompt_tokens"] > 0
+    assert body["timings"]["total"] >= body["timings"]["rerank"] >= 0.0
+
+
+def test_rerank_defaults_from_settings(client, settings):
+    r = client.post("/search", json={"query": "apples", "rerank": {}})
+    assert r.status_code == 200, r.text
+    info = r.json()["rerank"]
+    assert info["method"] == settings.rerank_method == "fake"
+    assert info["candidates"] == settings.default_candidates
+
+
+def test_rerank_none_is_first_stage(client):
+    a = client.post("/search", json={"query": "apples", "rerank": {"method": "none"}}).json()
+    b = client.post("/search", json={"query": "apples"}).json()
+    assert a["rerank"] is None
+    assert [h["doc_id"] for h in a["results"]] == [h["doc_id"] for h in b["results"]]
+
+
+def test_pipeline_runs_off_the_event_loop(client, pipeline):
+    client.post("/search", json={"query": "apples", "rerank": {"method": "fake"}})
+    calls = pipeline.retrievers["bm25"].calls
+    assert calls and not any(c["on_event_loop"] for c in calls)

@@ -1,0 +1,14 @@
+"""Fixtures of the evaluation tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnrank import registry
+from eval_fakes import FakeReranker
+
+
+@pytest.fixture
+def fake_reranker(monkeypatch):
+    monkeypatch.setitem(registry._RERANKERS, "fake", FakeReranker)
+    return FakeReranker

@@ -1,0 +1,57 @@
+"""reciprocal_rank_fusion on a hand-computed example and its invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnrank.errors import ValidationError
+from attnrank.types import Ranking
+from retriever.fusion import reciprocal_rank_fusion
+
+
+def test_hand_computed_example() -> None:
+    a = Ranking.from_scores("q", {"d1": 9.0, "d2": 5.0, "d3": 1.0})  # d1, d2, d3
+    b = Ranking.from_scores("q", {"d3": 0.9, "d4": 0.8, "d1": 0.1})  # d3, d4, d1
+    fused = reciprocal_rank_fusion([a, b], k=10)
+    # d1: 1/61 + 1/63, d3: 1/63 + 1/61 (tie -> doc id), d2: 1/62, d4: 1/62 (tie -> doc id)
+    assert fused.doc_ids == ["d1", "d3", "d2", "d4"]
+    assert fused.hits[0].score == pytest.approx(1 / 61 + 1 / 63, abs=1e-15)
+    assert fused.hits[0].score == pytest.approx(0.0322665, abs=1e-7)
+    assert fused.hits[2].score == pytest.approx(1 / 62)
+    assert reciprocal_rank_fusion([a, b], k=2).doc_ids == ["d1", "d3"]
+    # rrf_k=0: d1 = d3 = 1/1 + 1/3, d2 = d4 = 1/2
+    assert [round(h.score, 6) for h in reciprocal_rank_fusion([a, b], k=4, rrf_k=0).hits] == [
+        1.333333, 1.333333, 0.5, 0.5,
+    ]
+
+
+def test_single_ranking_keeps_order_and_scores_ignore_input_scale() -> None:
+    a = Ranking.from_scores("q", {"x": 1000.0, "y": 0.001, "z": -5.0})
+    fused = reciprocal_rank_fusion([a], k=3)
+    assert fused.doc_ids == ["x", "y", "z"]
+    assert [h.score for h in fused.hits] == [1 / 61, 1 / 62, 1 / 63]
+
+
+def test_errors() -> None:
+    with pytest.raises(ValidationError):
+        reciprocal_rank_fusion([], k=3)
+    with pytest.raises(ValidationError, match="different queries"):
+        reciprocal_rank_fusion([Ranking("a"), Ranking("b")], k=3)
+    assert reciprocal_rank_fusion([Ranking("a"), Ranking("a")], k=3) == Ranking("a")
+
+
+ids = st.lists(st.sampled_from([f"d{i}" for i in range(12)]), unique=True, max_size=12)
+
+
+@given(st.lists(ids, min_size=1, max_size=4), st.integers(0, 15))
+def test_invariants(lists: list[list[str]], k: int) -> None:
+    rankings = [Ranking.from_scores("q", {d: float(len(ds) - i) for i, d in enumerate(ds)}) for ds in lists]
+    fused = reciprocal_rank_fusion(rankings, k)
+    union = set().union(*lists)
+    assert len(fused) == min(k, len(union))
+    assert set(fused.doc_ids) <= union and len(set(fused.doc_ids)) == len(fused)
+    for h in fused.hits:
+        expected = sum(1 / (60 + ds.index(h.doc_id) + 1) for ds in lists if h.doc_id in ds)
+        assert h.score == pytest.approx(expected)
