@@ -172,6 +172,30 @@ def eval_trec_dl(
     typer.echo(format_table([report]))
 
 
+@eval_app.command("layer-sweep")
+def eval_layer_sweep(
+    data: Annotated[Path, typer.Option("--data", help="BEIR-layout dataset folder.")],
+    split: Annotated[str, typer.Option("--split", help="qrels split; use dev (never test) to choose l*.")] = "dev",
+    retriever: Annotated[str, typer.Option("--retriever")] = "bm25",
+    candidates: Annotated[int, typer.Option("--candidates")] = 20,
+    max_queries: Annotated[Optional[int], typer.Option("--max-queries")] = 100,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Index directory; default: built once and cached.")] = None,
+    out: Annotated[Path, typer.Option("--out")] = Path("runs"),
+    model: ModelOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """BlockRank nDCG@10 read at every layer from one pass per query, to choose the scoring layer l*."""
+    from eval.sweep import format_sweep, layer_sweep_beir
+
+    result = layer_sweep_beir(
+        data, split=split, retriever=retriever, candidates=candidates, max_queries=max_queries, seed=seed,
+        index_dir=index, out_dir=out, reranker_config=_reranker_config("blockrank", model, max_doc_tokens, device),
+    )
+    typer.echo(format_sweep(result))
+
+
 @eval_app.command("compare")
 def eval_compare(
     a: Annotated[Path, typer.Argument(help="Baseline JSON report.")],

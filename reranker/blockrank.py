@@ -149,9 +149,9 @@ def block_forward(
         prompt: The block prompt.
         layer: Scoring layer ``l*``: no layer above it runs.
         query_ids: Query block to run (default ``prompt.query_ids``).
-        mode: ``"logits"``: capture the signal rows' raw logits at ``layer``;
-            ``"mean"``: capture all query rows' mean attention probabilities at ``read_layers``.
-        read_layers: Layers captured in ``"mean"`` mode (default: ``[layer]``).
+        mode: ``"logits"``: capture the signal rows' raw logits;
+            ``"mean"``: capture all query rows' mean attention probabilities.
+        read_layers: Layers captured, each ``<= layer`` (default: ``[layer]``).
         doc_batch_size: Candidate blocks per batched prefill (bounds memory).
 
     Returns:
@@ -228,7 +228,7 @@ def block_forward(
     qpos = (prompt.query_offset + torch.arange(Lq, device=dev))[None]
     if mode == "logits":
         cap = AttentionCapture(
-            layers={layer}, rows=slice(Lq - prompt.n_signal, Lq), mode="logits", stop_after=layer,
+            layers=set(read_layers or [layer]), rows=slice(Lq - prompt.n_signal, Lq), mode="logits", stop_after=layer,
             detach=not torch.is_grad_enabled(),
         )
     else:
@@ -402,6 +402,25 @@ class BlockRankReranker(AttentionReranker):
                 bounds.append((start, start + n))
                 start += n
             return masked_document_scores(c, bounds, self.option("mask_std", 2.0)), t
+
+    def layer_scores(self, query: str, candidates: Sequence[Document], layers: Sequence[int]) -> dict[int, list[float]]:
+        """Signal scores of ``candidates`` read at each of ``layers`` from ONE forward pass
+        (up to the deepest of them); used to choose ``l*``.
+
+        Returns:
+            ``{layer: scores in candidate order}``.
+        """
+        import torch
+
+        prompt = self.build_prompt(query, candidates)
+        L0 = len(prompt.instruction_ids)
+        top = max(layers)
+        if not 0 <= min(layers) and top < self.lm.num_layers:
+            raise ValidationError(f"layers must be in [0, {self.lm.num_layers - 1}]")
+        with self.lm.lock, torch.inference_mode():
+            out, _ = block_forward(self.lm, prompt, top, read_layers=layers,
+                                   doc_batch_size=int(self.option("doc_batch_size", 64)))
+        return {l: signal_scores(out[l], L0, prompt.doc_lengths).tolist() for l in layers}
 
     def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
         """Rerank ``candidates`` (first-stage order) for ``query``.

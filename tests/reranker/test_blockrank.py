@@ -71,3 +71,12 @@ def test_layer_out_of_range_is_a_validation_error(default_lm):
     r = BlockRankReranker(RerankerConfig(method="blockrank", options={"layer": 99}), lm=default_lm)
     with pytest.raises(ValidationError):
         _ = r.layer
+
+
+def test_layer_scores_match_the_scoring_path(blockrank):
+    docs = [Document("a", "Paris is the capital of France."), Document("b", "Bananas are yellow fruit."),
+            Document("c", "The Eiffel Tower stands in Paris.")]
+    per_layer = blockrank.layer_scores("capital of France", docs, [3, blockrank.layer])
+    direct, _ = blockrank.scores(blockrank.build_prompt("capital of France", docs))
+    assert per_layer[blockrank.layer] == pytest.approx(direct, abs=1e-6)
+    assert sum(per_layer[3]) == pytest.approx(1.0, abs=1e-5)
