@@ -18,7 +18,9 @@ app = typer.Typer(help="attnrank: retrieval and attention-based in-context reran
 index_app = typer.Typer(help="Build and inspect index directories.", no_args_is_help=True)
 eval_app = typer.Typer(help="Evaluate the pipeline on BEIR and TREC DL.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
+heads_app = typer.Typer(help="Query-focused retrieval heads: detect, fit weights.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
+app.add_typer(heads_app, name="heads")
 
 ModelOpt = Annotated[
     Optional[str],
@@ -68,19 +70,79 @@ def index_build(
     no_dense: Annotated[bool, typer.Option("--no-dense", help="Skip dense vectors (BM25 only).")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Encoding batch size.")] = 64,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index directory.")] = False,
+    index_type: Annotated[str, typer.Option("--index-type", help="Vector index: flat (exact), hnsw or ivf.")] = "flat",
+    hnsw_m: Annotated[int, typer.Option("--hnsw-m", help="HNSW links per node (M).")] = 32,
+    ef_construction: Annotated[int, typer.Option("--ef-construction", help="HNSW efConstruction.")] = 100,
+    ef_search: Annotated[int, typer.Option("--ef-search", help="HNSW default efSearch.")] = 64,
+    nlist: Annotated[Optional[int], typer.Option("--nlist", help="IVF cells; default round(sqrt(n)).")] = None,
+    nprobe: Annotated[int, typer.Option("--nprobe", help="IVF default cells probed.")] = 16,
+    passages: Annotated[
+        bool, typer.Option("--passages/--no-passages", help="Encode long documents as passages, scored by their best (MaxP).")
+    ] = False,
+    passage_words: Annotated[int, typer.Option("--passage-words", help="Words per passage.")] = 128,
+    passage_stride: Annotated[int, typer.Option("--passage-stride", help="Words between passage starts.")] = 96,
+    max_passages: Annotated[int, typer.Option("--max-passages", help="Most passages per document.")] = 32,
+    query_prefix: Annotated[
+        Optional[str], typer.Option("--query-prefix", help="Query instruction; default: the model's known one (none for MiniLM).")
+    ] = None,
+    document_prefix: Annotated[
+        Optional[str], typer.Option("--document-prefix", help="Document instruction; default: the model's known one.")
+    ] = None,
 ) -> None:
     """Write an index directory: SQLite document store, BM25 (bm25s), faiss vectors, params.json."""
     from attnrank.errors import AttnrankError
     from index.builder import build_index
 
     try:
+        from index.dense import DenseParams
+        from index.passages import PassageParams
+
+        dense_params = DenseParams(index_type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction,
+                                   ef_search=ef_search, nlist=nlist, nprobe=nprobe)
+        chunking = PassageParams(passage_words, passage_stride, max_passages) if passages else None
         params = build_index(
             corpus, out, embedder=embedder, metadata=metadata, dense=not no_dense,
-            batch_size=batch_size, overwrite=overwrite, show_progress=True,
+            batch_size=batch_size, overwrite=overwrite, show_progress=True, dense_params=dense_params,
+            passages=chunking, query_prefix=query_prefix, document_prefix=document_prefix,
         )
     except AttnrankError as exc:
         _fail(exc)
     typer.echo(json.dumps(params, indent=2))
+
+
+@index_app.command("compact")
+def index_compact(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
+    """Rebuild BM25 and the vector index from the live documents (fold in added documents,
+    drop deleted ones and HNSW tombstones) and write them."""
+    from attnrank.errors import AttnrankError
+    from index.store import Index
+
+    try:
+        index = Index.open(path)
+        try:
+            summary = index.compact()
+        finally:
+            index.close()
+    except AttnrankError as exc:
+        _fail(exc)
+    typer.echo(json.dumps(summary, indent=2))
+
+
+@index_app.command("stats")
+def index_stats(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
+    """Live documents, BM25 delta and deleted rows, vectors and tombstones of an index."""
+    from attnrank.errors import AttnrankError
+    from index.store import Index
+
+    try:
+        index = Index.open(path)
+        try:
+            stats = index.stats()
+        finally:
+            index.close()
+    except AttnrankError as exc:
+        _fail(exc)
+    typer.echo(json.dumps(stats, indent=2))
 
 
 @index_app.command("info")
@@ -194,6 +256,103 @@ def eval_layer_sweep(
         index_dir=index, out_dir=out, reranker_config=_reranker_config("blockrank", model, max_doc_tokens, device),
     )
     typer.echo(format_sweep(result))
+
+
+def _dump(data: Path, source: str, split: str, queries: Optional[int], candidates: int, seed: int,
+          index: Optional[Path], run: str, shuffle: bool, ensure_gold: bool, out: Path, cfg: RerankerConfig) -> Path:
+    from eval.heads import beir_candidates, dump_attention, trec_dl_candidates
+
+    if source == "beir":
+        qs, cands, scores, qrels = beir_candidates(
+            data, split, queries=queries, candidates=candidates, seed=seed, index_dir=index, ensure_gold=ensure_gold
+        )
+        info = {"dataset": data.resolve().name, "split": split, "first_stage": "bm25"}
+    else:
+        qs, cands, scores, qrels = trec_dl_candidates(data, run_name=run, candidates=candidates, queries=queries, seed=seed)
+        info = {"dataset": data.resolve().name, "split": "test", "first_stage": run}
+    info.update(candidates=candidates, queries=len(qs))
+    return dump_attention(out, qs, cands, scores, qrels, reranker_config=cfg, shuffle=shuffle, seed=seed, info=info)
+
+
+@heads_app.command("dump")
+def heads_dump(
+    data: Annotated[Path, typer.Option("--data", help="BEIR dataset folder, or the TREC DL folder with --source trec-dl.")],
+    out: Annotated[Path, typer.Option("--out", help="Dump directory (resumable).")],
+    source: Annotated[str, typer.Option("--source", help="beir or trec-dl.")] = "beir",
+    split: Annotated[str, typer.Option("--split")] = "test",
+    queries: Annotated[Optional[int], typer.Option("--queries", help="Seeded subset size.")] = None,
+    candidates: Annotated[int, typer.Option("--candidates")] = 20,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    index: Annotated[Optional[Path], typer.Option("--index")] = None,
+    run: Annotated[str, typer.Option("--run", help="TREC DL first-stage run.")] = "BM25",
+    shuffle: Annotated[bool, typer.Option("--shuffle/--first-stage-order")] = False,
+    model: ModelOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Save one ICR pass per query (per-head calibrated token attention) for detection and ablations."""
+    cfg = _reranker_config("icr", model, max_doc_tokens, device)
+    path = _dump(data, source, split, queries, candidates, seed, index, run, shuffle, False, out, cfg)
+    typer.echo(f"dump written to {path}")
+
+
+@heads_app.command("detect")
+def heads_detect(
+    data: Annotated[Path, typer.Option("--data", help="BEIR-layout dataset folder.")],
+    out: Annotated[Path, typer.Option("--out", help="Head-set JSON to write.")],
+    split: Annotated[str, typer.Option("--split", help="Detection split (train; never test).")] = "train",
+    queries: Annotated[int, typer.Option("--queries")] = 128,
+    candidates: Annotated[int, typer.Option("--candidates")] = 20,
+    top_k: Annotated[int, typer.Option("--top-k", help="Heads kept.")] = 16,
+    method: Annotated[str, typer.Option("--method", help="qrscore or ndcg.")] = "qrscore",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    index: Annotated[Optional[Path], typer.Option("--index")] = None,
+    dump: Annotated[Optional[Path], typer.Option("--dump", help="Dump directory (default: next to --out).")] = None,
+    model: ModelOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Detect query-focused heads: BM25 candidates shuffled with the gold always included, per-head scores, top-k."""
+    from eval.heads import detect_heads
+
+    cfg = _reranker_config("icr", model, max_doc_tokens, device)
+    dump = dump or out.with_suffix(".dump")
+    _dump(data, "beir", split, queries, candidates, seed, index, "BM25", True, True, dump, cfg)
+    hs = detect_heads(dump, method=method, top_k=top_k)
+    hs.save(out)
+    typer.echo(json.dumps({"heads": [list(h) for h in hs.heads], "detection": dict(hs.detection)}, indent=1))
+
+
+@heads_app.command("fit")
+def heads_fit(
+    dump: Annotated[Path, typer.Option("--dump", help="Dump of a train split (e.g. the detection dump).")],
+    heads: Annotated[Path, typer.Option("--heads", help="Head-set JSON; weights are added to it.")],
+    max_layer: Annotated[Optional[int], typer.Option("--max-layer", help="Deepest layer weighted (default: deepest QR head).")] = None,
+    epochs: Annotated[int, typer.Option("--epochs")] = 200,
+    lr: Annotated[float, typer.Option("--lr")] = 0.05,
+    l2: Annotated[float, typer.Option("--l2")] = 1e-3,
+) -> None:
+    """Learn per-head weights with the group contrastive loss (used with heads=learned)."""
+    from eval.heads import fit_head_weights
+
+    hs = fit_head_weights(dump, heads, max_layer=max_layer, epochs=epochs, lr=lr, l2=l2)
+    typer.echo(json.dumps(dict(hs.weights_info), indent=1))
+
+
+@eval_app.command("ablation")
+def eval_ablation(
+    dump: Annotated[Path, typer.Option("--dump", help="Attention dump of the evaluated queries (first-stage order).")],
+    heads: Annotated[Path, typer.Option("--heads", help="Head-set JSON (with learned weights, if fitted).")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="JSON report.")] = None,
+) -> None:
+    """ICR variants (all/QR/learned heads x ReAttn x RRF fusion) from one pass per query, with paired tests."""
+    from eval.heads import ablation, format_ablation
+
+    result = ablation(dump, heads)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, default=str))
+    typer.echo(format_ablation(result))
 
 
 @eval_app.command("compare")

@@ -129,8 +129,13 @@ class ICRReranker(AttentionReranker):
         instruction ("ie" | "qa", default "ie"): late instruction.
         reverse (bool, default True): best first-stage candidate nearest the query.
         chat_template (bool, default True): wrap the prompt in the model's chat template.
-        heads (list of [layer, head] | None): score with these heads only, and stop the
-            forward pass after the deepest of their layers (ALGORITHMS.md section 2).
+        heads ("all" | "qr" | "learned" | path | list of [layer, head]): score with the
+            selected heads only (``qr``: the packaged head set of this model; ``learned``:
+            its learned per-head weights, ``s(d) = sum_h w_h s_h(d)``), and stop the forward
+            pass after the deepest selected layer (ALGORITHMS.md section 2).
+        reattn (bool | {idf, entropy, gamma}): ReAttn re-weighting of the token attention
+            (ALGORITHMS.md section 4) instead of the mean-2std mask; input is the calibrated
+            token attention of the selected heads (weighted for ``learned``) clipped at 0.
 
     Example:
         >>> r = ICRReranker(RerankerConfig(method="icr"))
@@ -144,10 +149,31 @@ class ICRReranker(AttentionReranker):
         super().__init__(config, lm)
         if self.option("instruction", "ie") not in LATE_INSTRUCTIONS:
             raise ValidationError(f"instruction must be one of {sorted(LATE_INSTRUCTIONS)}")
-        heads = self.option("heads", None)
-        self.heads: list[tuple[int, int]] | None = (
-            None if heads in (None, "all") else sorted({(int(l), int(h)) for l, h in heads})
-        )
+        from reranker.reattn import ReAttnConfig
+
+        self.reattn = ReAttnConfig.parse(self.option("reattn", None))
+        self._heads: tuple[list[tuple[int, int]] | None, Any] | None = None
+
+    @property
+    def heads(self) -> list[tuple[int, int]] | None:
+        """Selected ``(layer, head)`` pairs, or ``None`` for all heads (resolved on first use)."""
+        return self._resolved_heads()[0]
+
+    @property
+    def head_weights(self):
+        """Learned ``(L, H)`` weights (``heads="learned"``) or ``None``."""
+        return self._resolved_heads()[1]
+
+    def _resolved_heads(self):
+        if self._heads is None:
+            from reranker.heads import resolve_heads
+
+            heads, weights = resolve_heads(self.option("heads", None), self.lm.identity)
+            for l, h in heads or []:
+                if not (0 <= l < self.lm.num_layers and 0 <= h < self.lm.num_heads):
+                    raise ValidationError(f"head ({l}, {h}) does not exist in this model")
+            self._heads = (heads, weights)
+        return self._heads
 
     # -- prompt ----------------------------------------------------------------------
     def build_prompt(self, query: str, candidates: Sequence[Document], *, check_context: bool = True) -> ICRPrompt:
@@ -240,12 +266,39 @@ class ICRReranker(AttentionReranker):
         return TokenAttention(q, c, layers, prompt.spans, timings)
 
     def token_scores(self, att: TokenAttention):
-        """Calibrated token scores ``(T,)`` summed over the selected (or all) layers and heads."""
+        """Calibrated token scores ``(T,)`` summed over the selected (or all) layers and heads
+        (weighted by the learned weights with ``heads="learned"``)."""
         c = att.calibrated()
         if not self.heads:
             return c.sum(dim=(0, 1))
         row = {l: i for i, l in enumerate(att.layers)}
-        return sum(c[row[l], h] for l, h in self.heads)
+        w = self.head_weights
+        return sum(c[row[l], h] * (1.0 if w is None else w[l][h]) for l, h in self.heads)
+
+    def per_head_scores(self, att: TokenAttention):
+        """Per-(layer, head) masked document scores ``s_h(d)``: ``(L_read, H, N)`` float32
+        for the layers in ``att.layers`` (ALGORITHMS.md section 2)."""
+        from reranker.heads import per_head_document_scores
+
+        return per_head_document_scores(att.calibrated(), att.spans, self.option("mask_std", 2.0))
+
+    def document_scores(self, att: TokenAttention, prompt: ICRPrompt, query: str) -> list[float]:
+        """Final scores of the candidates (candidate order) from one query's attention."""
+        if self.reattn is not None:
+            from reranker.reattn import reattn_scores, token_forms
+
+            tok = self.lm.tokenizer
+            c = self.token_scores(att)
+            mass = [c[s:e].tolist() for s, e in prompt.spans]
+            forms = [token_forms(tok, prompt.context_ids[s:e]) for s, e in prompt.spans]
+            qforms = set(token_forms(tok, encode_untrusted(tok, " " + query.strip())))
+            return reattn_scores(mass, forms, qforms, self.reattn)
+        if self.head_weights is not None:
+            ph = self.per_head_scores(att)
+            row = {l: i for i, l in enumerate(att.layers)}
+            w = self.head_weights
+            return [float(sum(ph[row[l], h, i] * w[l][h] for l, h in self.heads)) for i in range(len(prompt.spans))]
+        return masked_document_scores(self.token_scores(att), prompt.spans, self.option("mask_std", 2.0))
 
     # -- public ----------------------------------------------------------------------
     def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
@@ -270,7 +323,7 @@ class ICRReranker(AttentionReranker):
         prompt = self.build_prompt(query.text, candidates)
         with self.lm.lock:
             att = self.token_attention(prompt)
-        scores = masked_document_scores(self.token_scores(att), prompt.spans, self.option("mask_std", 2.0))
+        scores = self.document_scores(att, prompt, query.text)
         ranking = Ranking.from_hits(query.query_id, (ScoredDoc(d, s, doc) for d, s, doc in zip(ids, scores, candidates)))
         truncated = tuple(d for d, cut in zip(ids, prompt.truncated) if cut)
         n_tokens = len(prompt.context_ids) + len(prompt.query_ids) + (len(prompt.calib_ids) if att.calib is not None else 0)
@@ -285,6 +338,8 @@ class ICRReranker(AttentionReranker):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["heads"] = "all" if not self.heads else [list(h) for h in self.heads]
+        d["heads_spec"] = self.option("heads", "all") if isinstance(self.option("heads", "all"), str) else "list"
+        d["reattn"] = None if self.reattn is None else vars(self.reattn)
         return d
 
 
