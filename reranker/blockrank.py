@@ -74,6 +74,7 @@ class BlockPrompt:
         n_signal: Number of signal tokens.
         truncated: Per candidate, whether its content was cut to ``max_doc_tokens``.
         query_offset: Position of the query block's first token.
+        query_text: The query (for ReAttn's query-overlap test).
     """
 
     instruction_ids: list[int]
@@ -83,6 +84,7 @@ class BlockPrompt:
     n_signal: int
     truncated: list[bool]
     query_offset: int
+    query_text: str = ""
 
     @property
     def block_length(self) -> int:
@@ -310,6 +312,26 @@ def signal_scores(logits: Any, L0: int, doc_lengths: Sequence[int]) -> Any:
     return per_doc.mean(dim=(0, 1))
 
 
+def signal_token_mass(logits: Any, L0: int, n_doc_tokens: int, heads: Sequence[int] | None = None) -> Any:
+    """Per-token attention mass of the signal tokens over the candidate tokens.
+
+    Args:
+        logits: ``(1, heads, n_signal, K)`` raw logits (keys: block 0, candidates, ...).
+        L0: Block 0 length.
+        n_doc_tokens: ``D``, total candidate tokens.
+        heads: Head indices averaged (default: all).
+
+    Returns:
+        float tensor ``(D,)``: ``mean_heads mean_signal alpha_ij`` (sums to 1).
+    """
+    import torch
+
+    z = logits[0, :, :, L0 : L0 + n_doc_tokens]
+    if heads is not None:
+        z = z[list(heads)]
+    return torch.softmax(z.float(), dim=-1).mean(dim=(0, 1))
+
+
 class BlockRankReranker(AttentionReranker):
     """BlockRank reranker (registry name ``"blockrank"``).
 
@@ -321,10 +343,56 @@ class BlockRankReranker(AttentionReranker):
         chat_template (bool, default True): wrap in the model's chat template.
         doc_batch_size (int, default 64): candidate blocks per batched prefill.
         mask_std (float | None, default 2.0): token mask of the calibrated scoring.
+        heads ("all" | "qr" | path | list of [layer, head]): with ``scoring="signal"``,
+            average the signal attention of these heads (each read at its own layer)
+            instead of all heads of ``l*``, and stop after the deepest selected layer.
+        reattn (bool | {idf, entropy, gamma}): ReAttn re-weighting of the signal tokens'
+            per-token attention mass (ALGORITHMS.md section 4) before summing per document.
     """
 
     name = "blockrank"
     template_version = "v1"
+
+    def __init__(self, config: RerankerConfig, lm: Any = None) -> None:
+        super().__init__(config, lm)
+        from reranker.reattn import ReAttnConfig
+
+        self.reattn = ReAttnConfig.parse(self.option("reattn", None))
+        if self.option("heads", None) == "learned":
+            raise ValidationError("heads='learned' is available for ICR only; use 'qr', a path or a list with blockrank")
+        self._heads: list[tuple[int, int]] | None | bool = False
+
+    @property
+    def heads(self) -> list[tuple[int, int]] | None:
+        """Selected ``(layer, head)`` pairs, or ``None`` for all heads of ``l*``."""
+        if self._heads is False:
+            from reranker.heads import resolve_heads
+
+            heads, _ = resolve_heads(self.option("heads", None), self.lm.identity)
+            for l, h in heads or []:
+                if not (0 <= l < self.lm.num_layers and 0 <= h < self.lm.num_heads):
+                    raise ValidationError(f"head ({l}, {h}) does not exist in this model")
+            self._heads = heads
+        return self._heads  # type: ignore[return-value]
+
+    def token_mass(self, prompt: BlockPrompt) -> tuple[Any, dict[str, float]]:
+        """Signal-token attention mass per candidate token, ``(D,)`` summing to 1, and timings."""
+        import torch
+
+        L0 = len(prompt.instruction_ids)
+        D = sum(prompt.doc_lengths)
+        bs = int(self.option("doc_batch_size", 64))
+        heads = self.heads
+        read = sorted({l for l, _ in heads}) if heads else [self.layer]
+        with torch.inference_mode():
+            out, t = block_forward(self.lm, prompt, max(read), read_layers=read, doc_batch_size=bs)
+        if not heads:
+            return signal_token_mass(out[self.layer], L0, D), t
+        by_layer: dict[int, list[int]] = {}
+        for l, h in heads:
+            by_layer.setdefault(l, []).append(h)
+        total = sum(signal_token_mass(out[l], L0, D, hs) * len(hs) for l, hs in by_layer.items())
+        return total / len(heads), t
 
     @property
     def layer(self) -> int:
@@ -367,7 +435,7 @@ class BlockRankReranker(AttentionReranker):
         offset = self.option("query_offset", None)
         offset = L0 + block_len if offset is None else int(offset)
         prompt = BlockPrompt(block0, docs, qblock(q), qblock(" " + CALIBRATION_QUERY),
-                             int(self.option("n_signal", 2)), truncated, offset)
+                             int(self.option("n_signal", 2)), truncated, offset, query.strip())
         end = offset + max(len(prompt.query_ids), len(prompt.calib_ids))
         if end > self.lm.max_positions or L0 + block_len > offset:
             raise ContextOverflowError(
@@ -385,10 +453,21 @@ class BlockRankReranker(AttentionReranker):
         L0 = len(prompt.instruction_ids)
         bs = int(self.option("doc_batch_size", 64))
         scoring = self.option("scoring", "signal")
+        if scoring == "signal":
+            mass, t = self.token_mass(prompt)
+            bounds, start = [], 0
+            for n in prompt.doc_lengths:
+                bounds.append((start, start + n))
+                start += n
+            if self.reattn is not None:
+                from reranker.reattn import reattn_scores, token_forms
+
+                tok = self.lm.tokenizer
+                forms = [token_forms(tok, d) for d in prompt.doc_ids]
+                qforms = set(token_forms(tok, encode_untrusted(tok, " " + prompt.query_text)))
+                return reattn_scores([mass[s:e].tolist() for s, e in bounds], forms, qforms, self.reattn), t
+            return [float(mass[s:e].sum()) for s, e in bounds], t
         with torch.inference_mode():
-            if scoring == "signal":
-                out, t = block_forward(self.lm, prompt, layer, doc_batch_size=bs)
-                return signal_scores(out[layer], L0, prompt.doc_lengths).tolist(), t
             if scoring != "calibrated":
                 raise ValidationError(f"scoring must be 'signal' or 'calibrated', got {scoring!r}")
             layers = list(range(layer + 1))
@@ -457,4 +536,6 @@ class BlockRankReranker(AttentionReranker):
         d = super().describe()
         d["layer"] = self.layer
         d["scoring"] = self.option("scoring", "signal")
+        d["heads"] = "all" if not self.heads else [list(h) for h in self.heads]
+        d["reattn"] = None if self.reattn is None else vars(self.reattn)
         return d

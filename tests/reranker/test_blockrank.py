@@ -80,3 +80,26 @@ def test_layer_scores_match_the_scoring_path(blockrank):
     direct, _ = blockrank.scores(blockrank.build_prompt("capital of France", docs))
     assert per_layer[blockrank.layer] == pytest.approx(direct, abs=1e-6)
     assert sum(per_layer[3]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_selected_heads_and_reattn(default_lm):
+    docs = [Document("a", "Paris is the capital of France."), Document("b", "Bananas are yellow fruit."),
+            Document("c", "The Eiffel Tower stands in Paris.")]
+    q = Query("q", "capital of France")
+    full = BlockRankReranker(RerankerConfig(method="blockrank"), lm=default_lm)
+    layer = full.layer
+    # the heads of l* itself, all of them, reproduce the default scores
+    every = BlockRankReranker(
+        RerankerConfig(method="blockrank", options={"heads": [[layer, h] for h in range(default_lm.num_heads)]}),
+        lm=default_lm,
+    )
+    a = full.rerank(q, docs).ranking.to_dict()
+    b = every.rerank(q, docs).ranking.to_dict()
+    assert b == pytest.approx(a, abs=1e-6)
+    few = BlockRankReranker(RerankerConfig(method="blockrank", options={"heads": [[4, 1], [6, 2]]}), lm=default_lm)
+    res = few.rerank(q, docs)
+    assert sum(h.score for h in res.ranking.hits) == pytest.approx(1.0, abs=1e-5)
+    re = BlockRankReranker(RerankerConfig(method="blockrank", options={"reattn": True}), lm=default_lm)
+    assert sorted(re.rerank(q, docs).ranking.doc_ids) == ["a", "b", "c"]
+    with pytest.raises(ValidationError):
+        BlockRankReranker(RerankerConfig(method="blockrank", options={"heads": "learned"}), lm=default_lm)
