@@ -30,6 +30,11 @@ MaxDocTokensOpt = Annotated[
     int, typer.Option("--max-doc-tokens", help="Per-document budget in LM tokens (truncation is reported).")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:N.")]
+OptsOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--opt", help="Reranker option KEY=VALUE (VALUE parsed as JSON when it can be), repeatable: "
+                 "--opt layer=22 --opt heads=qr --opt 'reattn={\"idf\": true}'."),
+]
 
 
 @app.callback()
@@ -47,8 +52,25 @@ def _main(
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _reranker_config(method: str, model: str | None, max_doc_tokens: int, device: str) -> RerankerConfig:
-    return RerankerConfig(method=method, model=model, max_doc_tokens=max_doc_tokens, device=device)
+def _parse_opts(opts: list[str] | None) -> dict:
+    out = {}
+    for item in opts or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--opt takes KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _reranker_config(
+    method: str, model: str | None, max_doc_tokens: int, device: str, opts: list[str] | None = None
+) -> RerankerConfig:
+    return RerankerConfig(
+        method=method, model=model, max_doc_tokens=max_doc_tokens, device=device, options=_parse_opts(opts)
+    )
 
 
 def _fail(exc: Exception) -> None:
@@ -189,6 +211,8 @@ def eval_beir(
     model: ModelOpt = None,
     max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
     device: DeviceOpt = "cpu",
+    opt: OptsOpt = None,
+    dump: Annotated[Optional[Path], typer.Option("--dump", help="Also save an ICR attention dump (for heads/ablation).")] = None,
 ) -> None:
     """nDCG@10, Recall@100, MRR@10 of the pipeline on a BEIR dataset; writes a TREC run and a JSON report."""
     from attnrank.errors import AttnrankError
@@ -199,7 +223,9 @@ def eval_beir(
         report = evaluate_beir(
             data, split=split, retriever=retriever, rerank=rerank, candidates=candidates,
             max_queries=max_queries, seed=seed, index_dir=index, out_dir=out,
-            reranker_config=_reranker_config(rerank, model, max_doc_tokens, device),
+            reranker_config=_reranker_config(rerank, model, max_doc_tokens, device,
+                                             (opt or []) + (["keep_attention=true"] if dump else [])),
+            dump_dir=dump,
         )
     except AttnrankError as exc:
         _fail(exc)
@@ -218,6 +244,8 @@ def eval_trec_dl(
     model: ModelOpt = None,
     max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
     device: DeviceOpt = "cpu",
+    opt: OptsOpt = None,
+    dump: Annotated[Optional[Path], typer.Option("--dump", help="Also save an ICR attention dump (for heads/ablation).")] = None,
 ) -> None:
     """nDCG@10, Recall@100, MRR@10, Judged@10 of reranking a TREC DL 2019 first-stage run."""
     from attnrank.errors import AttnrankError
@@ -227,7 +255,9 @@ def eval_trec_dl(
     try:
         report = evaluate_trec_dl(
             data, run_name=run, rerank=rerank, candidates=candidates, max_queries=max_queries, seed=seed,
-            out_dir=out, reranker_config=_reranker_config(rerank, model, max_doc_tokens, device),
+            out_dir=out, dump_dir=dump,
+            reranker_config=_reranker_config(rerank, model, max_doc_tokens, device,
+                                             (opt or []) + (["keep_attention=true"] if dump else [])),
         )
     except AttnrankError as exc:
         _fail(exc)

@@ -28,6 +28,7 @@ from eval.harness import (
     run_evaluation,
     select_queries,
     subset_suffix,
+    config_suffix,
 )
 from eval.metrics import BEIR_METRICS
 from eval.report import EvalReport
@@ -103,6 +104,7 @@ def evaluate_beir(
     metrics: tuple[str, ...] = BEIR_METRICS,
     build_dense: bool = True,
     show_progress: bool = True,
+    dump_dir: str | Path | None = None,
 ) -> EvalReport:
     """Evaluate the pipeline on a BEIR dataset and write a TREC run and a JSON report.
 
@@ -124,6 +126,8 @@ def evaluate_beir(
         build_dense: When building the cached index, also compute dense vectors (always
             done for the ``dense`` and ``hybrid`` retrievers).
         show_progress: Progress bars.
+        dump_dir: Also save an attention dump of the reranked queries (ICR with option
+            ``keep_attention``), for head detection and ablations.
 
     Returns:
         The saved report; ``name`` is ``<dataset>-<split>-<retriever>-<rerank>[-c<candidates>][-q<n>-s<seed>]``.
@@ -169,6 +173,7 @@ def evaluate_beir(
     name = report_name(
         dataset, split, retriever, rerank,
         f"c{candidates}" if reranking else None,
+        config_suffix(reranker_config, reranking),
         subset_suffix(len(selected), max_queries, seed),
     )
     params = {
@@ -181,6 +186,6 @@ def evaluate_beir(
     return run_evaluation(
         pipeline, selected, qrels, options, metrics,
         name=name, dataset=dataset, split=split, first_stage=retriever, out_dir=out_dir,
-        inputs=inputs, params=params, missing=missing, show_progress=show_progress,
+        inputs=inputs, params=params, missing=missing, show_progress=show_progress, dump_dir=dump_dir,
     )
 

@@ -70,6 +70,24 @@ def report_name(*parts: object) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9._=+-]+", "_", str(p)) for p in parts if p not in (None, ""))
 
 
+def config_suffix(config: Any, reranking: bool) -> str | None:
+    """``t<max_doc_tokens>`` plus ``key=value`` of the reranker options, so that runs of
+    different reranker configurations get different report names."""
+    if not reranking:
+        return None
+    if config is None:
+        from attnrank.config import RerankerConfig
+
+        config = RerankerConfig()
+    parts = [f"t{config.max_doc_tokens}"]
+    for key in sorted(k for k in config.options if k != "keep_attention"):
+        value = config.options[key]
+        text = value if isinstance(value, (str, int, float, bool)) else hashlib.sha256(
+            repr(value).encode()).hexdigest()[:8]
+        parts.append(f"{key}={text}")
+    return "-".join(parts)
+
+
 def subset_suffix(n_selected: int, max_queries: int | None, seed: int) -> str | None:
     """``"q<n>-s<seed>"`` when a subset was drawn, else ``None``."""
     return f"q{n_selected}-s{seed}" if max_queries is not None else None
@@ -128,9 +146,13 @@ def run_evaluation(
     params: Mapping[str, Any] | None = None,
     missing: Sequence[str] = (),
     show_progress: bool = True,
+    dump_dir: str | Path | None = None,
 ) -> EvalReport:
     """Search ``queries`` with ``pipeline``, evaluate, write ``<out_dir>/<name>.trec`` and
     ``<out_dir>/<name>.json``.
+
+    With ``dump_dir`` (ICR with option ``keep_attention``), each query's per-head
+    attention is also saved as an attention dump (:mod:`eval.heads`) from the same pass.
 
     Queries are reranked one at a time (a progress bar counts queries); per-query
     latencies come from :attr:`attnrank.pipeline.SearchResult.timings`. The reranker's
@@ -157,6 +179,12 @@ def run_evaluation(
     results = pipeline.search_batch(list(queries), options, show_progress=show_progress)
     qids = [r.query.query_id for r in results]
     run = {r.query.query_id: r.ranking.to_dict() for r in results}
+    if dump_dir is not None and reranking:
+        from eval.heads import save_dump_from_results
+
+        save_dump_from_results(dump_dir, results, qrels, pipeline.reranker(options.rerank).describe(),
+                               info={"dataset": dataset, "split": split, "first_stage": first_stage,
+                                     "candidates": options.candidates, "queries": len(results)})
     ev = evaluate_run(run, qrels, metrics, query_ids=qids)
 
     base = None

@@ -153,6 +153,50 @@ def dump_attention(
     return out
 
 
+def save_dump_item(out: Path, item: Mapping[str, Any]) -> None:
+    """Write one query's dump item atomically."""
+    import torch
+
+    path = out / f"{_safe(item['query_id'])}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save(dict(item), tmp)
+    tmp.replace(path)
+
+
+def save_dump_from_results(
+    out_dir: str | Path, results: Sequence[Any], qrels: Qrels, reranker_info: Mapping[str, Any],
+    info: Mapping[str, Any] | None = None,
+) -> Path:
+    """Attention dump from pipeline search results whose reranker kept its attention
+    (ICR option ``keep_attention``); candidates are in first-stage order."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format": DUMP_FORMAT, "reranker": reranker_info, "shuffle": False, "seed": None, **(info or {})}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    n = 0
+    for r in results:
+        if r.rerank is None or "attention" not in r.rerank.details:
+            continue
+        att = r.rerank.details["attention"]
+        if len(att["layers"]) != len(att["calibrated"]) or att["layers"] != list(range(len(att["layers"]))):
+            raise ValidationError("attention dumps need every layer from 0 (heads='all')")
+        k = len(att["spans"])
+        cands = r.first_stage.top(k)
+        docs = {h.doc_id: h.document for h in r.ranking.hits}
+        ids = cands.doc_ids
+        save_dump_item(out, {
+            "query_id": r.query.query_id, "query": r.query.text, "doc_ids": ids,
+            "texts": [docs[d].content if docs.get(d) else "" for d in ids],
+            "first_stage_scores": [h.score for h in cands.hits],
+            "labels": [int(qrels.get(r.query.query_id, {}).get(d, 0)) for d in ids],
+            "spans": att["spans"], "context_ids": att["context_ids"], "calibrated": att["calibrated"],
+            "seconds": r.timings.get("rerank", 0.0),
+        })
+        n += 1
+    logger.info("wrote attention dump of %d queries to %s", n, out)
+    return out
+
+
 def _safe(qid: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in qid)
 

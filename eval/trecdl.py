@@ -33,6 +33,7 @@ from eval.harness import (
     run_evaluation,
     select_queries,
     subset_suffix,
+    config_suffix,
 )
 from eval.metrics import TREC_DL_METRICS
 from eval.report import EvalReport
@@ -53,6 +54,7 @@ def evaluate_trec_dl(
     metrics: tuple[str, ...] = TREC_DL_METRICS,
     year: str = "dl19",
     show_progress: bool = True,
+    dump_dir: str | Path | None = None,
 ) -> EvalReport:
     """Rerank a TREC DL first-stage run and evaluate it; writes a TREC run and a JSON report.
 
@@ -70,6 +72,8 @@ def evaluate_trec_dl(
         metrics: Metric names (see :mod:`eval.metrics`).
         year: Track year prefix of the file names.
         show_progress: Progress bars.
+        dump_dir: Also save an attention dump of the reranked queries (ICR with option
+            ``keep_attention``), for head detection and ablations.
 
     Returns:
         The saved report; ``name`` is ``<dataset>-<run>-<rerank>[-c<candidates>][-q<n>-s<seed>]``;
@@ -113,6 +117,7 @@ def evaluate_trec_dl(
     name = report_name(
         dataset, run_name, rerank,
         f"c{candidates}" if reranking else None,
+        config_suffix(reranker_config, reranking),
         subset_suffix(len(selected), max_queries, seed),
     )
     inputs: dict[str, Any] = {
@@ -129,6 +134,6 @@ def evaluate_trec_dl(
     return run_evaluation(
         pipeline, selected, qrels, options, metrics,
         name=name, dataset=dataset, split="test", first_stage=f"run:{run_name}", out_dir=out_dir,
-        inputs=inputs, params=params, missing=missing, show_progress=show_progress,
+        inputs=inputs, params=params, missing=missing, show_progress=show_progress, dump_dir=dump_dir,
     )
 

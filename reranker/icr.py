@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from attnrank.config import RerankerConfig
 from attnrank.errors import ContextOverflowError, ValidationError
@@ -95,6 +95,57 @@ class TokenAttention:
         return self.query - self.calib if self.calib is not None else self.query
 
 
+@dataclass(frozen=True)
+class EvidenceSpan:
+    """A span of a document that drew query attention (see :meth:`ICRReranker.evidence_from`).
+
+    Attributes:
+        field: ``"text"`` or ``"title"``: the document field the offsets index.
+        start: First character, 0-based, into that field.
+        end: One past the last character (``field_value[start:end] == text``).
+        text: The span's characters.
+        score: Sum of the calibrated attention of its tokens (attention probability mass
+            summed over the read layers and heads, minus that of the ``N/A`` query):
+            unitless, higher = more attended, comparable within one response.
+    """
+
+    field: Literal["text", "title"]
+    start: int
+    end: int
+    text: str
+    score: float
+
+
+def _top_spans(
+    doc: Document, offsets: Sequence[tuple[str, int, int]], scores: Sequence[float], max_spans: int
+) -> list[EvidenceSpan]:
+    """Words from token offsets, best ``3 * max_spans`` positive words, adjacent ones merged,
+    best ``max_spans`` spans."""
+    words: list[list[Any]] = []  # [field, start, end, score]
+    for (fld, a, b), sc in zip(offsets, scores):
+        if not fld:
+            continue
+        if words and words[-1][0] == fld and words[-1][1] <= a <= words[-1][2]:
+            words[-1][2] = max(words[-1][2], b)  # contiguous piece of the word (or the same characters)
+            words[-1][3] += sc
+        else:
+            words.append([fld, a, b, sc])
+    keep = sorted((i for i, w in enumerate(words) if w[3] > 0), key=lambda i: -words[i][3])[: 3 * max_spans]
+    spans: list[list[Any]] = []
+    for i in sorted(keep):
+        fld, a, b, sc = words[i]
+        if spans and spans[-1][4] == i - 1 and spans[-1][0] == fld:
+            spans[-1][2], spans[-1][3], spans[-1][4] = b, spans[-1][3] + sc, i
+        else:
+            spans.append([fld, a, b, sc, i])
+    spans.sort(key=lambda s: (-s[3], s[0] != "text", s[1]))
+    out = []
+    for fld, a, b, sc, _ in spans[:max_spans]:
+        value = doc.title if fld == "title" else doc.text
+        out.append(EvidenceSpan(fld, a, b, value[a:b], float(sc)))
+    return out
+
+
 def masked_document_scores(token_scores, spans: Sequence[tuple[int, int]], n_std: float | None = 2.0) -> list[float]:
     """Per-document sum of token scores, dropping tokens at or below ``mean - n_std * std``.
 
@@ -129,6 +180,9 @@ class ICRReranker(AttentionReranker):
         instruction ("ie" | "qa", default "ie"): late instruction.
         reverse (bool, default True): best first-stage candidate nearest the query.
         chat_template (bool, default True): wrap the prompt in the model's chat template.
+        keep_attention (bool, default False): return the per-head calibrated token attention
+            in ``details["attention"]`` (``calibrated``: float16 ``(L_read, H, T)``, ``spans``,
+            ``context_ids``), for attention dumps.
         heads ("all" | "qr" | "learned" | path | list of [layer, head]): score with the
             selected heads only (``qr``: the packaged head set of this model; ``learned``:
             its learned per-head weights, ``s(d) = sum_h w_h s_h(d)``), and stop the forward
@@ -312,11 +366,113 @@ class ICRReranker(AttentionReranker):
             ValidationError: empty query.
             ContextOverflowError: prompt longer than the model's context.
         """
+        return self._rerank(query, candidates)[0]
+
+    def rerank_with_evidence(
+        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
+    ) -> RerankResult:
+        """:meth:`rerank` plus evidence, from the same single pass: the result is the one
+        :meth:`rerank` returns (same scores and order), with ``details["evidence"]``
+        ``{doc_id: [EvidenceSpan, ...]}`` (see :meth:`evidence_from`).
+
+        Raises:
+            ValidationError: empty query, ``max_spans < 1``.
+            ContextOverflowError: prompt longer than the model's context.
+        """
+        if max_spans < 1:
+            raise ValidationError(f"max_spans must be >= 1, got {max_spans}")
+        result, prompt, att = self._rerank(query, candidates)
+        evidence = self.evidence_from(att, prompt, candidates, max_spans=max_spans) if prompt is not None else {}
+        return replace(result, details={**result.details, "evidence": evidence})
+
+    def evidence(
+        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
+    ) -> dict[str, list[EvidenceSpan]]:
+        """The document spans that drew the most calibrated query attention.
+
+        Returns:
+            ``{doc_id: [EvidenceSpan, ...]}`` for every candidate, each list best first with
+            at most ``max_spans`` spans (empty when no word has positive attention).
+
+        Example:
+            >>> ev = icr.evidence(Query("q", "boiling point of water"), docs)
+            >>> [(s.text, round(s.score, 3)) for s in ev["d-water"]]     # doctest: +SKIP
+            [('water boils at 100 degrees', 0.412), ...]
+        """
+        return self.rerank_with_evidence(query, candidates, max_spans=max_spans).details["evidence"]
+
+    def content_offsets(self, doc: Document) -> tuple[list[int], list[tuple[str, int, int]]]:
+        """Token ids of a document's content as placed in the prompt (truncated to
+        ``max_doc_tokens``), and for each token its ``(field, start, end)`` character range
+        in ``doc.title`` or ``doc.text`` (``field`` ``"title"``/``"text"``; ``("", 0, 0)`` for
+        the separating space). Ranges come from the fast tokenizer's offset mapping, with
+        leading whitespace trimmed.
+
+        Raises:
+            ValidationError: the tokenizer gives no offsets (not a "fast" tokenizer).
+        """
+        tok = self.lm.tokenizer
+        text = " " + doc.content
+        try:
+            enc = tok(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+        except NotImplementedError as exc:
+            raise ValidationError(f"evidence needs a fast tokenizer with offsets: {exc}") from None
+        ids, _ = truncate(list(enc.input_ids), self.config.max_doc_tokens)
+        title_end = 1 + len(doc.title) if doc.title else 0  # content offset of the title/text separator
+        text_start = title_end + 1 if doc.title else 1
+        spans: list[tuple[str, int, int]] = []
+        for a, b in list(enc.offset_mapping)[: len(ids)]:
+            while a < b and text[a].isspace():
+                a += 1
+            if a >= b:
+                spans.append(("", 0, 0))
+            elif doc.title and b <= title_end:
+                spans.append(("title", a - 1, b - 1))
+            elif a >= text_start:
+                spans.append(("text", a - text_start, b - text_start))
+            else:  # straddles the separator (does not happen with whitespace pre-tokenisers)
+                spans.append(("", 0, 0))
+        return ids, spans
+
+    def evidence_from(
+        self, att: TokenAttention, prompt: ICRPrompt, candidates: Sequence[Document], *, max_spans: int = 3
+    ) -> dict[str, list[EvidenceSpan]]:
+        """Evidence spans of each candidate from one query's token attention.
+
+        Token scores are the calibrated query-to-token attention of the selected heads
+        (``token_scores``: summed over layers and heads, weighted with ``heads="learned"``;
+        with ReAttn, the same calibrated attention before re-weighting). Tokens are grouped
+        into words (a word starts after whitespace or at a field boundary; a word's score
+        is the sum of its tokens'); the ``3 * max_spans`` best words with a positive score
+        are kept, adjacent kept words merge into one span, and the ``max_spans`` best
+        spans are returned, best first. Offsets are characters into ``doc.text`` (or
+        ``doc.title``, ``field="title"``); ``text[start:end] == span.text``. Only the part of
+        a document within ``max_doc_tokens`` can be evidence.
+
+        Returns:
+            ``{doc_id: [EvidenceSpan, ...]}`` in candidate order.
+        """
+        scores = self.token_scores(att).tolist()
+        out: dict[str, list[EvidenceSpan]] = {}
+        for doc, (start, end) in zip(candidates, prompt.spans):
+            ids, offsets = self.content_offsets(doc)
+            first = end - len(ids)
+            if len(ids) == 0 or first < start or prompt.context_ids[first:end] != ids:
+                logger.debug("no evidence for %s: its tokens could not be aligned with the prompt", doc.doc_id)
+                out[doc.doc_id] = []
+                continue
+            out[doc.doc_id] = _top_spans(doc, offsets, scores[first:end], max_spans)
+        return out
+
+    def _rerank(
+        self, query: Query, candidates: Sequence[Document]
+    ) -> tuple[RerankResult, ICRPrompt | None, TokenAttention | None]:
+        """:meth:`rerank`, also returning the prompt and token attention (``None`` without candidates)."""
         if not query.text.strip():
             raise ValidationError("query is empty")
         t0 = time.perf_counter()
         if not candidates:
-            return RerankResult(Ranking(query.query_id, ()))
+            return RerankResult(Ranking(query.query_id, ())), None, None
         ids = [d.doc_id for d in candidates]
         if len(set(ids)) != len(ids):
             raise ValidationError(f"duplicate doc ids among the candidates of query {query.query_id!r}")
@@ -327,13 +483,25 @@ class ICRReranker(AttentionReranker):
         ranking = Ranking.from_hits(query.query_id, (ScoredDoc(d, s, doc) for d, s, doc in zip(ids, scores, candidates)))
         truncated = tuple(d for d, cut in zip(ids, prompt.truncated) if cut)
         n_tokens = len(prompt.context_ids) + len(prompt.query_ids) + (len(prompt.calib_ids) if att.calib is not None else 0)
-        return RerankResult(
+        result = RerankResult(
             ranking=ranking,
             truncated=truncated,
             prompt_tokens=n_tokens,
             seconds=time.perf_counter() - t0,
-            details={"timings": att.seconds},
+            details=self._details(att, prompt),
         )
+        return result, prompt, att
+
+    def _details(self, att: TokenAttention, prompt: ICRPrompt) -> dict[str, Any]:
+        details: dict[str, Any] = {"timings": att.seconds}
+        if self.option("keep_attention", False):  # for attention dumps (eval --dump)
+            import torch
+
+            details["attention"] = {
+                "calibrated": att.calibrated().to(torch.float16), "layers": att.layers,
+                "spans": prompt.spans, "context_ids": prompt.context_ids,
+            }
+        return details
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
