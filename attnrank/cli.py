@@ -21,6 +21,8 @@ app.add_typer(index_app, name="index")
 heads_app = typer.Typer(help="Query-focused retrieval heads: detect, fit weights.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 app.add_typer(heads_app, name="heads")
+train_app = typer.Typer(help="Fine-tune rerankers.", no_args_is_help=True)
+app.add_typer(train_app, name="train")
 
 ModelOpt = Annotated[
     Optional[str],
@@ -183,17 +185,70 @@ def serve(
     max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
     device: DeviceOpt = "cpu",
     rerank_method: Annotated[str, typer.Option("--rerank-method", help="Reranker loaded at start-up.")] = "icr",
+    collection: Annotated[
+        Optional[list[str]], typer.Option("--collection", help="More collections as NAME=INDEX_DIR (repeatable).")
+    ] = None,
 ) -> None:
-    """Serve the REST API (uvicorn) over one index."""
+    """Serve the REST API (uvicorn) over one index (the default collection) and optional
+    named collections. Other settings (API key, workers, queue size, limits) come from
+    ATTNRANK_* environment variables (see attnrank.settings.Settings)."""
     import uvicorn
 
     from api.app import create_app
     from attnrank.settings import Settings
 
+    collections = {}
+    for item in collection or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise typer.BadParameter(f"expected NAME=INDEX_DIR, got {item!r}", param_hint="--collection")
+        collections[name] = path
     settings = Settings(
-        index=str(index), model=model, max_doc_tokens=max_doc_tokens, device=device, rerank_method=rerank_method
+        index=str(index), model=model, max_doc_tokens=max_doc_tokens, device=device, rerank_method=rerank_method,
+        **({"collections": collections} if collections else {}),
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+
+
+# ---------------------------------------------------------------------------- rerank-batch
+@app.command("rerank-batch")
+def rerank_batch_cmd(
+    topics: Annotated[Path, typer.Option("--topics", help="TREC topics file (qid<TAB>text).")],
+    run: Annotated[Path, typer.Option("--run", help="First-stage TREC run (qid Q0 docid rank score tag), .gz ok.")],
+    docs: Annotated[Path, typer.Option("--docs", help="Index directory, or a rank_llm run JSON with the passages.")],
+    out: Annotated[Path, typer.Option("--out", help="Output TREC run (appended per query; OUT.progress beside it).")],
+    method: Annotated[str, typer.Option("--method", help="Reranker: icr or blockrank.")] = "blockrank",
+    candidates: Annotated[int, typer.Option("--candidates", help="Top first-stage hits reranked per query.")] = 20,
+    depth: Annotated[Optional[int], typer.Option("--depth", help="Hits written per query; default: all of the run's.")] = None,
+    tag: Annotated[Optional[str], typer.Option("--tag", help="Run tag; default attnrank-METHOD-cN.")] = None,
+    max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Only the first N queries (topics order).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start afresh instead of resuming.")] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")] = True,
+    model: ModelOpt = None,
+    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Rerank a TREC run query by query, appending each query's ranking as it finishes.
+
+    Rerun the same command after an interruption to resume: completed queries are
+    skipped and a partly written one is rewritten, so the output equals an uninterrupted
+    run's. A document that cannot be reranked is logged and ranked below the others.
+    """
+    from attnrank.errors import AttnrankError
+    from eval.batch import rerank_batch
+
+    try:
+        summary = rerank_batch(
+            topics, run, docs, out, method=method, candidates=candidates, depth=depth, tag=tag,
+            max_queries=max_queries, overwrite=overwrite, show_progress=progress,
+            reranker_config=_reranker_config(method, model, max_doc_tokens, device),
+        )
+    except AttnrankError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted; rerun the same command to resume {out}", fg="yellow", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
 # ---------------------------------------------------------------------------- eval
@@ -383,6 +438,57 @@ def eval_ablation(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1, default=str))
     typer.echo(format_ablation(result))
+
+
+@train_app.command("blockrank")
+def train_blockrank_cmd(
+    data: Annotated[Path, typer.Option("--data", help="BEIR-layout dataset folder.")],
+    out: Annotated[Path, typer.Option("--out", help="Output directory (checkpoints, final model, losses.png); resumes.")],
+    model: ModelOpt = None,
+    split: Annotated[str, typer.Option("--split")] = "train",
+    dev_split: Annotated[Optional[str], typer.Option("--dev-split", help="Split whose auxiliary loss is tracked.")] = "dev",
+    dev_queries: Annotated[int, typer.Option("--dev-queries")] = 16,
+    max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Training queries (seeded subset).")] = None,
+    candidates: Annotated[int, typer.Option("--candidates", help="Candidates per example (1 positive + hard negatives).")] = 16,
+    block_length: Annotated[int, typer.Option("--block-length", help="Per-document LM tokens (max_doc_tokens).")] = 128,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 100,
+    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Examples per optimizer step.")] = 4,
+    lr: Annotated[float, typer.Option("--lr")] = 2e-5,
+    lora: Annotated[bool, typer.Option("--lora/--full", help="LoRA adapters (large models) or full fine-tuning.")] = False,
+    aux_only: Annotated[bool, typer.Option("--aux-only", help="Only the auxiliary loss: layers up to l*, no LM head.")] = False,
+    layer: Annotated[Optional[int], typer.Option("--layer", help="Scoring layer l* (default round(0.6 L)).")] = None,
+    aux_lambda: Annotated[float, typer.Option("--lambda")] = 0.1,
+    tau: Annotated[float, typer.Option("--tau")] = 0.05,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every")] = 25,
+    index: Annotated[Optional[Path], typer.Option("--index")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """BlockRank fine-tuning: L = L_NTP + lambda * L_aux through the linear block path (resumable)."""
+    from eval.training_data import blockrank_examples
+    from reranker.train import TrainConfig, train_blockrank
+
+    device = _auto_device(device)
+    examples = blockrank_examples(data, split, candidates=candidates, max_queries=max_queries, seed=seed, index_dir=index)
+    dev = []
+    if dev_split:
+        dev = blockrank_examples(data, dev_split, candidates=candidates, max_queries=dev_queries, seed=seed, index_dir=index)
+    cfg = TrainConfig(
+        out_dir=str(out), model=model, max_doc_tokens=block_length, layer=layer, aux_lambda=aux_lambda, tau=tau,
+        aux_only=aux_only, lora=lora, lr=lr, steps=steps, grad_accum=grad_accum, checkpoint_every=checkpoint_every,
+        eval_every=checkpoint_every, seed=seed, device=device,
+    )
+    summary = train_blockrank(examples, cfg, dev_examples=dev)
+    summary.pop("history", None)
+    typer.echo(json.dumps(summary, indent=1))
+
+
+def _auto_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @eval_app.command("compare")

@@ -134,32 +134,16 @@ def _neg(dtype):
     return torch.finfo(dtype).min
 
 
-def block_forward(
-    lm: Any,
-    prompt: BlockPrompt,
-    layer: int,
-    *,
-    query_ids: list[int] | None = None,
-    mode: str = "logits",
-    read_layers: Sequence[int] | None = None,
-    doc_batch_size: int = 64,
-) -> tuple[dict[int, Any], dict[str, float]]:
-    """Exact linear BlockRank forward up to ``layer`` (inclusive).
+def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int = 64) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
+    """Steps (1)-(2) of the linear forward: keys/values of block 0 and of every candidate
+    block (each against block 0 only, positions restarting at ``L0``), for layers
+    ``0..layer``, concatenated without padding.
 
-    Args:
-        lm: :class:`reranker.lm.LoadedLM`.
-        prompt: The block prompt.
-        layer: Scoring layer ``l*``: no layer above it runs.
-        query_ids: Query block to run (default ``prompt.query_ids``).
-        mode: ``"logits"``: capture the signal rows' raw logits;
-            ``"mean"``: capture all query rows' mean attention probabilities.
-        read_layers: Layers captured, each ``<= layer`` (default: ``[layer]``).
-        doc_batch_size: Candidate blocks per batched prefill (bounds memory).
+    Candidate blocks depend only on block 0 and themselves, so this is also the part a
+    document KV cache can hold (ALGORITHMS.md section 3, ``query_in_instruction=false``).
 
     Returns:
-        ``({layer: tensor}, timings)`` where tensors are ``(1, heads, rows, K)`` logits or
-        ``(1, heads, K)`` mean probabilities over the keys ``K = L0 + D + Lq`` laid out as
-        block 0, candidate tokens (concatenated in order, no padding), query block.
+        ``([(keys, values)] per layer, each (1, kv_heads, L0 + D, head_dim)), timings``.
     """
     import torch
 
@@ -212,22 +196,87 @@ def block_forward(
                 x = t[:, :, L0:, :].permute(0, 2, 1, 3).reshape(n * Lb, t.shape[1], t.shape[3])[flat]
                 store[l].append(x.permute(1, 0, 2)[None])  # (1, kv_heads, tokens, d)
     timings["documents"] = time.perf_counter() - t1
-
-    # (3) query block against block 0 + all candidate tokens
-    t2 = time.perf_counter()
     kv = [
         (torch.cat([kv0[l][0]] + doc_k[l], dim=2), torch.cat([kv0[l][1]] + doc_v[l], dim=2))
         for l in range(n_layers)
     ]
+    return kv, timings
+
+
+def query_pass(
+    lm: Any, prompt: BlockPrompt, kv: list[tuple[Any, Any]], capture: Any, *,
+    query_ids: list[int] | None = None, stop: bool = True,
+) -> Any:
+    """Step (3): the query block against block 0 and every candidate token.
+
+    Args:
+        kv: :func:`context_kv` output.
+        capture: :class:`reranker.attention.AttentionCapture` (its ``stop_after`` decides
+            where the pass ends).
+        query_ids: Query block (default ``prompt.query_ids``), possibly followed by answer
+            tokens (training).
+        stop: When ``False`` the capture must not stop early and the model output (hidden
+            states of the query block) is returned.
+
+    Returns:
+        The base model's output, or ``None`` when the pass stopped early.
+    """
+    import torch
+
+    from reranker.attention import run_with_capture
+
+    dev = lm.device
+    dtype = next(lm.model.parameters()).dtype
     qids = prompt.query_ids if query_ids is None else query_ids
     Lq, K = len(qids), kv[0][0].shape[2]
-    qcache = _cache_from(kv, cfg)
+    qcache = _cache_from(kv, lm.model.config)
     allowed = torch.cat(
         [torch.ones(Lq, K, dtype=torch.bool, device=dev), torch.tril(torch.ones(Lq, Lq, dtype=torch.bool, device=dev))],
         dim=-1,
     )
     qmask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, _neg(dtype))[None, None]
     qpos = (prompt.query_offset + torch.arange(Lq, device=dev))[None]
+    return run_with_capture(
+        lm.model.base_model, capture, input_ids=torch.tensor([qids], device=dev), position_ids=qpos,
+        attention_mask=qmask, cache=qcache, use_cache=True,
+    )
+
+
+def block_forward(
+    lm: Any,
+    prompt: BlockPrompt,
+    layer: int,
+    *,
+    query_ids: list[int] | None = None,
+    mode: str = "logits",
+    read_layers: Sequence[int] | None = None,
+    doc_batch_size: int = 64,
+) -> tuple[dict[int, Any], dict[str, float]]:
+    """Exact linear BlockRank forward up to ``layer`` (inclusive): :func:`context_kv` then
+    :func:`query_pass`.
+
+    Args:
+        lm: :class:`reranker.lm.LoadedLM`.
+        prompt: The block prompt.
+        layer: Scoring layer ``l*``: no layer above it runs.
+        query_ids: Query block to run (default ``prompt.query_ids``).
+        mode: ``"logits"``: capture the signal rows' raw logits;
+            ``"mean"``: capture all query rows' mean attention probabilities.
+        read_layers: Layers captured, each ``<= layer`` (default: ``[layer]``).
+        doc_batch_size: Candidate blocks per batched prefill (bounds memory).
+
+    Returns:
+        ``({layer: tensor}, timings)`` where tensors are ``(1, heads, rows, K)`` logits or
+        ``(1, heads, K)`` mean probabilities over the keys ``K = L0 + D + Lq`` laid out as
+        block 0, candidate tokens (concatenated in order, no padding), query block.
+    """
+    import torch
+
+    from reranker.attention import AttentionCapture
+
+    kv, timings = context_kv(lm, prompt, layer, doc_batch_size=doc_batch_size)
+    t2 = time.perf_counter()
+    Lq = len(prompt.query_ids if query_ids is None else query_ids)
     if mode == "logits":
         cap = AttentionCapture(
             layers=set(read_layers or [layer]), rows=slice(Lq - prompt.n_signal, Lq), mode="logits", stop_after=layer,
@@ -235,10 +284,7 @@ def block_forward(
         )
     else:
         cap = AttentionCapture(layers=set(read_layers or [layer]), mode="mean", stop_after=layer)
-    run_with_capture(
-        base, cap, input_ids=torch.tensor([qids], device=dev), position_ids=qpos, attention_mask=qmask,
-        cache=qcache, use_cache=True,
-    )
+    query_pass(lm, prompt, kv, cap, query_ids=query_ids)
     timings["query"] = time.perf_counter() - t2
     return cap.out, timings
 

@@ -214,6 +214,43 @@ def _load_dir(path: Path, device: str, dtype: str) -> tuple[Any, Any]:
     return model, tok
 
 
+def model_dir(model: str | None = None, *, cache_dir: str | None = None) -> Path:
+    """A Hugging Face directory holding ``model``: the directory itself, or for the packaged
+    GGUF its cached safetensors copy (converted on first use).
+
+    Raises:
+        ModelLoadError: the model cannot be found.
+    """
+    identity = model_identity(model)
+    if identity["source"] != "gguf-package":
+        return Path(identity["path"])
+    target = _gguf_cache_dir(identity["name"], identity["sha256"], cache_dir)
+    if not _cache_valid(target, identity["sha256"]):
+        _convert_gguf(Path(identity["path"]), identity["sha256"], target)
+    return target
+
+
+def load_trainable_lm(model: str | None = None, *, device: str = "cpu", cache_dir: str | None = None) -> LoadedLM:
+    """A *fresh* (not shared) float32 copy of ``model`` in train mode, parameters trainable.
+
+    Raises:
+        ModelLoadError: the model cannot be found or loaded.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    t0 = time.perf_counter()
+    identity = model_identity(model)
+    path = model_dir(model, cache_dir=cache_dir)
+    try:
+        m, tok = _load_dir(path, device, "float32")
+    except Exception as exc:
+        raise ModelLoadError(f"could not load LM {model or DEFAULT_LM!r} for training: {exc}") from exc
+    m.train()
+    for p in m.parameters():
+        p.requires_grad_(True)
+    return LoadedLM(m, tok, identity, device, time.perf_counter() - t0)
+
+
 def load_lm(
     model: str | None = None, *, device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None
 ) -> LoadedLM:
