@@ -103,6 +103,11 @@ def attnrank_attention_forward(module, query, key, value, attention_mask, scalin
     capture: AttentionCapture | None = kwargs.pop("attnrank_capture", None)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    if capture is not None and capture.stop_after is not None and not capture.wants(int(module.layer_idx)):
+        if int(module.layer_idx) >= capture.stop_after:
+            # The last layer that runs only has to fill the cache (updated before this call):
+            # its attention output is never used, so skip computing it.
+            raise StopForward(int(module.layer_idx))
     out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if capture is not None:
         layer = int(module.layer_idx)
