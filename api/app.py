@@ -1,18 +1,30 @@
-"""The REST service: ``create_app()`` builds a FastAPI app over one search pipeline.
+"""The REST service: ``create_app()`` builds a FastAPI app over one or more collections.
 
-Start-up (lifespan) opens the index and builds the :class:`~attnrank.pipeline.Pipeline`
-from :class:`~attnrank.settings.Settings`, and with ``settings.preload`` loads the
-reranker, all in a worker thread; ``app.state`` holds ``settings``, ``pipeline`` and
-``limiter``. Every error has the body ``{"error": str, "error_type": str}``:
+Start-up (lifespan) opens every collection's index (``settings.index`` is the default
+collection, ``settings.collections`` adds named ones; a missing index fails start-up),
+starts the inference pools and loads the reranker's model in a background thread
+(:mod:`api.runtime`): until it is loaded ``/health`` says ``loading`` and compute routes
+answer 503. ``app.state`` holds ``settings``, ``runtime`` and ``pipeline`` (the default
+collection's). Every error has the body ``{"error": str, "error_type": str}``:
 
-============================  ======  ===================================
-cause                         status  error_type
-============================  ======  ===================================
-``AttnrankError`` subclasses  theirs  theirs (validation, not_found, ...)
-invalid request body          422     validation
-unknown route / method        404/405 not_found / method_not_allowed
-anything else                 500     internal (logged with traceback)
-============================  ======  ===================================
+================================  ======  ======================================
+cause                             status  error_type
+================================  ======  ======================================
+invalid body, top_k out of range  422     validation
+missing / wrong API key           401     unauthorized
+unknown collection, document      404     not_found
+unknown route / wrong method      404/405 not_found / method_not_allowed
+body, documents or text too big   413     payload_too_large
+inference queue full              429     overloaded (with ``Retry-After``)
+models loading / load failed      503     unhealthy (with ``Retry-After``)
+model cannot be loaded            503     model_unavailable
+other ``AttnrankError``           theirs  theirs
+anything else                     500     internal (logged with traceback)
+================================  ======  ======================================
+
+Routes: ``POST /search``, ``POST /rerank`` (Cohere v2 compatible), ``GET /health``,
+``GET /info``, ``GET /metrics`` (Prometheus). With ``settings.api_key`` set, every route
+but ``/health`` needs ``Authorization: Bearer <key>``.
 
 Run it with ``attnrank serve --index ...`` or ``uvicorn --factory api.app:create_app``.
 """
@@ -24,6 +36,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from collections.abc import Mapping
+
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,7 +45,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnrank.errors import AttnrankError
-from attnrank.pipeline import NO_RERANK, Pipeline
+from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -66,9 +80,9 @@ def validation_message(exc: RequestValidationError) -> str:
 
 
 async def _attnrank_error(request: Request, exc: AttnrankError) -> JSONResponse:
-    if exc.status_code >= 500:
+    if exc.status_code >= 500 and exc.error_type != "unhealthy":
         logger.error("%s %s failed (%s): %s", request.method, request.url.path, exc.error_type, exc)
-    return error_response(exc.status_code, str(exc), exc.error_type)
+    return error_response(exc.status_code, str(exc), exc.error_type, headers=getattr(exc, "headers", None))
 
 
 async def _request_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -88,48 +102,44 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal error ({type(exc).__name__}); see the server log", "internal")
 
 
-def _preload(pipeline: Pipeline, method: str) -> None:
-    """Build reranker ``method`` and load its model now (rerankers with a ``load()``
-    method load their LM lazily otherwise, on the first request)."""
-    reranker = pipeline.reranker(method)
-    load = getattr(reranker, "load", None)
-    if callable(load):
-        load()
-
-
-def create_app(settings: Settings | None = None, pipeline: Pipeline | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    pipeline: Pipeline | None = None,
+    collections: Mapping[str, Pipeline] | None = None,
+) -> FastAPI:
     """Build the FastAPI app.
 
     Args:
         settings: Service settings; default: ``Settings()`` (from ``ATTNRANK_*`` variables).
-        pipeline: A ready pipeline to serve instead of opening ``settings.index`` (tests,
-            embedding in another service). ``settings.preload`` still applies to it.
+        pipeline: A ready pipeline to serve as the default collection instead of opening
+            ``settings.index`` (tests, embedding in another service). ``settings.preload``
+            still applies to it.
+        collections: Ready pipelines of named collections (same use).
 
     Returns:
-        The app; the pipeline is built when its lifespan starts (``with TestClient(app)``
-        or a server start-up), and start-up fails with the index/model error if it cannot.
+        The app; collections open when its lifespan starts (``with TestClient(app)`` or a
+        server start-up), and start-up fails with the index error if one cannot; models
+        then load in the background.
     """
+    from api.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware
+    from api.runtime import Runtime
+
     settings = settings or Settings()
+    settings.collection_dirs()  # fail now on a collection named like the default one
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pipe = pipeline
-        if pipe is None:
-            logger.info("opening index %s", settings.index)
-            pipe = await anyio.to_thread.run_sync(Pipeline.from_config, settings.pipeline_config())
-        if settings.preload and settings.rerank_method != NO_RERANK:
-            logger.info("loading reranker %r", settings.rerank_method)
-            await anyio.to_thread.run_sync(_preload, pipe, settings.rerank_method)
-        app.state.pipeline = pipe
-        app.state.limiter = anyio.CapacityLimiter(settings.workers)
-        logger.info("attnrank service ready (retrievers %s)", sorted(pipe.retrievers))
+        runtime = await anyio.to_thread.run_sync(Runtime.open, settings, pipeline, collections)
+        runtime.start()
+        app.state.runtime = runtime
+        app.state.pipeline = runtime.pipeline(None)
+        logger.info("attnrank service started: collections %s; models %s", sorted(runtime.collections), runtime.status)
         try:
             yield
         finally:
             app.state.pipeline = None
-            close = getattr(pipe.docstore, "close", None)
-            if pipeline is None and callable(close):  # we opened it; an injected one is the caller's
-                close()
+            await anyio.to_thread.run_sync(runtime.close)
+            app.state.runtime = None
 
     app = FastAPI(
         title="attnrank",
@@ -138,15 +148,21 @@ def create_app(settings: Settings | None = None, pipeline: Pipeline | None = Non
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.runtime = None
     app.add_exception_handler(AttnrankError, _attnrank_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
+    # Added innermost first: metrics see every answer, auth runs before the body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.api_key is not None:
+        app.add_middleware(AuthMiddleware, api_key=settings.api_key.get_secret_value())
+    app.add_middleware(MetricsMiddleware)
 
-    from api.routes import health, search
+    from api.routes import health, info, metrics, rerank, search
 
-    app.include_router(health.router)
-    app.include_router(search.router)
+    for module in (health, info, metrics, search, rerank):
+        app.include_router(module.router)
     return app
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import anyio
 from fastapi import Depends, Request
 
+from api.runtime import Runtime
+from attnrank.errors import UnhealthyError
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
 
@@ -16,16 +17,31 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def get_runtime(request: Request) -> Runtime:
+    """The running service state (built by the lifespan).
+
+    Raises:
+        UnhealthyError: the app has not started (or has stopped).
+    """
+    runtime = getattr(request.app.state, "runtime", None)
+    if runtime is None:
+        raise UnhealthyError("the service is not running")
+    return runtime
+
+
+def get_ready_runtime(request: Request) -> Runtime:
+    """The runtime, once models are loaded. Raises UnhealthyError (503) before."""
+    runtime = get_runtime(request)
+    runtime.require_ready()
+    return runtime
+
+
 def get_pipeline(request: Request) -> Pipeline:
-    """The search pipeline (built by the lifespan)."""
-    return request.app.state.pipeline
-
-
-def get_limiter(request: Request) -> anyio.CapacityLimiter:
-    """Limits concurrent blocking pipeline calls to ``settings.workers`` threads."""
-    return request.app.state.limiter
+    """The default collection's pipeline."""
+    return get_runtime(request).pipeline(None)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+ReadyRuntimeDep = Annotated[Runtime, Depends(get_ready_runtime)]
 PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
-LimiterDep = Annotated[anyio.CapacityLimiter, Depends(get_limiter)]

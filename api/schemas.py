@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_QUERY_CHARS = 4096
 """Longest accepted query text, in characters."""
+
+
+class ReAttnOptions(BaseModel):
+    """ReAttn switches (ALGORITHMS.md section 4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idf: bool = Field(True, description="Down-weight tokens frequent across the candidates.")
+    entropy: bool = Field(True, description="Weight documents by the normalised entropy of their attention.")
+    gamma: float = Field(0.5, ge=0, description="Exponent of the normalised entropy.")
 
 
 class RerankRequest(BaseModel):
@@ -26,6 +36,26 @@ class RerankRequest(BaseModel):
         description="First-stage hits reranked (at most the service's max_candidates); "
         "default: ATTNRANK_DEFAULT_CANDIDATES.",
     )
+    heads: Literal["all", "qr", "learned"] | list[tuple[int, int]] | None = Field(
+        None,
+        description="icr and blockrank: attention heads scored: 'all', 'qr' (the model's packaged query-focused "
+        "heads), 'learned' (icr: their learned weights) or [[layer, head], ...]; default: the service's configuration.",
+        examples=["qr"],
+    )
+    reattn: bool | ReAttnOptions | None = Field(
+        None,
+        description="icr and blockrank: ReAttn re-weighting of token attention (true, false or {idf, entropy, gamma}); "
+        "default: the service's configuration.",
+    )
+
+    def reranker_options(self) -> dict[str, Any]:
+        """The ``RerankerConfig.options`` this request sets (``heads``/``reattn`` when given)."""
+        out: dict[str, Any] = {}
+        if self.heads is not None:
+            out["heads"] = self.heads if isinstance(self.heads, str) else [list(h) for h in self.heads]
+        if self.reattn is not None:
+            out["reattn"] = self.reattn if isinstance(self.reattn, bool) else self.reattn.model_dump()
+        return out
 
 
 class SearchRequest(BaseModel):
@@ -39,6 +69,22 @@ class SearchRequest(BaseModel):
     rerank: RerankRequest | None = Field(
         None, description="Reranking options; omitted or null = first-stage order only."
     )
+    collection: str | None = Field(
+        None, description="Collection searched (see GET /info); default: the service's default collection."
+    )
+    explain: bool = Field(
+        False,
+        description="With rerank (icr): each reranked result carries `evidence`, the document spans that drew "
+        "the most query attention (character offsets into its text).",
+    )
+    filter: dict[str, Any] | None = Field(
+        None,
+        description="Metadata filter (Qdrant-style): {must, should, must_not} lists of {key, match: {value | any}}, "
+        "{key, range: {gt, gte, lt, lte}}, {is_empty: {key}}, {is_null: {key}}, {has_id: [...]} or nested filters. "
+        "Only matching documents are retrieved; an invalid filter is a 422 naming the offending clause.",
+        examples=[{"must": [{"key": "year", "range": {"gte": 2015}}],
+                   "must_not": [{"key": "tags", "match": {"any": ["retracted"]}}]}],
+    )
 
     @field_validator("query")
     @classmethod
@@ -46,6 +92,19 @@ class SearchRequest(BaseModel):
         if not value.strip():
             raise ValueError("query must not be empty or only whitespace")
         return value
+
+
+class Evidence(BaseModel):
+    """A span of a result's document that drew the most query attention."""
+
+    field: Literal["text", "title"] = Field(description="The document field that `start`/`end` index.")
+    start: int = Field(description="First character (0-based) in that field.")
+    end: int = Field(description="One past the last character: field[start:end] == text.")
+    text: str = Field(description="The span's characters.")
+    score: float = Field(
+        description="Calibrated query attention of the span's tokens (attention mass summed over layers and heads, "
+        "minus that of a content-free query): unitless, higher = more attended, comparable within one response."
+    )
 
 
 class Hit(BaseModel):
@@ -59,15 +118,20 @@ class Hit(BaseModel):
     rank: int = Field(description="1-based position.")
     title: str
     text: str
+    metadata: dict[str, Any] = Field(default_factory=dict, description="The document's metadata fields.")
+    evidence: list[Evidence] | None = Field(
+        None, description="With explain: the reranked document's most attended spans, best first; null otherwise."
+    )
 
 
 class Timings(BaseModel):
-    """Seconds spent per pipeline stage."""
+    """Seconds spent per pipeline stage, and waiting for an inference worker."""
 
     retrieve: float
     hydrate: float
     rerank: float
-    total: float
+    total: float = Field(description="retrieve + hydrate + rerank (without queue).")
+    queue: float = Field(0.0, description="Seconds the request waited for an inference worker.")
 
 
 class RerankInfo(BaseModel):
@@ -88,13 +152,161 @@ class SearchResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    """Body of ``GET /health``."""
+    """Body of ``GET /health`` when the service is ready (HTTP 200). While models load, or
+    after loading failed, the answer is HTTP 503 with the error body plus ``status``:
+    ``{"status": "loading" | "failed", "error": ..., "error_type": "unhealthy"}``."""
 
     status: Literal["ok"] = "ok"
+
+
+class HealthUnavailable(BaseModel):
+    """Body of ``GET /health`` with HTTP 503."""
+
+    status: Literal["loading", "failed"]
+    error: str
+    error_type: Literal["unhealthy"] = "unhealthy"
 
 
 class ErrorBody(BaseModel):
     """The body of every error response."""
 
     error: str = Field(description="What went wrong and what to do.")
-    error_type: str = Field(description="validation, not_found, model_unavailable, internal, ...")
+    error_type: str = Field(
+        description="validation, unauthorized, not_found, method_not_allowed, payload_too_large, overloaded, "
+        "unhealthy, model_unavailable, internal, ..."
+    )
+
+
+# ------------------------------------------------------------------ POST /rerank (Cohere v2)
+class RerankDocumentIn(BaseModel):
+    """A document as an object (Cohere v1 style); only ``text`` is read, other fields are ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str = Field(description="Document text.")
+
+
+class CohereRerankRequest(BaseModel):
+    """Body of ``POST /rerank``: the Cohere v2 rerank request, plus ``return_documents``
+    (the v1 / Jina extension) and ``deadline_ms``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        None,
+        description="Optional here. When given it must name the served reranker: its method (e.g. 'icr'), its LM "
+        "(e.g. 'smollm2-135m-instruct') or '<lm>/<method>' (GET /info lists them); anything else is a 422.",
+        examples=["icr"],
+    )
+    query: str = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
+    documents: list[str | RerankDocumentIn] = Field(
+        ..., min_length=1,
+        description="Documents to rank: strings, or objects with a `text` field. At most the service's "
+        "max_documents, each at most max_document_chars characters (413 above).",
+    )
+    top_n: int | None = Field(None, ge=1, description="Results returned (best first); default: all documents.")
+    max_tokens_per_doc: int | None = Field(
+        None, ge=1,
+        description="LM tokens read per document (longer ones are truncated and listed in meta.truncated); "
+        "default and upper bound: the service's max_doc_tokens (larger values are clamped, with a warning).",
+    )
+    return_documents: bool = Field(False, description="Add `document: {text}` to each result.")
+    rank_fields: list[str] | None = Field(
+        None, description="Cohere v1: fields of object documents to rank on; only ['text'] is supported."
+    )
+    max_chunks_per_doc: int | None = Field(None, ge=1, description="Cohere v1; accepted and ignored.")
+    deadline_ms: int | None = Field(
+        None, ge=1,
+        description="Answer within this many milliseconds: when reranking would exceed it (estimated from recent "
+        "requests and the queue, or it runs over), the answer gives the documents in their given (first-stage) "
+        "order and says so in meta (reranked=false, deadline_exceeded=true) instead of timing out.",
+    )
+
+    @field_validator("query")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("query must not be empty or only whitespace")
+        return value
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class RerankedDocument(BaseModel):
+    text: str
+
+
+class CohereRerankResult(BaseModel):
+    """One ranked document."""
+
+    index: int = Field(description="Position of the document in the request's `documents` (0-based).")
+    relevance_score: float = Field(
+        description="The reranker's score; higher = more relevant; compare only within one response. Its range "
+        "depends on the method (meta.method): icr = calibrated attention mass summed over layers and heads, a real "
+        "number (may be negative), unitless; blockrank = attention probability in [0, 1], summing to 1 over the "
+        "documents. When meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
+    )
+    document: RerankedDocument | None = Field(None, description="With return_documents: the document's text.")
+
+
+class ApiVersion(BaseModel):
+    version: str = "2"
+
+
+class BilledUnits(BaseModel):
+    search_units: int = 1
+
+
+class TokenCounts(BaseModel):
+    input_tokens: int = Field(description="LM tokens processed (all passes).")
+    output_tokens: int = 0
+
+
+class CohereRerankMeta(BaseModel):
+    """Cohere's ``meta`` plus what this service did."""
+
+    api_version: ApiVersion = Field(default_factory=ApiVersion)
+    billed_units: BilledUnits = Field(default_factory=BilledUnits)
+    tokens: TokenCounts
+    warnings: list[str] = Field(default_factory=list)
+    model: str = Field(description="The served reranker, '<lm>/<method>'.")
+    method: str = Field(description="Reranking method: its name says how to read relevance_score.")
+    reranked: bool = Field(description="False when the deadline made the service answer in the given order.")
+    deadline_exceeded: bool = Field(False, description="True when deadline_ms stopped the reranking.")
+    truncated: list[int] = Field(
+        default_factory=list, description="Indices of documents cut to max_tokens_per_doc LM tokens."
+    )
+    timings: dict[str, float] = Field(default_factory=dict, description="Seconds: queue, rerank, total.")
+
+
+class CohereRerankResponse(BaseModel):
+    """Body of a successful ``POST /rerank`` (Cohere v2 shape): results best first."""
+
+    id: str = Field(description="Request id (UUID4).")
+    results: list[CohereRerankResult]
+    meta: CohereRerankMeta
+
+
+# ------------------------------------------------------------------ GET /info
+class RerankerInfo(BaseModel):
+    method: str = Field(description="Reranker used by /rerank and by /search's default rerank.")
+    model: dict[str, Any] | None = Field(None, description="The loaded reranker's describe(); null until loaded.")
+    model_ids: list[str] = Field(description="Values /rerank accepts as `model`.")
+    methods: list[str] = Field(description="Rerank methods /search accepts.")
+    max_doc_tokens: int
+    device: str
+    dtype: str
+
+
+class InfoResponse(BaseModel):
+    """Body of ``GET /info``."""
+
+    version: str
+    status: Literal["loading", "ok", "failed"]
+    uptime_seconds: float
+    reranker: RerankerInfo
+    default_collection: str
+    collections: dict[str, dict[str, Any]] = Field(description="Per collection: index parameters and live counts.")
+    limits: dict[str, int]
+    auth: bool = Field(description="Whether routes need an API key.")

@@ -58,6 +58,52 @@ class ModelLoadError(AttnrankError):
     status_code = 503
 
 
+class PayloadTooLargeError(AttnrankError):
+    """A request over a size limit: body bytes, documents per request or characters per
+    document (HTTP 413)."""
+
+    error_type = "payload_too_large"
+    status_code = 413
+
+
+class OverloadedError(AttnrankError):
+    """The inference queue is full; retry after ``retry_after`` seconds (HTTP 429)."""
+
+    error_type = "overloaded"
+    status_code = 429
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, round(self.retry_after)))}
+
+
+class UnhealthyError(AttnrankError):
+    """The service cannot answer yet (models still loading) or any more (load failed,
+    shutting down) (HTTP 503)."""
+
+    error_type = "unhealthy"
+    status_code = 503
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
+
+
+class UnauthorizedError(AttnrankError):
+    """A missing or wrong API key (HTTP 401)."""
+
+    error_type = "unauthorized"
+    status_code = 401
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
 class MissingDependencyError(AttnrankError, ImportError):
     """An optional dependency is not installed; the message names the pip command."""
 

@@ -7,9 +7,12 @@ with per-stage timings in seconds.
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,11 +20,134 @@ from typing import Any
 from attnrank.config import PipelineConfig
 from attnrank.errors import UnknownNameError, ValidationError
 from attnrank.protocols import DocStore, Filter, RerankResult, Reranker, Retriever
-from attnrank.types import Query, Ranking, ScoredDoc
+from attnrank.types import Document, Query, Ranking, ScoredDoc
 
 logger = logging.getLogger(__name__)
 
 NO_RERANK = "none"
+
+RerankerFactory = Callable[..., Reranker]
+"""Builds a reranker: ``factory(method)`` for the default configuration, and
+``factory(method, options=..., max_doc_tokens=...)`` for other ones (a factory whose
+signature has no ``options`` keyword builds by method name only)."""
+
+
+def options_key(options: Mapping[str, Any] | None) -> str:
+    """Canonical JSON of reranker options (sorted keys, compact): equal options, equal key.
+
+    Raises:
+        ValidationError: options that are not JSON-serialisable.
+    """
+    try:
+        return json.dumps(dict(options or {}), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"reranker options must be JSON values: {exc}") from None
+
+
+def _takes_options(factory: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+    return "options" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+class RerankerCache:
+    """Rerankers by ``(method, options, max_doc_tokens)``, built on first use and kept.
+
+    One cache can be shared by several pipelines (one per collection) so that each
+    reranker, and its model, exists once. Rerankers with the default configuration
+    (no options, default ``max_doc_tokens``) are kept for the cache's lifetime; the others
+    are evicted least-recently-used beyond ``max_entries`` (they share the process-wide LM
+    of :func:`reranker.lm.load_lm`, so an eviction frees only the small reranker object).
+
+    Args:
+        factory: See :data:`RerankerFactory`.
+        max_entries: Most non-default rerankers kept.
+    """
+
+    def __init__(self, factory: RerankerFactory, max_entries: int = 16) -> None:
+        self.factory = factory
+        self.max_entries = max_entries
+        self._takes_options = _takes_options(factory)
+        self._default: dict[str, tuple[Reranker, threading.Lock]] = {}
+        self._custom: OrderedDict[tuple[str, str, int | None], tuple[Reranker, threading.Lock]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def get(
+        self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
+    ) -> tuple[Reranker, threading.Lock]:
+        """The reranker for ``(method, options, max_doc_tokens)`` and the lock that serialises
+        its calls, built on first use.
+
+        Raises:
+            UnknownNameError: unknown method.
+            ValidationError: options given to a factory that builds by name only, or
+                options the reranker rejects.
+            ModelLoadError: the reranker's model cannot be loaded (factories that load eagerly).
+        """
+        if not options and max_doc_tokens is None:
+            with self._guard:
+                if method not in self._default:
+                    self._default[method] = (self.factory(method), threading.Lock())
+                return self._default[method]
+        if not self._takes_options:
+            raise ValidationError(
+                "this pipeline builds rerankers by method name only; reranker options are not supported"
+            )
+        key = (method, options_key(options), max_doc_tokens)
+        with self._guard:
+            entry = self._custom.get(key)
+            if entry is None:
+                reranker = self.factory(method, options=dict(options or {}), max_doc_tokens=max_doc_tokens)
+                entry = (reranker, threading.Lock())
+                self._custom[key] = entry
+                while len(self._custom) > self.max_entries:
+                    self._custom.popitem(last=False)
+            self._custom.move_to_end(key)
+            return entry
+
+    def rerank(
+        self,
+        query: Query,
+        candidates: Sequence[Document],
+        method: str,
+        options: Mapping[str, Any] | None = None,
+        max_doc_tokens: int | None = None,
+        *,
+        explain: bool = False,
+        evidence_spans: int = 3,
+    ) -> RerankResult:
+        """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``.
+
+        With ``explain``, the reranker must offer ``rerank_with_evidence`` (ICR does); its
+        result carries ``details["evidence"] = {doc_id: [span, ...]}``.
+
+        Raises:
+            ValidationError: ``explain`` with a reranker that cannot explain; see :meth:`get`.
+        """
+        reranker, lock = self.get(method, options, max_doc_tokens)
+        explainer = getattr(reranker, "rerank_with_evidence", None)
+        if explain and not callable(explainer):
+            raise ValidationError(f"explain is not supported by the {method!r} reranker; use method 'icr'")
+        with lock:
+            if explain:
+                return explainer(query, candidates, max_spans=evidence_spans)
+            return reranker.rerank(query, candidates)
+
+    def methods(self) -> set[str]:
+        """Methods whose default reranker has been built."""
+        with self._guard:
+            return set(self._default) | {m for m, _, _ in self._custom}
+
+    def loaded(self) -> dict[str, Reranker]:
+        """Built rerankers: the default ones by method name, the others as
+        ``method{options}[max_doc_tokens=N]``."""
+        with self._guard:
+            out = {m: r for m, (r, _) in self._default.items()}
+            for (m, opts, mdt), (r, _) in self._custom.items():
+                out[m + (opts if opts != "{}" else "") + (f"[max_doc_tokens={mdt}]" if mdt is not None else "")] = r
+            return out
 
 
 @dataclass(frozen=True)
@@ -35,6 +161,12 @@ class SearchOptions:
         candidates: How many first-stage hits the reranker reorders (1..``max_candidates``).
             Results beyond the reranked candidates keep first-stage order below them.
         filter: Metadata filter applied by the first stage.
+        rerank_options: Reranker options (``RerankerConfig.options`` keys, e.g. ICR's
+            ``heads`` and ``reattn``) merged over the configured ones; each distinct set
+            builds its own reranker (cached, the model shared).
+        explain: Ask the reranker for evidence spans (``RerankResult.details["evidence"]``);
+            only rerankers with ``rerank_with_evidence`` (ICR) can.
+        evidence_spans: Most evidence spans per document with ``explain``.
     """
 
     top_k: int = 10
@@ -42,6 +174,9 @@ class SearchOptions:
     rerank: str = NO_RERANK
     candidates: int = 20
     filter: Filter | None = None
+    rerank_options: Mapping[str, Any] | None = None
+    explain: bool = False
+    evidence_spans: int = 3
 
 
 @dataclass(frozen=True)
@@ -72,25 +207,37 @@ class Pipeline:
     Args:
         retrievers: Retrievers by name.
         docstore: Document store used to hydrate hits.
-        reranker_factory: Builds a reranker by name on first use (models load once and are
-            cached in this object); ``None`` disables reranking.
+        reranker_factory: Builds rerankers on first use (see :data:`RerankerFactory`;
+            models load once and are cached in this object); ``None`` disables reranking.
         max_top_k: Largest accepted ``top_k``.
         max_candidates: Largest accepted candidate count.
+        describe_index: The index's ``describe()`` (for ``/info`` and reports).
+        rerankers: A :class:`RerankerCache` to use instead of one built from
+            ``reranker_factory`` (share one between the pipelines of several collections).
+        index: The opened index object, when built by :meth:`from_config` (``None`` otherwise).
     """
 
     retrievers: Mapping[str, Retriever]
     docstore: DocStore
-    reranker_factory: Callable[[str], Reranker] | None = None
+    reranker_factory: RerankerFactory | None = None
     max_top_k: int = 100
     max_candidates: int = 100
     describe_index: Mapping[str, Any] = field(default_factory=dict)
-    _rerankers: dict[str, Reranker] = field(default_factory=dict, init=False, repr=False)
-    _locks: dict[str, threading.Lock] = field(default_factory=dict, init=False, repr=False)
-    _guard: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    rerankers: RerankerCache | None = None
+    index: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rerankers is None and self.reranker_factory is not None:
+            self.rerankers = RerankerCache(self.reranker_factory)
 
     @classmethod
-    def from_config(cls, config: PipelineConfig) -> Pipeline:
-        """Open the index and build every retriever; rerankers load lazily by name."""
+    def from_config(cls, config: PipelineConfig, *, rerankers: RerankerCache | None = None) -> Pipeline:
+        """Open the index and build every retriever; rerankers load lazily by name.
+
+        Args:
+            config: Index directory, base reranker configuration and limits.
+            rerankers: A shared reranker cache (default: a new one over ``config.reranker``).
+        """
         from attnrank import registry
 
         index = registry.open_index(config.index_dir, show_progress=config.show_progress)
@@ -98,32 +245,39 @@ class Pipeline:
         for name in index.available_retrievers():
             retrievers[name] = registry.build_retriever(name, index)
 
-        def factory(method: str) -> Reranker:
-            return registry.build_reranker(replace(config.reranker, method=method))
-
         return cls(
             retrievers=retrievers,
             docstore=index.docstore,
-            reranker_factory=factory,
+            reranker_factory=reranker_factory(config.reranker),
             max_top_k=config.max_top_k,
             max_candidates=config.max_candidates,
             describe_index=index.describe(),
+            rerankers=rerankers,
+            index=index,
         )
 
+    def close(self) -> None:
+        """Close the index (or document store) this pipeline opened."""
+        target = self.index if self.index is not None else self.docstore
+        close = getattr(target, "close", None)
+        if callable(close):
+            close()
+
     # -- rerankers -------------------------------------------------------------------
-    def reranker(self, method: str) -> Reranker:
-        """The reranker ``method``, built on first use. Raises UnknownNameError, ValidationError."""
-        if self.reranker_factory is None:
+    def reranker(
+        self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
+    ) -> Reranker:
+        """The reranker ``method`` (with ``options`` merged over the configured ones), built
+        on first use and cached per distinct options. Raises UnknownNameError, ValidationError."""
+        return self._cache().get(method, options, max_doc_tokens)[0]
+
+    def _cache(self) -> RerankerCache:
+        if self.rerankers is None:
             raise ValidationError("reranking is disabled in this pipeline; use rerank='none'")
-        with self._guard:
-            if method not in self._rerankers:
-                self._rerankers[method] = self.reranker_factory(method)
-                self._locks[method] = threading.Lock()
-            return self._rerankers[method]
+        return self.rerankers
 
     def loaded_rerankers(self) -> dict[str, Reranker]:
-        with self._guard:
-            return dict(self._rerankers)
+        return self.rerankers.loaded() if self.rerankers is not None else {}
 
     # -- validation ------------------------------------------------------------------
     def validate(self, options: SearchOptions) -> None:
@@ -160,7 +314,11 @@ class Pipeline:
             if not q.text or not q.text.strip():
                 raise ValidationError(f"query {q.query_id!r} is empty; send a non-empty query text")
         rerank = options.rerank != NO_RERANK
-        reranker = self.reranker(options.rerank) if rerank else None
+        cache = self._cache() if rerank else None
+        if cache is not None:
+            reranker = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
+            if options.explain and not callable(getattr(reranker, "rerank_with_evidence", None)):
+                raise ValidationError(f"explain is not supported by the {options.rerank!r} reranker; use method 'icr'")
         k1 = max(options.top_k, options.candidates) if rerank else options.top_k
 
         t0 = time.perf_counter()
@@ -185,11 +343,11 @@ class Pipeline:
             rr: RerankResult | None = None
             t_rerank = 0.0
             final = hydrated.top(options.top_k)
-            if reranker is not None and len(hydrated):
+            if cache is not None and len(hydrated):
                 cands = hydrated.top(options.candidates)
                 t2 = time.perf_counter()
-                with self._locks[options.rerank]:
-                    rr = reranker.rerank(q, [h.document for h in cands.hits])
+                rr = cache.rerank(q, [h.document for h in cands.hits], options.rerank, options.rerank_options,
+                                  explain=options.explain, evidence_spans=options.evidence_spans)
                 t_rerank = time.perf_counter() - t2
                 final = merge_reranked(hydrated, rr.ranking, options.top_k)
             timings = {
@@ -200,6 +358,21 @@ class Pipeline:
             }
             results.append(SearchResult(q, final, ranking, timings, rr))
         return results
+
+
+def reranker_factory(base: Any) -> RerankerFactory:
+    """A :data:`RerankerFactory` over a base :class:`~attnrank.config.RerankerConfig`: the
+    method replaced, ``options`` merged over the base options, ``max_doc_tokens`` replaced
+    when given."""
+    from attnrank import registry
+
+    def factory(method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None) -> Reranker:
+        config = replace(base, method=method, options={**base.options, **(options or {})})
+        if max_doc_tokens is not None:
+            config = replace(config, max_doc_tokens=max_doc_tokens)
+        return registry.build_reranker(config)
+
+    return factory
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:

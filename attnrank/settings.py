@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from attnrank.config import DEFAULT_MAX_DOC_TOKENS, PipelineConfig, RerankerConfig
@@ -26,11 +26,62 @@ class Settings(BaseSettings):
     max_candidates: int = Field(100, ge=1, le=1_000)
     default_candidates: int = Field(20, ge=1)
     preload: bool = Field(True, description="Load the reranker at start-up instead of on first request.")
-    workers: int = Field(1, ge=1, le=64, description="Inference threads (one model instance is shared).")
+    torch_threads: int | None = Field(
+        None, ge=1, le=256,
+        description="torch intra-op threads (torch.set_num_threads) set at start-up; unset = torch's default. "
+        "On a machine shared with other CPU-heavy processes, 1 can be many times faster than the default.",
+    )
+    warmup: bool = Field(
+        True, description="After loading, rerank a few passages once (first-call costs; seeds the wait estimate)."
+    )
+    workers: int = Field(1, ge=1, le=64, description="Reranking threads (one model instance is shared).")
+    queue_size: int = Field(
+        8, ge=0, le=10_000,
+        description="Reranking requests that may wait for a worker; beyond them a request gets 429 overloaded.",
+    )
+    max_queue_wait_s: float | None = Field(
+        30.0, gt=0,
+        description="A reranking request whose estimated wait for a worker is longer gets 429 at once "
+        "(estimated from recent requests; unset = only queue_size limits).",
+    )
+    search_workers: int = Field(2, ge=1, le=64, description="Threads of first-stage-only searches.")
+    search_queue_size: int = Field(64, ge=0, le=100_000, description="First-stage searches that may wait (then 429).")
+    collections: dict[str, str] = Field(
+        default_factory=dict,
+        description="More named collections, name -> index directory (JSON, e.g. "
+        'ATTNRANK_COLLECTIONS=\'{"scifact": "indexes/scifact"}\'); `index` is the default collection.',
+    )
+    default_collection: str = Field("default", min_length=1, description="Name of the collection `index` serves.")
+    api_key: SecretStr | None = Field(
+        None, description="When set, every route but /health needs `Authorization: Bearer <api_key>`."
+    )
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 above).")
+    max_documents: int = Field(100, ge=1, le=10_000, description="Most documents per /rerank request (413 above).")
+    max_document_chars: int = Field(20_000, ge=1, description="Most characters per document (413 above).")
+    evidence_spans: int = Field(3, ge=1, le=20, description="Evidence spans per document with `explain`.")
 
-    def pipeline_config(self) -> PipelineConfig:
+    @field_validator("api_key")
+    @classmethod
+    def _non_empty_key(cls, value: SecretStr | None) -> SecretStr | None:
+        return value if value is not None and value.get_secret_value() else None
+
+    def collection_dirs(self) -> dict[str, str]:
+        """Every collection, name -> index directory; the default one first.
+
+        Raises:
+            ValueError: a named collection reuses the default collection's name.
+        """
+        if self.default_collection in self.collections and self.collections[self.default_collection] != self.index:
+            raise ValueError(
+                f"collection {self.default_collection!r} is the default collection (ATTNRANK_INDEX={self.index}); "
+                "name the other one differently"
+            )
+        named = {k: v for k, v in self.collections.items() if k != self.default_collection}
+        return {self.default_collection: self.index, **named}
+
+    def pipeline_config(self, index_dir: str | None = None) -> PipelineConfig:
         return PipelineConfig(
-            index_dir=self.index,
+            index_dir=index_dir or self.index,
             reranker=RerankerConfig(
                 method=self.rerank_method,
                 model=self.model,

@@ -31,6 +31,22 @@ Lucene: a query with no known token gets no hits, and ``k`` larger than the numb
 matching documents returns fewer hits (never padding, never an error). Ties at the
 ``k``-th score are all returned so that the caller can break them by doc id.
 
+Other variants: ``method`` may be any bm25s method (``"robertson"``, ``"atire"``,
+``"bm25l"``, ``"bm25+"``); the shipped default stays ``"lucene"``. bm25s's
+``"robertson"`` omits the constant ``(k1 + 1)`` factor of the textbook formula and floors
+negative IDFs (``df > N / 2``) at 0; rank-bm25's ``BM25Okapi`` keeps the factor and
+replaces negative IDFs by ``epsilon * mean IDF`` (0.25 by default). With
+``epsilon = 0`` the two agree to float32 precision up to that factor, and ``"bm25+"``
+equals ``BM25Plus`` with the same ``delta`` (``tests/index/test_bm25_parity.py``).
+
+Updates: bm25s cannot add or remove documents in place. Rows map to vids through
+``row_vids``; deleted rows are masked out (:meth:`BM25Index.mark_deleted`), and documents
+added since the build are served from a :class:`BM25Delta` merged at query time. Delta
+documents are scored with the main index's statistics (``N``, ``df``, ``avgdl`` as of
+the build; ``df`` of terms new to the delta from the delta), so their scores compare with
+the main index's; a rebuild (``Index.compact``) folds the delta in and refreshes the
+statistics.
+
 ``bm25s`` and ``Stemmer`` are imported when an index is built or loaded.
 """
 
@@ -52,6 +68,9 @@ from attnrank.errors import NotFoundError, ValidationError, require
 logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
+STATS_FILE = "stats.json"
+VIDS_FILE = "vids.npy"
+UPDATABLE_METHODS = ("lucene", "robertson", "atire")
 
 
 @dataclass(frozen=True)
@@ -61,7 +80,9 @@ class BM25Params:
     Attributes:
         k1: Term-frequency saturation.
         b: Length normalisation.
-        method: bm25s scoring variant (``"lucene"``).
+        method: bm25s scoring variant (``"lucene"``; also ``"robertson"``, ``"atire"``,
+            ``"bm25l"``, ``"bm25+"``).
+        delta: The ``delta`` of ``"bm25l"`` / ``"bm25+"`` (unused by the others).
         lower: Lower-case before splitting.
         token_pattern: Regex whose matches are the tokens.
         stopwords: bm25s stop-word list name (``"english"``: Lucene's 33 words), or
@@ -72,6 +93,7 @@ class BM25Params:
     k1: float = 0.9
     b: float = 0.4
     method: str = "lucene"
+    delta: float = 0.5
     lower: bool = True
     token_pattern: str = r"(?u)\b\w+\b"
     stopwords: str | None = "english"
@@ -190,35 +212,112 @@ class BM25Builder:
     def __len__(self) -> int:
         return len(self.corpus_ids)
 
-    def build(self, *, show_progress: bool = False) -> BM25Index:
-        """Compute the BM25 matrix. Raises ValidationError on an empty corpus."""
+    def build(self, *, show_progress: bool = False, row_vids: np.ndarray | None = None) -> BM25Index:
+        """Compute the BM25 matrix.
+
+        Args:
+            show_progress: bm25s progress bar.
+            row_vids: int64 vid of each added document (default: 0, 1, 2, ...).
+
+        Raises:
+            ValidationError: empty corpus, or ``row_vids`` of the wrong length.
+        """
         if not self.corpus_ids:
             raise ValidationError("cannot build a BM25 index over an empty corpus")
         bm25s = require("bm25s", "index")
         vocab = dict(self.vocab)
         if not vocab:  # every document is empty: keep one dummy token so bm25s has a column
             vocab[""] = 0
-        model = bm25s.BM25(k1=self.params.k1, b=self.params.b, method=self.params.method)
+        n = len(self.corpus_ids)
+        avgdl = sum(len(d) for d in self.corpus_ids) / n
+        vids = np.arange(n, dtype=np.int64) if row_vids is None else np.asarray(row_vids, dtype=np.int64)
+        if len(vids) != n:
+            raise ValidationError(f"got {len(vids)} row vids for {n} documents")
+        p = self.params
+        model = bm25s.BM25(k1=p.k1, b=p.b, method=p.method, delta=p.delta)
         model.index((self.corpus_ids, vocab), create_empty_token=False, show_progress=show_progress)
         self.corpus_ids = []
-        return BM25Index(model, self.analyzer)
+        return BM25Index(model, self.analyzer, row_vids=vids, avgdl=avgdl)
+
+
+class BM25Delta:
+    """Documents added since the BM25 matrix was built, scored at query time.
+
+    Holds per document its length and term counts, and per term its postings; scores use
+    the main index's statistics (see the module docstring). Not thread-safe on its own:
+    :class:`BM25Index` guards it.
+    """
+
+    def __init__(self) -> None:
+        self.docs: dict[int, tuple[int, dict[str, int]]] = {}  # vid -> (length, {term: tf})
+        self.postings: dict[str, dict[int, int]] = {}  # term -> {vid: tf}
+
+    def add(self, vid: int, tokens: Sequence[str]) -> None:
+        counts: dict[str, int] = {}
+        for t in tokens:
+            counts[t] = counts.get(t, 0) + 1
+        self.remove(vid)
+        self.docs[vid] = (len(tokens), counts)
+        for t, tf in counts.items():
+            self.postings.setdefault(t, {})[vid] = tf
+
+    def remove(self, vid: int) -> bool:
+        entry = self.docs.pop(vid, None)
+        if entry is None:
+            return False
+        for t in entry[1]:
+            post = self.postings.get(t)
+            if post is not None:
+                post.pop(vid, None)
+                if not post:
+                    del self.postings[t]
+        return True
+
+    def __len__(self) -> int:
+        return len(self.docs)
 
 
 class BM25Index:
-    """A bm25s model with its analyzer; rows are ``vid`` (corpus positions).
+    """A bm25s model with its analyzer, row -> vid map, deleted-row mask and delta.
 
-    Build with :class:`BM25Builder`, persist with :meth:`save` / :meth:`load`.
+    Build with :class:`BM25Builder`, persist with :meth:`save` / :meth:`load`. Searches
+    and updates are thread-safe (updates take a lock; searches read a consistent
+    snapshot of the mask and delta).
+
+    Args:
+        model: Fitted ``bm25s.BM25``.
+        analyzer: The analyzer its tokens came from.
+        row_vids: int64 vid of each row, strictly increasing (default ``0..n-1``).
+        avgdl: Mean document length in tokens at build time (``None`` when unknown:
+            then documents cannot be added).
     """
 
-    def __init__(self, model: Any, analyzer: Analyzer) -> None:
+    def __init__(self, model: Any, analyzer: Analyzer, *, row_vids: np.ndarray | None = None,
+                 avgdl: float | None = None) -> None:
         self.model = model
         self.analyzer = analyzer
         self.params = analyzer.params
         self._vocab: dict[str, int] = model.vocab_dict
+        n = int(model.scores["num_docs"])
+        self.row_vids = np.arange(n, dtype=np.int64) if row_vids is None else np.asarray(row_vids, dtype=np.int64)
+        if len(self.row_vids) != n:
+            raise NotFoundError(f"BM25 index has {n} rows but {len(self.row_vids)} row vids")
+        self.avgdl = avgdl
+        self._deleted = np.zeros(n, dtype=bool)
+        self._n_deleted = 0
+        self.delta = BM25Delta()
+        self._lock = threading.Lock()
+        self._df_cache: np.ndarray | None = None
 
     @property
     def num_docs(self) -> int:
+        """Rows of the BM25 matrix (deleted rows included)."""
         return int(self.model.scores["num_docs"])
+
+    @property
+    def num_live(self) -> int:
+        """Rows not deleted plus delta documents."""
+        return self.num_docs - self._n_deleted + len(self.delta)
 
     @property
     def vocab_size(self) -> int:
@@ -230,44 +329,159 @@ class BM25Index:
         return [vocab[t] for t in self.analyzer([text])[0] if t in vocab]
 
     def scores(self, text: str) -> np.ndarray:
-        """float32 ``(num_docs,)`` BM25 score of every document (0 = no query token)."""
+        """float32 ``(num_docs,)`` BM25 score of every row of the matrix (0 = no query
+        token); deleted rows and delta documents are not accounted for here."""
         ids = self.query_token_ids(text)
         if not ids:
             return np.zeros(self.num_docs, dtype=np.float32)
         return np.asarray(self.model.get_scores_from_ids(ids), dtype=np.float32)
 
-    def search(self, texts: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Top-``k`` documents of each query.
+    # -- updates -----------------------------------------------------------------------
+    def rows_of(self, vids: np.ndarray) -> np.ndarray:
+        """Rows of the given vids that are in the matrix (absent vids dropped)."""
+        vids = np.asarray(vids, dtype=np.int64).reshape(-1)
+        pos = np.searchsorted(self.row_vids, vids)
+        ok = pos < len(self.row_vids)
+        ok[ok] = self.row_vids[pos[ok]] == vids[ok]
+        return pos[ok]
+
+    def mark_deleted(self, vids: Sequence[int] | np.ndarray) -> int:
+        """Exclude documents from every search: matrix rows are masked, delta documents
+        dropped. Unknown vids are ignored. Returns how many were excluded."""
+        vids = np.asarray(vids, dtype=np.int64).reshape(-1)
+        with self._lock:
+            rows = self.rows_of(vids)
+            rows = rows[~self._deleted[rows]]
+            deleted = self._deleted.copy()  # searches keep reading the old mask
+            deleted[rows] = True
+            self._deleted = deleted
+            self._n_deleted += len(rows)
+            delta = self._copy_delta()
+            n = sum(delta.remove(int(v)) for v in vids)
+            self.delta = delta
+        return len(rows) + n
+
+    def add_documents(self, vids: Sequence[int], texts: Sequence[str]) -> None:
+        """Add documents (their ``vid`` and indexed text) to the delta.
+
+        Raises:
+            ValidationError: the method cannot be updated (``bm25l``/``bm25+``) or the
+                index lacks its build statistics (format-1 index: rebuild it).
+        """
+        if self.params.method not in UPDATABLE_METHODS:
+            raise ValidationError(
+                f"BM25 method {self.params.method!r} cannot take new documents; use one of {list(UPDATABLE_METHODS)}"
+            )
+        if self.avgdl is None:
+            raise ValidationError("this BM25 index has no build statistics (format 1); rebuild it to add documents")
+        tokens = self.analyzer(texts)
+        with self._lock:
+            delta = self._copy_delta()
+            for vid, toks in zip(vids, tokens):
+                delta.add(int(vid), toks)
+            self.delta = delta
+
+    def _copy_delta(self) -> BM25Delta:
+        out = BM25Delta()
+        out.docs = dict(self.delta.docs)
+        out.postings = {t: dict(p) for t, p in self.delta.postings.items()}
+        return out
+
+    def _df(self) -> np.ndarray:
+        if self._df_cache is None:
+            self._df_cache = np.diff(np.asarray(self.model.scores["indptr"])).astype(np.int64)
+        return self._df_cache
+
+    def _delta_scores(self, delta: BM25Delta, text: str) -> dict[int, float]:
+        """BM25 of the delta documents for one query (see the module docstring)."""
+        if not len(delta):
+            return {}
+        from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer
+
+        p = self.params
+        idf_fn, tfc_fn = _select_idf_scorer(p.method), _select_tfc_scorer(p.method)
+        n_main, df_main = self.num_docs, self._df()
+        avgdl = float(self.avgdl or 1.0)
+        out: dict[int, float] = {}
+        for t in self.analyzer([text])[0]:
+            post = delta.postings.get(t)
+            if not post:
+                continue
+            tid = self._vocab.get(t)
+            if tid is not None and df_main[tid] > 0:
+                idf = idf_fn(int(df_main[tid]), N=n_main)
+            else:
+                idf = idf_fn(len(post), N=n_main + len(delta))
+            for vid, tf in post.items():
+                dl = delta.docs[vid][0]
+                out[vid] = out.get(vid, 0.0) + float(np.float32(idf) * tfc_fn(
+                    tf_array=np.float32(tf), l_d=dl, l_avg=avgdl, k1=p.k1, b=p.b, delta=p.delta))
+        return out
+
+    # -- search ------------------------------------------------------------------------
+    def search(
+        self, texts: Sequence[str], k: int, *, allowed: np.ndarray | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Top-``k`` documents of each query among live (and ``allowed``) documents.
 
         Args:
             texts: Query texts.
             k: Hits wanted per query (clamped to the matching documents).
+            allowed: Sorted int64 vids a hit must have (a metadata filter), or ``None``.
 
         Returns:
             Per query ``(vids int64 (m,), scores float32 (m,))`` sorted by descending
             score, only documents with score > 0; ``m`` may exceed ``k`` by the documents
             tied with the ``k``-th score (cut them after breaking ties by doc id).
         """
+        deleted, n_deleted, delta = self._deleted, self._n_deleted, self.delta  # snapshot
+        keep: np.ndarray | None = None
+        if allowed is not None:
+            keep = np.zeros(self.num_docs, dtype=bool)
+            keep[self.rows_of(np.asarray(allowed, dtype=np.int64))] = True
+            if n_deleted:
+                keep &= ~deleted
+        elif n_deleted:
+            keep = ~deleted
+        allowed_delta = None
+        if allowed is not None and len(delta):
+            dv = np.fromiter(delta.docs, dtype=np.int64, count=len(delta.docs))
+            allowed_delta = set(dv[np.isin(dv, allowed)].tolist())
         out = []
         for text in texts:
             s = self.scores(text)
+            if keep is not None:
+                s = np.where(keep, s, np.float32(0))
             idx = topk_indices(s, k)
-            order = np.argsort(-s[idx], kind="stable")
-            idx = idx[order]
-            out.append((idx, s[idx]))
+            vids, scores = self.row_vids[idx], s[idx]
+            extra = self._delta_scores(delta, text)
+            if extra:
+                items = [(v, sc) for v, sc in extra.items() if sc > 0 and (allowed_delta is None or v in allowed_delta)]
+                if items:
+                    vids = np.concatenate([vids, np.array([v for v, _ in items], dtype=np.int64)])
+                    scores = np.concatenate([scores, np.array([sc for _, sc in items], dtype=np.float32)])
+                    top = topk_indices(scores, k)
+                    vids, scores = vids[top], scores[top]
+            order = np.argsort(-scores, kind="stable")
+            out.append((vids[order].astype(np.int64, copy=False), scores[order].astype(np.float32, copy=False)))
         return out
 
     # -- persistence -------------------------------------------------------------------
     def save(self, folder: str | Path) -> None:
-        """Write the bm25s arrays, vocabulary and ``analyzer.json`` into ``folder``."""
+        """Write the bm25s arrays, vocabulary, ``analyzer.json``, ``stats.json`` and
+        ``vids.npy`` into ``folder`` (the delta and deletions are not written: they are
+        re-derived from the document store)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.model.save(str(folder), show_progress=False)
         (folder / ANALYZER_FILE).write_text(json.dumps(self.params.to_dict(), indent=2))
+        (folder / STATS_FILE).write_text(json.dumps({"num_docs": self.num_docs, "avgdl": self.avgdl}, indent=2))
+        np.save(folder / VIDS_FILE, self.row_vids)
 
     @classmethod
     def load(cls, folder: str | Path, *, mmap: bool = True) -> BM25Index:
-        """Load from ``folder`` (arrays memory-mapped by default).
+        """Load from ``folder`` (arrays memory-mapped by default). A folder without
+        ``vids.npy`` (format 1) has rows = vids ``0..n-1`` and no statistics.
 
         Raises:
             NotFoundError: missing or unreadable files.
@@ -279,9 +493,11 @@ class BM25Index:
         try:
             params = BM25Params.from_dict(json.loads((folder / ANALYZER_FILE).read_text()))
             model = bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False)
+            row_vids = np.load(folder / VIDS_FILE) if (folder / VIDS_FILE).is_file() else None
+            stats = json.loads((folder / STATS_FILE).read_text()) if (folder / STATS_FILE).is_file() else {}
         except (OSError, ValueError, KeyError) as exc:
             raise NotFoundError(f"BM25 index in {folder} is unreadable ({exc})") from exc
-        return cls(model, Analyzer(params))
+        return cls(model, Analyzer(params), row_vids=row_vids, avgdl=stats.get("avgdl"))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -290,5 +506,6 @@ class BM25Index:
             "method": self.params.method,
             "num_docs": self.num_docs,
             "vocab_size": self.vocab_size,
+            "avgdl": self.avgdl,
             "tokenization": self.analyzer.describe(),
         }

@@ -3,10 +3,15 @@
 Layout of the directory (written to a temporary sibling and renamed into place at the
 end, so a failed build never leaves a half-written index behind)::
 
-    docs.sqlite     documents (SQLiteDocStore); vid = corpus position
-    bm25/           bm25s arrays + vocabulary + analyzer.json   (rows = vid)
-    vectors.faiss   IndexIDMap2(IndexFlatIP), labels = vid       (absent with dense=False)
+    docs.sqlite     documents (SQLiteDocStore); vid = corpus position at build time
+    bm25/           bm25s arrays + vocabulary + analyzer.json + stats.json + vids.npy
+    vectors.faiss   flat / HNSW / IVF faiss index, labels = vid      (absent with dense=False)
+                    (or vid << bits | passage with passage chunking)
     params.json     how it was built (see build_index)
+
+Format 2 (this version) adds ``bm25/stats.json`` and ``bm25/vids.npy``, the store's
+``state`` and ``vectors`` tables, the HNSW and IVF index types and passage chunking; it
+supports updates (:class:`index.store.Index`). Format-1 directories are read-only.
 
 The corpus is streamed in batches (Arrow memory map -> documents -> SQLite, BM25 tokens,
 embeddings), so only the BM25 token lists and the vectors grow with the corpus.
@@ -36,8 +41,10 @@ from attnrank.types import Document
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-"""Version of the index directory layout; :class:`index.store.Index` refuses others."""
+FORMAT_VERSION = 2
+"""Version of the index directory layout written here."""
+READABLE_VERSIONS = (1, 2)
+"""Versions :class:`index.store.Index` opens (format 1: read-only)."""
 PARAMS_FILE = "params.json"
 DOCS_FILE = "docs.sqlite"
 BM25_DIR = "bm25"
@@ -117,6 +124,13 @@ def build_index(
     batch_size: int = 64,
     overwrite: bool = False,
     show_progress: bool = True,
+    dense_params: Any = None,
+    passages: Any = None,
+    query_prefix: str | None = None,
+    document_prefix: str | None = None,
+    bm25_params: Any = None,
+    planner: Any = None,
+    encoder: Any = None,
 ) -> dict[str, Any]:
     """Build an index directory over a BEIR corpus.
 
@@ -134,13 +148,27 @@ def build_index(
         batch_size: Encoder batch size (texts per forward pass).
         overwrite: Replace an existing non-empty ``out``.
         show_progress: tqdm bar over documents.
+        dense_params: :class:`index.dense.DenseParams` (index type flat / hnsw / ivf and
+            its parameters); default: flat.
+        passages: :class:`index.passages.PassageParams` to encode long documents as
+            passages scored by their maximum (MaxP); default: one vector per document
+            (the encoder truncates).
+        query_prefix: Prepended to queries; ``None`` = the model's known instruction
+            (:func:`index.encoder.default_prefixes`), empty for MiniLM.
+        document_prefix: Prepended to documents; ``None`` as for ``query_prefix``.
+        bm25_params: :class:`index.bm25.BM25Params` (default: Lucene, k1 0.9, b 0.4).
+        planner: :class:`index.planner.PlannerParams` of filtered vector search.
+        encoder: An :class:`attnrank.protocols.Encoder` to use instead of loading
+            ``embedder`` (e.g. :class:`index.hashing.HashingEncoder` in tests); open the
+            index with the same encoder (``Index.open(path, encoder=...)``).
 
     Returns:
         The content of ``params.json``: ``format_version``, ``created`` (UTC ISO 8601),
         ``build_seconds``, ``corpus`` (path, file, sha256), ``metadata_file``,
         ``num_docs``, ``bm25`` (k1, b, method, tokenisation, vocabulary size), ``dense``
-        (``None`` or index type, dimension, metric, ``embedder`` = encoder describe()
-        incl. weights sha256), ``versions`` (library versions).
+        (``None`` or index type and ``params``, dimension, metric, ``embedder`` = encoder
+        describe() incl. weights sha256 and prefixes, ``passages``, ``planner``),
+        ``versions`` (library versions).
 
     Raises:
         ValidationError: ``out`` exists and is non-empty without ``overwrite``; empty
@@ -151,8 +179,13 @@ def build_index(
     from tqdm.auto import tqdm
 
     from index.bm25 import BM25Builder, BM25Params
-    from index.dense import INDEX_TYPE, VECTORS_FILE, DenseIndex
+    from index.dense import VECTORS_FILE, DenseIndex, DenseParams
     from index.docstore import SQLiteDocStore
+    from index.passages import encode_documents, labels_for
+    from index.planner import PlannerParams
+
+    dense_params = dense_params or DenseParams()
+    planner = planner or PlannerParams()
 
     t0 = time.perf_counter()
     out = Path(out).expanduser().absolute()
@@ -161,11 +194,17 @@ def build_index(
     corpus_file = find_beir_corpus(corpus)
     extra = load_metadata_file(Path(metadata)) if metadata is not None else {}
 
-    encoder = None
-    if dense:
-        from index.encoder import SentenceTransformerEncoder
+    if not dense:
+        encoder = None
+    elif encoder is None:
+        from index.encoder import SentenceTransformerEncoder, default_prefixes
 
-        encoder = SentenceTransformerEncoder(embedder, batch_size=batch_size)
+        qp, dp = default_prefixes(embedder)
+        encoder = SentenceTransformerEncoder(
+            embedder, batch_size=batch_size,
+            query_prefix=qp if query_prefix is None else query_prefix,
+            document_prefix=dp if document_prefix is None else document_prefix,
+        )
 
     total = len(load_beir_corpus(corpus_file))
     if total == 0:
@@ -176,9 +215,10 @@ def build_index(
     logger.info("building index of %d documents from %s into %s", total, corpus_file, out)
     try:
         store = SQLiteDocStore(tmp / DOCS_FILE, create=True)
-        bm25_params = BM25Params()
-        bm25_builder = BM25Builder(bm25_params)
-        vectors = DenseIndex(encoder.dim) if encoder is not None else None
+        bm25_builder = BM25Builder(bm25_params or BM25Params())
+        bits = passages.bits if passages is not None else 0
+        vec_parts: list[np.ndarray] = []
+        label_parts: list[np.ndarray] = []
         n = 0
         matched = 0
         chunk = max(_READ_BATCH, batch_size * 8)
@@ -196,8 +236,10 @@ def build_index(
                 store.add_many(batch)
                 texts = [d.content for d in batch]
                 bm25_builder.add(texts)
-                if vectors is not None and encoder is not None:
-                    vectors.add(encoder.encode_documents(texts), np.arange(n, n + len(batch), dtype=np.int64))
+                if encoder is not None:
+                    for i, vec in enumerate(encode_documents(encoder, batch, passages)):
+                        vec_parts.append(vec)
+                        label_parts.append(labels_for(n + i, len(vec), bits))
                 n += len(batch)
                 bar.update(len(batch))
         if extra and matched < len(extra):
@@ -205,7 +247,14 @@ def build_index(
 
         bm25 = bm25_builder.build(show_progress=False)
         bm25.save(tmp / BM25_DIR)
-        if vectors is not None:
+        vectors = None
+        if encoder is not None:
+            t_dense = time.perf_counter()
+            vectors = DenseIndex.build(
+                np.concatenate(vec_parts), np.concatenate(label_parts), dense_params, dim=encoder.dim
+            )
+            logger.info("%s vector index of %d vectors built in %.1f s", vectors.kind, len(vectors),
+                        time.perf_counter() - t_dense)
             vectors.save(tmp / VECTORS_FILE)
         store.close()
 
@@ -222,11 +271,15 @@ def build_index(
             "bm25": bm25.describe(),
             "dense": (
                 {
-                    "index_type": INDEX_TYPE,
+                    "index_type": vectors.describe()["index_type"],
+                    "params": vectors.params.to_dict(),
                     "dim": vectors.dim,
+                    "num_vectors": len(vectors),
                     "metric": "inner_product",
                     "file": VECTORS_FILE,
                     "embedder": encoder.describe(),
+                    "passages": passages.to_dict() if passages is not None else None,
+                    "planner": planner.to_dict(),
                 }
                 if vectors is not None and encoder is not None else None
             ),

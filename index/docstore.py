@@ -1,17 +1,27 @@
-"""SQLite document store (``docs.sqlite`` of an index directory).
+"""SQLite document store (``docs.sqlite`` of an index directory), the source of truth of
+an index: the vector and BM25 files are derived from it and caught up from it on open.
 
-Schema (one table)::
+Schema::
 
     docs(doc_id TEXT PRIMARY KEY, vid INTEGER UNIQUE NOT NULL,
          title TEXT, text TEXT, metadata TEXT)   -- metadata: JSON object
+    state(key TEXT PRIMARY KEY, value INTEGER)   -- next_vid
+    vectors(vid INTEGER PRIMARY KEY, vec BLOB)   -- float32 (p, d) vectors of documents
+                                                 -- added after the vector file was written
 
-``vid`` is the document's position in the corpus (0, 1, 2, ... in insertion order). It
-is the row id shared by every index of the directory: the BM25 matrix row and the faiss
-label of a document are its ``vid``.
+``vid`` identifies one *version* of a document: an int64 that only grows (``next_vid``)
+and is never reused, also after deletes. A bulk build gives the corpus positions 0, 1,
+2, ...; :meth:`SQLiteDocStore.upsert` gives a replaced document a new vid. It is the row
+id shared by every index of the directory: the faiss label of a document is its ``vid``
+(or ``vid << bits | passage``), and the BM25 rows map to vids.
 
-The database runs in WAL mode. Each thread reads through its own connection, so reads
-from several threads (the API's worker pool) run concurrently; writes are serialised by a
-lock.
+The database runs in WAL mode with ``synchronous=FULL``: a write that returned is on disk.
+Each thread reads through its own connection, so reads from several threads (the API's
+worker pool) run concurrently; writes are serialised by a lock. Metadata filters
+(:mod:`index.filters`) compile to SQL over ``docs.metadata`` (:meth:`filter_vids`).
+
+Stores written before ``state`` and ``vectors`` existed (index format 1) are read as they
+are; the tables are created on the first write.
 """
 
 from __future__ import annotations
@@ -22,6 +32,9 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from attnrank.errors import NotFoundError, ValidationError
 from attnrank.types import Document
@@ -36,6 +49,15 @@ CREATE TABLE IF NOT EXISTS docs (
     text     TEXT NOT NULL DEFAULT '',
     metadata TEXT NOT NULL DEFAULT '{}'
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS state (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS vectors (
+    vid  INTEGER PRIMARY KEY,
+    dim  INTEGER NOT NULL,
+    vec  BLOB NOT NULL
+);
 """
 _CHUNK = 500  # ids per IN (...) query, below SQLite's host-parameter limit
 
@@ -43,6 +65,25 @@ _CHUNK = 500  # ids per IN (...) query, below SQLite's host-parameter limit
 def _row_to_doc(row: tuple[str, str, str, str]) -> Document:
     doc_id, title, text, meta = row
     return Document(doc_id=doc_id, text=text, title=title, metadata=json.loads(meta) if meta else {})
+
+
+def metadata_json(doc: Document) -> str:
+    """The document's metadata as a JSON object string. Raises ValidationError when it
+    holds values JSON cannot represent (NaN, infinity) or that are not JSON-serialisable."""
+    try:
+        return json.dumps(dict(doc.metadata), ensure_ascii=False, allow_nan=False, default=str)
+    except ValueError as exc:
+        raise ValidationError(f"metadata of document {doc.doc_id!r} is not valid JSON ({exc})") from None
+
+
+def _check_unique(docs: Sequence[Document]) -> None:
+    seen: set[str] = set()
+    for d in docs:
+        if not isinstance(d.doc_id, str) or not d.doc_id:
+            raise ValidationError(f"document ids must be non-empty strings, got {d.doc_id!r}")
+        if d.doc_id in seen:
+            raise ValidationError(f"document id {d.doc_id!r} occurs twice in one call")
+        seen.add(d.doc_id)
 
 
 class SQLiteDocStore:
@@ -81,6 +122,7 @@ class SQLiteDocStore:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)
                 conn.commit()
+                self._schema_ok = True
         else:
             try:
                 conn.execute("SELECT 1 FROM docs LIMIT 1").fetchall()
@@ -96,7 +138,12 @@ class SQLiteDocStore:
             # check_same_thread=False only so that close() may close every thread's
             # connection; each connection is otherwise used by its own thread only.
             conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
-            conn.execute("PRAGMA busy_timeout=30000")
+            try:
+                conn.execute("PRAGMA busy_timeout=30000")
+                conn.execute("PRAGMA synchronous=FULL")  # a returned commit survives a crash
+            except sqlite3.DatabaseError as exc:
+                conn.close()
+                raise NotFoundError(f"{self.path} is not an attnrank document store ({exc})") from exc
             self._local.conn = conn
             with self._guard:
                 self._all.append(conn)
@@ -120,8 +167,18 @@ class SQLiteDocStore:
         self.close()
 
     # -- writing -----------------------------------------------------------------------
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        if not getattr(self, "_schema_ok", False):
+            conn.executescript(_SCHEMA)
+            self._schema_ok = True
+
+    def _next_vid(self, conn: sqlite3.Connection) -> int:
+        row = conn.execute("SELECT value FROM state WHERE key = 'next_vid'").fetchone()
+        top = conn.execute("SELECT COALESCE(MAX(vid) + 1, 0) FROM docs").fetchone()[0]
+        return max(int(row[0]) if row else 0, int(top))
+
     def add_many(self, docs: Iterable[Document]) -> int:
-        """Append documents; each gets the next ``vid`` (insertion position).
+        """Append new documents (bulk build); each gets the next ``vid``.
 
         Args:
             docs: Documents with ids not yet in the store.
@@ -130,24 +187,145 @@ class SQLiteDocStore:
             Number of documents added.
 
         Raises:
-            ValidationError: a doc id already in the store (or repeated in ``docs``); the
-                whole call is rolled back.
+            ValidationError: a doc id already in the store (or repeated in ``docs``), or
+                metadata that is not valid JSON; the whole call is rolled back.
         """
         conn = self._conn()
         with self._write_lock:
-            start = conn.execute("SELECT COALESCE(MAX(vid) + 1, 0) FROM docs").fetchone()[0]
-            rows = (
-                (d.doc_id, start + i, d.title, d.text, json.dumps(dict(d.metadata), ensure_ascii=False, default=str))
-                for i, d in enumerate(docs)
-            )
+            self._ensure_schema(conn)
+            start = self._next_vid(conn)
+            batch = list(docs)
+            rows = [(d.doc_id, start + i, d.title, d.text, metadata_json(d)) for i, d in enumerate(batch)]
             try:
                 with conn:
                     cur = conn.executemany(
                         "INSERT INTO docs (doc_id, vid, title, text, metadata) VALUES (?, ?, ?, ?, ?)", rows
                     )
+                    conn.execute(
+                        "INSERT INTO state (key, value) VALUES ('next_vid', ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (start + len(rows),)
+                    )
             except sqlite3.IntegrityError as exc:
                 raise ValidationError(f"duplicate document id while adding to {self.path}: {exc}") from exc
             return max(cur.rowcount, 0)
+
+    def upsert(
+        self, docs: Sequence[Document], vectors: Sequence[np.ndarray | None] | None = None
+    ) -> list[tuple[str, int, int | None]]:
+        """Add or replace documents in one durable transaction.
+
+        Every document gets a new ``vid`` (``next_vid``, ``next_vid + 1``, ...); a
+        replaced document's old vid is gone from ``docs``. ``vectors[i]`` (float32
+        ``(p, d)``, or ``None``) is stored with document ``i`` so that a vector file
+        written before this call can be caught up on open.
+
+        Returns:
+            ``(doc_id, new_vid, old_vid or None)`` per document, in order.
+
+        Raises:
+            ValidationError: a repeated or empty doc id in ``docs``, invalid metadata;
+                nothing is written then.
+        """
+        docs = list(docs)
+        _check_unique(docs)
+        if vectors is not None and len(vectors) != len(docs):
+            raise ValidationError(f"got {len(docs)} documents but {len(vectors)} vector arrays")
+        metas = [metadata_json(d) for d in docs]
+        conn = self._conn()
+        out: list[tuple[str, int, int | None]] = []
+        with self._write_lock:
+            self._ensure_schema(conn)
+            with conn:
+                start = self._next_vid(conn)
+                old = self._vids_in(conn, [d.doc_id for d in docs])
+                for i, (d, meta) in enumerate(zip(docs, metas)):
+                    vid = start + i
+                    conn.execute(
+                        "INSERT INTO docs (doc_id, vid, title, text, metadata) VALUES (?, ?, ?, ?, ?) "
+                        "ON CONFLICT(doc_id) DO UPDATE SET vid = excluded.vid, title = excluded.title, "
+                        "text = excluded.text, metadata = excluded.metadata",
+                        (d.doc_id, vid, d.title, d.text, meta),
+                    )
+                    prev = old.get(d.doc_id)
+                    if prev is not None:
+                        conn.execute("DELETE FROM vectors WHERE vid = ?", (prev,))
+                    vec = None if vectors is None else vectors[i]
+                    if vec is not None:
+                        arr = np.ascontiguousarray(vec, dtype=np.float32)
+                        arr = arr.reshape(-1, arr.shape[-1])
+                        conn.execute("INSERT INTO vectors (vid, dim, vec) VALUES (?, ?, ?)",
+                                     (vid, arr.shape[1], arr.tobytes()))
+                    out.append((d.doc_id, vid, prev))
+                conn.execute(
+                    "INSERT INTO state (key, value) VALUES ('next_vid', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (start + len(docs),)
+                )
+        return out
+
+    def delete(self, doc_ids: Sequence[str]) -> list[tuple[str, int]]:
+        """Delete documents in one durable transaction; unknown ids are ignored.
+
+        Returns:
+            ``(doc_id, vid)`` of each deleted document.
+        """
+        wanted = list(dict.fromkeys(doc_ids))
+        conn = self._conn()
+        with self._write_lock:
+            self._ensure_schema(conn)
+            with conn:
+                found = self._vids_in(conn, wanted)
+                for i in range(0, len(wanted), _CHUNK):
+                    chunk = wanted[i : i + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    conn.execute(f"DELETE FROM docs WHERE doc_id IN ({marks})", chunk)
+                vids = list(found.values())
+                for i in range(0, len(vids), _CHUNK):
+                    chunk = vids[i : i + _CHUNK]
+                    conn.execute(f"DELETE FROM vectors WHERE vid IN ({','.join('?' * len(chunk))})", chunk)
+        return [(d, found[d]) for d in wanted if d in found]
+
+    def _vids_in(self, conn: sqlite3.Connection, doc_ids: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in range(0, len(doc_ids), _CHUNK):
+            chunk = list(doc_ids[i : i + _CHUNK])
+            marks = ",".join("?" * len(chunk))
+            out.update(conn.execute(f"SELECT doc_id, vid FROM docs WHERE doc_id IN ({marks})", chunk).fetchall())
+        return out
+
+    # -- vectors of recent additions ---------------------------------------------------
+    def pending_vectors(self, vids: Sequence[int]) -> dict[int, np.ndarray]:
+        """Stored float32 ``(p, d)`` vectors of ``vids`` that have them (see :meth:`upsert`)."""
+        conn = self._conn()
+        out: dict[int, np.ndarray] = {}
+        wanted = [int(v) for v in vids]
+        try:
+            for i in range(0, len(wanted), _CHUNK):
+                chunk = wanted[i : i + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for vid, dim, blob in conn.execute(f"SELECT vid, dim, vec FROM vectors WHERE vid IN ({marks})", chunk):
+                    out[int(vid)] = np.frombuffer(blob, dtype=np.float32).reshape(-1, int(dim))
+        except sqlite3.OperationalError:  # a format-1 store has no vectors table
+            return {}
+        return out
+
+    def discard_vectors(self, max_vid: int) -> int:
+        """Forget stored vectors of vids ``<= max_vid`` (now in the vector file). Returns the count."""
+        conn = self._conn()
+        with self._write_lock:
+            try:
+                with conn:
+                    return conn.execute("DELETE FROM vectors WHERE vid <= ?", (int(max_vid),)).rowcount
+            except sqlite3.OperationalError:
+                return 0
+
+    @property
+    def next_vid(self) -> int:
+        """The vid the next added document version gets."""
+        conn = self._conn()
+        try:
+            return self._next_vid(conn)
+        except sqlite3.OperationalError:  # format 1: no state table
+            return int(conn.execute("SELECT COALESCE(MAX(vid) + 1, 0) FROM docs").fetchone()[0])
 
     # -- reading -----------------------------------------------------------------------
     def get_many(self, doc_ids: Sequence[str]) -> dict[str, Document]:
@@ -182,13 +360,54 @@ class SQLiteDocStore:
             out.update(conn.execute(f"SELECT doc_id, vid FROM docs WHERE doc_id IN ({marks})", chunk).fetchall())
         return out
 
+    def filter_vids(self, flt: Any = None) -> np.ndarray:
+        """Sorted int64 vids of the documents matching a metadata filter.
+
+        Args:
+            flt: JSON filter (mapping), parsed :class:`index.filters.BoolFilter`, or
+                ``None`` (every document).
+
+        Raises:
+            FilterError: an invalid filter (message names the offending clause).
+        """
+        from index.filters import compile_sql, parse_filter
+
+        sql, params = compile_sql(parse_filter(flt))
+        rows = self._conn().execute(f"SELECT vid FROM docs WHERE {sql} ORDER BY vid", params).fetchall()
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    def vid_doc_pairs(self) -> tuple[np.ndarray, list[str]]:
+        """``(vids int64 (n,), doc_ids)`` of every document, ordered by vid."""
+        rows = self._conn().execute("SELECT vid, doc_id FROM docs ORDER BY vid").fetchall()
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)), [r[1] for r in rows]
+
+    def get_by_vids(self, vids: Sequence[int]) -> list[tuple[int, Document]]:
+        """``(vid, Document)`` of the vids that exist, in vid order."""
+        wanted = sorted({int(v) for v in vids})
+        out: list[tuple[int, Document]] = []
+        conn = self._conn()
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for row in conn.execute(
+                f"SELECT vid, doc_id, title, text, metadata FROM docs WHERE vid IN ({marks}) ORDER BY vid", chunk
+            ):
+                out.append((int(row[0]), _row_to_doc(row[1:])))
+        return out
+
     def doc_ids(self) -> list[str]:
-        """Every doc id ordered by ``vid`` (so ``doc_ids()[vid]`` is the id of row ``vid``)."""
+        """Every doc id ordered by ``vid`` (for a store never updated, ``doc_ids()[vid]``
+        is the id of row ``vid``)."""
         rows = self._conn().execute("SELECT doc_id FROM docs ORDER BY vid").fetchall()
         return [r[0] for r in rows]
 
     def iter_documents(self, batch_size: int = 1000) -> Iterator[Document]:
         """All documents in ``vid`` order, read ``batch_size`` rows at a time."""
+        for _, doc in self.iter_with_vids(batch_size):
+            yield doc
+
+    def iter_with_vids(self, batch_size: int = 1000) -> Iterator[tuple[int, Document]]:
+        """``(vid, Document)`` of all documents in ``vid`` order, ``batch_size`` rows at a time."""
         conn = self._conn()
         last = -1
         while True:
@@ -199,7 +418,7 @@ class SQLiteDocStore:
             if not rows:
                 return
             for row in rows:
-                yield _row_to_doc(row[1:])
+                yield int(row[0]), _row_to_doc(row[1:])
             last = rows[-1][0]
 
     def __iter__(self) -> Iterator[Document]:

@@ -104,6 +104,49 @@ def model_sha256(model: str | Path | None) -> str:
     return file_sha256(weights_file(resolve_model_dir(model)))
 
 
+_KNOWN_PREFIXES: tuple[tuple[str, str, str], ...] = (
+    # (substring of the lower-cased model directory name, query prefix, document prefix)
+    ("e5-", "query: ", "passage: "),
+    ("bge-", "Represent this sentence for searching relevant passages: ", ""),
+    ("nomic-embed", "search_query: ", "search_document: "),
+    ("snowflake-arctic-embed", "Represent this sentence for searching relevant passages: ", ""),
+    ("mxbai-embed", "Represent this sentence for searching relevant passages: ", ""),
+)
+
+
+def default_prefixes(model: str | Path | None) -> tuple[str, str]:
+    """``(query_prefix, document_prefix)`` a model expects.
+
+    From the model directory's ``config_sentence_transformers.json`` ``prompts``
+    (``query``; ``document``, ``passage`` or ``corpus``) when it names them, else from
+    known model families by directory name (E5: ``"query: "`` / ``"passage: "``; BGE,
+    Arctic, mxbai: the query instruction; Nomic: ``"search_query: "`` /
+    ``"search_document: "``), else none (all-MiniLM-L6-v2 and most symmetric models).
+    Never loads the model; an unusable directory gives no prefixes.
+    """
+    try:
+        path = resolve_model_dir(model)
+    except ModelLoadError:
+        return "", ""
+    cfg = path / "config_sentence_transformers.json"
+    if cfg.is_file():
+        import json
+
+        try:
+            prompts = json.loads(cfg.read_text()).get("prompts") or {}
+        except (OSError, ValueError):
+            prompts = {}
+        query = prompts.get("query")
+        doc = next((prompts[k] for k in ("document", "passage", "corpus") if prompts.get(k) is not None), None)
+        if query is not None or doc is not None:
+            return str(query or ""), str(doc or "")
+    name = path.name.lower()
+    for needle, qp, dp in _KNOWN_PREFIXES:
+        if needle in name:
+            return qp, dp
+    return "", ""
+
+
 def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
     it = iter(items)
     while batch := list(islice(it, size)):

@@ -1,33 +1,75 @@
-"""An opened index directory: document store, BM25, optional dense vectors, lazy encoder.
+"""An opened index directory: document store, BM25, optional dense vectors, lazy encoder,
+metadata filters, and durable add / delete / compact while serving.
 
 :meth:`Index.open` is what :func:`attnrank.registry.open_index` calls. The retrievers in
-``retriever/`` are built over an :class:`Index` with ``from_index(index, **options)``.
+``retriever/`` are built over an :class:`Index` with ``from_index(index, **options)`` and
+search through :meth:`Index.search_bm25` / :meth:`Index.search_dense`.
+
+Updates (format-2 directories and in-memory indexes):
+
+* **Durability.** The SQLite document store is the source of truth. :meth:`add_documents`
+  encodes first, then writes documents (and their vectors) in one ``synchronous=FULL``
+  WAL transaction; when it returns, the change is on disk and visible to searches.
+  ``vectors.faiss`` and ``bm25/`` are written only by :meth:`flush`, :meth:`compact` and
+  :meth:`close`; on open they are caught up from SQLite (deleted documents excluded,
+  missing vectors taken from the stored copies, else re-encoded; documents absent from
+  the BM25 matrix go to its delta).
+* **Versions.** Each added document version gets a new int64 ``vid`` (``next_vid``, only
+  growing); replacing a document deletes its old version.
+* **Deletes.** Flat and IVF vectors are removed in place; HNSW (no ``remove_ids`` in
+  faiss) keeps tombstones excluded by the search selector; BM25 rows are masked. All
+  until :meth:`compact` rebuilds them.
+* **BM25 additions** go to a small delta scored at query time and merged with the matrix
+  (:class:`index.bm25.BM25Delta`) until :meth:`compact` (or :meth:`compact_async`, the
+  same in a background thread; :meth:`needs_compaction` says when it is due).
+* **Concurrency.** A readers-writer lock: searches (including the filter's SQL query and
+  the vector search) share it, an update holds it exclusively for the commit and the
+  in-memory apply only (encoding runs before). :meth:`compact` rebuilds without the lock
+  and takes it only to swap in the new parts and replay what changed meanwhile. One
+  process writes an index directory at a time.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
 import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import IndexMismatchError, ModelLoadError, NotFoundError
+import numpy as np
+
+from attnrank.errors import IndexMismatchError, ModelLoadError, NotFoundError, ValidationError
 from attnrank.protocols import DocStore, Encoder
 from attnrank.types import Document
+from index.rwlock import RWLock
 
 logger = logging.getLogger(__name__)
 
+FILTER_CACHE_SIZE = 128
+"""Filters whose matching vid sets are kept (cleared by every update)."""
+_BATCH = 2000
+
 
 class Index:
-    """The stages' shared view of one corpus; row ``vid`` of every part is the same document.
+    """The stages' shared view of one corpus; every part maps its rows to the same ``vid``.
 
     Attributes:
         path: Index directory (``None`` for an in-memory index).
         params: Content of ``params.json`` (see :func:`index.builder.build_index`).
-        docstore: Documents by id.
-        bm25: :class:`index.bm25.BM25Index`.
+        docstore: Documents by id (:class:`index.docstore.SQLiteDocStore` or
+            :class:`index.memory.InMemoryDocStore`).
+        bm25: :class:`index.bm25.BM25Index` (with its delta and deleted rows).
         dense: :class:`index.dense.DenseIndex`, or ``None`` when built without vectors.
+        planner: :class:`index.planner.PlannerParams` of filtered vector search.
+        passages: :class:`index.passages.PassageParams` when documents are chunked, else ``None``.
 
     Build with :meth:`open` (a directory) or :meth:`from_documents` (in memory).
     """
@@ -44,72 +86,190 @@ class Index:
         embedder_dir: Path | None = None,
         doc_ids: Sequence[str] | None = None,
         show_progress: bool = False,
+        planner: Any = None,
+        writable: bool = True,
     ) -> None:
+        from index.passages import PassageParams
+        from index.planner import PlannerParams
+
         self.path = path
-        self.params = params
+        self.params = dict(params)
         self.docstore = docstore
         self.bm25 = bm25
         self.dense = dense
         self.show_progress = show_progress
+        self.planner = planner or PlannerParams.from_dict((self.params.get("dense") or {}).get("planner") or {})
+        self.passages = PassageParams.from_dict((self.params.get("dense") or {}).get("passages"))
+        self.writable = writable
         self._encoder = encoder
         self._embedder_dir = embedder_dir
-        self._doc_ids = list(doc_ids) if doc_ids is not None else None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # lazy encoder / doc ids
+        self._rw = RWLock()
+        self._maintenance = threading.Lock()  # flush / compact, one at a time
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._dirty = False  # the vector file lags behind memory
+        self._doc_ids: list[str | None] | None = None
+        if doc_ids is not None:
+            self._doc_ids = list(doc_ids)
+
+    @property
+    def group_bits(self) -> int:
+        """Label bits of the passage number (0 without chunking)."""
+        return self.passages.bits if self.passages is not None else 0
+
+    @property
+    def max_group(self) -> int:
+        """Most vectors per document."""
+        return self.passages.max_passages if self.passages is not None else 1
 
     # -- opening -----------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, *, embedder: str | None = None, show_progress: bool = False) -> Index:
+    def open(
+        cls, path: str | Path, *, embedder: str | None = None, encoder: Encoder | None = None,
+        show_progress: bool = False,
+    ) -> Index:
         """Open an index directory written by :func:`index.builder.build_index`.
+
+        A format-2 directory is caught up with its document store (see the module
+        docstring); a format-1 directory is opened read-only (updates raise).
 
         Args:
             path: Index directory.
             embedder: Query encoder directory. ``None`` = the one recorded at build time
                 (its path, else the packaged default when its weights hash matches).
                 It must be the model the documents were encoded with.
+            encoder: A ready encoder object instead (its ``describe()["sha256"]`` must
+                equal the recorded one), e.g. the one given to ``build_index``.
             show_progress: Progress bars in the retrievers built over this index.
 
         Raises:
             NotFoundError: missing or corrupt index (run ``attnrank index build``).
-            IndexMismatchError: ``embedder`` differs (weights sha256) from the build's
-                embedder, or the index format version is not supported.
+            IndexMismatchError: ``embedder`` or ``encoder`` differs (weights sha256) from
+                the build's embedder, or the index format version is not supported.
             ModelLoadError: ``embedder`` is not a usable local directory.
         """
         from index.bm25 import BM25Index
-        from index.builder import BM25_DIR, DOCS_FILE, FORMAT_VERSION, read_params
-        from index.dense import VECTORS_FILE, DenseIndex
+        from index.builder import BM25_DIR, DOCS_FILE, FORMAT_VERSION, READABLE_VERSIONS, read_params
+        from index.dense import VECTORS_FILE, DenseIndex, DenseParams
         from index.docstore import SQLiteDocStore
 
         root = Path(path).expanduser().absolute()
         params = read_params(root)
         hint = f"; rebuild it with `attnrank index build --corpus DATA --out {root} --overwrite`"
         version = params.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise IndexMismatchError(
-                f"index at {root} has format version {version!r}; this attnrank reads version {FORMAT_VERSION}{hint}"
+                f"index at {root} has format version {version!r}; this attnrank reads versions "
+                f"{list(READABLE_VERSIONS)} (writes {FORMAT_VERSION}){hint}"
             )
+        _recover_swapped_dir(root, BM25_DIR)
+        docstore = None
         try:
             dense_params = params.get("dense")
-            embedder_dir = _check_embedder(root, dense_params, embedder) if dense_params else None
+            embedder_dir = None
+            if dense_params and encoder is not None:
+                want = (dense_params.get("embedder") or {}).get("sha256")
+                got = dict(encoder.describe()).get("sha256")
+                if want != got:
+                    raise IndexMismatchError(
+                        f"index at {root} was built with embedder sha256 {str(want)[:12]}..., "
+                        f"but the given encoder has {str(got)[:12]}..."
+                    )
+            elif dense_params:
+                embedder_dir = _check_embedder(root, dense_params, embedder)
             docstore = SQLiteDocStore(root / DOCS_FILE)
             bm25 = BM25Index.load(root / BM25_DIR)
-            dense = DenseIndex.load(root / VECTORS_FILE) if dense_params else None
+            dense = None
+            if dense_params:
+                dense = DenseIndex.load(root / VECTORS_FILE, DenseParams.from_dict(dense_params.get("params") or {}))
         except NotFoundError as exc:
+            if docstore is not None:
+                docstore.close()
             raise NotFoundError(f"index at {root} is incomplete or corrupt: {exc}{hint}") from exc
-        n = params.get("num_docs")
-        sizes = {"params.json": n, "docs.sqlite": len(docstore), "bm25": bm25.num_docs}
-        if dense is not None:
-            sizes["vectors.faiss"] = len(dense)
-            if dense_params.get("dim") not in (None, dense.dim):
-                raise NotFoundError(f"index at {root} is corrupt: vector dim {dense.dim} != {dense_params['dim']}{hint}")
-        if len(set(sizes.values())) != 1:
+        if dense is not None and dense_params.get("dim") not in (None, dense.dim):
             docstore.close()
-            raise NotFoundError(f"index at {root} is corrupt: document counts disagree {sizes}{hint}")
+            raise NotFoundError(f"index at {root} is corrupt: vector dim {dense.dim} != {dense_params['dim']}{hint}")
         if embedder is not None and not dense_params:
             logger.warning("index at %s has no dense vectors; embedder %r is ignored", root, embedder)
-        return cls(
-            path=root, params=params, docstore=docstore, bm25=bm25, dense=dense,
-            embedder_dir=embedder_dir, show_progress=show_progress,
+        writable = version == FORMAT_VERSION
+        if not writable:
+            n = params.get("num_docs")
+            sizes = {"params.json": n, "docs.sqlite": len(docstore), "bm25": bm25.num_docs}
+            if dense is not None:
+                sizes["vectors.faiss"] = len(dense)
+            if len(set(sizes.values())) != 1:
+                docstore.close()
+                raise NotFoundError(f"index at {root} is corrupt: document counts disagree {sizes}{hint}")
+        index = cls(
+            path=root, params=params, docstore=docstore, bm25=bm25, dense=dense, encoder=encoder,
+            embedder_dir=embedder_dir, show_progress=show_progress, writable=writable,
         )
+        if writable:
+            index._catch_up()
+        return index
+
+    def _catch_up(self) -> None:
+        """Bring BM25 and vectors in line with the document store (after a crash, or
+        updates since the files were last written)."""
+        live, ids = self.docstore.vid_doc_pairs()
+        self._set_doc_ids(live, ids)
+        # BM25: rows of vids no longer live are masked; live vids without a row -> delta
+        rows = self.bm25.row_vids
+        dead = rows[~np.isin(rows, live)]
+        if len(dead):
+            self.bm25.mark_deleted(dead)
+        fresh = live[~np.isin(live, rows)]
+        for start in range(0, len(fresh), _BATCH):
+            docs = self.docstore.get_by_vids(fresh[start : start + _BATCH])
+            self.bm25.add_documents([v for v, _ in docs], [d.content for _, d in docs])
+        if self.dense is None:
+            if len(dead) or len(fresh):
+                logger.info("index %s: BM25 caught up (%d deleted, %d added)", self.path, len(dead), len(fresh))
+            return
+        labels = np.asarray(self.dense.labels()).copy()
+        bits = self.group_bits
+        vids = labels >> bits
+        gone = labels[~np.isin(vids, live)]
+        if len(gone):
+            self.dense.delete(gone)
+            self._dirty = self.dense.kind != "hnsw"  # HNSW tombstones are re-derived on every open
+        missing = live[~np.isin(live, vids)]
+        if len(missing):
+            vecs = self._vectors_for(missing)
+            new_labels, new_vecs = self._label_rows(missing, vecs)
+            if len(labels) and len(new_labels) and new_labels[0] <= labels[-1]:
+                # out of order (should not happen): rebuild the vector index from scratch
+                keep = labels[np.isin(vids, live)]
+                all_labels = np.concatenate([keep, new_labels])
+                order = np.argsort(all_labels)
+                stacked = np.concatenate([self.dense.vectors(keep), new_vecs])[order]
+                from index.dense import DenseIndex
+
+                self.dense = DenseIndex.build(stacked, all_labels[order], self.dense.params, dim=self.dense.dim)
+            else:
+                self.dense.add(new_vecs, new_labels)
+            self._dirty = True
+        if len(dead) or len(fresh) or len(gone) or len(missing):
+            logger.info(
+                "index %s caught up with its document store: BM25 %d deleted / %d added, vectors %d deleted / %d added",
+                self.path, len(dead), len(fresh), len(gone), len(missing),
+            )
+
+    def _vectors_for(self, vids: np.ndarray) -> list[np.ndarray]:
+        """Vectors of documents by vid: the stored copies, else encoded from SQLite text."""
+        stored = self.docstore.pending_vectors(vids)
+        need = [int(v) for v in vids if int(v) not in stored]
+        if need:
+            logger.warning("re-encoding %d documents whose vectors were not stored", len(need))
+            docs = self.docstore.get_by_vids(need)
+            for (vid, _), vec in zip(docs, self._encode([d for _, d in docs])):
+                stored[vid] = vec
+        return [stored[int(v)] for v in vids]
+
+    def _label_rows(self, vids: Sequence[int] | np.ndarray, vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and stacked vectors of documents' vector arrays (see :mod:`index.passages`)."""
+        return _label_rows_static(vids, vecs, self.group_bits, self.dense.dim)
 
     @classmethod
     def from_documents(
@@ -118,52 +278,83 @@ class Index:
         *,
         encoder: Encoder | None = None,
         bm25_params: Any = None,
+        dense_params: Any = None,
+        passages: Any = None,
+        planner: Any = None,
         show_progress: bool = False,
     ) -> Index:
         """An in-memory index (tests, small candidate sets): BM25, plus dense vectors when
-        an ``encoder`` is given.
+        an ``encoder`` is given. Supports updates (nothing is written to disk).
+
+        Args:
+            docs: The documents (vids 0, 1, ... in this order).
+            encoder: Dense encoder; ``None`` = BM25 only.
+            bm25_params: :class:`index.bm25.BM25Params`.
+            dense_params: :class:`index.dense.DenseParams` (default: flat).
+            passages: :class:`index.passages.PassageParams` to chunk documents (MaxP).
+            planner: :class:`index.planner.PlannerParams`.
+            show_progress: Progress bars.
 
         Raises:
             ValidationError: no documents, or a doc id repeats.
         """
-        import numpy as np
-
         from index.bm25 import BM25Builder, BM25Params
-        from index.dense import INDEX_TYPE, DenseIndex
+        from index.dense import DenseIndex, DenseParams
         from index.memory import InMemoryDocStore
 
         store = InMemoryDocStore(docs)
-        ids = store.doc_ids()
+        vids, ids = store.vid_doc_pairs()
         builder = BM25Builder(bm25_params or BM25Params())
-        texts = [d.content for d in store.iter_documents()]
-        builder.add(texts)
-        bm25 = builder.build()
-        dense = None
+        all_docs = list(store.iter_documents())
+        builder.add([d.content for d in all_docs])
+        bm25 = builder.build(row_vids=vids)
+        dense_params = dense_params or DenseParams()
+        params: dict[str, Any] = {"format_version": None, "num_docs": len(ids), "bm25": bm25.describe(), "dense": None}
+        index = cls(path=None, params=params, docstore=store, bm25=bm25, encoder=encoder,
+                    show_progress=show_progress, planner=planner)
+        index.passages = passages
+        index._set_doc_ids(vids, ids)
         if encoder is not None:
-            vectors = np.asarray(encoder.encode_documents(texts), dtype=np.float32)
-            dense = DenseIndex(vectors.shape[1])
-            dense.add(vectors, np.arange(len(ids), dtype=np.int64))
-        params = {
-            "format_version": None,
-            "num_docs": len(ids),
-            "bm25": bm25.describe(),
-            "dense": (
-                {"index_type": INDEX_TYPE, "dim": dense.dim, "metric": "inner_product", "embedder": dict(encoder.describe())}
-                if dense is not None and encoder is not None else None
-            ),
-        }
-        return cls(path=None, params=params, docstore=store, bm25=bm25, dense=dense, encoder=encoder,
-                   doc_ids=ids, show_progress=show_progress)
+            vecs = index._encode(all_docs)
+            dim = int(vecs[0].shape[-1]) if vecs else int(encoder.dim)
+            labels, x = _label_rows_static(vids, vecs, index.group_bits, dim)
+            index.dense = DenseIndex.build(x, labels, dense_params, dim=dim)
+            params["dense"] = {
+                "index_type": index.dense.describe()["index_type"], "dim": dim, "metric": "inner_product",
+                "params": index.dense.params.to_dict(), "embedder": dict(encoder.describe()),
+                "passages": passages.to_dict() if passages is not None else None,
+                "planner": index.planner.to_dict(),
+            }
+        return index
 
     # -- parts -------------------------------------------------------------------------
+    def _set_doc_ids(self, vids: np.ndarray, ids: Sequence[str]) -> None:
+        top = int(vids.max()) + 1 if len(vids) else 0
+        table: list[str | None] = [None] * max(top, int(getattr(self.docstore, "next_vid", top) or top))
+        for v, d in zip(vids.tolist(), ids):
+            table[v] = d
+        self._doc_ids = table
+
     @property
-    def doc_ids(self) -> list[str]:
-        """Doc id of every row: ``doc_ids[vid]`` (loaded from the document store once)."""
+    def doc_ids(self) -> list[str | None]:
+        """Doc id of every vid: ``doc_ids[vid]`` (``None`` for deleted or replaced versions)."""
         if self._doc_ids is None:
             with self._lock:
                 if self._doc_ids is None:
-                    self._doc_ids = self.docstore.doc_ids()  # type: ignore[attr-defined]
-        return self._doc_ids
+                    vids, ids = self.docstore.vid_doc_pairs()  # type: ignore[attr-defined]
+                    self._set_doc_ids(vids, ids)
+        return self._doc_ids  # type: ignore[return-value]
+
+    def doc_ids_of(self, vids: Sequence[int] | np.ndarray) -> list[str]:
+        """Doc ids of live vids, in order. Raises NotFoundError for a dead vid."""
+        table = self.doc_ids
+        out = []
+        for v in np.asarray(vids).tolist():
+            d = table[v] if 0 <= v < len(table) else None
+            if d is None:
+                raise NotFoundError(f"vid {v} is not a live document")
+            out.append(d)
+        return out
 
     @property
     def encoder(self) -> Encoder:
@@ -187,9 +378,356 @@ class Index:
                     )
         return self._encoder
 
+    def _encode(self, docs: Sequence[Document]) -> list[np.ndarray]:
+        """float32 ``(p, d)`` vectors per document: one, or one per passage."""
+        from index.passages import encode_documents
+
+        return encode_documents(self.encoder, docs, self.passages)
+
     def available_retrievers(self) -> list[str]:
         """``["bm25"]``, or ``["bm25", "dense", "hybrid"]`` when the index has vectors."""
         return ["bm25", "dense", "hybrid"] if self.dense is not None else ["bm25"]
+
+    # -- filters and search ------------------------------------------------------------
+    def filter_vids(self, flt: Any) -> np.ndarray | None:
+        """Sorted int64 vids matching a metadata filter; ``None`` for no filter.
+
+        Results are cached per filter until the next update.
+
+        Raises:
+            FilterError: an invalid filter (HTTP 422; the message names the clause).
+        """
+        from index.filters import cache_key, parse_filter
+
+        parsed = parse_filter(flt)
+        if parsed is None:
+            return None
+        key = cache_key(parsed)
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        vids = self.docstore.filter_vids(parsed)  # type: ignore[attr-defined]
+        vids.setflags(write=False)
+        with self._cache_lock:
+            self._cache[key] = vids
+            while len(self._cache) > FILTER_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return vids
+
+    def search_bm25(self, texts: Sequence[str], k: int, *, filter: Any = None) -> list[tuple[list[str], np.ndarray]]:
+        """BM25 top-``k`` per query (see :meth:`index.bm25.BM25Index.search`) among live
+        documents matching ``filter``.
+
+        Returns:
+            Per query ``(doc_ids, scores float32)`` by descending score, only documents
+            with score > 0, ties at the ``k``-th score kept (cut them by doc id).
+
+        Raises:
+            FilterError: an invalid filter.
+        """
+        with self._rw.read():  # ids are resolved under the lock: a concurrent delete cannot race them
+            allowed = self.filter_vids(filter)
+            return [(self.doc_ids_of(v), s) for v, s in self.bm25.search(texts, k, allowed=allowed)]
+
+    def search_dense(
+        self, vectors: np.ndarray, k: int, *, filter: Any = None, strategy: str = "auto"
+    ) -> tuple[list[tuple[list[str], np.ndarray]], Any]:
+        """Dense top-``k`` documents per query among live documents matching ``filter``.
+
+        Args:
+            vectors: float32 ``(n, dim)`` query embeddings.
+            k: Documents wanted per query.
+            filter: Metadata filter (JSON mapping) or ``None``.
+            strategy: ``"auto"`` (planner), ``"exact"`` or ``"ann"``.
+
+        Returns:
+            ``(rows, report)``: per query ``(doc_ids, scores float32 (r,))`` sorted by
+            descending cosine similarity, ``r = min(k, matching documents)``, and the
+            :class:`index.planner.SearchReport`.
+
+        Raises:
+            NotFoundError: no dense vectors. FilterError: an invalid filter.
+        """
+        from index.planner import planned_search
+
+        if self.dense is None:
+            raise NotFoundError("this index was built without dense vectors (--no-dense)")
+        with self._rw.read():
+            allowed = self.filter_vids(filter)
+            if allowed is not None and self.group_bits:
+                labels = np.asarray(self.dense.labels())
+                allowed = labels[np.isin(labels >> self.group_bits, allowed)]
+            rows, report = planned_search(
+                self.dense, vectors, k, allowed=allowed, params=self.planner, strategy=strategy,
+                group_bits=self.group_bits, max_group=self.max_group,
+            )
+            return [(self.doc_ids_of(v), s) for v, s in rows], report
+
+    # -- updates -----------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise IndexMismatchError(
+                f"index at {self.path} has format version {self.params.get('format_version')!r} and is read-only; "
+                "rebuild it with `attnrank index build ... --overwrite` to add or delete documents"
+            )
+
+    def add_documents(self, docs: Iterable[Document]) -> dict[str, Any]:
+        """Add or replace documents, durably, while serving.
+
+        Documents are encoded first (no lock held), then written to SQLite in one
+        transaction and applied to BM25 (delta) and the vector index under the write lock.
+        When this returns the documents are durable and searchable.
+
+        Returns:
+            ``{"added": [doc ids new to the index], "replaced": [doc ids that had an
+            older version], "vids": {doc_id: new vid}}``.
+
+        Raises:
+            ValidationError: a repeated or empty doc id, invalid metadata, or the index
+                cannot be updated; nothing is written then.
+            IndexMismatchError: a format-1 (read-only) index.
+        """
+        self._check_writable()
+        docs = list(docs)
+        if not docs:
+            return {"added": [], "replaced": [], "vids": {}}
+        from index.docstore import _check_unique, metadata_json
+
+        _check_unique(docs)
+        for d in docs:
+            metadata_json(d)
+        if self.bm25.avgdl is None:
+            raise ValidationError("this index's BM25 has no build statistics; rebuild it to add documents")
+        vecs = self._encode(docs) if self.dense is not None else None
+        with self._rw.write():
+            result = self.docstore.upsert(docs, vecs)  # type: ignore[attr-defined]
+            self._apply_add(result, docs, vecs)
+        return {
+            "added": [d for d, _, old in result if old is None],
+            "replaced": [d for d, _, old in result if old is not None],
+            "vids": {d: vid for d, vid, _ in result},
+        }
+
+    def _apply_add(self, result: list[tuple[str, int, int | None]], docs: Sequence[Document],
+                   vecs: Sequence[np.ndarray] | None) -> None:
+        old = np.array([o for _, _, o in result if o is not None], dtype=np.int64)
+        new = [v for _, v, _ in result]
+        if len(old):
+            self._drop_vids(old)
+        self.bm25.add_documents(new, [d.content for d in docs])
+        if self.dense is not None and vecs is not None:
+            labels, x = self._label_rows(new, vecs)
+            self.dense.add(x, labels)
+            self._dirty = True
+        table = self.doc_ids
+        if new[-1] >= len(table):
+            table.extend([None] * (new[-1] + 1 - len(table)))
+        for (d, v, _) in result:
+            table[v] = d
+        self._invalidate()
+
+    def _drop_vids(self, vids: np.ndarray) -> None:
+        self.bm25.mark_deleted(vids)
+        if self.dense is not None:
+            labels = np.asarray(self.dense.labels())
+            self.dense.delete(labels[np.isin(labels >> self.group_bits, vids)])
+            self._dirty = True
+        table = self.doc_ids
+        for v in vids.tolist():
+            if 0 <= v < len(table):
+                table[v] = None
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> dict[str, Any]:
+        """Delete documents by id, durably (unknown ids are reported, not an error).
+
+        Returns:
+            ``{"deleted": [doc ids], "missing": [doc ids not in the index]}``.
+
+        Raises:
+            IndexMismatchError: a format-1 (read-only) index.
+        """
+        self._check_writable()
+        wanted = list(dict.fromkeys(doc_ids))
+        with self._rw.write():
+            gone = self.docstore.delete(wanted)  # type: ignore[attr-defined]
+            if gone:
+                self._drop_vids(np.array([v for _, v in gone], dtype=np.int64))
+                self._invalidate()
+        deleted = {d for d, _ in gone}
+        return {"deleted": [d for d in wanted if d in deleted], "missing": [d for d in wanted if d not in deleted]}
+
+    def _invalidate(self) -> None:
+        with self._cache_lock:
+            self._cache.clear()
+
+    # -- maintenance -------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Live documents, BM25 delta and masked rows, vectors and tombstones."""
+        with self._rw.read():
+            out: dict[str, Any] = {
+                "num_docs": len(self.docstore),
+                "bm25_rows": self.bm25.num_docs,
+                "bm25_deleted_rows": self.bm25.num_docs - (self.bm25.num_live - len(self.bm25.delta)),
+                "bm25_delta": len(self.bm25.delta),
+            }
+            if self.dense is not None:
+                out.update(vectors=len(self.dense), tombstones=len(self.dense.tombstones),
+                           index_type=self.dense.kind, vectors_unsaved=self._dirty and self.path is not None)
+        return out
+
+    def needs_compaction(self, fraction: float = 0.1) -> bool:
+        """Whether the BM25 delta, masked BM25 rows or HNSW tombstones exceed ``fraction``
+        of the live documents."""
+        s = self.stats()
+        limit = max(1, int(fraction * max(1, s["num_docs"])))
+        return s["bm25_delta"] > limit or s["bm25_deleted_rows"] > limit or s.get("tombstones", 0) > limit * self.max_group
+
+    def flush(self) -> bool:
+        """Write the vector index if it lags behind memory, then forget the stored vector
+        copies it now holds. Returns whether a file was written (in-memory: never)."""
+        if self.path is None or self.dense is None or not self.writable:
+            return False
+        from index.dense import VECTORS_FILE
+
+        with self._maintenance:
+            with self._rw.read():
+                if not self._dirty:
+                    return False
+                labels = self.dense.labels()
+                top = int(labels[-1]) >> self.group_bits if len(labels) else -1
+                self.dense.save(self.path / VECTORS_FILE)
+                self._dirty = False
+            self.docstore.discard_vectors(top)  # type: ignore[attr-defined]
+        return True
+
+    def compact(self) -> dict[str, Any]:
+        """Rebuild BM25 from the live documents (folding in the delta, dropping masked
+        rows, refreshing statistics) and the vector index (HNSW: without tombstones), write
+        both, and swap them in. Searches and updates continue meanwhile; updates made
+        during the rebuild are replayed onto the new parts before the swap.
+
+        Returns:
+            Summary: documents, seconds, what was dropped and replayed.
+
+        Raises:
+            IndexMismatchError: a format-1 (read-only) index.
+        """
+        from index.bm25 import BM25Builder
+
+        self._check_writable()
+        t0 = time.perf_counter()
+        with self._maintenance:
+            with self._rw.read():
+                snapshot = self._live_vids()
+                before = self._stats_unlocked()
+            builder = BM25Builder(self.bm25.params)
+            rows: list[int] = []
+            for start in range(0, len(snapshot), _BATCH):
+                got = self.docstore.get_by_vids(snapshot[start : start + _BATCH])  # type: ignore[attr-defined]
+                builder.add([d.content for _, d in got])
+                rows.extend(v for v, _ in got)
+            if not rows:
+                raise ValidationError("cannot compact an index without documents")
+            bm25 = builder.build(row_vids=np.asarray(rows, dtype=np.int64))
+            dense = self.dense
+            if dense is not None and dense.kind == "hnsw" and dense.tombstones:
+                dense = dense.rebuilt()
+            if self.path is not None:
+                self._write_parts(bm25, dense if dense is not self.dense else None)
+            with self._rw.write():
+                live = self._live_vids()
+                dead = bm25.row_vids[~np.isin(bm25.row_vids, live)]
+                if len(dead):
+                    bm25.mark_deleted(dead)
+                fresh = live[~np.isin(live, bm25.row_vids)]
+                if len(fresh):
+                    got = self.docstore.get_by_vids(fresh)  # type: ignore[attr-defined]
+                    bm25.add_documents([v for v, _ in got], [d.content for _, d in got])
+                replay = 0
+                if dense is not None and dense is not self.dense:
+                    labels = np.asarray(dense.labels()).copy()
+                    gone = labels[~np.isin(labels >> self.group_bits, live)]
+                    dense.delete(gone)
+                    kept = np.unique(np.asarray(dense.labels()) >> self.group_bits)
+                    old = np.asarray(self.dense.labels()).copy()
+                    old_vids = old >> self.group_bits
+                    extra = old[~np.isin(old_vids, kept) & np.isin(old_vids, live)]
+                    if len(extra):
+                        dense.add(self.dense.vectors(extra), extra)
+                        self._dirty = True
+                    replay = len(gone) + len(extra)
+                    self.dense = dense
+                self.bm25 = bm25
+                self._invalidate()
+                self.params["num_docs"] = len(live)
+                self.params["bm25"] = bm25.describe()
+                self.params["compacted"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            if self.path is not None:
+                _write_json(self.path / "params.json", self.params)
+        summary = {
+            "num_docs": int(len(live)),
+            "bm25_rows": bm25.num_docs,
+            "bm25_delta_folded": before["bm25_delta"],
+            "bm25_rows_dropped": before["bm25_deleted_rows"],
+            "tombstones_dropped": before.get("tombstones", 0),
+            "replayed": int(len(dead) + len(fresh) + replay),
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+        if self.path is not None:
+            self.flush()
+        logger.info("compacted index %s: %s", self.path or "in-memory", summary)
+        return summary
+
+    def compact_async(self) -> Future:
+        """Run :meth:`compact` in a background thread; searches and updates continue.
+
+        Returns:
+            A ``concurrent.futures.Future`` with the summary (or the exception).
+        """
+        future: Future = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self.compact())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="attnrank-compact", daemon=True).start()
+        return future
+
+    def _live_vids(self) -> np.ndarray:
+        table = self.doc_ids
+        return np.fromiter((v for v, d in enumerate(table) if d is not None), dtype=np.int64)
+
+    def _stats_unlocked(self) -> dict[str, Any]:
+        out = {
+            "bm25_delta": len(self.bm25.delta),
+            "bm25_deleted_rows": self.bm25.num_docs - (self.bm25.num_live - len(self.bm25.delta)),
+        }
+        if self.dense is not None:
+            out["tombstones"] = len(self.dense.tombstones)
+        return out
+
+    def _write_parts(self, bm25: Any, dense: Any) -> None:
+        """Write a rebuilt BM25 folder (swapped in by renames) and vector file (atomic)."""
+        from index.builder import BM25_DIR
+        from index.dense import VECTORS_FILE
+
+        root = self.path
+        new = root / f".{BM25_DIR}.new"
+        old = root / f".{BM25_DIR}.old"
+        shutil.rmtree(new, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        bm25.save(new)
+        os.rename(root / BM25_DIR, old)
+        os.rename(new, root / BM25_DIR)
+        shutil.rmtree(old, ignore_errors=True)
+        if dense is not None:
+            dense.save(root / VECTORS_FILE)
 
     def describe(self) -> dict[str, Any]:
         """Summary for ``/info`` and reports (no model load)."""
@@ -206,6 +744,8 @@ class Index:
             "dense": (
                 {
                     "index_type": dense.get("index_type"),
+                    "params": dense.get("params"),
+                    "passages": dense.get("passages"),
                     "dim": dense.get("dim"),
                     "embedder": emb.get("name"),
                     "embedder_sha256": emb.get("sha256"),
@@ -215,13 +755,44 @@ class Index:
         }
 
     def close(self) -> None:
-        """Close the document store's connections."""
-        close = getattr(self.docstore, "close", None)
-        if close is not None:
-            close()
+        """Write the vector index if it lags behind (writable directories), then close
+        the document store's connections."""
+        try:
+            self.flush()
+        finally:
+            close = getattr(self.docstore, "close", None)
+            if close is not None:
+                close()
 
     def __repr__(self) -> str:
         return f"Index({str(self.path) if self.path else 'in-memory'!r}, {len(self.docstore)} docs, {self.available_retrievers()})"
+
+
+def _label_rows_static(vids: Any, vecs: Sequence[np.ndarray], bits: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """int64 labels ``vid << bits | j`` and float32 ``(sum p, dim)`` vectors, in vid order."""
+    from index.passages import labels_for
+
+    if not vecs:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.float32)
+    labels = np.concatenate([labels_for(int(v), len(x), bits) for v, x in zip(vids, vecs)])
+    return labels, np.concatenate([np.asarray(x, dtype=np.float32).reshape(-1, dim) for x in vecs])
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _recover_swapped_dir(root: Path, name: str) -> None:
+    """Finish or undo a folder swap interrupted by a crash (see ``Index._write_parts``)."""
+    target, new, old = root / name, root / f".{name}.new", root / f".{name}.old"
+    if target.exists():
+        return
+    if new.is_dir() and (new / "vids.npy").is_file():
+        os.rename(new, target)
+    elif old.is_dir():
+        os.rename(old, target)
 
 
 def _check_embedder(root: Path, dense_params: Mapping[str, Any], embedder: str | None) -> Path:

@@ -1,4 +1,5 @@
-"""Hybrid first stage: reciprocal rank fusion of BM25 and dense rankings."""
+"""Hybrid first stage: fusion of BM25 and dense rankings (reciprocal rank fusion, or a
+weighted sum of normalised scores)."""
 
 from __future__ import annotations
 
@@ -9,42 +10,69 @@ from attnrank.errors import ValidationError
 from attnrank.protocols import Filter, Retriever
 from attnrank.types import Query, Ranking
 from retriever.base import check_request
-from retriever.fusion import RRF_K, reciprocal_rank_fusion
+from retriever.fusion import NORMALIZATIONS, RRF_K, reciprocal_rank_fusion, weighted_score_fusion
 
 DEFAULT_DEPTH = 100
 """Hits taken from each fused retriever (at least ``k``)."""
+FUSIONS = ("rrf", "weighted")
 
 
 class HybridRetriever:
-    """RRF over several retrievers (BM25 and dense by default), ALGORITHMS.md section 5.
+    """Fusion of several retrievers (BM25 and dense by default), ALGORITHMS.md section 5.
 
-    Each retriever returns its top ``max(k, depth)``; documents are scored
-    ``sum_r 1 / (rrf_k + rank_r(d))`` (unitless, higher = better) and the top ``k`` kept.
+    Each retriever returns its top ``max(k, depth)`` under the same metadata filter;
+    ``fusion="rrf"`` scores documents ``sum_r 1 / (rrf_k + rank_r(d))``,
+    ``fusion="weighted"`` ``sum_r w_r * norm_r(d)`` (see
+    :func:`retriever.fusion.weighted_score_fusion`). Scores are unitless, higher = better;
+    the top ``k`` are kept.
 
     Args:
         retrievers: The retrievers to fuse (at least one).
         depth: Hits per retriever; ``None`` = ``max(k, 100)``.
         rrf_k: RRF constant (60).
+        fusion: ``"rrf"`` or ``"weighted"``.
+        weights: Per-retriever weights of the weighted fusion (``None`` = equal).
+        normalization: ``"minmax"`` or ``"zscore"`` (weighted fusion).
     """
 
     name = "hybrid"
 
-    def __init__(self, retrievers: Sequence[Retriever], *, depth: int | None = None, rrf_k: int = RRF_K) -> None:
+    def __init__(
+        self,
+        retrievers: Sequence[Retriever],
+        *,
+        depth: int | None = None,
+        rrf_k: int = RRF_K,
+        fusion: str = "rrf",
+        weights: Sequence[float] | None = None,
+        normalization: str = "minmax",
+    ) -> None:
         if not retrievers:
             raise ValidationError("HybridRetriever needs at least one retriever")
         if depth is not None and depth < 1:
             raise ValidationError(f"depth must be >= 1, got {depth}")
         if rrf_k < 0:
             raise ValidationError(f"rrf_k must be >= 0, got {rrf_k}")
+        if fusion not in FUSIONS:
+            raise ValidationError(f"unknown fusion {fusion!r}; choose one of {list(FUSIONS)}")
+        if normalization not in NORMALIZATIONS:
+            raise ValidationError(f"unknown normalization {normalization!r}; choose one of {list(NORMALIZATIONS)}")
+        if weights is not None and len(weights) != len(retrievers):
+            raise ValidationError(f"need one weight per retriever ({len(retrievers)}), got {list(weights)}")
         self.retrievers = list(retrievers)
         self.depth = depth
         self.rrf_k = rrf_k
+        self.fusion = fusion
+        self.weights = list(weights) if weights is not None else None
+        self.normalization = normalization
 
     @classmethod
     def from_index(cls, index: Any, **options: Any) -> HybridRetriever:
         """BM25 + dense over an :class:`index.store.Index`.
 
-        Options: ``depth`` (int), ``rrf_k`` (int), ``show_progress`` (bool, dense encoding).
+        Options: ``depth`` (int), ``rrf_k`` (int), ``fusion`` (``"rrf"``/``"weighted"``),
+        ``weights`` ([bm25, dense]), ``normalization``, ``show_progress`` and ``strategy``
+        (dense retriever).
 
         Raises:
             ValidationError: the index has no vectors, or an unknown option.
@@ -52,31 +80,32 @@ class HybridRetriever:
         from retriever.bm25 import BM25Retriever
         from retriever.dense import DenseRetriever
 
-        depth = options.pop("depth", None)
-        rrf_k = options.pop("rrf_k", RRF_K)
-        dense_opts = {k: options.pop(k) for k in ("show_progress",) if k in options}
+        kwargs = {k: options.pop(k) for k in ("depth", "rrf_k", "fusion", "weights", "normalization") if k in options}
+        dense_opts = {k: options.pop(k) for k in ("show_progress", "strategy") if k in options}
         if options:
             raise ValidationError(f"unknown hybrid retriever options: {sorted(options)}")
         if index.dense is None:
             raise ValidationError("this index has no dense vectors (built with --no-dense); hybrid needs them")
-        return cls(
-            [BM25Retriever.from_index(index), DenseRetriever.from_index(index, **dense_opts)], depth=depth, rrf_k=rrf_k
-        )
+        return cls([BM25Retriever.from_index(index), DenseRetriever.from_index(index, **dense_opts)], **kwargs)
 
     def retrieve(self, queries: Sequence[Query], k: int, *, filter: Filter | None = None) -> list[Ranking]:
-        """Fused top-``k`` of each query, sorted by ``(-score, doc_id)``.
+        """Fused top-``k`` of each query among documents matching ``filter``, sorted by ``(-score, doc_id)``.
 
         Raises:
-            ValidationError: ``k < 1`` or a metadata filter (not supported yet).
+            ValidationError: ``k < 1``. FilterError: an invalid filter.
         """
         k = check_request(k, filter)
         depth = max(k, self.depth if self.depth is not None else DEFAULT_DEPTH)
         per_retriever = [r.retrieve(queries, depth, filter=filter) for r in self.retrievers]
-        return [
-            reciprocal_rank_fusion([rankings[i] for rankings in per_retriever], k, self.rrf_k)
-            for i in range(len(queries))
-        ]
+        out = []
+        for i in range(len(queries)):
+            rankings = [rankings[i] for rankings in per_retriever]
+            if self.fusion == "rrf":
+                out.append(reciprocal_rank_fusion(rankings, k, self.rrf_k))
+            else:
+                out.append(weighted_score_fusion(rankings, k, self.weights, self.normalization))
+        return out
 
     def __repr__(self) -> str:
         names = ", ".join(getattr(r, "name", type(r).__name__) for r in self.retrievers)
-        return f"HybridRetriever([{names}], depth={self.depth}, rrf_k={self.rrf_k})"
+        return f"HybridRetriever([{names}], fusion={self.fusion!r}, depth={self.depth}, rrf_k={self.rrf_k})"

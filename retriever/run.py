@@ -34,9 +34,16 @@ class RunRetriever:
         """The run's top-``k`` of each query (empty for an unknown query id).
 
         Raises:
-            ValidationError: ``k < 1`` or a metadata filter (not supported yet).
+            ValidationError: ``k < 1``, or a non-empty metadata filter (a fixed run has no
+                document metadata to filter on).
         """
         k = check_request(k, filter)
+        from index.filters import parse_filter
+
+        if parse_filter(filter) is not None:
+            from attnrank.errors import ValidationError
+
+            raise ValidationError(f"the fixed run {self.name!r} cannot apply a metadata filter")
         out = []
         for q in queries:
             ranking = self._rankings.get(q.query_id)

@@ -5,17 +5,20 @@ model is loaded."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from attnrank import registry
 from attnrank.config import RerankerConfig
-from attnrank.pipeline import Pipeline
+from attnrank.pipeline import Pipeline, reranker_factory
 from attnrank.protocols import RerankResult
 from attnrank.types import Document, Query, Ranking
 
 DOCS = [
-    Document("d01", "Apples are red or green fruit grown in orchards.", "Apples"),
+    Document("d01", "Apples are red or green fruit grown in orchards.", "Apples", {"year": 2020, "tags": ["fruit"]}),
     Document("d02", "Green apples taste sour; red apples taste sweet.", "Apple taste"),
     Document("d03", "Bananas are yellow fruit.", "Bananas"),
     Document("d04", "An apple a day keeps the doctor away, says an old proverb about fruit.", "Proverb"),
@@ -103,7 +106,57 @@ def make_pipeline(retriever: OverlapRetriever | None = None, factory=None) -> Pi
     return Pipeline(
         retrievers={retriever.name: retriever},
         docstore=InMemoryDocStore(DOCS),
-        reranker_factory=factory or (lambda m: registry.build_reranker(RerankerConfig(method=m))),
+        reranker_factory=factory or reranker_factory(RerankerConfig()),
         max_top_k=20,
         max_candidates=8,
     )
+
+
+class SlowReranker(FakeReranker):
+    """A fake reranker that waits for ``gate`` (when set) and sleeps ``delay`` seconds per
+    call, to fill the inference queue and pass deadlines. Registered as ``"slow"``."""
+
+    name = "slow"
+    gate: threading.Event | None = None
+    delay = 0.0
+    started = 0
+
+    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
+        SlowReranker.started += 1
+        if SlowReranker.gate is not None:
+            assert SlowReranker.gate.wait(30), "test gate never opened"
+        if SlowReranker.delay:
+            time.sleep(SlowReranker.delay)
+        rr = super().rerank(query, candidates)
+        return replace(rr, seconds=SlowReranker.delay)
+
+
+class BlockingLoadReranker(FakeReranker):
+    """A fake whose ``load()`` waits for ``gate`` (models "still loading") or raises ``fail``."""
+
+    name = "blockload"
+    gate: threading.Event | None = None
+    fail: Exception | None = None
+
+    def load(self) -> BlockingLoadReranker:
+        if BlockingLoadReranker.gate is not None:
+            assert BlockingLoadReranker.gate.wait(30), "test gate never opened"
+        if BlockingLoadReranker.fail is not None:
+            raise BlockingLoadReranker.fail
+        return super().load()
+
+
+class ExplainingReranker(FakeReranker):
+    """A fake with ``rerank_with_evidence``: the first word of each text is its evidence."""
+
+    name = "explain"
+
+    def rerank_with_evidence(self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3) -> RerankResult:
+        from reranker.icr import EvidenceSpan
+
+        rr = self.rerank(query, candidates)
+        ev = {}
+        for d in candidates:
+            word = d.text.split()[0]
+            ev[d.doc_id] = [EvidenceSpan("text", 0, len(word), word, 1.0)][:max_spans]
+        return replace(rr, details={**rr.details, "evidence": ev})

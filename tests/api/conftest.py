@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api_fakes import FakeReranker, make_pipeline
+from api_fakes import BlockingLoadReranker, ExplainingReranker, FakeReranker, SlowReranker, make_pipeline
 from attnrank import registry
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
@@ -14,14 +14,20 @@ from attnrank.settings import Settings
 def fake_reranker(monkeypatch):
     """Registers :class:`FakeReranker` as ``"fake"`` for one test."""
     monkeypatch.setitem(registry._RERANKERS, "fake", FakeReranker)
+    monkeypatch.setitem(registry._RERANKERS, "slow", SlowReranker)
+    monkeypatch.setitem(registry._RERANKERS, "blockload", BlockingLoadReranker)
+    monkeypatch.setitem(registry._RERANKERS, "explain", ExplainingReranker)
     FakeReranker.loads = 0
+    SlowReranker.gate, SlowReranker.delay, SlowReranker.started = None, 0.0, 0
+    BlockingLoadReranker.gate, BlockingLoadReranker.fail = None, None
     return FakeReranker
 
 
 @pytest.fixture
 def settings() -> Settings:
     return Settings(
-        index="unused", rerank_method="fake", preload=True, max_top_k=20, max_candidates=8, default_candidates=4
+        index="unused", rerank_method="fake", preload=True, max_top_k=20, max_candidates=8, default_candidates=4,
+        warmup=False,
     )
 
 
@@ -37,4 +43,5 @@ def client(settings, pipeline):
     from api.app import create_app
 
     with TestClient(create_app(settings, pipeline=pipeline)) as c:
+        assert c.app.state.runtime.wait_ready(10)  # the fake reranker "loads" in the background
         yield c

@@ -21,6 +21,7 @@ def test_lifespan_preloads_reranker_and_sets_state(settings, pipeline):
     app = create_app(settings, pipeline=pipeline)
     assert FakeReranker.loads == 0
     with TestClient(app):
+        assert app.state.runtime.wait_ready(10)  # the model loads in the background
         assert app.state.pipeline is pipeline
         assert app.state.settings is settings
         assert set(pipeline.loaded_rerankers()) == {"fake"}
@@ -51,4 +52,4 @@ def test_startup_fails_on_missing_index(tmp_path):
 
 def test_openapi_lists_routes(client):
     paths = client.get("/openapi.json").json()["paths"]
-    assert {"/search", "/health"} <= set(paths)
+    assert {"/search", "/rerank", "/health", "/info", "/metrics"} <= set(paths)

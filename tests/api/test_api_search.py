@@ -27,7 +27,7 @@ def test_first_stage_only(client, k):
     ids = _check_ranking(body, k)
     assert ids[0] == "d01"  # "red" and "apples" both occur only in d01 and d02; tie broken by doc id
     assert body["rerank"] is None
-    assert set(body["timings"]) == {"retrieve", "hydrate", "rerank", "total"}
+    assert set(body["timings"]) == {"retrieve", "hydrate", "rerank", "total", "queue"}
     assert body["timings"]["rerank"] == 0.0
     docs = {d.doc_id: d for d in DOCS}
     for hit in body["results"]:
@@ -86,3 +86,60 @@ def test_pipeline_runs_off_the_event_loop(client, pipeline):
     client.post("/search", json={"query": "apples", "rerank": {"method": "fake"}})
     calls = pipeline.retrievers["bm25"].calls
     assert calls and not any(c["on_event_loop"] for c in calls)
+
+
+def test_results_carry_metadata(client):
+    body = client.post("/search", json={"query": "red apples orchards", "top_k": 12}).json()
+    meta = {h["doc_id"]: h["metadata"] for h in body["results"]}
+    assert meta["d01"] == {"year": 2020, "tags": ["fruit"]}
+    assert meta["d02"] == {}
+    assert all(h["evidence"] is None for h in body["results"])
+
+
+def test_explain_returns_evidence_of_reranked_hits(client):
+    r = client.post("/search", json={"query": "apples orchards", "top_k": 6, "explain": True,
+                                     "rerank": {"method": "explain", "candidates": 4}})
+    assert r.status_code == 200, r.text
+    hits = r.json()["results"]
+    docs = {d.doc_id: d for d in DOCS}
+    for h in hits[:4]:
+        (span,) = h["evidence"]
+        text = docs[h["doc_id"]].text
+        assert span["field"] == "text" and text[span["start"]:span["end"]] == span["text"] == text.split()[0]
+    assert all(h["evidence"] is None for h in hits[4:])  # below the candidates: not reranked
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        ({"query": "apples", "explain": True}, "explain needs reranking"),
+        ({"query": "apples", "explain": True, "rerank": {"method": "fake"}}, "explain is not supported by the 'fake'"),
+        ({"query": "apples", "rerank": {"method": "fake", "heads": "qr"}}, "options of the icr and blockrank rerankers"),
+        ({"query": "apples", "rerank": {"method": "fake", "reattn": True}}, "options of the icr and blockrank rerankers"),
+        ({"query": "apples", "rerank": {"method": "icr", "heads": "/etc/passwd"}}, "rerank.heads"),
+        ({"query": "apples", "rerank": {"method": "icr", "heads": [[1, 2, 3]]}}, "rerank.heads"),
+        ({"query": "apples", "rerank": {"method": "icr", "reattn": {"gamma": -1}}}, "gamma"),
+        ({"query": "apples", "rerank": {"method": "icr", "reattn": {"beta": 1}}}, "beta"),
+    ],
+)
+def test_rerank_option_errors(client, payload, needle):
+    r = client.post("/search", json=payload)
+    assert r.status_code == 422, r.text
+    assert r.json()["error_type"] == "validation" and needle in r.json()["error"]
+
+
+def test_heads_and_reattn_reach_the_reranker_options(client, pipeline, monkeypatch):
+    from attnrank import registry
+
+    monkeypatch.setitem(registry._RERANKERS, "icr", registry._RERANKERS["fake"])  # a fake standing for icr
+    for _ in range(2):
+        r = client.post("/search", json={"query": "apples", "rerank": {
+            "method": "icr", "heads": [[3, 1], [0, 2]], "reattn": {"idf": False}}})
+        assert r.status_code == 200, r.text
+    r = client.post("/search", json={"query": "apples", "rerank": {"method": "icr", "heads": "qr"}})
+    assert r.status_code == 200, r.text
+    built = {name: rr for name, rr in pipeline.loaded_rerankers().items() if name.startswith("icr")}
+    assert len(built) == 2  # one per distinct options, reused
+    options = sorted((dict(rr.config.options) for rr in built.values()), key=str)
+    assert {"heads": "qr"} in options
+    assert {"heads": [[3, 1], [0, 2]], "reattn": {"idf": False, "entropy": True, "gamma": 0.5}} in options

@@ -30,6 +30,8 @@ def real_client(nfcorpus_dir, tmp_path_factory):
 
     settings = Settings(index=str(root / "index"), rerank_method="icr", preload=True)
     with TestClient(create_app(settings)) as client:
+        assert client.app.state.runtime.wait_ready(300)  # the LM loads in the background
+        assert client.app.state.runtime.status == "ok"
         assert "icr" in client.app.state.pipeline.loaded_rerankers()  # preloaded at start-up
         yield client, ids
 
@@ -70,3 +72,28 @@ def test_first_stage_and_reranked_share_the_candidates(real_client):
     base = client.post("/search", json=query).json()
     reranked = client.post("/search", json={**query, "rerank": {"method": "icr", "candidates": 5}}).json()
     assert {h["doc_id"] for h in base["results"]} == {h["doc_id"] for h in reranked["results"]}
+
+
+def test_explain_gives_evidence_spans_of_the_text(real_client):
+    client, _ = real_client
+    r = client.post("/search", json={"query": "breast cancer risk", "top_k": 3, "explain": True,
+                                     "rerank": {"method": "icr", "candidates": 3}})
+    assert r.status_code == 200, r.text
+    for hit in r.json()["results"]:
+        assert hit["evidence"], hit["doc_id"]
+        for span in hit["evidence"]:
+            value = hit["title"] if span["field"] == "title" else hit["text"]
+            assert value[span["start"]:span["end"]] == span["text"]
+
+
+def test_cohere_rerank_real(real_client):
+    client, _ = real_client
+    docs = ["Peppermint oil relieves symptoms of irritable bowel syndrome in trials.",
+            "The Eiffel Tower is in Paris.", "Bowel symptoms improved with peppermint."]
+    r = client.post("/rerank", json={"model": "icr", "query": "peppermint oil for IBS", "documents": docs,
+                                     "return_documents": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert sorted(x["index"] for x in body["results"]) == [0, 1, 2]
+    assert body["results"][-1]["index"] == 1  # the off-topic document last
+    assert body["meta"]["reranked"] and body["meta"]["tokens"]["input_tokens"] > 0

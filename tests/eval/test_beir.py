@@ -55,7 +55,7 @@ def test_builds_cached_index_once_and_evaluates(beir_dir, tmp_path, monkeypatch,
     reranked = evaluate_beir(beir_dir, rerank="fake", candidates=3, max_queries=2, seed=1, out_dir=out,
                              build_dense=False, show_progress=False)
     assert json.loads((index_dir / "params.json").read_text())["created"] == created  # reused
-    assert reranked.name == "toy-beir-test-bm25-fake-c3-q2-s1"
+    assert reranked.name == "toy-beir-test-bm25-fake-c3-t160-q2-s1"
     assert len(reranked.query_ids) == 2
     assert reranked.first_stage_metrics["nDCG@10"] == pytest.approx(1.0)
     assert reranked.truncation["docs_reranked"] == 6

@@ -34,7 +34,7 @@ def test_rerank_subset_reports_base_and_reranked(dl19_dir, tmp_path, fake_rerank
     )
     judged = sorted(load_trec_qrels(dl19_dir / "qrels.dl19-passage.txt"))
     assert report.query_ids == sorted(random.Random(3).sample(judged, 5))
-    assert report.name == "msmarco-trec-dl-2019-passage-BM25-fake-c10-q5-s3"
+    assert report.name == "msmarco-trec-dl-2019-passage-BM25-fake-c10-t64-q5-s3"
     assert (report.rerank, report.candidates, report.first_stage) == ("fake", 10, "run:BM25")
     # base metrics are the run's own, on the same queries
     for q in report.query_ids:

@@ -53,7 +53,7 @@ def test_params_record_the_build(built, corpus) -> None:
     out, params = built
     assert sorted(p.name for p in out.iterdir()) == ["bm25", "docs.sqlite", "params.json", "vectors.faiss"]
     assert json.loads((out / "params.json").read_text()) == params
-    assert params["format_version"] == 1 and params["num_docs"] == N_DOCS
+    assert params["format_version"] == 2 and params["num_docs"] == N_DOCS
     digest = hashlib.sha256((corpus / "corpus.jsonl").read_bytes()).hexdigest()
     assert params["corpus"]["sha256"] == digest
     assert params["bm25"]["k1"] == 0.9 and params["bm25"]["b"] == 0.4 and params["bm25"]["method"] == "lucene"
@@ -62,6 +62,9 @@ def test_params_record_the_build(built, corpus) -> None:
     assert emb["name"] == "all-MiniLM-L6-v2" and emb["dim"] == 384 and emb["max_seq_length"] == 256
     assert emb["sha256"] == model_sha256(None)
     assert params["dense"]["index_type"] == "IndexIDMap2(IndexFlatIP)"
+    assert params["dense"]["params"]["index_type"] == "flat" and params["dense"]["passages"] is None
+    assert params["dense"]["planner"]["exact_max"] > 0 and params["bm25"]["avgdl"] > 0
+    assert {"analyzer.json", "stats.json", "vids.npy"} <= {p.name for p in (out / "bm25").iterdir()}
     assert {"bm25s", "faiss-cpu", "sentence-transformers", "torch"} <= set(params["versions"])
     assert params["build_seconds"] > 0
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
@@ -120,6 +123,32 @@ def test_embedder_mismatch(built, tmp_path: Path) -> None:
     (copy / "params.json").write_text(json.dumps(params))
     with pytest.raises(IndexMismatchError, match="not available here"):
         Index.open(copy)
+
+
+def test_hnsw_passages_and_prefixes(tmp_path: Path, corpus) -> None:
+    """HNSW + passage chunking + instruction prefixes are built, saved and reopened (real MiniLM)."""
+    from index.dense import DenseParams
+    from index.passages import PassageParams
+
+    small = tmp_path / "nf40"
+    small.mkdir()
+    lines = (corpus / "corpus.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:40]
+    (small / "corpus.jsonl").write_text("".join(lines), encoding="utf-8")
+    out = tmp_path / "hnsw"
+    params = build_index(
+        small, out, show_progress=False, dense_params=DenseParams("hnsw", hnsw_m=8, ef_construction=40),
+        passages=PassageParams(max_words=100, stride=80, max_passages=16), query_prefix="query: ",
+        document_prefix="passage: ",
+    )
+    dense = params["dense"]
+    assert dense["params"]["index_type"] == "hnsw" and dense["passages"]["bits"] == 4
+    assert dense["num_vectors"] > 40 and dense["embedder"]["query_prefix"] == "query: "
+    ix = Index.open(out)
+    assert ix.dense.kind == "hnsw" and ix.group_bits == 4 and ix.encoder.query_prefix == "query: "
+    q = Query("q", "Statin use and breast cancer survival in Finland")
+    (ranking,) = registry.build_retriever("dense", ix).retrieve([q], 5, filter={"must_not": [{"has_id": ["MED-14"]}]})
+    assert ranking.doc_ids[0] == "MED-10" and len(ranking) == 5 and "MED-14" not in ranking.doc_ids
+    ix.close()
 
 
 def test_refuses_to_overwrite(built, corpus) -> None:
@@ -182,6 +211,7 @@ def test_missing_and_corrupt_index(tmp_path: Path, built) -> None:
         Index.open(broken)
     params = json.loads((out / "params.json").read_text())
     params["num_docs"] = 999
+    params["format_version"] = 1  # format 1 is checked strictly; format 2 catches up from SQLite
     (broken / "params.json").write_text(json.dumps(params))
     with pytest.raises(NotFoundError, match="counts disagree"):
         Index.open(broken)

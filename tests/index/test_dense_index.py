@@ -1,4 +1,5 @@
-"""index.dense (faiss) against brute force, padding, persistence; index.hashing; encoder resolution."""
+"""index.dense (faiss flat / HNSW / IVF) against brute force, padding, deletes, persistence;
+index.hashing; encoder resolution."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from attnrank.errors import ModelLoadError, NotFoundError, ValidationError
 from attnrank.protocols import Encoder
-from index.dense import DenseIndex
+from index.dense import DenseIndex, DenseParams, auto_nlist
 from index.encoder import SentenceTransformerEncoder, file_sha256, model_sha256, packaged_model_dir, resolve_model_dir
 from index.hashing import HashingEncoder
 
@@ -53,18 +54,102 @@ def test_validation_and_persistence(tmp_path: Path) -> None:
         idx.add(np.ones((2, 3), dtype=np.float32), np.array([0, 1]))
     with pytest.raises(ValidationError):
         idx.add(np.ones((1, 4), dtype=np.float32), np.array([-1]))
-    idx.add(np.eye(4, dtype=np.float32), np.array([3, 2, 1, 0]))
+    with pytest.raises(ValidationError, match="strictly increasing"):
+        idx.add(np.eye(4, dtype=np.float32), np.array([3, 2, 1, 0]))
+    idx.add(np.eye(4, dtype=np.float32), np.array([0, 1, 2, 3]))
+    with pytest.raises(ValidationError, match="never reused"):
+        idx.add(np.eye(4, dtype=np.float32)[:1], np.array([3]))
     idx.save(tmp_path / "vectors.faiss")
+    assert [p.name for p in tmp_path.iterdir()] == ["vectors.faiss"]  # no temporary file left
     loaded = DenseIndex.load(tmp_path / "vectors.faiss")
-    assert len(loaded) == 4 and loaded.dim == 4
-    np.testing.assert_array_equal(loaded.reconstruct(2), [0, 1, 0, 0])
+    assert len(loaded) == 4 and loaded.dim == 4 and loaded.kind == "flat"
+    np.testing.assert_array_equal(loaded.reconstruct(1), [0, 1, 0, 0])
     scores, ids = loaded.search(np.array([0, 0, 1, 0], dtype=np.float32), 1)
-    assert ids.tolist() == [[1]] and scores.tolist() == [[1.0]]
+    assert ids.tolist() == [[2]] and scores.tolist() == [[1.0]]
     with pytest.raises(NotFoundError):
         DenseIndex.load(tmp_path / "missing.faiss")
     (tmp_path / "bad.faiss").write_bytes(b"garbage")
     with pytest.raises(NotFoundError):
         DenseIndex.load(tmp_path / "bad.faiss")
+
+
+def _clustered(rng: np.random.Generator, n: int, d: int, clusters: int = 20) -> np.ndarray:
+    centres = rng.standard_normal((clusters, d))
+    x = centres[rng.integers(0, clusters, n)] + 0.6 * rng.standard_normal((n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _brute(x: np.ndarray, labels: np.ndarray, q: np.ndarray, k: int, allowed=None) -> list[list[int]]:
+    keep = np.ones(len(labels), bool) if allowed is None else np.isin(labels, allowed)
+    s = q @ x[keep].T
+    return [labels[keep][np.argsort(-row, kind="stable")[:k]].tolist() for row in s]
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_exact_search_and_selectors_every_type(kind: str) -> None:
+    rng = np.random.default_rng(3)
+    x, q = _clustered(rng, 600, 24), _clustered(rng, 5, 24)
+    labels = np.arange(600, dtype=np.int64) * 5 + 7
+    idx = DenseIndex.build(x, labels, DenseParams(kind, hnsw_m=8, ef_construction=40, nlist=8, nprobe=2))
+    assert idx.kind == kind and len(idx) == 600 and idx.num_live == 600
+    np.testing.assert_array_equal(idx.labels(), labels)
+    np.testing.assert_allclose(idx.vectors(labels[[3, 9]]), x[[3, 9]], atol=1e-6)
+    for allowed in (None, labels[::3], labels[rng.choice(600, 7, replace=False)], labels[:0]):
+        allowed = None if allowed is None else np.sort(allowed)
+        rows = idx.search_exact(q, 10, allowed=allowed)
+        want = _brute(x, labels, q, 10, allowed)
+        for (got, scores), exp in zip(rows, want):
+            assert got.tolist() == exp
+            assert got.dtype == np.int64 and scores.dtype == np.float32 and (got >= 0).all()
+            assert np.all(np.diff(scores) <= 1e-6)
+        for got, _ in idx.search_ann(q, 10, allowed=allowed, ef_search=200, nprobe=8):
+            assert allowed is None or np.isin(got, allowed).all()
+            assert len(got) <= 10 and (got >= 0).all()
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_delete_in_place_or_tombstones(kind: str, tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    x, q = _clustered(rng, 300, 16), _clustered(rng, 4, 16)
+    labels = np.arange(300, dtype=np.int64)
+    idx = DenseIndex.build(x, labels, DenseParams(kind, nlist=4, hnsw_m=8))
+    gone = labels[:150:2]
+    assert idx.delete(np.concatenate([gone, [10_000]])) == len(gone)  # unknown labels ignored
+    assert idx.delete(gone) == 0
+    if kind == "hnsw":  # no remove_ids in faiss HNSW: tombstones
+        assert len(idx) == 300 and idx.tombstones == frozenset(gone.tolist())
+    else:
+        assert len(idx) == 300 - len(gone) and not idx.tombstones
+    assert idx.num_live == 300 - len(gone)
+    live = labels[~np.isin(labels, gone)]
+    for rows in (idx.search_exact(q, 20), idx.search_ann(q, 20, ef_search=100, nprobe=4),
+                 idx.search_exact(q, 20, allowed=labels[:100])):
+        for got, _ in rows:
+            assert not np.isin(got, gone).any()
+    assert [r[0].tolist() for r in idx.search_exact(q, 5)] == _brute(x, labels, q, 5, live)
+    idx.add(x[:2], np.array([400, 401]))
+    assert idx.num_live == 302 - len(gone)
+    rebuilt = idx.rebuilt()
+    assert len(rebuilt) == rebuilt.num_live == idx.num_live and not rebuilt.tombstones
+    np.testing.assert_array_equal(rebuilt.labels(), np.concatenate([live, [400, 401]]))
+    idx.save(tmp_path / "v.faiss")
+    again = DenseIndex.load(tmp_path / "v.faiss", DenseParams(kind, nlist=4, hnsw_m=8, ef_search=33, nprobe=3))
+    assert again.kind == kind and len(again) == len(idx)
+    assert again.params.ef_search == (33 if kind == "hnsw" else again.params.ef_search)
+    assert again.params.nprobe == (3 if kind == "ivf" else again.params.nprobe)
+
+
+def test_params_validation() -> None:
+    with pytest.raises(ValidationError, match="unknown index type"):
+        DenseParams("annoy")
+    with pytest.raises(ValidationError, match="hnsw_m"):
+        DenseParams("hnsw", hnsw_m=0)
+    with pytest.raises(ValidationError, match="at least 8 vectors"):
+        DenseIndex.build(np.eye(4, dtype=np.float32), np.arange(4), DenseParams("ivf", nlist=8))
+    with pytest.raises(ValidationError, match="must be trained"):
+        DenseIndex(4, DenseParams("ivf"))
+    assert auto_nlist(10) == 1 and auto_nlist(14_485) == 120 and auto_nlist(1_000_000) == 1000
+    assert DenseParams.from_dict({**DenseParams("hnsw").to_dict(), "unknown": 1}) == DenseParams("hnsw")
 
 
 def test_hashing_encoder_is_deterministic_and_normalised() -> None:
@@ -93,3 +178,25 @@ def test_encoder_resolution_without_loading(tmp_path: Path) -> None:
     assert file_sha256(empty / "model.safetensors") == model_sha256(empty)
     enc = SentenceTransformerEncoder()  # constructing does not load the model
     assert enc._model is None and enc.name == "all-MiniLM-L6-v2"
+
+
+def test_default_prefixes(tmp_path: Path) -> None:
+    from index.encoder import default_prefixes
+
+    assert default_prefixes(None) == ("", "")  # packaged all-MiniLM-L6-v2: symmetric, no prefixes
+    for name, expected in [
+        ("multilingual-e5-small", ("query: ", "passage: ")),
+        ("bge-small-en-v1.5", ("Represent this sentence for searching relevant passages: ", "")),
+        ("nomic-embed-text-v1.5", ("search_query: ", "search_document: ")),
+        ("my-model", ("", "")),
+    ]:
+        d = tmp_path / name
+        d.mkdir()
+        assert default_prefixes(d) == expected, name
+    custom = tmp_path / "custom-e5-like"
+    custom.mkdir()
+    (custom / "config_sentence_transformers.json").write_text(
+        '{"prompts": {"query": "Instruct: find papers\\nQuery: ", "document": ""}}'
+    )
+    assert default_prefixes(custom) == ("Instruct: find papers\nQuery: ", "")
+    assert default_prefixes(tmp_path / "missing") == ("", "")

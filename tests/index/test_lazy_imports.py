@@ -9,8 +9,8 @@ import sys
 HEAVY = ["torch", "faiss", "sentence_transformers", "transformers", "bm25s", "datasets", "Stemmer"]
 MODULES = [
     "attnrank.data", "index.bm25", "index.builder", "index.dense", "index.docstore", "index.encoder",
-    "index.hashing", "index.memory", "index.store", "retriever.bm25", "retriever.dense", "retriever.fusion",
-    "retriever.hybrid", "retriever.run",
+    "index.filters", "index.hashing", "index.memory", "index.passages", "index.planner", "index.rwlock",
+    "index.store", "retriever.bm25", "retriever.dense", "retriever.fusion", "retriever.hybrid", "retriever.run",
 ]
 
 

@@ -116,3 +116,63 @@ def test_empty_query_and_duplicate_ids_are_rejected(icr):
         icr.rerank(Query("q", "  "), [Document("a", "x")])
     with pytest.raises(ValidationError):
         icr.rerank(Query("q", "x"), [Document("a", "x"), Document("a", "y")])
+
+
+# -------------------------------------------------------------------- evidence
+def test_content_offsets_align_with_the_prompt(icr):
+    from reranker.prompt import encode_untrusted
+
+    doc = Document("t", "Pure water boils at 100 °C — café über 東京. " + "pad " * 40, "Boiling  point")
+    ids, offsets = icr.content_offsets(doc)
+    assert ids == encode_untrusted(icr.lm.tokenizer, " " + doc.content)[:64]  # what build_prompt places
+    assert len(offsets) == len(ids)
+    tok = icr.lm.tokenizer
+    for tid, (fld, a, b) in zip(ids, offsets):
+        value = {"title": doc.title, "text": doc.text}.get(fld, "")
+        assert 0 <= a <= b <= len(value)
+        piece = tok.decode([tid]).strip()
+        if fld and piece.isascii() and piece:
+            assert value[a:b] == piece
+    assert {f for f, _, _ in offsets} >= {"title", "text"}
+
+
+def test_top_spans_groups_words_and_merges_neighbours():
+    from reranker.icr import _top_spans
+
+    doc = Document("d", "pure water boils at 100 degrees", "Boiling point")
+    # token offsets (field, start, end): "Boil" "ing" | "point" | "pure" | "wa" "ter" | "boils" | "at" | "100" | "degrees"
+    offsets = [("title", 0, 4), ("title", 4, 7), ("title", 8, 13), ("", 0, 0), ("text", 0, 4), ("text", 5, 7),
+               ("text", 7, 10), ("text", 11, 16), ("text", 17, 19), ("text", 20, 23), ("text", 24, 31)]
+    scores = [0.5, 0.25, -1.0, 9.0, 0.1, 1.0, 1.0, 1.5, -0.2, 0.05, 0.3]
+    # words: Boiling .75, point -1, pure .1, water 2, boils 1.5, at -.2, 100 .05, degrees .3
+    (one,) = _top_spans(doc, offsets, scores, max_spans=1)  # best 3 words: water, boils, Boiling
+    assert (one.field, one.text, one.start, one.end) == ("text", "water boils", 5, 16)
+    assert one.score == pytest.approx(3.5)
+    spans = _top_spans(doc, offsets, scores, max_spans=2)  # best 6 positive words, neighbours merged
+    assert [(s.field, s.text) for s in spans] == [("text", "pure water boils"), ("title", "Boiling")]
+    assert [s.score for s in spans] == pytest.approx([3.6, 0.75])
+    assert doc.text[spans[0].start:spans[0].end] == "pure water boils"
+    assert _top_spans(doc, offsets, [-1.0] * len(offsets), max_spans=3) == []  # nothing attended
+
+
+@pytest.mark.slow
+def test_rerank_with_evidence_keeps_scores_and_finds_spans(icr):
+    query, docs, gold = EASY[0]
+    docs = [*docs[:1], Document("d-water", docs[1].text, "Boiling water"), *docs[2:]]
+    plain = icr.rerank(Query("q", query), docs)
+    res = icr.rerank_with_evidence(Query("q", query), docs, max_spans=2)
+    assert res.ranking.to_dict() == plain.ranking.to_dict()  # same pass, same scores
+    evidence = res.details["evidence"]
+    assert set(evidence) == {d.doc_id for d in docs}
+    by_id = {d.doc_id: d for d in docs}
+    for doc_id, spans in evidence.items():
+        assert len(spans) <= 2
+        assert [s.score for s in spans] == sorted((s.score for s in spans), reverse=True)
+        for s in spans:
+            value = by_id[doc_id].title if s.field == "title" else by_id[doc_id].text
+            assert value[s.start:s.end] == s.text and s.text.strip() == s.text and s.score > 0
+    gold_text = " ".join(s.text.lower() for s in evidence[gold])
+    assert "water" in gold_text or "boil" in gold_text
+    assert icr.evidence(Query("q", query), docs[:1]).keys() == {docs[0].doc_id}
+    with pytest.raises(ValidationError):
+        icr.rerank_with_evidence(Query("q", query), docs, max_spans=0)

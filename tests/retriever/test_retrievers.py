@@ -19,10 +19,10 @@ from retriever.hybrid import HybridRetriever
 from retriever.run import RunRetriever
 
 DOCS = [
-    Document("d1", "vitamin d supplements strengthen bone", "Vitamin D"),
-    Document("d2", "statins lower cholesterol and may affect breast cancer", "Statins"),
-    Document("d3", "breast cancer survival after diagnosis", "Cancer"),
-    Document("d4", "running shoes and knee injuries", "Running"),
+    Document("d1", "vitamin d supplements strengthen bone", "Vitamin D", {"topic": "bone", "year": 2019}),
+    Document("d2", "statins lower cholesterol and may affect breast cancer", "Statins", {"topic": "cancer"}),
+    Document("d3", "breast cancer survival after diagnosis", "Cancer", {"topic": ["cancer", "survival"]}),
+    Document("d4", "running shoes and knee injuries", "Running", {"topic": "sport", "year": 2021}),
     Document("d5", "green tea and cholesterol", ""),
 ]
 
@@ -82,14 +82,40 @@ def test_hybrid_is_rrf_of_bm25_and_dense(index: Index) -> None:
         HybridRetriever.from_index(index, nope=1)
 
 
-def test_filters_and_bad_k_are_rejected(index: Index) -> None:
+def test_filters_and_bad_k(index: Index) -> None:
+    from index.filters import FilterError
+
+    cancer = {"must": [{"key": "topic", "match": {"value": "cancer"}}]}
     for name in ("bm25", "dense", "hybrid"):
         r = registry.build_retriever(name, index)
-        with pytest.raises(ValidationError, match="metadata filters are not supported yet"):
-            r.retrieve(QUERIES, 5, filter={"must": [{"key": "year", "match": {"value": 2020}}]})
+        out = r.retrieve(QUERIES, 5, filter=cancer)
+        for ranking in out:
+            assert set(ranking.doc_ids) <= {"d2", "d3"}, name  # only matching documents
+        assert set(r.retrieve([Query("q", "green tea cholesterol")], 5, filter=cancer)[0].doc_ids) <= {"d2", "d3"}
+        with pytest.raises(FilterError, match=r"filter.must\[0\].range: unknown operator 'near'"):
+            r.retrieve(QUERIES, 5, filter={"must": [{"key": "year", "range": {"near": 2020}}]})
         with pytest.raises(ValidationError):
             r.retrieve(QUERIES, 0)
         assert len(r.retrieve(QUERIES, 5, filter={})) == 3  # empty filter = no filter
+        nothing = {"must": [{"key": "no_such_key", "match": {"value": 1}}]}  # not an error: matches nothing
+        assert all(len(x) == 0 for x in r.retrieve(QUERIES, 5, filter=nothing))
+    (dense,) = registry.build_retriever("dense", index).retrieve([Query("q", "knee")], 5, filter=cancer)
+    assert sorted(dense.doc_ids) == ["d2", "d3"]  # dense: min(k, matching) hits, whatever the query
+
+
+def test_weighted_hybrid(index: Index) -> None:
+    from retriever.fusion import weighted_score_fusion
+
+    h = HybridRetriever.from_index(index, fusion="weighted", weights=[0.7, 0.3], depth=5)
+    bm25 = BM25Retriever.from_index(index).retrieve(QUERIES, 5)
+    dense = DenseRetriever.from_index(index).retrieve(QUERIES, 5)
+    out = h.retrieve(QUERIES, k=3)
+    for i in range(len(QUERIES)):
+        assert out[i] == weighted_score_fusion([bm25[i], dense[i]], 3, [0.7, 0.3])
+    with pytest.raises(ValidationError, match="unknown fusion"):
+        HybridRetriever.from_index(index, fusion="max")
+    with pytest.raises(ValidationError, match="one weight per retriever"):
+        HybridRetriever.from_index(index, fusion="weighted", weights=[1.0])
 
 
 def test_bm25_only_index_has_no_dense() -> None:
@@ -110,19 +136,35 @@ def test_run_retriever() -> None:
     assert out[1] == Ranking("zz")
     run["q1"]["e"] = 9.0  # the caller's mapping is copied
     assert r.retrieve([Query("q1", "")], 1)[0].doc_ids == ["b"]
-    with pytest.raises(ValidationError):
-        r.retrieve([Query("q1", "")], 1, filter={"must": []})
+    assert r.retrieve([Query("q1", "")], 1, filter={"must": []})[0].doc_ids == ["b"]  # empty = no filter
+    with pytest.raises(ValidationError, match="cannot apply a metadata filter"):
+        r.retrieve([Query("q1", "")], 1, filter={"must": [{"has_id": ["b"]}]})
 
 
-@settings(max_examples=40, deadline=None)
+FILTERS = [
+    None,
+    {"must": [{"key": "topic", "match": {"value": "cancer"}}]},
+    {"must_not": [{"key": "topic", "match": {"any": ["cancer", "bone"]}}]},
+    {"should": [{"key": "year", "range": {"gte": 2020}}, {"is_empty": {"key": "topic"}}]},
+    {"must": [{"has_id": ["d1", "d5"]}]},
+]
+
+
+@settings(max_examples=60, deadline=None)
 @given(
     words=st.lists(st.sampled_from(["breast", "cancer", "vitamin", "bone", "tea", "knee", "zzz"]), max_size=4),
     k=st.integers(1, 8),
     name=st.sampled_from(["bm25", "dense", "hybrid"]),
+    flt=st.sampled_from(FILTERS),
 )
-def test_retriever_invariants(index: Index, words: list[str], k: int, name: str) -> None:
+def test_retriever_invariants(index: Index, words: list[str], k: int, name: str, flt) -> None:
+    from index.filters import matches, parse_filter
+
     r = registry.build_retriever(name, index)
-    (out,) = r.retrieve([Query("q", " ".join(words))], k)
+    (out,) = r.retrieve([Query("q", " ".join(words))], k, filter=flt)
+    f = parse_filter(flt)
+    allowed = {d.doc_id for d in DOCS if matches(f, d.doc_id, d.metadata)}
+    assert set(out.doc_ids) <= allowed  # the filter is always satisfied
     assert out.query_id == "q"
     assert len(out) <= min(k, len(DOCS))
     assert len(set(out.doc_ids)) == len(out)
@@ -130,5 +172,5 @@ def test_retriever_invariants(index: Index, words: list[str], k: int, name: str)
     assert keys == sorted(keys)
     assert set(out.doc_ids) <= {d.doc_id for d in DOCS}
     if name == "dense":
-        assert len(out) == min(k, len(DOCS))
+        assert len(out) == min(k, len(allowed))
     assert isinstance(out.hits[0], ScoredDoc) if len(out) else True

@@ -1,0 +1,298 @@
+"""Bounded inference pools: blocking pipeline work off the event loop, admission by queue size.
+
+A :class:`InferencePool` owns ``workers`` threads and a FIFO queue of at most
+``queue_size`` waiting jobs. :meth:`InferencePool.run` admits a job when a worker is idle
+or the queue has room, and otherwise raises :class:`~attnrank.errors.OverloadedError`
+(HTTP 429) at once, so that many clients get answers or a quick 429, never an unbounded
+wait. Jobs start in arrival order (first come, first served). A job whose caller stopped
+waiting (deadline passed, request cancelled) before it started is dropped unrun.
+
+The service runs two pools (see :mod:`api.runtime`): ``search`` for first-stage-only
+searches (cheap, several threads) and ``rerank`` for anything that runs the language
+model (one model instance shared, ``ATTNRANK_WORKERS`` threads).
+
+Example:
+    >>> pool = InferencePool("rerank", workers=1, queue_size=8)
+    >>> result = await pool.run(pipeline.search, query, options, units=20)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnrank.errors import OverloadedError, UnhealthyError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    units: float
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():  # the caller gave up (deadline, cancellation)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class InferencePool:
+    """A fixed set of worker threads with a bounded FIFO queue.
+
+    Args:
+        name: Pool name (metrics label, messages).
+        workers: Worker threads (>= 1).
+        queue_size: Jobs that may wait while every worker is busy (>= 0).
+        max_wait: Refuse (429) a job whose estimated wait for a worker is longer than this
+            many seconds, even when the queue has room (``None``: no limit). The estimate
+            is the running mean of seconds per unit times the units queued and running,
+            shared by the workers; it exists once a job has finished.
+        observe: Called as ``observe(stage, seconds)`` with ``"queue_wait"`` and
+            ``"run"`` times of each job, and ``("rejected", 0.0)`` for each refusal
+            (metrics); exceptions in it are logged.
+        ewma_alpha: Weight of the newest job in the running mean of seconds per unit.
+
+    Attributes:
+        rejected: Jobs refused because the queue was full.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        workers: int,
+        queue_size: int,
+        *,
+        max_wait: float | None = None,
+        observe: Callable[[str, float], None] | None = None,
+        ewma_alpha: float = 0.2,
+    ) -> None:
+        if workers < 1 or queue_size < 0:
+            raise ValueError(f"workers must be >= 1 and queue_size >= 0, got {workers}, {queue_size}")
+        self.name = name
+        self.workers = workers
+        self.queue_size = queue_size
+        self.max_wait = max_wait
+        self.observe = observe
+        self.ewma_alpha = ewma_alpha
+        self.rejected = 0
+        self._queue: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._idle = 0
+        self._busy_units = 0.0
+        self._queued_units = 0.0
+        self._seconds_per_unit: float | None = None
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> InferencePool:
+        """Start the worker threads (idempotent); returns once they wait for jobs."""
+        with self._cond:
+            if self._threads:
+                return self
+            for i in range(self.workers):
+                t = threading.Thread(target=self._work, name=f"attnrank-{self.name}-{i}", daemon=True)
+                self._threads.append(t)
+            for t in self._threads:
+                t.start()
+            # capacity counts idle workers: return once every worker waits for a job
+            self._cond.wait_for(lambda: self._idle == self.workers, timeout=10)
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Refuse new jobs, fail the waiting ones with :class:`UnhealthyError`, stop the
+        workers (a running job finishes; waits at most ``timeout`` seconds per worker)."""
+        with self._cond:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._queued_units = 0.0
+            self._cond.notify_all()
+        for job in pending:
+            self._resolve(job, None, UnhealthyError("the service is shutting down"))
+        for t in self._threads:
+            t.join(timeout)
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        """Jobs waiting for a worker."""
+        return len(self._queue)
+
+    @property
+    def busy(self) -> int:
+        """Workers running a job."""
+        with self._cond:
+            return len(self._threads) - self._idle if self._threads else 0
+
+    def seed(self, seconds_per_unit: float) -> None:
+        """Start the running mean from a measurement (e.g. a warm-up call) instead of
+        waiting for the first job, so that admission by ``max_wait`` and deadline
+        estimates work from the first request on."""
+        with self._cond:
+            self._seconds_per_unit = float(seconds_per_unit)
+
+    @property
+    def seconds_per_unit(self) -> float | None:
+        """Running mean of job seconds per unit of work (``None`` before the first job)."""
+        return self._seconds_per_unit
+
+    def estimate_seconds(self, units: float) -> float | None:
+        """Estimated seconds until a job of ``units`` submitted now would finish: the work
+        queued and running, shared by the workers, plus its own; ``None`` before any job
+        has finished (nothing to estimate from)."""
+        with self._cond:
+            return self._estimate(units)
+
+    def _estimate(self, units: float) -> float | None:  # caller holds self._cond
+        spu = self._seconds_per_unit
+        if spu is None:
+            return None
+        return spu * ((self._queued_units + self._busy_units) / self.workers + units)
+
+    # -- submission ------------------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], *args: Any, units: float = 1.0) -> asyncio.Future:
+        """Queue ``fn(*args)``; returns a future of the running event loop. Cancel the
+        future to drop the job if it has not started.
+
+        Raises:
+            OverloadedError: every worker is busy and ``queue_size`` jobs already wait, or
+                the estimated wait exceeds ``max_wait``.
+            UnhealthyError: the pool is closed.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        job = _Job(fn, args, future, loop, float(units))
+        refusal = None
+        with self._cond:
+            if self._closed:
+                raise UnhealthyError("the service is shutting down")
+            wait = self._estimate(0.0)
+            no_idle_worker = len(self._queue) >= self._idle
+            if len(self._queue) >= self.queue_size + self._idle:
+                refusal = OverloadedError(
+                    f"the {self.name} queue is full ({self.workers} busy, {len(self._queue)} waiting); retry later",
+                    retry_after=wait if wait is not None else 1.0,
+                )
+            elif self.max_wait is not None and wait is not None and wait > self.max_wait and no_idle_worker:
+                refusal = OverloadedError(
+                    f"the {self.name} queue is full: the estimated wait of {wait:.1f} s is over the limit of "
+                    f"{self.max_wait:g} s; retry later",
+                    retry_after=wait - self.max_wait,
+                )
+            else:
+                self._queue.append(job)
+                self._queued_units += job.units
+                self._cond.notify()
+                return future
+            self.rejected += 1
+        self._report("rejected", 0.0)
+        raise refusal
+
+    async def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        units: float = 1.0,
+        timeout: float | None = None,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> Any:
+        """Run ``fn(*args)`` on a worker and return its result (or raise its exception).
+
+        Args:
+            units: Size of the job (e.g. documents reranked) for the time estimate.
+            timeout: Seconds to wait; then :class:`TimeoutError` is raised and the job is
+                dropped if it has not started (a started job runs to its end, unseen).
+            is_disconnected: Polled every ``disconnect_poll`` seconds while the job waits
+                (e.g. ``request.is_disconnected``): a job whose client went away is
+                dropped before it starts, and :class:`asyncio.CancelledError` is raised.
+
+        Raises:
+            OverloadedError: the queue is full.
+            TimeoutError: ``timeout`` passed.
+        """
+        future = self.submit(fn, *args, units=units)
+        watcher = None
+        if is_disconnected is not None:
+            watcher = asyncio.create_task(self._watch(future, is_disconnected))
+        try:
+            if timeout is None:
+                return await future
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    disconnect_poll = 0.5
+
+    async def _watch(self, future: asyncio.Future, is_disconnected: Callable[[], Awaitable[bool]]) -> None:
+        while not future.done():
+            await asyncio.sleep(self.disconnect_poll)
+            if not future.done() and await is_disconnected():
+                logger.info("%s: client went away; dropping its job", self.name)
+                future.cancel()
+                return
+
+    # -- workers ---------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                if self._idle == self.workers:
+                    self._cond.notify_all()  # start() waits for every worker to be idle
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                self._idle -= 1
+                if self._closed and not self._queue:
+                    return
+                job = self._queue.popleft()
+                self._queued_units -= job.units
+                if job.future.cancelled():  # the caller stopped waiting before the job started
+                    continue
+                self._busy_units += job.units
+            started = time.perf_counter()
+            result, error = None, None
+            try:
+                result = job.fn(*job.args)
+            except BaseException as exc:  # handed to the caller, who maps it to an error body
+                error = exc
+            seconds = time.perf_counter() - started
+            with self._cond:
+                self._busy_units -= job.units
+                if error is None and job.units > 0:
+                    spu = seconds / job.units
+                    prev = self._seconds_per_unit
+                    self._seconds_per_unit = spu if prev is None else prev + self.ewma_alpha * (spu - prev)
+            self._report("queue_wait", started - job.enqueued)
+            self._report("run", seconds)
+            self._resolve(job, result, error)
+
+    def _report(self, stage: str, seconds: float) -> None:
+        if self.observe is None:
+            return
+        try:
+            self.observe(stage, seconds)
+        except Exception:  # pragma: no cover - metrics must never break inference
+            logger.exception("metrics observer failed")
+
+    @staticmethod
+    def _resolve(job: _Job, result: Any, error: BaseException | None) -> None:
+        try:
+            job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+        except RuntimeError:  # the event loop is closed: nobody is waiting any more
+            pass

@@ -1,0 +1,172 @@
+"""``POST /rerank``: Cohere v2 compatible reranking of the documents in the request.
+
+Request: ``{model?, query, documents: [str | {text}], top_n?, max_tokens_per_doc?,
+return_documents?, deadline_ms?}``; response: ``{id, results: [{index, relevance_score,
+document?}], meta}`` with results best first (see :class:`api.schemas.CohereRerankResponse`
+for the meaning and range of ``relevance_score``).
+
+With ``deadline_ms``, a request whose reranking would finish too late (estimated from
+the running mean of seconds per document and the work queued ahead, or noticed when the
+deadline passes, or the queue is full) is answered in the given (first-stage) order with
+``meta.reranked = false`` and ``meta.deadline_exceeded = true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from api.deps import ReadyRuntimeDep, SettingsDep
+from api.runtime import Runtime, lm_name, served_model_ids
+from api.schemas import (
+    CohereRerankMeta,
+    CohereRerankRequest,
+    CohereRerankResponse,
+    CohereRerankResult,
+    ErrorBody,
+    RerankedDocument,
+    TokenCounts,
+)
+from attnrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
+from attnrank.pipeline import NO_RERANK
+from attnrank.protocols import RerankResult
+from attnrank.settings import Settings
+from attnrank.types import Document, Query
+
+router = APIRouter(tags=["rerank"])
+
+_ERRORS = {
+    401: {"model": ErrorBody, "description": "Missing or wrong API key (when the service has one)."},
+    413: {"model": ErrorBody, "description": "Body, document count or document length over the limits."},
+    422: {"model": ErrorBody, "description": "Invalid request (empty query or documents, unknown model, ...)."},
+    429: {"model": ErrorBody, "description": "Inference queue full (overloaded); retry after Retry-After seconds."},
+    503: {"model": ErrorBody, "description": "Models still loading (unhealthy) or no reranker (model_unavailable)."},
+}
+
+
+def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[str], int | None, list[str]]:
+    """Texts, the ``max_doc_tokens`` to use (``None`` = the service's) and warnings.
+
+    Raises:
+        PayloadTooLargeError: too many documents or a document too long.
+        ValidationError: unknown ``model``, unsupported ``rank_fields``.
+        ModelLoadError: the service has no reranker.
+    """
+    if settings.rerank_method == NO_RERANK:
+        raise ModelLoadError("this service has no reranker (ATTNRANK_RERANK_METHOD=none)")
+    if body.model is not None and body.model not in served_model_ids(settings):
+        raise ValidationError(
+            f"model {body.model!r} is not served here; omit it or use one of {served_model_ids(settings)}"
+        )
+    if body.rank_fields is not None and body.rank_fields != ["text"]:
+        raise ValidationError(f"rank_fields {body.rank_fields} is not supported; documents are ranked on 'text'")
+    texts = body.texts()
+    if len(texts) > settings.max_documents:
+        raise PayloadTooLargeError(f"{len(texts)} documents is over the limit of {settings.max_documents} per request")
+    for i, text in enumerate(texts):
+        if len(text) > settings.max_document_chars:
+            raise PayloadTooLargeError(
+                f"documents[{i}] has {len(text)} characters, over the limit of {settings.max_document_chars}"
+            )
+    warnings: list[str] = []
+    max_doc_tokens = None
+    if body.max_tokens_per_doc is not None:
+        if body.max_tokens_per_doc >= settings.max_doc_tokens:
+            if body.max_tokens_per_doc > settings.max_doc_tokens:
+                warnings.append(f"max_tokens_per_doc {body.max_tokens_per_doc} clamped to this service's "
+                                f"{settings.max_doc_tokens}")
+        else:
+            max_doc_tokens = body.max_tokens_per_doc
+    if body.top_n is not None and body.top_n > len(texts):
+        warnings.append(f"top_n {body.top_n} is more than the {len(texts)} documents; all are returned")
+    return texts, max_doc_tokens, warnings
+
+
+def _doc_ids(n: int) -> list[str]:
+    width = len(str(max(0, n - 1)))
+    return [f"{i:0{width}d}" for i in range(n)]  # zero-padded: ties keep the given order
+
+
+async def _rerank(runtime: Runtime, settings: Settings, query: Query, docs: list[Document],
+                  max_doc_tokens: int | None, deadline: float | None, t0: float,
+                  is_disconnected: Any = None) -> tuple[RerankResult | None, str | None]:
+    """The reranker's result, or ``(None, reason)`` when the deadline stops it."""
+    cache = runtime.rerankers
+    if cache is None:
+        raise ModelLoadError("this service has no reranker")
+    pool = runtime.pools["rerank"]
+    if deadline is not None:
+        estimate = pool.estimate_seconds(len(docs))
+        if estimate is not None and estimate > deadline:
+            return None, "estimate"
+    remaining = None if deadline is None else max(0.0, deadline - (time.perf_counter() - t0))
+    try:
+        result = await pool.run(cache.rerank, query, docs, settings.rerank_method, None, max_doc_tokens,
+                                units=len(docs), timeout=remaining, is_disconnected=is_disconnected)
+    except OverloadedError:
+        if deadline is None:
+            raise
+        return None, "overloaded"
+    except (TimeoutError, asyncio.TimeoutError):
+        return None, "timeout"
+    return result, None
+
+
+@router.post("/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
+             responses=_ERRORS, summary="Rerank documents (Cohere v2 compatible)")
+async def rerank(
+    body: CohereRerankRequest, request: Request, runtime: ReadyRuntimeDep, settings: SettingsDep
+) -> CohereRerankResponse:
+    """Rank ``documents`` by relevance to ``query`` with the service's reranker.
+
+    Results are sorted by ``relevance_score``, best first, cut to ``top_n``; ``index``
+    points into the request's ``documents``. Runs in the bounded ``rerank`` pool: a full
+    queue answers 429 ``overloaded`` at once (with ``deadline_ms``: the given order instead).
+    """
+    t0 = time.perf_counter()
+    texts, max_doc_tokens, warnings = check_request(body, settings)
+    ids = _doc_ids(len(texts))
+    docs = [Document(doc_id, text) for doc_id, text in zip(ids, texts)]
+    query = Query("rerank", body.query)
+    deadline = body.deadline_ms / 1000.0 if body.deadline_ms is not None else None
+    result, reason = await _rerank(runtime, settings, query, docs, max_doc_tokens, deadline, t0,
+                                   request.is_disconnected)
+    position = {doc_id: i for i, doc_id in enumerate(ids)}
+    total = time.perf_counter() - t0
+    if result is None:
+        runtime.metrics.deadline_fallbacks.labels(reason).inc()
+        warnings.append(
+            f"deadline_ms {body.deadline_ms} would be exceeded ({reason}); documents are in the given order"
+        )
+        order = [(i, 1.0 / (1 + i)) for i in range(len(texts))]
+        timings = {"queue": 0.0, "rerank": 0.0, "total": total}
+        tokens, truncated = 0, []
+    else:
+        order = [(position[h.doc_id], float(h.score)) for h in result.ranking.hits]
+        rerank_seconds = float(result.seconds)
+        runtime.metrics.stage_seconds.labels("rerank").observe(rerank_seconds)
+        timings = {"queue": max(0.0, total - rerank_seconds), "rerank": rerank_seconds, "total": total}
+        tokens, truncated = int(result.prompt_tokens), sorted(position[d] for d in result.truncated)
+    if body.top_n is not None:
+        order = order[: body.top_n]
+    results = [
+        CohereRerankResult(index=i, relevance_score=score,
+                           document=RerankedDocument(text=texts[i]) if body.return_documents else None)
+        for i, score in order
+    ]
+    meta = CohereRerankMeta(
+        tokens=TokenCounts(input_tokens=tokens),
+        warnings=warnings,
+        model=f"{lm_name(settings.model)}/{settings.rerank_method}",
+        method=settings.rerank_method,
+        reranked=result is not None,
+        deadline_exceeded=result is None,
+        truncated=truncated,
+        timings=timings,
+    )
+    return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)

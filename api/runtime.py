@@ -1,0 +1,227 @@
+"""What the service holds while it runs: collections, the shared reranker cache, the
+inference pools, metrics and the model-loading state.
+
+Start-up (:meth:`Runtime.open`, called by the app's lifespan) opens every collection's
+index (a missing index fails start-up), starts the pools, and starts loading the
+configured reranker's model in a background thread; until it is loaded, ``status`` is
+``"loading"`` and compute routes answer 503 ``unhealthy``. Then ``"ok"``, or ``"failed"``
+(with the error) if loading failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from api.inference import InferencePool
+from api.metrics import Metrics
+from attnrank.errors import NotFoundError, UnhealthyError
+from attnrank.pipeline import NO_RERANK, Pipeline, RerankerCache, reranker_factory
+from attnrank.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+Status = Literal["loading", "ok", "failed"]
+
+
+class Runtime:
+    """Collections, reranker cache, pools, metrics and readiness of one app.
+
+    Args:
+        settings: Service settings.
+        collections: Pipelines by collection name, the default collection included.
+        owned: Names of the collections this runtime opened (and closes).
+    """
+
+    def __init__(self, settings: Settings, collections: Mapping[str, Pipeline], owned: set[str] | None = None) -> None:
+        if settings.default_collection not in collections:
+            raise ValueError(f"the default collection {settings.default_collection!r} is missing")
+        self.settings = settings
+        self.collections = dict(collections)
+        self.owned = set(owned or ())
+        default = self.collections[settings.default_collection]
+        self.rerankers: RerankerCache | None = default.rerankers
+        self.metrics = Metrics()
+        self.pools = {
+            "search": InferencePool("search", settings.search_workers, settings.search_queue_size,
+                                    observe=self.metrics.observer("search")),
+            "rerank": InferencePool("rerank", settings.workers, settings.queue_size,
+                                    max_wait=settings.max_queue_wait_s, observe=self.metrics.observer("rerank")),
+        }
+        self.metrics.watch_pools(self.pools)
+        self.status: Status = "loading"
+        self.error: str | None = None
+        self.started = time.time()
+        self.load_seconds: float | None = None
+        self._loader: threading.Thread | None = None
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def open(cls, settings: Settings, pipeline: Pipeline | None = None,
+             collections: Mapping[str, Pipeline] | None = None) -> Runtime:
+        """Open the configured collections (blocking: run it in a thread).
+
+        Args:
+            settings: Service settings (``index``, ``collections``, reranker).
+            pipeline: A ready pipeline for the default collection (not closed on shutdown).
+            collections: Ready pipelines of named collections (not closed on shutdown);
+                configured collections missing here are opened from their directories.
+
+        Raises:
+            NotFoundError, IndexMismatchError: an index that cannot be opened.
+        """
+        given = dict(collections or {})
+        if pipeline is not None:
+            given[settings.default_collection] = pipeline
+        dirs = settings.collection_dirs()
+        shared = next((p.rerankers for p in given.values() if p.rerankers is not None), None)
+        if shared is None:
+            shared = RerankerCache(reranker_factory(settings.pipeline_config().reranker))
+        opened: dict[str, Pipeline] = {}
+        try:
+            for name, path in dirs.items():
+                if name in given:
+                    continue
+                logger.info("opening collection %r (%s)", name, path)
+                opened[name] = Pipeline.from_config(settings.pipeline_config(path), rerankers=shared)
+        except BaseException:
+            for p in opened.values():
+                p.close()
+            raise
+        ordered = {name: given.get(name) or opened[name] for name in dirs}
+        ordered.update({k: v for k, v in given.items() if k not in ordered})
+        return cls(settings, ordered, owned=set(opened))
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the pools and load the models in the background."""
+        for pool in self.pools.values():
+            pool.start()
+        method = self.settings.rerank_method
+        if not self.settings.preload or method == NO_RERANK or self.rerankers is None:
+            self._set_status("ok")
+            return
+        self._loader = threading.Thread(target=self._load, args=(method,), name="attnrank-loader", daemon=True)
+        self._loader.start()
+
+    def _warm_encoders(self) -> None:
+        """Load the dense query encoders of the collections that have vectors (they load
+        lazily otherwise, on the first dense search)."""
+        for name, p in self.collections.items():
+            index = p.index
+            if index is None or "dense" not in p.retrievers:
+                continue
+            try:
+                _ = index.encoder.model
+            except Exception as exc:  # dense search will report it; BM25 still works
+                logger.warning("collection %r: loading the query encoder failed: %s", name, exc)
+
+    def _load(self, method: str) -> None:
+        t0 = time.perf_counter()
+        if self.settings.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(self.settings.torch_threads)
+        self._warm_encoders()
+        try:
+            logger.info("loading reranker %r", method)
+            reranker = self.rerankers.get(method)[0]  # type: ignore[union-attr]
+            load = getattr(reranker, "load", None)
+            if callable(load):
+                load()
+            if self.settings.warmup:
+                self._warm_up(reranker)
+        except Exception as exc:
+            logger.exception("loading reranker %r failed", method)
+            self.error = f"loading reranker {method!r} failed: {exc}"
+            self._set_status("failed")
+            return
+        self.load_seconds = time.perf_counter() - t0
+        logger.info("reranker %r ready in %.1f s", method, self.load_seconds)
+        self._set_status("ok")
+
+    WARMUP_DOCUMENTS = 4
+
+    def _warm_up(self, reranker: Any) -> None:
+        """One reranking of ``WARMUP_DOCUMENTS`` passages of about 100 words (first-call
+        costs out of the way) whose time seeds the rerank pool's seconds-per-document."""
+        from attnrank.types import Document, Query
+
+        words = ("attention reranking reads which passages a language model looks at when it reads a query "
+                 "and scores each passage by the attention it draws ").split()
+        docs = [Document(f"warmup-{i}", " ".join(words[(i + j) % len(words)] for j in range(100)))
+                for i in range(self.WARMUP_DOCUMENTS)]
+        t0 = time.perf_counter()
+        reranker.rerank(Query("warmup", "which passages does the model attend to"), docs)
+        seconds = time.perf_counter() - t0
+        self.pools["rerank"].seed(seconds / len(docs))
+        logger.info("warm-up reranking of %d documents took %.2f s", len(docs), seconds)
+
+    def _set_status(self, status: Status) -> None:
+        self.status = status
+        self.metrics.ready.set(1 if status == "ok" else 0)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until loading has ended (ok or failed); whether it did within ``timeout``."""
+        if self._loader is not None:
+            self._loader.join(timeout)
+        return self.status != "loading"
+
+    def close(self) -> None:
+        """Stop the pools (waiting jobs fail with 503) and close the collections opened here."""
+        for pool in self.pools.values():
+            pool.close()
+        for name in self.owned:
+            try:
+                self.collections[name].close()
+            except Exception:  # pragma: no cover - best effort at shutdown
+                logger.exception("closing collection %r failed", name)
+
+    # -- requests --------------------------------------------------------------------
+    def require_ready(self) -> None:
+        """Raises UnhealthyError (503) while models load or after loading failed."""
+        if self.status == "loading":
+            raise UnhealthyError("models are still loading; retry shortly (GET /health says when they are ready)")
+        if self.status == "failed":
+            raise UnhealthyError(f"the service is unhealthy: {self.error}")
+
+    def pipeline(self, collection: str | None) -> Pipeline:
+        """The pipeline of ``collection`` (default collection when ``None``).
+
+        Raises:
+            NotFoundError: unknown collection; the message lists the known ones.
+        """
+        name = collection or self.settings.default_collection
+        try:
+            return self.collections[name]
+        except KeyError:
+            raise NotFoundError(f"unknown collection {name!r}; choose one of {sorted(self.collections)}") from None
+
+    def describe(self) -> dict[str, Any]:
+        """Collections with live document counts (for ``/info``)."""
+        out = {}
+        for name, p in self.collections.items():
+            try:
+                count = len(p.docstore)
+            except Exception:  # pragma: no cover - a store that cannot count
+                count = None
+            out[name] = {**dict(p.describe_index), "num_docs": count, "retrievers": sorted(p.retrievers)}
+        return out
+
+
+def lm_name(model: str | None) -> str:
+    """Short name of a reranker LM setting: the packaged name, or a directory's name."""
+    from pathlib import Path
+
+    if model is None:
+        return "smollm2-135m-instruct"
+    return Path(model).name or model
+
+
+def served_model_ids(settings: Settings) -> list[str]:
+    """The ``model`` values ``POST /rerank`` accepts: method, LM name, ``<lm>/<method>``."""
+    lm = lm_name(settings.model)
+    return [settings.rerank_method, lm, f"{lm}/{settings.rerank_method}"]

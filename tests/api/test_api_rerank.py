@@ -1,0 +1,166 @@
+"""POST /rerank: the Cohere v2 request and response, with the fake reranker (shorter documents
+score higher: 1 / len(text))."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api_fakes import FakeReranker, SlowReranker
+
+DOCS = ["a long document about apples and orchards", "short", "a medium document", "tiny!"]
+BY_LENGTH = sorted(range(len(DOCS)), key=lambda i: (len(DOCS[i]), i))  # the fake's order
+
+
+def _error(r, status: int, error_type: str) -> str:
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error", "error_type"} and r.json()["error_type"] == error_type
+    return r.json()["error"]
+
+
+def test_cohere_v2_shape(client):
+    r = client.post("/rerank", json={"model": "fake", "query": "apples", "documents": DOCS})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"id", "results", "meta"}
+    uuid.UUID(body["id"])
+    assert [x["index"] for x in body["results"]] == BY_LENGTH
+    assert all(set(x) == {"index", "relevance_score"} for x in body["results"])  # no document unless asked
+    scores = [x["relevance_score"] for x in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert scores[0] == pytest.approx(1 / len(DOCS[BY_LENGTH[0]]))
+    meta = body["meta"]
+    assert meta["api_version"] == {"version": "2"}
+    assert meta["billed_units"] == {"search_units": 1}
+    assert meta["tokens"]["input_tokens"] > 0
+    assert meta["method"] == "fake" and meta["model"] == "smollm2-135m-instruct/fake"
+    assert meta["reranked"] is True and meta["deadline_exceeded"] is False
+    assert meta["warnings"] == []
+    assert set(meta["timings"]) == {"queue", "rerank", "total"}
+
+
+def test_top_n_return_documents_and_object_documents(client):
+    docs = [{"text": t, "id": f"doc-{i}"} if i % 2 else t for i, t in enumerate(DOCS)]
+    r = client.post("/rerank", json={"query": "apples", "documents": docs, "top_n": 2, "return_documents": True})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == BY_LENGTH[:2]
+    assert [x["document"] for x in results] == [{"text": DOCS[i]} for i in BY_LENGTH[:2]]
+
+
+def test_top_n_beyond_documents_returns_all_with_a_warning(client):
+    body = client.post("/rerank", json={"query": "apples", "documents": DOCS, "top_n": 10}).json()
+    assert len(body["results"]) == len(DOCS)
+    assert "top_n 10" in body["meta"]["warnings"][0]
+
+
+@pytest.mark.parametrize("model", ["fake", "smollm2-135m-instruct", "smollm2-135m-instruct/fake"])
+def test_model_names_accepted(client, model):
+    assert client.post("/rerank", json={"model": model, "query": "a", "documents": ["x"]}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        ({"model": "rerank-v3.5", "query": "a", "documents": ["x"]}, "not served here"),
+        ({"query": "a", "documents": []}, "documents"),
+        ({"query": " ", "documents": ["x"]}, "query must not be empty"),
+        ({"documents": ["x"]}, "query"),
+        ({"query": "a", "documents": [{"title": "no text"}]}, "documents"),
+        ({"query": "a", "documents": ["x"], "top_n": 0}, "top_n"),
+        ({"query": "a", "documents": ["x"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+        ({"query": "a", "documents": ["x"], "deadline_ms": 0}, "deadline_ms"),
+        ({"query": "a", "documents": ["x"], "rank_fields": ["title"]}, "rank_fields"),
+        ({"query": "a", "documents": ["x"], "colour": "red"}, "colour"),
+    ],
+)
+def test_422(client, payload, needle):
+    assert needle in _error(client.post("/rerank", json=payload), 422, "validation")
+
+
+def test_max_tokens_per_doc_builds_a_reranker_with_that_budget(client, settings, pipeline):
+    r = client.post("/rerank", json={"query": "a", "documents": ["x", "y"], "max_tokens_per_doc": 7})
+    assert r.status_code == 200, r.text
+    built = [rr for name, rr in pipeline.loaded_rerankers().items() if "max_doc_tokens=7" in name]
+    assert len(built) == 1 and built[0].config.max_doc_tokens == 7
+    r = client.post("/rerank", json={"query": "a", "documents": ["x"], "max_tokens_per_doc": 100_000})
+    assert f"clamped to this service's {settings.max_doc_tokens}" in r.json()["meta"]["warnings"][0]
+
+
+def test_truncated_lists_indices(client):
+    docs = ["x" * 80, "short", "y" * 90]  # the fake reports content over 60 characters as truncated
+    assert client.post("/rerank", json={"query": "a", "documents": docs}).json()["meta"]["truncated"] == [0, 2]
+
+
+def test_no_reranker_is_503(settings, pipeline):
+    settings = settings.model_copy(update={"rerank_method": "none"})
+    with TestClient(create_app(settings, pipeline=pipeline)) as client:
+        r = client.post("/rerank", json={"query": "a", "documents": ["x"]})
+        assert "no reranker" in _error(r, 503, "model_unavailable")
+
+
+# -------------------------------------------------------------------- deadline_ms
+@pytest.fixture
+def slow_client(settings, pipeline):
+    settings = settings.model_copy(update={"rerank_method": "slow", "workers": 1, "queue_size": 4})
+    with TestClient(create_app(settings, pipeline=pipeline)) as c:
+        assert c.app.state.runtime.wait_ready(10)
+        yield c
+
+
+def _fallback(body: dict, n: int) -> None:
+    assert body["meta"]["reranked"] is False and body["meta"]["deadline_exceeded"] is True
+    assert "deadline_ms" in body["meta"]["warnings"][-1]
+    assert [x["index"] for x in body["results"]] == list(range(n))
+    assert [x["relevance_score"] for x in body["results"]] == pytest.approx([1 / (1 + i) for i in range(n)])
+
+
+def test_deadline_passes_answers_in_given_order(slow_client):
+    SlowReranker.delay = 0.5
+    r = slow_client.post("/rerank", json={"query": "apples", "documents": DOCS, "deadline_ms": 50})
+    assert r.status_code == 200, r.text
+    _fallback(r.json(), len(DOCS))
+    assert 'attnrank_deadline_fallbacks_total{reason="timeout"} 1.0' in slow_client.get("/metrics").text
+
+
+def test_deadline_estimate_skips_reranking_at_once(slow_client):
+    SlowReranker.delay = 0.2
+    first = slow_client.post("/rerank", json={"query": "apples", "documents": DOCS}).json()  # teaches the estimate
+    assert first["meta"]["reranked"] is True
+    started = SlowReranker.started
+    r = slow_client.post("/rerank", json={"query": "apples", "documents": DOCS, "deadline_ms": 20, "top_n": 2})
+    _fallback(r.json(), 2)
+    assert SlowReranker.started == started  # never queued
+    assert 'attnrank_deadline_fallbacks_total{reason="estimate"} 1.0' in slow_client.get("/metrics").text
+
+
+def test_generous_deadline_reranks(slow_client):
+    body = slow_client.post("/rerank", json={"query": "apples", "documents": DOCS, "deadline_ms": 20_000}).json()
+    assert body["meta"]["reranked"] is True
+    assert [x["index"] for x in body["results"]] == BY_LENGTH
+
+
+def test_full_queue_with_deadline_answers_in_given_order(settings, pipeline):
+    SlowReranker.gate = threading.Event()
+    settings = settings.model_copy(update={"rerank_method": "slow", "workers": 1, "queue_size": 0})
+    with TestClient(create_app(settings, pipeline=pipeline)) as client:
+        assert client.app.state.runtime.wait_ready(10)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as ex:
+            busy = ex.submit(client.post, "/rerank", json={"query": "a", "documents": ["x"]})
+            pool = client.app.state.runtime.pools["rerank"]
+            import time
+
+            while pool.busy < 1:
+                time.sleep(0.01)
+            r = client.post("/rerank", json={"query": "a", "documents": DOCS, "deadline_ms": 5000})
+            _fallback(r.json(), len(DOCS))
+            _error(client.post("/rerank", json={"query": "a", "documents": DOCS}), 429, "overloaded")
+            SlowReranker.gate.set()
+            assert busy.result(timeout=30).status_code == 200
+    assert FakeReranker.loads >= 1

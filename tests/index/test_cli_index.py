@@ -1,0 +1,42 @@
+"""``attnrank index build / stats / compact`` on a tiny corpus (BM25 only: no model load)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from attnrank.cli import app
+from attnrank.types import Document
+from index.store import Index
+
+
+def test_build_stats_compact(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = [{"_id": f"d{i}", "title": "", "text": f"vitamin number {i}"} for i in range(12)]
+    (corpus / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta = tmp_path / "meta.jsonl"
+    meta.write_text("".join(json.dumps({"doc_id": f"d{i}", "year": 2000 + i}) + "\n" for i in range(12)))
+    out = tmp_path / "ix"
+    runner = CliRunner()
+    built = runner.invoke(app, ["index", "build", "--corpus", str(corpus), "--out", str(out), "--no-dense",
+                                "--metadata", str(meta)])
+    assert built.exit_code == 0, built.output
+    ix = Index.open(out)
+    assert ix.filter_vids({"must": [{"key": "year", "range": {"gte": 2010}}]}).tolist() == [10, 11]
+    ix.add_documents([Document("new", "vitamin news", "", {"year": 2030})])
+    ix.delete_documents(["d0"])
+    ix.close()
+    stats = runner.invoke(app, ["index", "stats", str(out)])
+    assert stats.exit_code == 0, stats.output
+    assert json.loads(stats.stdout)["bm25_delta"] == 1
+    compacted = runner.invoke(app, ["index", "compact", str(out)])
+    assert compacted.exit_code == 0, compacted.output
+    assert json.loads(compacted.stdout)["num_docs"] == 12
+    assert json.loads(runner.invoke(app, ["index", "stats", str(out)]).stdout)["bm25_delta"] == 0
+    bad = runner.invoke(app, ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "x"),
+                              "--index-type", "annoy"])
+    assert bad.exit_code == 2 and "unknown index type" in bad.output
