@@ -138,35 +138,28 @@ def index_build(
 def index_compact(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
     """Rebuild BM25 and the vector index from the live documents (fold in added documents,
     drop deleted ones and HNSW tombstones) and write them."""
+    typer.echo(json.dumps(_on_index(path, lambda index: index.compact()), indent=2))
+
+
+def _on_index(path: Path, action):
+    """Open the index at ``path``, run ``action(index)``, close it; typed errors exit 2."""
     from attnrank.errors import AttnrankError
     from index.store import Index
 
     try:
         index = Index.open(path)
         try:
-            summary = index.compact()
+            return action(index)
         finally:
             index.close()
     except AttnrankError as exc:
         _fail(exc)
-    typer.echo(json.dumps(summary, indent=2))
 
 
 @index_app.command("stats")
 def index_stats(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
     """Live documents, BM25 delta and deleted rows, vectors and tombstones of an index."""
-    from attnrank.errors import AttnrankError
-    from index.store import Index
-
-    try:
-        index = Index.open(path)
-        try:
-            stats = index.stats()
-        finally:
-            index.close()
-    except AttnrankError as exc:
-        _fail(exc)
-    typer.echo(json.dumps(stats, indent=2))
+    typer.echo(json.dumps(_on_index(path, lambda index: index.stats()), indent=2))
 
 
 @index_app.command("info")
