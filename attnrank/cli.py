@@ -75,6 +75,13 @@ def _reranker_config(
     )
 
 
+def _eval_reranker_config(
+    rerank: str, model: str | None, max_doc_tokens: int, device: str, opts: list[str] | None, dump: Path | None
+) -> RerankerConfig:
+    """Reranker config of an eval command; ``--dump`` makes ICR keep its attention."""
+    return _reranker_config(rerank, model, max_doc_tokens, device, (opts or []) + (["keep_attention=true"] if dump else []))
+
+
 def _fail(exc: Exception) -> None:
     typer.secho(f"error ({getattr(exc, 'error_type', type(exc).__name__)}): {exc}", fg="red", err=True)
     raise typer.Exit(2)
@@ -271,8 +278,7 @@ def eval_beir(
         report = evaluate_beir(
             data, split=split, retriever=retriever, rerank=rerank, candidates=candidates,
             max_queries=max_queries, seed=seed, index_dir=index, out_dir=out,
-            reranker_config=_reranker_config(rerank, model, max_doc_tokens, device,
-                                             (opt or []) + (["keep_attention=true"] if dump else [])),
+            reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
             dump_dir=dump,
         )
     except AttnrankError as exc:
@@ -304,8 +310,7 @@ def eval_trec_dl(
         report = evaluate_trec_dl(
             data, run_name=run, rerank=rerank, candidates=candidates, max_queries=max_queries, seed=seed,
             out_dir=out, dump_dir=dump,
-            reranker_config=_reranker_config(rerank, model, max_doc_tokens, device,
-                                             (opt or []) + (["keep_attention=true"] if dump else [])),
+            reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
         )
     except AttnrankError as exc:
         _fail(exc)
