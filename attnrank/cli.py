@@ -427,11 +427,20 @@ def eval_ablation(
     dump: Annotated[Path, typer.Option("--dump", help="Attention dump of the evaluated queries (first-stage order).")],
     heads: Annotated[Path, typer.Option("--heads", help="Head-set JSON (with learned weights, if fitted).")],
     out: Annotated[Optional[Path], typer.Option("--out", help="JSON report.")] = None,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="Dataset folder whose qrels score the runs (BEIR folder or TREC DL folder); "
+        "without it only the candidates' own labels are known (within-candidates nDCG).")] = None,
+    split: Annotated[str, typer.Option("--split", help="BEIR qrels split.")] = "test",
 ) -> None:
     """ICR variants (all/QR/learned heads x ReAttn x RRF fusion) from one pass per query, with paired tests."""
     from eval.heads import ablation, format_ablation
 
-    result = ablation(dump, heads)
+    qrels = None
+    if data is not None:
+        from attnrank.data import load_beir_qrels, load_trec_qrels, trec_dl_paths
+
+        qrels = load_beir_qrels(data, split) if (data / "qrels").is_dir() else load_trec_qrels(trec_dl_paths(data).qrels)
+    result = ablation(dump, heads, qrels=qrels)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1, default=str))

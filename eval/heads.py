@@ -274,7 +274,9 @@ def fit_head_weights(
 
     Only heads in layers ``<= max_layer`` (default: the head set's deepest layer, so the
     forward pass can still stop early) get weights. A seeded ``holdout`` fraction of the
-    dump's queries picks the epoch with the lowest held-out loss.
+    dump's queries picks the epoch with the lowest held-out loss. Per-head scores are
+    normalised by their mean magnitude; weights start from the QR-head sum and ``l2`` pulls
+    them toward it.
 
     Returns:
         The updated :class:`reranker.heads.HeadSet` (also saved to ``headset_path``).
@@ -306,17 +308,21 @@ def fit_head_weights(
     for l, h in hs.heads:
         if l <= max_layer:
             init[l, h] = 1.0
-    w = (init / scale).clone().requires_grad_(True)  # start from the QR-head sum
+    # Per-head scores are normalised by their mean magnitude, so that the weights ``v`` are
+    # on one scale (Adam steps of ``lr`` move every head alike); the saved weights are v / scale.
+    train = [(ph / scale[..., None], g) for ph, g in train]
+    hold = [(ph / scale[..., None], g) for ph, g in hold]
+    w = init.clone().requires_grad_(True)  # start from the (normalised) QR-head sum
     opt = torch.optim.Adam([w], lr=lr)
 
     def loss_of(batch):
-        return torch.stack([group_contrastive_loss((ph * (w * scale)[..., None]).sum((0, 1)), g) for ph, g in batch]).mean()
+        return torch.stack([group_contrastive_loss((ph * w[..., None]).sum((0, 1)), g) for ph, g in batch]).mean()
 
     best = (float("inf"), w.detach().clone(), -1)
     history = []
     for epoch in range(epochs):
         opt.zero_grad()
-        loss = loss_of(train) + l2 * (w**2).sum()
+        loss = loss_of(train) + l2 * ((w - init) ** 2).sum()
         loss.backward()
         opt.step()
         with torch.no_grad():
@@ -324,7 +330,7 @@ def fit_head_weights(
         history.append((float(loss.detach()), hl))
         if hl < best[0]:
             best = (hl, w.detach().clone(), epoch)
-    weights = (best[1] * scale).tolist()
+    weights = (best[1] / scale).tolist()
     full = [[0.0] * H for _ in range(len(hs.scores))]
     for l in range(L):
         full[l] = [round(x, 6) for x in weights[l]]
@@ -412,7 +418,9 @@ def ablation(
     meta, items = load_dump(dump_dir)
     hs = HeadSet.load(headset_path)
     tok = load_lm(meta["reranker"]["model"]["path"] if meta["reranker"]["model"].get("source") == "directory" else None).tokenizer
-    qrels = qrels or {it["query_id"]: {d: g for d, g in zip(it["doc_ids"], it["labels"])} for it in items}
+    if qrels is None:
+        logger.warning("no qrels given: scoring with the candidates' own labels (within-candidates nDCG)")
+        qrels = {it["query_id"]: {d: g for d, g in zip(it["doc_ids"], it["labels"])} for it in items}
     variants = [Variant(h, r, f) for h in ("all", "qr", "learned") if h != "learned" or hs.weights is not None
                 for r in REATTN for f in ("none", "rrf")]
     first = {it["query_id"]: dict(zip(it["doc_ids"], it["first_stage_scores"])) for it in items}
