@@ -7,7 +7,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnrank.errors import NotFoundError, ValidationError  # noqa: E402
-from reranker.heads import HeadSet, ndcg_at_k, per_head_document_scores, qrscore, resolve_heads, select_heads  # noqa: E402
+from reranker.heads import (  # noqa: E402
+    HeadSet,
+    ndcg_at_k,
+    packaged_headset_path,
+    per_head_document_scores,
+    qrscore,
+    resolve_heads,
+    select_heads,
+)
 
 
 def test_per_head_scores_mask_each_head_separately():
@@ -26,7 +34,7 @@ def test_qrscore_and_ndcg():
     assert qrscore(s, [True, False, True]).tolist() == [[5.0, 1.0]]
     nd = ndcg_at_k(s, [1, 0, 0])
     assert nd[0, 0] == pytest.approx(1.0)  # head 0 ranks the gold doc first
-    assert nd[0, 1] == pytest.approx(0.5)  # gold at rank 2 (of ties broken by order): 1/log2(3)
+    assert nd[0, 1] == pytest.approx(0.5)  # gold at rank 3: 1/log2(4)
     assert select_heads([[0.1, 0.9], [0.5, 0.9]], 2) == [(0, 1), (1, 1)]
 
 
@@ -45,3 +53,11 @@ def test_headset_round_trip_and_resolution(tmp_path):
         resolve_heads("qr", {"name": "no-such-model"})
     assert resolve_heads("all", {}) == (None, None)
     assert resolve_heads([[1, 2], [0, 0]], {}) == ([(0, 0), (1, 2)], None)
+
+
+def test_the_default_lm_ships_a_qr_head_set(default_lm):
+    heads, weights = resolve_heads("qr", default_lm.identity)
+    assert len(heads) == 16 and weights is None
+    assert all(0 <= l < default_lm.num_layers and 0 <= h < default_lm.num_heads for l, h in heads)
+    hs = HeadSet.load(packaged_headset_path(default_lm.identity["name"]))
+    assert hs.detection["split"] == "train" and hs.method == "qrscore"
