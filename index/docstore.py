@@ -62,6 +62,16 @@ CREATE TABLE IF NOT EXISTS vectors (
 _CHUNK = 500  # ids per IN (...) query, below SQLite's host-parameter limit
 
 
+def _in_chunks(conn: sqlite3.Connection, sql: str, values: Sequence[Any]) -> list[tuple]:
+    """Run ``sql`` (with ``{marks}`` standing for the ``IN (...)`` placeholders) over
+    ``values`` in chunks of at most ``_CHUNK`` bound parameters; all rows returned."""
+    rows: list[tuple] = []
+    for i in range(0, len(values), _CHUNK):
+        chunk = list(values[i : i + _CHUNK])
+        rows.extend(conn.execute(sql.format(marks=",".join("?" * len(chunk))), chunk).fetchall())
+    return rows
+
+
 def _row_to_doc(row: tuple[str, str, str, str]) -> Document:
     doc_id, title, text, meta = row
     return Document(doc_id=doc_id, text=text, title=title, metadata=json.loads(meta) if meta else {})
@@ -274,23 +284,12 @@ class SQLiteDocStore:
             self._ensure_schema(conn)
             with conn:
                 found = self._vids_in(conn, wanted)
-                for i in range(0, len(wanted), _CHUNK):
-                    chunk = wanted[i : i + _CHUNK]
-                    marks = ",".join("?" * len(chunk))
-                    conn.execute(f"DELETE FROM docs WHERE doc_id IN ({marks})", chunk)
-                vids = list(found.values())
-                for i in range(0, len(vids), _CHUNK):
-                    chunk = vids[i : i + _CHUNK]
-                    conn.execute(f"DELETE FROM vectors WHERE vid IN ({','.join('?' * len(chunk))})", chunk)
+                _in_chunks(conn, "DELETE FROM docs WHERE doc_id IN ({marks})", wanted)
+                _in_chunks(conn, "DELETE FROM vectors WHERE vid IN ({marks})", list(found.values()))
         return [(d, found[d]) for d in wanted if d in found]
 
     def _vids_in(self, conn: sqlite3.Connection, doc_ids: Sequence[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for i in range(0, len(doc_ids), _CHUNK):
-            chunk = list(doc_ids[i : i + _CHUNK])
-            marks = ",".join("?" * len(chunk))
-            out.update(conn.execute(f"SELECT doc_id, vid FROM docs WHERE doc_id IN ({marks})", chunk).fetchall())
-        return out
+        return dict(_in_chunks(conn, "SELECT doc_id, vid FROM docs WHERE doc_id IN ({marks})", list(doc_ids)))
 
     # -- vectors of recent additions ---------------------------------------------------
     def pending_vectors(self, vids: Sequence[int]) -> dict[int, np.ndarray]:
@@ -299,11 +298,8 @@ class SQLiteDocStore:
         out: dict[int, np.ndarray] = {}
         wanted = [int(v) for v in vids]
         try:
-            for i in range(0, len(wanted), _CHUNK):
-                chunk = wanted[i : i + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                for vid, dim, blob in conn.execute(f"SELECT vid, dim, vec FROM vectors WHERE vid IN ({marks})", chunk):
-                    out[int(vid)] = np.frombuffer(blob, dtype=np.float32).reshape(-1, int(dim))
+            for vid, dim, blob in _in_chunks(conn, "SELECT vid, dim, vec FROM vectors WHERE vid IN ({marks})", wanted):
+                out[int(vid)] = np.frombuffer(blob, dtype=np.float32).reshape(-1, int(dim))
         except sqlite3.OperationalError:  # a format-1 store has no vectors table
             return {}
         return out
@@ -331,15 +327,10 @@ class SQLiteDocStore:
     def get_many(self, doc_ids: Sequence[str]) -> dict[str, Document]:
         """The documents that exist among ``doc_ids``, in request order (missing ids absent)."""
         wanted = list(dict.fromkeys(doc_ids))
-        found: dict[str, Document] = {}
-        conn = self._conn()
-        for i in range(0, len(wanted), _CHUNK):
-            chunk = wanted[i : i + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for row in conn.execute(
-                f"SELECT doc_id, title, text, metadata FROM docs WHERE doc_id IN ({marks})", chunk
-            ):
-                found[row[0]] = _row_to_doc(row)
+        found = {
+            row[0]: _row_to_doc(row)
+            for row in _in_chunks(self._conn(), "SELECT doc_id, title, text, metadata FROM docs WHERE doc_id IN ({marks})", wanted)
+        }
         return {d: found[d] for d in wanted if d in found}
 
     def get(self, doc_id: str) -> Document:
@@ -351,14 +342,7 @@ class SQLiteDocStore:
 
     def vids_of(self, doc_ids: Sequence[str]) -> dict[str, int]:
         """``{doc_id: vid}`` for the ids that exist."""
-        wanted = list(dict.fromkeys(doc_ids))
-        out: dict[str, int] = {}
-        conn = self._conn()
-        for i in range(0, len(wanted), _CHUNK):
-            chunk = wanted[i : i + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            out.update(conn.execute(f"SELECT doc_id, vid FROM docs WHERE doc_id IN ({marks})", chunk).fetchall())
-        return out
+        return self._vids_in(self._conn(), list(dict.fromkeys(doc_ids)))
 
     def filter_vids(self, flt: Any = None) -> np.ndarray:
         """Sorted int64 vids of the documents matching a metadata filter.
@@ -384,16 +368,8 @@ class SQLiteDocStore:
     def get_by_vids(self, vids: Sequence[int]) -> list[tuple[int, Document]]:
         """``(vid, Document)`` of the vids that exist, in vid order."""
         wanted = sorted({int(v) for v in vids})
-        out: list[tuple[int, Document]] = []
-        conn = self._conn()
-        for i in range(0, len(wanted), _CHUNK):
-            chunk = wanted[i : i + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for row in conn.execute(
-                f"SELECT vid, doc_id, title, text, metadata FROM docs WHERE vid IN ({marks}) ORDER BY vid", chunk
-            ):
-                out.append((int(row[0]), _row_to_doc(row[1:])))
-        return out
+        rows = _in_chunks(self._conn(), "SELECT vid, doc_id, title, text, metadata FROM docs WHERE vid IN ({marks})", wanted)
+        return sorted(((int(row[0]), _row_to_doc(row[1:])) for row in rows), key=lambda x: x[0])
 
     def doc_ids(self) -> list[str]:
         """Every doc id ordered by ``vid`` (for a store never updated, ``doc_ids()[vid]``
