@@ -13,6 +13,7 @@ cause                             status  error_type
 invalid body, top_k out of range  422     validation
 missing / wrong API key           401     unauthorized
 unknown collection, document      404     not_found
+update of a read-only collection  409     index_mismatch
 unknown route / wrong method      404/405 not_found / method_not_allowed
 body, documents or text too big   413     payload_too_large
 inference queue full              429     overloaded (with ``Retry-After``)
@@ -22,7 +23,8 @@ other ``AttnrankError``           theirs  theirs
 anything else                     500     internal (logged with traceback)
 ================================  ======  ======================================
 
-Routes: ``POST /search``, ``POST /rerank`` (Cohere v2 compatible), ``GET /health``,
+Routes: ``POST /search``, ``POST /rerank`` (Cohere v2 compatible), ``POST /documents``
+(durable batch upsert), ``GET``/``DELETE /documents/{doc_id}``, ``GET /health``,
 ``GET /info``, ``GET /metrics`` (Prometheus). With ``settings.api_key`` set, every route
 but ``/health`` needs ``Authorization: Bearer <key>``.
 
@@ -159,9 +161,9 @@ def create_app(
         app.add_middleware(AuthMiddleware, api_key=settings.api_key.get_secret_value())
     app.add_middleware(MetricsMiddleware)
 
-    from api.routes import health, info, metrics, rerank, search
+    from api.routes import documents, health, info, metrics, rerank, search
 
-    for module in (health, info, metrics, search, rerank):
+    for module in (health, info, metrics, search, rerank, documents):
         app.include_router(module.router)
     return app
 

@@ -50,6 +50,8 @@ class Runtime:
                                     observe=self.metrics.observer("search")),
             "rerank": InferencePool("rerank", settings.workers, settings.queue_size,
                                     max_wait=settings.max_queue_wait_s, observe=self.metrics.observer("rerank")),
+            "ingest": InferencePool("ingest", settings.ingest_workers, settings.ingest_queue_size,
+                                    observe=self.metrics.observer("ingest")),
         }
         self.metrics.watch_pools(self.pools)
         self.status: Status = "loading"

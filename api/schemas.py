@@ -310,3 +310,58 @@ class InfoResponse(BaseModel):
     collections: dict[str, dict[str, Any]] = Field(description="Per collection: index parameters and live counts.")
     limits: dict[str, int]
     auth: bool = Field(description="Whether routes need an API key.")
+
+
+# ------------------------------------------------------------------ /documents
+class DocumentIn(BaseModel):
+    """A document to add or replace (upsert by ``id``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(..., min_length=1, max_length=512, description="Document id, unique in the collection.")
+    text: str = Field(..., description="Body text (at most the service's max_document_chars characters, else 413).")
+    title: str = Field("", description="Title; indexed together with the text.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="JSON metadata fields, filterable in POST /search (`filter`). Replaced as a whole on upsert.",
+    )
+
+
+class UpsertRequest(BaseModel):
+    """Body of ``POST /documents``: a batch upsert into one collection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    collection: str | None = Field(None, description="Target collection; default: the service's default collection.")
+    documents: list[DocumentIn] = Field(
+        ..., min_length=1, description="Documents to add or replace; ids unique within the batch. At most the "
+        "service's max_ingest_documents (413 above)."
+    )
+
+
+class UpsertResponse(BaseModel):
+    """Answer of ``POST /documents``, sent only once every document is durable (committed to
+    SQLite with ``synchronous=FULL``, WAL mode) and searchable."""
+
+    collection: str
+    added: list[str] = Field(description="Ids that were new to the collection.")
+    replaced: list[str] = Field(description="Ids whose previous version was replaced.")
+    num_docs: int = Field(description="Live documents in the collection after the upsert.")
+
+
+class DocumentOut(BaseModel):
+    """Body of ``GET /documents/{doc_id}``."""
+
+    collection: str
+    id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+
+
+class DeleteResponse(BaseModel):
+    """Answer of ``DELETE /documents/{doc_id}``, sent once the deletion is durable."""
+
+    collection: str
+    deleted: str
+    num_docs: int

@@ -464,6 +464,7 @@ def train_blockrank_cmd(
     lora: Annotated[bool, typer.Option("--lora/--full", help="LoRA adapters (large models) or full fine-tuning.")] = False,
     aux_only: Annotated[bool, typer.Option("--aux-only", help="Only the auxiliary loss: layers up to l*, no LM head.")] = False,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Scoring layer l* (default round(0.6 L)).")] = None,
+    freeze_below: Annotated[int, typer.Option("--freeze-below", help="Freeze embeddings and layers below this one (cheaper backward).")] = 0,
     aux_lambda: Annotated[float, typer.Option("--lambda")] = 0.1,
     tau: Annotated[float, typer.Option("--tau")] = 0.05,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every")] = 25,
@@ -482,7 +483,7 @@ def train_blockrank_cmd(
         dev = blockrank_examples(data, dev_split, candidates=candidates, max_queries=dev_queries, seed=seed, index_dir=index)
     cfg = TrainConfig(
         out_dir=str(out), model=model, max_doc_tokens=block_length, layer=layer, aux_lambda=aux_lambda, tau=tau,
-        aux_only=aux_only, lora=lora, lr=lr, steps=steps, grad_accum=grad_accum, checkpoint_every=checkpoint_every,
+        aux_only=aux_only, lora=lora, freeze_below=freeze_below, lr=lr, steps=steps, grad_accum=grad_accum, checkpoint_every=checkpoint_every,
         eval_every=checkpoint_every, seed=seed, device=device,
     )
     summary = train_blockrank(examples, cfg, dev_examples=dev)

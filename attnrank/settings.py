@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 above).")
     max_documents: int = Field(100, ge=1, le=10_000, description="Most documents per /rerank request (413 above).")
     max_document_chars: int = Field(20_000, ge=1, description="Most characters per document (413 above).")
+    max_ingest_documents: int = Field(
+        1_000, ge=1, le=100_000, description="Most documents per POST /documents request (413 above)."
+    )
+    ingest_workers: int = Field(1, ge=1, le=16, description="Threads applying document upserts and deletes.")
+    ingest_queue_size: int = Field(
+        16, ge=0, le=10_000, description="Upserts and deletes that may wait for an ingest worker (then 429)."
+    )
     evidence_spans: int = Field(3, ge=1, le=20, description="Evidence spans per document with `explain`.")
 
     @field_validator("api_key")

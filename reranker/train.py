@@ -72,6 +72,7 @@ class TrainConfig:
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
+    freeze_below: int = 0
     lr: float = 2e-5
     weight_decay: float = 0.0
     steps: int = 100
@@ -182,6 +183,8 @@ def train_blockrank(
                        options={} if cfg.layer is None else {"layer": cfg.layer}),
         lm=lm,
     )
+    if cfg.freeze_below:
+        _freeze_below(lm, cfg.freeze_below)
     params = [p for p in lm.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = _State()
@@ -259,6 +262,26 @@ def train_blockrank(
     }
     (out / "attnrank-train.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=1))
     return summary
+
+
+def _freeze_below(lm: Any, first_trained: int) -> None:
+    """Freeze the embeddings and decoder layers ``0..first_trained-1``.
+
+    The backward pass then stops at layer ``first_trained`` (nothing below needs a
+    gradient), which cuts the cost of a step roughly by the share of layers frozen.
+
+    Raises:
+        ValidationError: ``first_trained`` outside ``0..num_layers-1``.
+    """
+    n = lm.num_layers
+    if not 0 <= first_trained < n:
+        raise ValidationError(f"freeze_below must be in 0..{n - 1} for a {n}-layer model, got {first_trained}")
+    inner = getattr(lm.model, "model", lm.model)
+    for p in inner.embed_tokens.parameters():
+        p.requires_grad_(False)
+    for layer in inner.layers[:first_trained]:
+        for p in layer.parameters():
+            p.requires_grad_(False)
 
 
 def _save_checkpoint(out: Path, lm: Any, peft_model: Any, opt: Any, state: _State, rng: random.Random,

@@ -51,6 +51,9 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
             "queue_size": settings.queue_size,
             "search_workers": settings.search_workers,
             "search_queue_size": settings.search_queue_size,
+            "max_ingest_documents": settings.max_ingest_documents,
+            "ingest_workers": settings.ingest_workers,
+            "ingest_queue_size": settings.ingest_queue_size,
         },
         auth=settings.api_key is not None,
     )

@@ -1,0 +1,109 @@
+"""``POST /documents`` (batch upsert), ``GET`` and ``DELETE /documents/{doc_id}``.
+
+Writes go to the collection's index directory through :meth:`index.store.Index.add_documents`
+and :meth:`index.store.Index.delete_documents`: one SQLite transaction (WAL mode,
+``synchronous=FULL``), then BM25 (delta) and the vector index in memory. The answer is sent
+only after the commit, so an acknowledged upsert survives a ``kill -9`` at any later
+moment: when the index is opened again, the vector and BM25 files catch up from SQLite
+(:meth:`index.store.Index.open`). Writes run in the bounded ``ingest`` pool, never on the
+event loop; a full queue answers 429.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query as QueryParam
+
+from api.deps import RuntimeDep, SettingsDep
+from api.routes.search import _ERRORS
+from api.schemas import DeleteResponse, ErrorBody, DocumentOut, UpsertRequest, UpsertResponse
+from attnrank.errors import IndexMismatchError, NotFoundError, PayloadTooLargeError
+from attnrank.pipeline import Pipeline
+from attnrank.settings import Settings
+from attnrank.types import Document
+
+router = APIRouter(tags=["documents"])
+
+_WRITE_ERRORS = {
+    **_ERRORS,
+    409: {"model": ErrorBody, "description": "The collection is read-only (an index of an older "
+          "format, or not backed by an index directory)."},
+}
+
+CollectionParam = Annotated[
+    str | None, QueryParam(description="Collection; default: the service's default collection.")
+]
+
+
+def _writable_index(pipeline: Pipeline, name: str):
+    index = pipeline.index
+    if index is None or not hasattr(index, "add_documents"):
+        raise IndexMismatchError(
+            f"collection {name!r} is not backed by an index directory and cannot be updated; "
+            "serve an index built by `attnrank index build`"
+        )
+    return index
+
+
+def _check_sizes(body: UpsertRequest, settings: Settings) -> None:
+    if len(body.documents) > settings.max_ingest_documents:
+        raise PayloadTooLargeError(
+            f"{len(body.documents)} documents is over the limit of {settings.max_ingest_documents} per request; "
+            "send them in several requests"
+        )
+    for i, d in enumerate(body.documents):
+        n = len(d.title) + len(d.text)
+        if n > settings.max_document_chars:
+            raise PayloadTooLargeError(
+                f"documents[{i}] ({d.id!r}) has {n} characters, over the limit of {settings.max_document_chars}; "
+                "split it into several documents"
+            )
+
+
+@router.post("/documents", response_model=UpsertResponse, responses=_WRITE_ERRORS, summary="Add or replace documents")
+async def upsert_documents(body: UpsertRequest, runtime: RuntimeDep, settings: SettingsDep) -> UpsertResponse:
+    """Add documents, or replace those whose ``id`` exists (text, title and metadata as a
+    whole). All or nothing: a batch with a repeated id or invalid metadata is rejected (422)
+    and nothing is written. The answer comes once the batch is durable and searchable
+    (BM25 at once; dense vectors are encoded before the commit).
+
+    Errors: 413 too many documents or a document too long; 409 read-only collection; 404
+    unknown collection; 429 ingest queue full.
+    """
+    name = body.collection or settings.default_collection
+    pipeline = runtime.pipeline(name)
+    _check_sizes(body, settings)
+    index = _writable_index(pipeline, name)
+    docs = [Document(d.id, d.text, d.title, d.metadata) for d in body.documents]
+    result = await runtime.pools["ingest"].run(index.add_documents, docs, units=len(docs))
+    return UpsertResponse(collection=name, added=result["added"], replaced=result["replaced"],
+                          num_docs=len(index.docstore))
+
+
+@router.get("/documents/{doc_id:path}", response_model=DocumentOut, responses=_ERRORS, summary="Get a document")
+async def get_document(doc_id: str, runtime: RuntimeDep, settings: SettingsDep,
+                       collection: CollectionParam = None) -> DocumentOut:
+    """The stored document ``doc_id`` (404 if the collection does not hold it)."""
+    name = collection or settings.default_collection
+    pipeline = runtime.pipeline(name)
+    found = pipeline.docstore.get_many([doc_id])
+    if doc_id not in found:
+        raise NotFoundError(f"collection {name!r} has no document {doc_id!r}")
+    d = found[doc_id]
+    return DocumentOut(collection=name, id=d.doc_id, title=d.title, text=d.text, metadata=dict(d.metadata))
+
+
+@router.delete("/documents/{doc_id:path}", response_model=DeleteResponse, responses=_WRITE_ERRORS,
+               summary="Delete a document")
+async def delete_document(doc_id: str, runtime: RuntimeDep, settings: SettingsDep,
+                          collection: CollectionParam = None) -> DeleteResponse:
+    """Delete ``doc_id``; answered once the deletion is durable, after which no search
+    returns it. 404 if the collection does not hold it."""
+    name = collection or settings.default_collection
+    pipeline = runtime.pipeline(name)
+    index = _writable_index(pipeline, name)
+    result = await runtime.pools["ingest"].run(index.delete_documents, [doc_id])
+    if not result["deleted"]:
+        raise NotFoundError(f"collection {name!r} has no document {doc_id!r}")
+    return DeleteResponse(collection=name, deleted=doc_id, num_docs=len(index.docstore))
