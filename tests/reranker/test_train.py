@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnrank.config import RerankerConfig  # noqa: E402
+from attnrank.errors import ValidationError  # noqa: E402
 from attnrank.types import Document, Query  # noqa: E402
 from reranker.blockrank import BlockRankReranker  # noqa: E402
 from reranker.train import TrainConfig, TrainingExample, example_losses, train_blockrank  # noqa: E402
@@ -67,3 +68,22 @@ def test_full_objective_lowers_the_training_loss(tmp_path):
     hist = [h for h in summary["history"] if "loss" in h]
     assert all(h["ntp"] > 0 for h in hist)
     assert hist[-1]["loss"] < hist[0]["loss"]
+
+
+def test_freeze_below_trains_only_the_upper_layers(tmp_path):
+    from safetensors.torch import load_file
+
+    from reranker.lm import load_trainable_lm
+
+    base = load_trainable_lm().model.state_dict()
+    out = tmp_path / "frozen"
+    cfg = TrainConfig(out_dir=str(out), max_doc_tokens=16, steps=1, grad_accum=1, lr=1e-3, checkpoint_every=10,
+                      eval_every=10, aux_only=True, layer=4, freeze_below=3)
+    train_blockrank(EXAMPLES[:1], cfg, show_progress=False)
+    tuned = load_file(str(out / "model.safetensors"))
+    assert torch.equal(tuned["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    assert torch.equal(tuned["model.layers.2.self_attn.q_proj.weight"], base["model.layers.2.self_attn.q_proj.weight"])
+    assert not torch.equal(tuned["model.layers.3.mlp.up_proj.weight"], base["model.layers.3.mlp.up_proj.weight"])
+    with pytest.raises(ValidationError, match="freeze_below"):
+        train_blockrank(EXAMPLES[:1], TrainConfig(out_dir=str(tmp_path / "bad"), freeze_below=99, aux_only=True),
+                        show_progress=False)
