@@ -414,11 +414,14 @@ def heads_fit(
     epochs: Annotated[int, typer.Option("--epochs")] = 200,
     lr: Annotated[float, typer.Option("--lr")] = 0.05,
     l2: Annotated[float, typer.Option("--l2")] = 1e-3,
+    support: Annotated[str, typer.Option("--support", help="qr: re-weight the selected heads; all: every head up to --max-layer.")] = "qr",
+    nonneg: Annotated[bool, typer.Option("--nonneg/--signed", help="Keep weights >= 0.")] = True,
 ) -> None:
     """Learn per-head weights with the group contrastive loss (used with heads=learned)."""
     from eval.heads import fit_head_weights
 
-    hs = fit_head_weights(dump, heads, max_layer=max_layer, epochs=epochs, lr=lr, l2=l2)
+    hs = fit_head_weights(dump, heads, max_layer=max_layer, epochs=epochs, lr=lr, l2=l2, support=support,
+                          nonneg=nonneg)
     typer.echo(json.dumps(dict(hs.weights_info), indent=1))
 
 

@@ -268,15 +268,23 @@ def group_contrastive_loss(scores, gold):
 def fit_head_weights(
     dump_dir: str | Path, headset_path: str | Path, *, max_layer: int | None = None, epochs: int = 200,
     lr: float = 0.05, l2: float = 1e-3, holdout: float = 0.25, seed: int = 0, mask_std: float | None = 2.0,
+    support: str = "qr", nonneg: bool = True,
 ):
     """Fit weights over per-head document scores with the group contrastive loss and save
     them into the head set (``weights``, ``weights_info``).
 
-    Only heads in layers ``<= max_layer`` (default: the head set's deepest layer, so the
-    forward pass can still stop early) get weights. A seeded ``holdout`` fraction of the
-    dump's queries picks the epoch with the lowest held-out loss. Per-head scores are
+    ``support="qr"`` (default) re-weights the selected QR heads only (one weight each, the
+    rest stay 0); ``support="all"`` gives every head in layers ``<= max_layer`` (default:
+    the head set's deepest layer, so the forward pass can still stop early) a weight; with
+    a few hundred heads and ~100 training queries that overfits (measured: NFCorpus test
+    nDCG@10 23.3 against 32.1 for the plain QR-head sum). ``nonneg`` keeps weights >= 0 (a
+    head votes for the documents it attends to, or abstains). A seeded ``holdout`` fraction
+    of the dump's queries picks the epoch with the lowest held-out loss. Per-head scores are
     normalised by their mean magnitude; weights start from the QR-head sum and ``l2`` pulls
     them toward it.
+
+    Raises:
+        ValidationError: fewer than 4 usable queries, or an unknown ``support``.
 
     Returns:
         The updated :class:`reranker.heads.HeadSet` (also saved to ``headset_path``).
@@ -285,6 +293,8 @@ def fit_head_weights(
 
     from reranker.heads import HeadSet, per_head_document_scores
 
+    if support not in ("qr", "all"):
+        raise ValidationError(f"support must be 'qr' or 'all', got {support!r}")
     hs = HeadSet.load(headset_path)
     _, items = load_dump(dump_dir)
     max_layer = hs.deepest_layer if max_layer is None else max_layer
@@ -312,32 +322,44 @@ def fit_head_weights(
     # on one scale (Adam steps of ``lr`` move every head alike); the saved weights are v / scale.
     train = [(ph / scale[..., None], g) for ph, g in train]
     hold = [(ph / scale[..., None], g) for ph, g in hold]
-    w = init.clone().requires_grad_(True)  # start from the (normalised) QR-head sum
-    opt = torch.optim.Adam([w], lr=lr)
+    free = (init > 0) if support == "qr" else torch.ones(L, H, dtype=torch.bool)
+    free[max_layer + 1:] = False
+    v = init[free].clone().requires_grad_(True)  # start from the (normalised) QR-head sum
+    opt = torch.optim.Adam([v], lr=lr)
+
+    def full_weights(vals):
+        w = torch.zeros(L, H)
+        w[free] = vals
+        return w
 
     def loss_of(batch):
+        w = full_weights(v)
         return torch.stack([group_contrastive_loss((ph * w[..., None]).sum((0, 1)), g) for ph, g in batch]).mean()
 
-    best = (float("inf"), w.detach().clone(), -1)
+    with torch.no_grad():
+        h0 = float(loss_of(hold))
+    best = (h0, full_weights(v.detach()), -1)
     history = []
     for epoch in range(epochs):
         opt.zero_grad()
-        loss = loss_of(train) + l2 * ((w - init) ** 2).sum()
+        loss = loss_of(train) + l2 * ((v - init[free]) ** 2).sum()
         loss.backward()
         opt.step()
         with torch.no_grad():
+            if nonneg:
+                v.clamp_(min=0.0)
             hl = float(loss_of(hold))
         history.append((float(loss.detach()), hl))
         if hl < best[0]:
-            best = (hl, w.detach().clone(), epoch)
+            best = (hl, full_weights(v.detach()), epoch)
     weights = (best[1] / scale).tolist()
     full = [[0.0] * H for _ in range(len(hs.scores))]
     for l in range(L):
         full[l] = [round(x, 6) for x in weights[l]]
     info = {
         "dump": str(dump_dir), "queries_train": len(train), "queries_holdout": len(hold), "max_layer": max_layer,
-        "epochs": epochs, "best_epoch": best[2], "lr": lr, "l2": l2, "holdout_loss": best[0],
-        "initial_holdout_loss": history[0][1] if history else None, "loss": "group contrastive, min-max [0, 8]",
+        "epochs": epochs, "best_epoch": best[2], "lr": lr, "l2": l2, "support": support, "nonneg": nonneg,
+        "weighted_heads": int(free.sum()), "holdout_loss": best[0], "initial_holdout_loss": h0, "loss": "group contrastive, min-max [0, 8]",
     }
     out = replace(hs, weights=tuple(tuple(r) for r in full), weights_info=info)
     out.save(headset_path)

@@ -8,6 +8,7 @@ pytest.importorskip("torch")
 
 from attnrank.config import RerankerConfig  # noqa: E402
 from attnrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries  # noqa: E402
+from attnrank.errors import ValidationError  # noqa: E402
 from eval.heads import ablation, detect_heads, dump_attention, fit_head_weights, load_dump  # noqa: E402
 from reranker.heads import HeadSet, resolve_heads  # noqa: E402
 
@@ -56,6 +57,13 @@ def test_detection_writes_a_valid_head_file(tmp_path, tiny_slice, default_lm):
 
     fitted = fit_head_weights(dump, path, epochs=5, holdout=0.25)
     assert fitted.weights is not None and len(fitted.weights) == L
+    nonzero = {(l, h) for l in range(L) for h in range(H) if fitted.weights[l][h] != 0.0}
+    assert nonzero <= set(loaded.heads) and all(w >= 0 for row in fitted.weights for w in row)  # support=qr, nonneg
+    wide = fit_head_weights(dump, path, epochs=5, holdout=0.25, support="all", nonneg=False)
+    assert wide.weights_info["weighted_heads"] == (max(l for l, _ in loaded.heads) + 1) * H
+    with pytest.raises(ValidationError, match="support"):
+        fit_head_weights(dump, path, support="some")
+    fitted = fit_head_weights(dump, path, epochs=5, holdout=0.25)
     assert HeadSet.load(path).weights_info["queries_train"] >= 3
     result = ablation(dump, path, trials=200)
     assert {"all/none/none", "qr/both/rrf", "learned/none/none"} <= set(result["variants"])
