@@ -61,3 +61,13 @@ def test_the_default_lm_ships_a_qr_head_set(default_lm):
     assert all(0 <= l < default_lm.num_layers and 0 <= h < default_lm.num_heads for l, h in heads)
     hs = HeadSet.load(packaged_headset_path(default_lm.identity["name"]))
     assert hs.detection["split"] == "train" and hs.method == "qrscore"
+
+
+def test_the_shipped_learned_weights_reweight_qr_heads_only(default_lm):
+    qr, _ = resolve_heads("qr", default_lm.identity)
+    heads, weights = resolve_heads("learned", default_lm.identity)
+    assert heads and set(heads) <= set(qr)  # heads with a zero weight are dropped (shallower early exit)
+    nonzero = {(l, h) for l, row in enumerate(weights) for h, w in enumerate(row) if w != 0}
+    assert nonzero == set(heads) and all(w >= 0 for row in weights for w in row)
+    hs = HeadSet.load(packaged_headset_path(default_lm.identity["name"]))
+    assert hs.detection["queries"] == 128 and hs.weights_info["support"] == "qr"
