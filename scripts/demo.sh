@@ -24,6 +24,9 @@ attnrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Try:
 
   curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
     -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "retriever": "hybrid", "rerank": {"method": "icr", "candidates": 20}}'
+  curl -s http://127.0.0.1:$PORT/documents -H 'Content-Type: application/json' \\
+    -d '{"documents": [{"id": "my-note-1", "title": "Note", "text": "Vitamin D3 with calcium lowered hip fractures.", "metadata": {"year": 2026}}]}'
+  curl -s http://127.0.0.1:$PORT/documents/my-note-1
 
 MSG
 wait $SERVER
