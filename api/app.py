@@ -76,6 +76,8 @@ def validation_message(exc: RequestValidationError) -> str:
             msgs.append(f"request body is not valid JSON: {err.get('ctx', {}).get('error', msg)}")
         elif err.get("type") == "missing" and len(err.get("loc", ())) <= 1:
             msgs.append("request body is required (JSON object)")
+        elif err.get("type") == "model_attributes_type" and len(err.get("loc", ())) <= 1:
+            msgs.append("request body must be a JSON object; send it with the header Content-Type: application/json")
         else:
             msgs.append(f"{_field(err.get('loc', ()))}: {msg}")
     return "; ".join(msgs) or "invalid request"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_QUERY_CHARS = 4096
 """Longest accepted query text, in characters."""
@@ -325,6 +325,19 @@ class DocumentIn(BaseModel):
         default_factory=dict,
         description="JSON metadata fields, filterable in POST /search (`filter`). Replaced as a whole on upsert.",
     )
+
+    @field_validator("id")
+    @classmethod
+    def _id_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("id must not be empty or only whitespace")
+        return value
+
+    @model_validator(mode="after")
+    def _has_content(self) -> DocumentIn:
+        if not (self.text.strip() or self.title.strip()):
+            raise ValueError(f"document {self.id!r} has no text or title; there is nothing to index")
+        return self
 
 
 class UpsertRequest(BaseModel):

@@ -148,3 +148,20 @@ def test_documents_need_the_api_key(dirs):
         auth = {"Authorization": "Bearer s3cret"}
         assert c.post("/documents", json=body, headers=auth).status_code == 200
         assert c.get("/documents/n", headers=auth).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [({"id": "  ", "text": "t"}, "whitespace"), ({"id": "x", "text": " ", "title": ""}, "nothing to index")],
+)
+def test_blank_ids_and_empty_documents_are_rejected(dirs, doc, message):
+    with _client(_settings(dirs)) as c:
+        r = c.post("/documents", json={"documents": [doc]})
+        assert r.status_code == 422 and message in r.json()["error"]
+        assert c.post("/documents", json={"documents": [{"id": "t", "title": "Title only", "text": ""}]}).status_code == 200
+
+
+def test_form_encoded_body_gets_a_content_type_hint(dirs):
+    with _client(_settings(dirs)) as c:
+        r = c.post("/documents", content=b'{"documents": []}', headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"]
