@@ -16,7 +16,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query as QueryParam
 
 from api.deps import RuntimeDep, SettingsDep
-from api.routes.search import _ERRORS
 from api.schemas import DeleteResponse, ErrorBody, DocumentOut, UpsertRequest, UpsertResponse
 from attnrank.errors import IndexMismatchError, NotFoundError, PayloadTooLargeError
 from attnrank.pipeline import Pipeline
@@ -25,10 +24,18 @@ from attnrank.types import Document
 
 router = APIRouter(tags=["documents"])
 
+_READ_ERRORS = {
+    401: {"model": ErrorBody, "description": "Missing or wrong API key (when the service has one)."},
+    404: {"model": ErrorBody, "description": "Unknown collection, or the collection has no such document."},
+    422: {"model": ErrorBody, "description": "Invalid request."},
+}
 _WRITE_ERRORS = {
-    **_ERRORS,
-    409: {"model": ErrorBody, "description": "The collection is read-only (an index of an older "
-          "format, or not backed by an index directory)."},
+    **_READ_ERRORS,
+    409: {"model": ErrorBody, "description": "The collection is read-only (an index of an older format, or not "
+          "backed by an index directory)."},
+    413: {"model": ErrorBody, "description": "Body, document count or document length over the limits."},
+    422: {"model": ErrorBody, "description": "Invalid documents (blank or repeated id, no text, extra fields)."},
+    429: {"model": ErrorBody, "description": "Ingest queue full (overloaded); retry after Retry-After seconds."},
 }
 
 CollectionParam = Annotated[
@@ -81,7 +88,7 @@ async def upsert_documents(body: UpsertRequest, runtime: RuntimeDep, settings: S
                           num_docs=len(index.docstore))
 
 
-@router.get("/documents/{doc_id:path}", response_model=DocumentOut, responses=_ERRORS, summary="Get a document")
+@router.get("/documents/{doc_id:path}", response_model=DocumentOut, responses=_READ_ERRORS, summary="Get a document")
 async def get_document(doc_id: str, runtime: RuntimeDep, settings: SettingsDep,
                        collection: CollectionParam = None) -> DocumentOut:
     """The stored document ``doc_id`` (404 if the collection does not hold it)."""
