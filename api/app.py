@@ -3,7 +3,7 @@
 Start-up (lifespan) opens every collection's index (``settings.index`` is the default
 collection, ``settings.collections`` adds named ones; a missing index fails start-up),
 starts the inference pools and loads the reranker's model in a background thread
-(:mod:`api.runtime`): until it is loaded ``/health`` says ``loading`` and compute routes
+(:mod:`attnrank.api.runtime`): until it is loaded ``/health`` says ``loading`` and compute routes
 answer 503. ``app.state`` holds ``settings``, ``runtime`` and ``pipeline`` (the default
 collection's). Every error has the body ``{"error": str, "error_type": str}``:
 
@@ -16,6 +16,8 @@ unknown collection, document      404     not_found
 update of a read-only collection  409     index_mismatch
 unknown route / wrong method      404/405 not_found / method_not_allowed
 body, documents or text too big   413     payload_too_large
+Content-Encoding not gzip/deflate 415     unsupported_media_type
+corrupt compressed body           400     bad_request
 inference queue full              429     overloaded (with ``Retry-After``)
 models loading / load failed      503     unhealthy (with ``Retry-After``)
 model cannot be loaded            503     model_unavailable
@@ -23,10 +25,16 @@ other ``AttnrankError``           theirs  theirs
 anything else                     500     internal (logged with traceback)
 ================================  ======  ======================================
 
+Request bodies may be sent compressed (``Content-Encoding: gzip`` or ``deflate``); the body
+limit counts their decompressed bytes (:class:`attnrank.api.middleware.BodyLimitMiddleware`).
+Every string of a request must be valid text and every document id a TREC-safe id
+(:mod:`attnrank.textrules`), else 422 naming the field.
+
 Routes: ``POST /search``, ``POST /rerank`` (Cohere v2 compatible), ``POST /documents``
 (durable batch upsert), ``GET``/``DELETE /documents/{doc_id}``, ``GET /health``,
-``GET /info``, ``GET /metrics`` (Prometheus). With ``settings.api_key`` set, every route
-but ``/health`` needs ``Authorization: Bearer <key>``.
+``GET /info``, ``GET /metrics`` (Prometheus), and the search page at ``GET /`` and ``GET /ui``
+(:mod:`attnrank.api.routes.ui`). With ``settings.api_key`` set, every route but ``/health``
+and the page needs ``Authorization: Bearer <key>``.
 
 Run it with ``attnrank serve --index ...`` or ``uvicorn --factory api.app:create_app``.
 """
@@ -46,6 +54,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from attnrank import __version__
 from attnrank.errors import AttnrankError
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
@@ -61,10 +70,14 @@ def error_response(status_code: int, message: str, error_type: str, headers: dic
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc]
+    """``("body", "documents", 3, "text")`` -> ``"documents[3].text"``."""
+    parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):  # where, not which field
         parts = parts[1:]
-    return ".".join(parts) or "body"
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
 
 
 def validation_message(exc: RequestValidationError) -> str:
@@ -125,8 +138,8 @@ def create_app(
         server start-up), and start-up fails with the index error if one cannot; models
         then load in the background.
     """
-    from api.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware
-    from api.runtime import Runtime
+    from attnrank.api.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware
+    from attnrank.api.runtime import Runtime
 
     settings = settings or Settings()
     settings.collection_dirs()  # fail now on a collection named like the default one
@@ -148,7 +161,7 @@ def create_app(
     app = FastAPI(
         title="attnrank",
         summary="Retrieval with attention-based in-context reranking.",
-        version=_version(),
+        version=__version__,
         lifespan=lifespan,
     )
     app.state.settings = settings
@@ -163,17 +176,9 @@ def create_app(
         app.add_middleware(AuthMiddleware, api_key=settings.api_key.get_secret_value())
     app.add_middleware(MetricsMiddleware)
 
-    from api.routes import documents, health, info, metrics, rerank, search
+    from attnrank.api.routes import documents, health, info, metrics, rerank, search, ui
 
-    for module in (health, info, metrics, search, rerank, documents):
+    for module in (health, info, metrics, search, rerank, documents, ui):
         app.include_router(module.router)
     return app
 
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("attnrank")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "0"

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.runtime import Runtime
+from attnrank.api.runtime import Runtime
 from attnrank.errors import UnhealthyError
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings

@@ -7,7 +7,7 @@ or the queue has room, and otherwise raises :class:`~attnrank.errors.OverloadedE
 wait. Jobs start in arrival order (first come, first served). A job whose caller stopped
 waiting (deadline passed, request cancelled) before it started is dropped unrun.
 
-The service runs two pools (see :mod:`api.runtime`): ``search`` for first-stage-only
+The service runs two pools (see :mod:`attnrank.api.runtime`): ``search`` for first-stage-only
 searches (cheap, several threads) and ``rerank`` for anything that runs the language
 model (one model instance shared, ``ATTNRANK_WORKERS`` threads).
 

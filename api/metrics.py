@@ -65,6 +65,16 @@ class Metrics:
             ["reason"], registry=r,
         )
         self.ready = prom.Gauge("attnrank_ready", "1 once the models are loaded.", registry=r)
+        self.block_cache = prom.Counter(
+            "attnrank_block_cache", "Candidate blocks of cached BlockRank: read from the document KV store or RAM "
+            "cache (hit) or computed (miss).", ["result"], registry=r,
+        )
+
+    def observe_block_cache(self, cache: Mapping[str, int] | None) -> None:
+        """Count one rerank's block ``{"hits", "misses"}`` (no-op for ``None``)."""
+        if cache:
+            self.block_cache.labels("hit").inc(int(cache.get("hits", 0)))
+            self.block_cache.labels("miss").inc(int(cache.get("misses", 0)))
 
     def watch_pools(self, pools: Mapping[str, object]) -> None:
         """Read queue depth and busy workers of each pool at scrape time."""
@@ -73,7 +83,7 @@ class Metrics:
             self.busy_workers.labels(name).set_function(lambda p=pool: p.busy)
 
     def observer(self, pool: str):
-        """An ``observe(stage, seconds)`` callback for :class:`api.inference.InferencePool`."""
+        """An ``observe(stage, seconds)`` callback for :class:`attnrank.api.inference.InferencePool`."""
 
         def observe(stage: str, seconds: float) -> None:
             if stage == "rejected":

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: API-key auth, request body limit, request metrics.
+"""Pure ASGI middleware: API-key auth, request body decoding (gzip, deflate) and size
+limit, request metrics.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so that bodies stream through untouched and
 errors raised by the app keep their handlers. Responses these layers produce themselves
@@ -10,13 +11,17 @@ from __future__ import annotations
 import hmac
 import json
 import time
+import zlib
 from typing import Any
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-PUBLIC_PATHS = frozenset({"/health"})
-"""Paths served without an API key."""
+from attnrank.api.routes.ui import UI_PATHS
+
+PUBLIC_PATHS = frozenset({"/health", *UI_PATHS})
+"""Paths served without an API key: readiness, and the search page and its assets (which
+hold no data; the page sends the key with its API requests)."""
 
 
 async def send_error(
@@ -55,9 +60,91 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
+SUPPORTED_ENCODINGS = ("gzip", "deflate")
+"""Request ``Content-Encoding`` values decoded by :class:`BodyLimitMiddleware` (besides
+``identity``; ``x-gzip`` is read as ``gzip``)."""
+
+
+class _Inflater:
+    """Stream-decompresses one gzip or deflate body, never producing more than ``limit + 1``
+    bytes in all: a small body that would inflate past the limit (a "zip bomb") costs at
+    most ``limit`` bytes of memory before it is refused.
+
+    ``deflate`` is the zlib format (RFC 9110); raw deflate, which some clients send under
+    that name, is recognised by its missing zlib header. Concatenated gzip members are read
+    one after the other.
+    """
+
+    def __init__(self, coding: str, limit: int) -> None:
+        self.coding = coding
+        self.limit = limit
+        self.produced = 0
+        self._head = b""
+        self._d: Any = None
+
+    def _bad(self, why: str) -> HTTPException:
+        return HTTPException(400, f"request body is not valid {self.coding} data ({why}); compress it with "
+                                  f"{self.coding} or send it uncompressed without Content-Encoding")
+
+    def _start(self, head: bytes) -> None:
+        if self.coding == "gzip":
+            wbits = 16 + zlib.MAX_WBITS
+        else:
+            zlib_header = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+            wbits = zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS
+        self._d = zlib.decompressobj(wbits)
+
+    def feed(self, data: bytes, final: bool) -> bytes:
+        """Decompressed bytes of the next chunk ``data`` (``final``: no more follow).
+
+        Raises:
+            HTTPException: 413 once the output passes ``limit``; 400 on corrupt or cut data.
+        """
+        if self._d is None:
+            self._head += data
+            if len(self._head) < 2 and not final:
+                return b""
+            data, self._head = self._head, b""
+            if not data:  # an empty body stays empty
+                return b""
+            self._start(data)
+        out = []
+        try:
+            while data:
+                chunk = self._d.decompress(data, self.limit - self.produced + 1)
+                self.produced += len(chunk)
+                if self.produced > self.limit:
+                    raise HTTPException(413, f"decompressed request body is over the limit of {self.limit} bytes; "
+                                             "send less in one request")
+                out.append(chunk)
+                data = b""
+                if self._d.eof and self._d.unused_data and self.coding == "gzip":  # next gzip member
+                    data = self._d.unused_data
+                    self._start(data)
+                elif self._d.eof and self._d.unused_data:
+                    raise self._bad("data after the end of the compressed stream")
+        except zlib.error as exc:
+            raise self._bad(str(exc)) from None
+        if final and not self._d.eof:
+            raise self._bad("the compressed stream is cut short")
+        return b"".join(out)
+
+
 class BodyLimitMiddleware:
-    """Refuses request bodies over ``max_bytes`` with 413 ``payload_too_large``: at once when
-    ``Content-Length`` says so, else as soon as the streamed body passes the limit."""
+    """Decodes compressed request bodies and refuses bodies over ``max_bytes``: the one
+    place where request bodies are sized.
+
+    * No ``Content-Encoding`` (or ``identity``): a body over the limit is 413
+      ``payload_too_large``, at once when ``Content-Length`` says so, else as soon as the
+      streamed body passes the limit.
+    * ``gzip`` (``x-gzip``) or ``deflate``: the body is decompressed as it streams in and the
+      app sees the plain body (without the ``Content-Encoding`` and ``Content-Length``
+      headers). The limit applies to the decompressed bytes (and to the bytes received): 413
+      as soon as either passes it, so a decompression bomb is never inflated in full. A
+      corrupt compressed body is 400 ``bad_request``.
+    * Any other encoding, or a chain of several: 415 ``unsupported_media_type`` naming the
+      supported ones (and an ``Accept-Encoding`` header listing them).
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -68,6 +155,7 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes
+        encoding = ""
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -78,15 +166,34 @@ class BodyLimitMiddleware:
                     await send_error(send, 413, f"request body of {declared} bytes is over the limit of {limit} bytes",
                                      "payload_too_large")
                     return
+            elif name == b"content-encoding":
+                encoding = value.decode("latin-1")
+        codings = [c.strip().lower() for c in encoding.split(",") if c.strip().lower() not in ("", "identity")]
+        codings = ["gzip" if c == "x-gzip" else c for c in codings]
+        if len(codings) > 1 or (codings and codings[0] not in SUPPORTED_ENCODINGS):
+            supported = ", ".join(SUPPORTED_ENCODINGS)
+            await send_error(
+                send, 415, f"Content-Encoding {encoding.strip()!r} is not supported; send the body uncompressed or "
+                f"compressed with one of: {supported}", "unsupported_media_type", {"Accept-Encoding": supported},
+            )
+            return
+        inflater = _Inflater(codings[0], limit) if codings else None
+        if inflater is not None:
+            scope = dict(scope)
+            scope["headers"] = [(n, v) for n, v in scope.get("headers", ())
+                                if n not in (b"content-encoding", b"content-length")]
         seen = 0
 
         async def limited() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                body = message.get("body", b"")
+                seen += len(body)
                 if seen > limit:
                     raise HTTPException(413, f"request body is over the limit of {limit} bytes")
+                if inflater is not None:
+                    message = {**message, "body": inflater.feed(body, final=not message.get("more_body", False))}
             return message
 
         await self.app(scope, limited, send)

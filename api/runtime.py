@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from api.inference import InferencePool
-from api.metrics import Metrics
+from attnrank.api.inference import InferencePool
+from attnrank.api.metrics import Metrics
 from attnrank.errors import NotFoundError, UnhealthyError
 from attnrank.pipeline import NO_RERANK, Pipeline, RerankerCache, reranker_factory
 from attnrank.settings import Settings
@@ -219,7 +219,9 @@ def lm_name(model: str | None) -> str:
     from pathlib import Path
 
     if model is None:
-        return "smollm2-135m-instruct"
+        from attnrank.config import DEFAULT_LM
+
+        return DEFAULT_LM
     return Path(model).name or model
 
 

@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from attnrank.textrules import id_problem, json_problem, text_problem
 
 MAX_QUERY_CHARS = 4096
 """Longest accepted query text, in characters."""
+
+
+# The input rules of attnrank.textrules, as annotated types used by every request schema:
+# a string that breaks them is a 422 naming the field, e.g. "documents[3].text: contains
+# the unpaired surrogate U+D800 at character 7, ...". They run before pydantic's own str
+# checks, so every field gets the same message.
+def _text_rule(value: Any) -> Any:
+    if isinstance(value, str) and (problem := text_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
+def _id_rule(value: Any) -> Any:
+    if isinstance(value, str) and (problem := id_problem(value)):
+        raise ValueError(f"id {problem}")
+    return value
+
+
+def _json_rule(value: Any) -> Any:
+    found = json_problem(value)
+    if found:
+        path, problem = found
+        raise ValueError(f"value at {path}: {problem}" if path else problem)
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_text_rule)]
+"""A string of Unicode scalar values (no unpaired surrogates)."""
+DocId = Annotated[str, BeforeValidator(_id_rule)]
+"""A document id: valid text without whitespace or control characters (TREC run files carry it)."""
+JsonObject = Annotated[dict[str, Any], BeforeValidator(_json_rule)]
+"""A JSON object whose keys and string values, at any depth, are valid text."""
 
 
 class ReAttnOptions(BaseModel):
@@ -25,7 +59,7 @@ class RerankRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: str | None = Field(
+    method: Text | None = Field(
         None,
         description="Reranker name (e.g. 'icr'), or 'none' for first-stage order; "
         "default: the service's reranker (ATTNRANK_RERANK_METHOD).",
@@ -63,13 +97,14 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
-    top_k: int = Field(10, ge=1, description="Number of results (at most the service's max_top_k).")
-    retriever: str = Field("bm25", description="First-stage retriever: bm25, dense or hybrid (as indexed).")
+    query: Text = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
+    top_k: int = Field(10, description="Number of results (at most the service's max_top_k).",
+                       json_schema_extra={"minimum": 1})  # range checked by the pipeline, as in the library
+    retriever: Text = Field("bm25", description="First-stage retriever: bm25, dense or hybrid (as indexed).")
     rerank: RerankRequest | None = Field(
         None, description="Reranking options; omitted or null = first-stage order only."
     )
-    collection: str | None = Field(
+    collection: Text | None = Field(
         None, description="Collection searched (see GET /info); default: the service's default collection."
     )
     explain: bool = Field(
@@ -77,7 +112,7 @@ class SearchRequest(BaseModel):
         description="With rerank (icr): each reranked result carries `evidence`, the document spans that drew "
         "the most query attention (character offsets into its text).",
     )
-    filter: dict[str, Any] | None = Field(
+    filter: JsonObject | None = Field(
         None,
         description="Metadata filter (Qdrant-style): {must, should, must_not} lists of {key, match: {value | any}}, "
         "{key, range: {gt, gte, lt, lte}}, {is_empty: {key}}, {is_null: {key}}, {has_id: [...]} or nested filters. "
@@ -122,6 +157,9 @@ class Hit(BaseModel):
     evidence: list[Evidence] | None = Field(
         None, description="With explain: the reranked document's most attended spans, best first; null otherwise."
     )
+    first_stage_rank: int | None = Field(
+        None, description="1-based position in the first-stage ranking (before reranking); null when unknown."
+    )
 
 
 class Timings(BaseModel):
@@ -141,6 +179,15 @@ class RerankInfo(BaseModel):
     candidates: int = Field(description="First-stage hits reranked (fewer than requested when the first stage found fewer).")
     truncated: list[str] = Field(description="Doc ids whose content was cut to the per-document token budget.")
     prompt_tokens: int = Field(description="LM tokens processed for this query.")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="How the reranker ranked: a query cut to its token budget, candidates scored in several "
+        "windows, duplicate texts sharing one score.",
+    )
+    cache: dict[str, int] | None = Field(
+        None, description="Cached BlockRank (query_in_instruction=false): candidate blocks read from the document "
+        "KV store or the RAM cache (`hits`) and computed now (`misses`)."
+    )
 
 
 class SearchResponse(BaseModel):
@@ -172,18 +219,39 @@ class ErrorBody(BaseModel):
 
     error: str = Field(description="What went wrong and what to do.")
     error_type: str = Field(
-        description="validation, unauthorized, not_found, method_not_allowed, payload_too_large, overloaded, "
-        "unhealthy, model_unavailable, internal, ..."
+        description="validation, unauthorized, not_found, method_not_allowed, payload_too_large, "
+        "unsupported_media_type, bad_request, overloaded, unhealthy, model_unavailable, internal, ..."
     )
 
 
 # ------------------------------------------------------------------ POST /rerank (Cohere v2)
 class RerankDocumentIn(BaseModel):
-    """A document as an object (Cohere v1 style); only ``text`` is read, other fields are ignored."""
+    """A document as an object (Cohere v1 style); only ``text`` is read, other fields are
+    ignored (but, like every string of a request, must be valid text)."""
 
     model_config = ConfigDict(extra="allow")
 
-    text: str = Field(description="Document text.")
+    text: Text = Field(description="Document text.")
+
+    @model_validator(mode="after")
+    def _extra_fields_are_valid_text(self) -> RerankDocumentIn:
+        _json_rule(self.model_extra or {})
+        return self
+
+
+def _document_object(value: Any) -> Any:
+    if isinstance(value, str):
+        return {"text": value}
+    if not isinstance(value, (dict, RerankDocumentIn)):
+        raise ValueError("a document must be a string or an object with a `text` field")
+    return value
+
+
+RerankDocument = Annotated[
+    RerankDocumentIn, BeforeValidator(_document_object, json_schema_input_type=str | RerankDocumentIn)
+]
+"""A /rerank document: a string, or an object with ``text``; a string is read as ``{"text": ...}``,
+so both forms name an invalid text ``documents[i].text``."""
 
 
 class CohereRerankRequest(BaseModel):
@@ -192,17 +260,19 @@ class CohereRerankRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(
+    model: Text | None = Field(
         None,
         description="Optional here. When given it must name the served reranker: its method (e.g. 'icr'), its LM "
         "(e.g. 'smollm2-135m-instruct') or '<lm>/<method>' (GET /info lists them); anything else is a 422.",
         examples=["icr"],
     )
-    query: str = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
-    documents: list[str | RerankDocumentIn] = Field(
+    query: Text = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
+    documents: list[RerankDocument] = Field(
         ..., min_length=1,
         description="Documents to rank: strings, or objects with a `text` field. At most the service's "
-        "max_documents, each at most max_document_chars characters (413 above).",
+        "max_documents (413 above). A document longer than max_tokens_per_doc LM tokens is cut to them and "
+        "ranked on its beginning (listed in meta.truncated and meta.warnings); only the body size "
+        "(max_body_bytes) bounds its length.",
     )
     top_n: int | None = Field(None, ge=1, description="Results returned (best first); default: all documents.")
     max_tokens_per_doc: int | None = Field(
@@ -211,7 +281,7 @@ class CohereRerankRequest(BaseModel):
         "default and upper bound: the service's max_doc_tokens (larger values are clamped, with a warning).",
     )
     return_documents: bool = Field(False, description="Add `document: {text}` to each result.")
-    rank_fields: list[str] | None = Field(
+    rank_fields: list[Text] | None = Field(
         None, description="Cohere v1: fields of object documents to rank on; only ['text'] is supported."
     )
     max_chunks_per_doc: int | None = Field(None, ge=1, description="Cohere v1; accepted and ignored.")
@@ -230,7 +300,7 @@ class CohereRerankRequest(BaseModel):
         return value
 
     def texts(self) -> list[str]:
-        return [d if isinstance(d, str) else d.text for d in self.documents]
+        return [d.text for d in self.documents]
 
 
 class RerankedDocument(BaseModel):
@@ -297,6 +367,17 @@ class RerankerInfo(BaseModel):
     max_doc_tokens: int
     device: str
     dtype: str
+    options: dict[str, list[dict[str, Any]]] = Field(
+        default_factory=dict,
+        description="Per method: its options ({name, type, default, doc}); unknown options are refused (422).",
+    )
+    limits: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Per method, what the loaded model holds (empty until loaded): context and window_tokens "
+        "(positions), max_query_tokens (longer queries are cut, with a warning), max_doc_tokens, and "
+        "max_candidates / max_documents: the most candidates a /search or documents a /rerank request may send "
+        "(the service limits, when the model holds them).",
+    )
 
 
 class InfoResponse(BaseModel):
@@ -318,20 +399,17 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(..., min_length=1, max_length=512, description="Document id, unique in the collection.")
-    text: str = Field(..., description="Body text (at most the service's max_document_chars characters, else 413).")
-    title: str = Field("", description="Title; indexed together with the text.")
-    metadata: dict[str, Any] = Field(
+    id: DocId = Field(
+        ..., min_length=1, max_length=512,
+        description="Document id, unique in the collection; no whitespace or control characters (TREC run files "
+        "carry it).",
+    )
+    text: Text = Field(..., description="Body text (at most the service's max_document_chars characters, else 413).")
+    title: Text = Field("", description="Title; indexed together with the text.")
+    metadata: JsonObject = Field(
         default_factory=dict,
         description="JSON metadata fields, filterable in POST /search (`filter`). Replaced as a whole on upsert.",
     )
-
-    @field_validator("id")
-    @classmethod
-    def _id_not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("id must not be empty or only whitespace")
-        return value
 
     @model_validator(mode="after")
     def _has_content(self) -> DocumentIn:
@@ -345,7 +423,7 @@ class UpsertRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    collection: str | None = Field(None, description="Target collection; default: the service's default collection.")
+    collection: Text | None = Field(None, description="Target collection; default: the service's default collection.")
     documents: list[DocumentIn] = Field(
         ..., min_length=1, description="Documents to add or replace; ids unique within the batch. At most the "
         "service's max_ingest_documents (413 above)."

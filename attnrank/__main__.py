@@ -1,4 +1,4 @@
-from attnrank.cli import app
+from attnrank.cli import main
 
 if __name__ == "__main__":
-    app()
+    main()

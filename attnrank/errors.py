@@ -51,6 +51,29 @@ class IndexMismatchError(AttnrankError):
     status_code = 409
 
 
+class KVStoreError(AttnrankError):
+    """The persistent document KV store cannot be read or written (disk full, locked,
+    damaged files) (HTTP 500)."""
+
+    error_type = "kv_store"
+    status_code = 500
+
+
+class KVStoreMismatchError(KVStoreError, IndexMismatchError):
+    """A document KV store built for another model, adapter, layer, prompt or dtype (HTTP 409).
+
+    Attributes:
+        fields: Names of the header fields that differ.
+    """
+
+    error_type = "index_mismatch"
+    status_code = 409
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
 class ModelLoadError(AttnrankError):
     """A model that cannot be found or loaded (HTTP 503)."""
 

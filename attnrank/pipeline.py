@@ -3,6 +3,13 @@
     retrieve top-k1 -> hydrate from the document store -> rerank the top N -> cut to k
 
 with per-stage timings in seconds.
+
+:meth:`Pipeline.validate` is the one owner of whether a search is valid: ``top_k`` and
+``candidates`` against the pipeline's :class:`~attnrank.config.SearchLimits`, the retriever
+and rerank method names, reranker options, ``explain``, and the metadata filter, which it
+parses once into the options it returns (the stages below pass the parsed filter on). The
+API route, :meth:`Pipeline.search_batch`, the evaluation harness and ``rerank-batch`` all go
+through it, so a bad value gets the same message everywhere.
 """
 
 from __future__ import annotations
@@ -14,17 +21,32 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from attnrank.config import PipelineConfig
+from attnrank.config import PipelineConfig, SearchLimits
 from attnrank.errors import UnknownNameError, ValidationError
-from attnrank.protocols import DocStore, Filter, RerankResult, Reranker, Retriever
+from attnrank.protocols import (
+    BlockCachingReranker,
+    BlockStore,
+    BlockStoreOwner,
+    DocStore,
+    ExplainingReranker,
+    FilterArg,
+    Reranker,
+    RerankResult,
+    Retriever,
+    SupportsClose,
+)
 from attnrank.types import Document, Query, Ranking, ScoredDoc
 
 logger = logging.getLogger(__name__)
 
 NO_RERANK = "none"
+
+HEAD_OPTION_METHODS = ("icr", "blockrank")
+"""Rerankers that take the ``heads`` and ``reattn`` options."""
+HEAD_OPTIONS = ("heads", "reattn")
 
 RerankerFactory = Callable[..., Reranker]
 """Builds a reranker: ``factory(method)`` for the default configuration, and
@@ -52,6 +74,13 @@ def _takes_options(factory: Callable[..., Any]) -> bool:
     return "options" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def check_explainer(reranker: Reranker, method: str) -> ExplainingReranker:
+    """``reranker`` if it can explain (``rerank_with_evidence``). Raises ValidationError."""
+    if not isinstance(reranker, ExplainingReranker):
+        raise ValidationError(f"explain is not supported by the {method!r} reranker; use method 'icr'")
+    return reranker
+
+
 class RerankerCache:
     """Rerankers by ``(method, options, max_doc_tokens)``, built on first use and kept.
 
@@ -59,7 +88,7 @@ class RerankerCache:
     reranker, and its model, exists once. Rerankers with the default configuration
     (no options, default ``max_doc_tokens``) are kept for the cache's lifetime; the others
     are evicted least-recently-used beyond ``max_entries`` (they share the process-wide LM
-    of :func:`reranker.lm.load_lm`, so an eviction frees only the small reranker object).
+    of :func:`attnrank.reranker.lm.load_lm`, so an eviction frees only the small reranker object).
 
     Args:
         factory: See :data:`RerankerFactory`.
@@ -117,8 +146,12 @@ class RerankerCache:
         *,
         explain: bool = False,
         evidence_spans: int = 3,
+        index: Any = None,
     ) -> RerankResult:
         """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``.
+
+        With ``index`` (the collection's index), a reranker in cached mode reads candidate
+        blocks from the index's document KV store (:func:`block_store_for`).
 
         With ``explain``, the reranker must offer ``rerank_with_evidence`` (ICR does); its
         result carries ``details["evidence"] = {doc_id: [span, ...]}``.
@@ -127,13 +160,22 @@ class RerankerCache:
             ValidationError: ``explain`` with a reranker that cannot explain; see :meth:`get`.
         """
         reranker, lock = self.get(method, options, max_doc_tokens)
-        explainer = getattr(reranker, "rerank_with_evidence", None)
-        if explain and not callable(explainer):
-            raise ValidationError(f"explain is not supported by the {method!r} reranker; use method 'icr'")
+        explainer = check_explainer(reranker, method) if explain else None
         with lock:
-            if explain:
-                return explainer(query, candidates, max_spans=evidence_spans)
+            if explainer is not None:
+                return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans)
+            store = block_store_for(reranker, index) if index is not None else None
+            if store is not None:
+                return reranker.rerank(query, candidates, block_store=store)  # type: ignore[call-arg]
             return reranker.rerank(query, candidates)
+
+    def known_methods(self) -> list[str] | None:
+        """The methods this cache can build, sorted: the registry's plus those built, for a
+        factory made by :func:`reranker_factory`; ``None`` when the factory does not say
+        (a custom one), and only building tells."""
+        if not isinstance(self.factory, RegistryRerankerFactory):
+            return None
+        return sorted(set(self.factory.methods()) | self.methods())
 
     def methods(self) -> set[str]:
         """Methods whose default reranker has been built."""
@@ -160,7 +202,9 @@ class SearchOptions:
         rerank: Reranker name, or ``"none"`` for first-stage order.
         candidates: How many first-stage hits the reranker reorders (1..``max_candidates``).
             Results beyond the reranked candidates keep first-stage order below them.
-        filter: Metadata filter applied by the first stage.
+        filter: Metadata filter applied by the first stage: the JSON form, or the parsed
+            :class:`attnrank.index.filters.BoolFilter` that :meth:`Pipeline.validate` puts in
+            the options it returns (parsed once; never parsed again below).
         rerank_options: Reranker options (``RerankerConfig.options`` keys, e.g. ICR's
             ``heads`` and ``reattn``) merged over the configured ones; each distinct set
             builds its own reranker (cached, the model shared).
@@ -173,7 +217,7 @@ class SearchOptions:
     retriever: str = "bm25"
     rerank: str = NO_RERANK
     candidates: int = 20
-    filter: Filter | None = None
+    filter: FilterArg | None = None
     rerank_options: Mapping[str, Any] | None = None
     explain: bool = False
     evidence_spans: int = 3
@@ -200,7 +244,6 @@ class SearchResult:
     rerank: RerankResult | None = None
 
 
-@dataclass
 class Pipeline:
     """Retrieve -> hydrate -> rerank -> cut.
 
@@ -209,26 +252,57 @@ class Pipeline:
         docstore: Document store used to hydrate hits.
         reranker_factory: Builds rerankers on first use (see :data:`RerankerFactory`;
             models load once and are cached in this object); ``None`` disables reranking.
-        max_top_k: Largest accepted ``top_k``.
-        max_candidates: Largest accepted candidate count.
+        limits: Bounds of ``top_k`` and ``candidates`` (default: ``SearchLimits()``).
         describe_index: The index's ``describe()`` (for ``/info`` and reports).
         rerankers: A :class:`RerankerCache` to use instead of one built from
             ``reranker_factory`` (share one between the pipelines of several collections).
         index: The opened index object, when built by :meth:`from_config` (``None`` otherwise).
+        max_top_k: Shorthand: ``limits`` with this ``max_top_k``.
+        max_candidates: Shorthand: ``limits`` with this ``max_candidates``.
     """
 
-    retrievers: Mapping[str, Retriever]
-    docstore: DocStore
-    reranker_factory: RerankerFactory | None = None
-    max_top_k: int = 100
-    max_candidates: int = 100
-    describe_index: Mapping[str, Any] = field(default_factory=dict)
-    rerankers: RerankerCache | None = None
-    index: Any = field(default=None, repr=False)
+    def __init__(
+        self,
+        retrievers: Mapping[str, Retriever],
+        docstore: DocStore,
+        reranker_factory: RerankerFactory | None = None,
+        *,
+        limits: SearchLimits | None = None,
+        describe_index: Mapping[str, Any] | None = None,
+        rerankers: RerankerCache | None = None,
+        index: Any = None,
+        max_top_k: int | None = None,
+        max_candidates: int | None = None,
+    ) -> None:
+        limits = limits or SearchLimits()
+        if max_top_k is not None or max_candidates is not None:
+            limits = replace(
+                limits,
+                max_top_k=limits.max_top_k if max_top_k is None else max_top_k,
+                max_candidates=limits.max_candidates if max_candidates is None else max_candidates,
+            )
+        self.retrievers = retrievers
+        self.docstore = docstore
+        self.reranker_factory = reranker_factory
+        self.limits = limits
+        self.describe_index: Mapping[str, Any] = describe_index if describe_index is not None else {}
+        self.rerankers = rerankers
+        if self.rerankers is None and reranker_factory is not None:
+            self.rerankers = RerankerCache(reranker_factory)
+        self.index = index
 
-    def __post_init__(self) -> None:
-        if self.rerankers is None and self.reranker_factory is not None:
-            self.rerankers = RerankerCache(self.reranker_factory)
+    @property
+    def max_top_k(self) -> int:
+        """``limits.max_top_k``."""
+        return self.limits.max_top_k
+
+    @property
+    def max_candidates(self) -> int:
+        """``limits.max_candidates``."""
+        return self.limits.max_candidates
+
+    def __repr__(self) -> str:
+        return f"Pipeline(retrievers={sorted(self.retrievers)}, limits={self.limits}, docstore={self.docstore!r})"
 
     @classmethod
     def from_config(cls, config: PipelineConfig, *, rerankers: RerankerCache | None = None) -> Pipeline:
@@ -249,8 +323,7 @@ class Pipeline:
             retrievers=retrievers,
             docstore=index.docstore,
             reranker_factory=reranker_factory(config.reranker),
-            max_top_k=config.max_top_k,
-            max_candidates=config.max_candidates,
+            limits=config.limits,
             describe_index=index.describe(),
             rerankers=rerankers,
             index=index,
@@ -259,9 +332,8 @@ class Pipeline:
     def close(self) -> None:
         """Close the index (or document store) this pipeline opened."""
         target = self.index if self.index is not None else self.docstore
-        close = getattr(target, "close", None)
-        if callable(close):
-            close()
+        if isinstance(target, SupportsClose):
+            target.close()
 
     # -- rerankers -------------------------------------------------------------------
     def reranker(
@@ -280,18 +352,54 @@ class Pipeline:
         return self.rerankers.loaded() if self.rerankers is not None else {}
 
     # -- validation ------------------------------------------------------------------
-    def validate(self, options: SearchOptions) -> None:
-        """Check options against this pipeline's limits. Raises ValidationError/UnknownNameError."""
-        if not 1 <= options.top_k <= self.max_top_k:
-            raise ValidationError(f"top_k must be between 1 and {self.max_top_k}, got {options.top_k}")
+    def validate(self, options: SearchOptions) -> SearchOptions:
+        """Check a search's options and return them ready to run, with the filter parsed.
+
+        The one place a search is checked (the API route, :meth:`search_batch`, the eval
+        harness and ``rerank-batch`` call it), in this order: ``top_k`` (against
+        ``limits.max_top_k``), the retriever name, the rerank method (when the reranker
+        factory lists its methods; see :meth:`RerankerCache.known_methods`), ``candidates``
+        (when reranking, against ``limits.max_candidates``), ``heads``/``reattn`` options
+        (icr and blockrank only), ``explain`` (needs reranking), the metadata filter.
+
+        The filter is parsed here, once: the returned options carry the parsed filter
+        (validating them again parses nothing). Whether a built reranker can ``explain``
+        is checked when it is built (:meth:`search_batch`), since building may load a model.
+
+        Returns:
+            ``options`` with ``filter`` parsed (``None`` for no filter).
+
+        Raises:
+            ValidationError: ``top_k``/``candidates`` out of range, options of another
+                reranker, ``explain`` without reranking, reranking disabled.
+            UnknownNameError: unknown retriever or rerank method.
+            FilterError: an invalid metadata filter (the message names the clause).
+        """
+        from attnrank import registry
+
+        self.limits.check_top_k(options.top_k)
         if options.retriever not in self.retrievers:
             raise UnknownNameError(
                 f"unknown retriever {options.retriever!r}; choose one of {sorted(self.retrievers)}"
             )
-        if options.rerank != NO_RERANK and not 1 <= options.candidates <= self.max_candidates:
+        method = options.rerank
+        if method != NO_RERANK:
+            known = self._cache().known_methods()
+            if known is not None and method not in known:
+                raise UnknownNameError(f"unknown rerank method {method!r}; choose one of {[NO_RERANK, *known]}")
+            self.limits.check_candidates(options.candidates)
+        head_options = [k for k in HEAD_OPTIONS if k in (options.rerank_options or {})]
+        if head_options and method not in HEAD_OPTION_METHODS:
             raise ValidationError(
-                f"candidates must be between 1 and {self.max_candidates}, got {options.candidates}"
+                f"rerank.{'/'.join(head_options)} are options of the {' and '.join(HEAD_OPTION_METHODS)} rerankers, "
+                f"not of {method!r}"
             )
+        if options.explain and method == NO_RERANK:
+            raise ValidationError(
+                "explain needs reranking (evidence comes from the reranker's attention); add rerank"
+            )
+        parsed = registry.parse_filter(options.filter)
+        return options if parsed is options.filter else replace(options, filter=parsed)
 
     # -- search ----------------------------------------------------------------------
     def search(self, query: Query | str, options: SearchOptions = SearchOptions()) -> SearchResult:
@@ -305,11 +413,13 @@ class Pipeline:
         """Search a batch of queries with the same options.
 
         Raises:
-            ValidationError: empty query text, ``top_k``/``candidates`` out of range.
+            ValidationError: empty query text; invalid options (see :meth:`validate`);
+                ``explain`` with a reranker that cannot explain.
             UnknownNameError: unknown retriever or reranker.
+            FilterError: an invalid metadata filter.
             ContextOverflowError: the reranking prompt does not fit the model's context.
         """
-        self.validate(options)
+        options = self.validate(options)
         for q in queries:
             if not q.text or not q.text.strip():
                 raise ValidationError(f"query {q.query_id!r} is empty; send a non-empty query text")
@@ -317,8 +427,8 @@ class Pipeline:
         cache = self._cache() if rerank else None
         if cache is not None:
             reranker = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
-            if options.explain and not callable(getattr(reranker, "rerank_with_evidence", None)):
-                raise ValidationError(f"explain is not supported by the {options.rerank!r} reranker; use method 'icr'")
+            if options.explain:
+                check_explainer(reranker, options.rerank)
         k1 = max(options.top_k, options.candidates) if rerank else options.top_k
 
         t0 = time.perf_counter()
@@ -347,7 +457,8 @@ class Pipeline:
                 cands = hydrated.top(options.candidates)
                 t2 = time.perf_counter()
                 rr = cache.rerank(q, [h.document for h in cands.hits], options.rerank, options.rerank_options,
-                                  explain=options.explain, evidence_spans=options.evidence_spans)
+                                  explain=options.explain, evidence_spans=options.evidence_spans,
+                                  index=self.index)
                 t_rerank = time.perf_counter() - t2
                 final = merge_reranked(hydrated, rr.ranking, options.top_k)
             timings = {
@@ -360,19 +471,53 @@ class Pipeline:
         return results
 
 
-def reranker_factory(base: Any) -> RerankerFactory:
-    """A :data:`RerankerFactory` over a base :class:`~attnrank.config.RerankerConfig`: the
-    method replaced, ``options`` merged over the base options, ``max_doc_tokens`` replaced
-    when given."""
-    from attnrank import registry
+@dataclass(frozen=True)
+class RegistryRerankerFactory:
+    """A :data:`RerankerFactory` building registered rerankers from a base
+    :class:`~attnrank.config.RerankerConfig`: the method replaced, ``options`` merged over the
+    base options (only for the base's own method: options are typed per method),
+    ``max_doc_tokens`` replaced when given. It knows the methods it can build
+    (:meth:`methods`), so :meth:`Pipeline.validate` can refuse an unknown one up front."""
 
-    def factory(method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None) -> Reranker:
-        config = replace(base, method=method, options={**base.options, **(options or {})})
+    base: Any
+
+    def __call__(
+        self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
+    ) -> Reranker:
+        from attnrank import registry
+
+        # The base options are the base method's (typed per method: another method would refuse them).
+        inherited = self.base.options if method == self.base.method else {}
+        config = replace(self.base, method=method, options={**inherited, **(options or {})})
         if max_doc_tokens is not None:
             config = replace(config, max_doc_tokens=max_doc_tokens)
         return registry.build_reranker(config)
 
-    return factory
+    @staticmethod
+    def methods() -> list[str]:
+        """The registered reranker names."""
+        from attnrank import registry
+
+        return registry.reranker_names()
+
+
+def block_store_for(reranker: Any, index: Any) -> BlockStore | None:
+    """The document KV store ``index`` keeps for ``reranker``'s blocks, or ``None`` when the
+    reranker does not read stored blocks (not in cached mode) or the index keeps none
+    (in memory).
+
+    Raises:
+        KVStoreMismatchError: the index's store was built for another configuration.
+    """
+    if not isinstance(reranker, BlockCachingReranker) or not isinstance(index, BlockStoreOwner):
+        return None
+    header = reranker.block_store_header()
+    return None if header is None else index.block_store(header)
+
+
+def reranker_factory(base: Any) -> RerankerFactory:
+    """A :class:`RegistryRerankerFactory` over a base :class:`~attnrank.config.RerankerConfig`."""
+    return RegistryRerankerFactory(base)
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:

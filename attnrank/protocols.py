@@ -5,12 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 from attnrank.types import Document, Query, Ranking
 
+if TYPE_CHECKING:  # type-only: the core never imports the index layer
+    import numpy as np
+
+    from attnrank.index.filters import BoolFilter
+
 Filter = Mapping[str, Any]
 """A metadata filter (Qdrant-style JSON: ``must`` / ``should`` / ``must_not``); ``None`` = no filter."""
+
+FilterArg = Union[Filter, "BoolFilter"]
+"""What ``filter=`` accepts along a search: the JSON form, or the filter already parsed
+(:class:`attnrank.index.filters.BoolFilter`). :meth:`attnrank.pipeline.Pipeline.validate`
+parses the JSON once; retrievers, the index and the document store pass the parsed object
+on and never parse it again (:func:`attnrank.index.filters.as_filter`)."""
 
 
 @runtime_checkable
@@ -25,18 +36,100 @@ class Retriever(Protocol):
 
     name: str
 
-    def retrieve(self, queries: Sequence[Query], k: int, *, filter: Filter | None = None) -> list[Ranking]: ...
+    def retrieve(self, queries: Sequence[Query], k: int, *, filter: FilterArg | None = None) -> list[Ranking]: ...
+
+
+@runtime_checkable
+class SupportsClose(Protocol):
+    """Something holding resources (files, connections) released by ``close()``."""
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable
 class DocStore(Protocol):
-    """Documents by id."""
+    """Documents by id (what the pipeline hydrates hits from)."""
 
     def get_many(self, doc_ids: Sequence[str]) -> dict[str, Document]:
         """The documents that exist among ``doc_ids`` (missing ids are absent from the result)."""
         ...
 
     def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class WritableDocStore(DocStore, Protocol):
+    """The document store an :class:`attnrank.index.store.Index` is built over: the source of
+    truth of the index, every method the index and its maintenance
+    (:mod:`attnrank.index.maintenance`) call.
+
+    Every stored document *version* has a ``vid``: an int64 that only grows (:attr:`next_vid`)
+    and is never reused, also after deletes; replacing a document gives it a new vid. The
+    BM25 rows and the vector labels of the index map to vids. Implementations:
+    :class:`attnrank.index.docstore.SQLiteDocStore` (durable) and
+    :class:`attnrank.index.memory.InMemoryDocStore`.
+
+    Writes (:meth:`upsert`, :meth:`delete`) are atomic: when they return, the change is
+    durable (for a durable store) and every later read sees it; when they raise, nothing
+    was written. Reads may run from several threads at once.
+    """
+
+    @property
+    def next_vid(self) -> int:
+        """The vid the next added document version gets (above every vid ever given)."""
+        ...
+
+    def upsert(
+        self, docs: Sequence[Document], vectors: Sequence[np.ndarray | None] | None = None
+    ) -> list[tuple[str, int, int | None]]:
+        """Add or replace documents in one atomic write; each gets a new vid, in order.
+
+        ``vectors[i]`` (float32 ``(p, d)`` or ``None``), when given, is kept with document
+        ``i`` until :meth:`discard_vectors`, so that a vector file written earlier can be
+        caught up after a crash without re-encoding.
+
+        Returns:
+            ``(doc_id, new_vid, old_vid or None)`` per document, in order.
+
+        Raises:
+            ValidationError: a repeated or empty doc id, invalid metadata; nothing is written.
+        """
+        ...
+
+    def delete(self, doc_ids: Sequence[str]) -> list[tuple[str, int]]:
+        """Delete documents in one atomic write; unknown ids are ignored.
+
+        Returns:
+            ``(doc_id, vid)`` of each deleted document.
+        """
+        ...
+
+    def vid_doc_pairs(self) -> tuple[np.ndarray, list[str]]:
+        """``(vids int64 (n,), doc_ids)`` of every live document, ordered by vid."""
+        ...
+
+    def get_by_vids(self, vids: Sequence[int] | np.ndarray) -> list[tuple[int, Document]]:
+        """``(vid, Document)`` of the given vids that are live, in vid order."""
+        ...
+
+    def filter_vids(self, flt: BoolFilter | None = None) -> np.ndarray:
+        """Sorted int64 vids of the live documents matching a parsed metadata filter
+        (``None``: every document). The filter is not parsed again."""
+        ...
+
+    def pending_vectors(self, vids: Sequence[int] | np.ndarray) -> dict[int, np.ndarray]:
+        """The float32 ``(p, d)`` vectors stored by :meth:`upsert` for those of ``vids`` that
+        still have them (a store that keeps none returns ``{}``)."""
+        ...
+
+    def discard_vectors(self, max_vid: int) -> int:
+        """Forget the vectors kept for vids ``<= max_vid`` (the vector file now holds them).
+        Returns how many were dropped."""
+        ...
+
+    def close(self) -> None:
+        """Release files and connections (a no-op for an in-memory store)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -50,6 +143,9 @@ class RerankResult:
         prompt_tokens: LM tokens processed for this query (all passes).
         seconds: Wall-clock time of the reranking, in seconds.
         details: Method-specific diagnostics (e.g. per-document token spans).
+        warnings: What a caller should know about how the ranking was made (a query cut
+            to its token budget, candidates scored in several windows, duplicate texts
+            sharing one score); the API adds them to its response's warnings.
     """
 
     ranking: Ranking
@@ -57,6 +153,7 @@ class RerankResult:
     prompt_tokens: int = 0
     seconds: float = 0.0
     details: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -81,6 +178,23 @@ class Reranker(Protocol):
 
 
 @runtime_checkable
+class ExplainingReranker(Protocol):
+    """A reranker that can also say why: ``rerank_with_evidence`` returns the same ranking
+    with ``details["evidence"] = {doc_id: [span, ...]}`` (ICR does)."""
+
+    def rerank_with_evidence(
+        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
+    ) -> RerankResult: ...
+
+
+@runtime_checkable
+class Preloadable(Protocol):
+    """A stage whose model loads lazily and can be loaded ahead with ``load()``."""
+
+    def load(self) -> Any: ...
+
+
+@runtime_checkable
 class Encoder(Protocol):
     """Dense text encoder: ``encode`` returns float32 ``(n, dim)`` L2-normalised rows."""
 
@@ -91,3 +205,41 @@ class Encoder(Protocol):
     def encode_documents(self, texts: Iterable[str], *, show_progress: bool = False): ...
 
     def describe(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    """A persistent store of document blocks' keys/values (a collection's document KV
+    store, :class:`attnrank.index.kvstore.KVStore`), keyed by block hash.
+
+    ``get_many`` returns ``({key: (keys, values)}, missing_keys)`` with float arrays
+    ``(n_layers, kv_heads, T, head_dim)``; a corrupt entry is a miss, never returned.
+    ``put_many`` stores ``{key: (keys, values)}`` all or nothing.
+    """
+
+    def get_many(self, doc_ids: Iterable[str]) -> tuple[dict[str, tuple[Any, Any]], list[str]]: ...
+
+    def put_many(self, items: Mapping[str, tuple[Any, Any]]) -> int: ...
+
+
+@runtime_checkable
+class BlockCachingReranker(Protocol):
+    """A reranker whose candidate blocks can come from a :class:`BlockStore` (cached
+    BlockRank, ``query_in_instruction=false``).
+
+    ``block_store_header()`` is what a store must have been built with (model hash,
+    template version, instruction hash, ``l*``, block length, dtype, adapter hash), or
+    ``None`` when this configuration does not use a store; ``rerank(..., block_store=)``
+    reads blocks from the store and writes the ones it had to compute back.
+    """
+
+    def block_store_header(self) -> Mapping[str, Any] | None: ...
+
+    def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult: ...
+
+
+@runtime_checkable
+class BlockStoreOwner(Protocol):
+    """An index that keeps a document KV store for its documents (``<index>/kv``)."""
+
+    def block_store(self, header: Mapping[str, Any], *, create: bool = True) -> BlockStore | None: ...

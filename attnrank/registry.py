@@ -15,15 +15,16 @@ from typing import Any
 from attnrank.errors import UnknownNameError
 
 _RETRIEVERS: dict[str, str | Callable[..., Any]] = {
-    "bm25": "retriever.bm25:BM25Retriever",
-    "dense": "retriever.dense:DenseRetriever",
-    "hybrid": "retriever.hybrid:HybridRetriever",
+    "bm25": "attnrank.retriever.bm25:BM25Retriever",
+    "dense": "attnrank.retriever.dense:DenseRetriever",
+    "hybrid": "attnrank.retriever.hybrid:HybridRetriever",
 }
 _RERANKERS: dict[str, str | Callable[..., Any]] = {
-    "icr": "reranker.icr:ICRReranker",
-    "blockrank": "reranker.blockrank:BlockRankReranker",
+    "icr": "attnrank.reranker.icr:ICRReranker",
+    "blockrank": "attnrank.reranker.blockrank:BlockRankReranker",
 }
-_INDEX_OPENER = "index.store:Index.open"
+_INDEX_OPENER = "attnrank.index.store:Index.open"
+_FILTER_PARSER = "attnrank.index.filters:as_filter"
 
 
 def _resolve(target: str | Callable[..., Any]) -> Any:
@@ -83,5 +84,15 @@ def build_reranker(config: Any) -> Any:
 
 
 def open_index(path: str, **options: Any) -> Any:
-    """Open an index directory (``index.store.Index.open``)."""
+    """Open an index directory (``attnrank.index.store.Index.open``)."""
     return _resolve(_INDEX_OPENER)(path, **options)
+
+
+def parse_filter(filter: Any) -> Any:
+    """A metadata filter in parsed form (``attnrank.index.filters.as_filter``): JSON is
+    parsed, an already parsed filter is returned as it is, ``None``/``{}`` give ``None``.
+
+    Raises:
+        FilterError: an invalid filter (a ValidationError naming the offending clause).
+    """
+    return _resolve(_FILTER_PARSER)(filter)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from attnrank.config import DEFAULT_MAX_DOC_TOKENS, PipelineConfig, RerankerConfig
+from attnrank.config import DEFAULT_MAX_DOC_TOKENS, PipelineConfig, RerankerConfig, SearchLimits
 
 
 class Settings(BaseSettings):
@@ -19,6 +21,11 @@ class Settings(BaseSettings):
     index: str = Field("indexes/nfcorpus", description="Index directory built by `attnrank index build`.")
     model: str | None = Field(None, description="Reranker LM: packaged default when unset, or a local HF directory.")
     rerank_method: str = Field("icr", description="Reranker loaded at start-up.")
+    rerank_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the start-up reranker (JSON object, e.g. ATTNRANK_RERANK_OPTIONS="
+        "'{\"query_in_instruction\": false, \"scoring\": \"calibrated\"}'); GET /info lists each method's options.",
+    )
     max_doc_tokens: int = Field(DEFAULT_MAX_DOC_TOKENS, ge=8, le=4096, description="Per-document LM token budget.")
     device: str = "cpu"
     dtype: str = "float32"
@@ -57,7 +64,11 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 above).")
     max_documents: int = Field(100, ge=1, le=10_000, description="Most documents per /rerank request (413 above).")
-    max_document_chars: int = Field(20_000, ge=1, description="Most characters per document (413 above).")
+    max_document_chars: int = Field(
+        20_000, ge=1,
+        description="Most characters (title + text) per document of POST /documents (413 above). /rerank has no "
+        "such limit: it ranks a longer document on its first max_tokens_per_doc LM tokens.",
+    )
     max_ingest_documents: int = Field(
         1_000, ge=1, le=100_000, description="Most documents per POST /documents request (413 above)."
     )
@@ -86,16 +97,22 @@ class Settings(BaseSettings):
         named = {k: v for k, v in self.collections.items() if k != self.default_collection}
         return {self.default_collection: self.index, **named}
 
+    def search_limits(self) -> SearchLimits:
+        """The bounds every collection's pipeline checks searches against."""
+        return SearchLimits(max_top_k=self.max_top_k, max_candidates=self.max_candidates)
+
     def pipeline_config(self, index_dir: str | None = None) -> PipelineConfig:
+        limits = self.search_limits()
         return PipelineConfig(
             index_dir=index_dir or self.index,
             reranker=RerankerConfig(
                 method=self.rerank_method,
                 model=self.model,
+                options=dict(self.rerank_options),
                 max_doc_tokens=self.max_doc_tokens,
                 device=self.device,
                 dtype=self.dtype,
             ),
-            max_top_k=self.max_top_k,
-            max_candidates=self.max_candidates,
+            max_top_k=limits.max_top_k,
+            max_candidates=limits.max_candidates,
         )

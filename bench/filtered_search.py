@@ -13,7 +13,7 @@ Two vector sets:
 
 Every document gets synthetic but reproducible metadata (seeded): ``cat`` (100 values,
 uniform), ``year`` (2000-2019, uniform), ``open`` (boolean, p = 0.5), stored as JSON in a
-:class:`index.docstore.SQLiteDocStore`. Filters per level (a pool of distinct filters,
+:class:`attnrank.index.docstore.SQLiteDocStore`. Filters per level (a pool of distinct filters,
 queries assigned round-robin; the id set comes from the docstore's SQL, timed apart):
 
 ==========  ===========================================================================
@@ -33,7 +33,7 @@ Strategies (one query per call, as the service runs them):
 * ``hnsw/selector``, ``ivf/selector``: faiss's own filtered search, an ``IDSelector``
   through ``SearchParameters`` with the index's default ``efSearch`` / ``nprobe`` and no
   fallback: what most vector stores do.
-* ``hnsw/planner``, ``ivf/planner``: :func:`index.planner.planned_search`: exact below a
+* ``hnsw/planner``, ``ivf/planner``: :func:`attnrank.index.planner.planned_search`: exact below a
   selectivity threshold, raised ``efSearch`` / ``nprobe`` above it, exact retry of short
   answers.
 
@@ -115,7 +115,7 @@ def real_corpus(data: Path) -> tuple[list[str], list[str], list[tuple[str, str]]
 
 def embed(texts: list[str], cache: Path, name: str, batch_size: int = 64) -> np.ndarray:
     """all-MiniLM-L6-v2 embeddings of ``texts`` (float32 ``(n, 384)``), cached by content hash."""
-    from index.encoder import SentenceTransformerEncoder, model_sha256
+    from attnrank.index.encoder import SentenceTransformerEncoder, model_sha256
 
     h = hashlib.sha256(model_sha256(None).encode())
     for t in texts:
@@ -168,7 +168,7 @@ def metadata(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 def build_docstore(path: Path, meta: dict[str, np.ndarray]) -> Any:
     """SQLite docstore whose row ``vid = i`` carries document ``i``'s metadata (no text)."""
     from attnrank.types import Document
-    from index.docstore import SQLiteDocStore
+    from attnrank.index.docstore import SQLiteDocStore
 
     store = SQLiteDocStore(path, create=True)
     n = len(meta["cat"])
@@ -257,7 +257,7 @@ def build(kind: str, x: np.ndarray, params: Any, threads: int, cache: Path | Non
     """Build (with ``threads`` faiss threads) or load from ``cache`` a vector index of ``x``."""
     import faiss
 
-    from index.dense import DenseIndex
+    from attnrank.index.dense import DenseIndex
 
     file = None
     if cache is not None:  # keyed on the data and the build parameters (not the search defaults)
@@ -296,7 +296,7 @@ def unfiltered_recall(dense: Any, q: np.ndarray, x: np.ndarray) -> float:
 
 def run_strategy(dense: Any, strategy: str, q: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]],
                  truth: list[list[set[int]]], n_total: int) -> tuple[float, float, float, str]:
-    from index.planner import PlannerParams, planned_search
+    from attnrank.index.planner import PlannerParams, planned_search
 
     recalls, shorts, plans = [], 0, {}
     n_queries = 0
@@ -426,7 +426,7 @@ def machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from index.dense import DenseParams
+    from attnrank.index.dense import DenseParams
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="14k,1m", help="comma list of 14k, 1m")

@@ -39,7 +39,7 @@ def main() -> None:
 
     from attnrank.config import RerankerConfig
     from attnrank.types import Document, Query
-    from reranker.icr import ICRReranker
+    from attnrank.reranker.icr import ICRReranker
 
     if args.threads:
         torch.set_num_threads(args.threads)

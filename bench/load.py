@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,7 +73,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def build_index(out: Path, n_docs: int | None) -> Path:
-    from index.builder import build_index as build
+    from attnrank.index.builder import build_index as build
 
     corpus = out / "corpus.jsonl"
     with gzip.open(NFCORPUS / "corpus.jsonl.gz", "rt", encoding="utf-8") as src:
@@ -183,7 +182,7 @@ def main() -> int:
            "ATTNRANK_TORCH_THREADS": str(args.torch_threads)}
     log = open(Path(tmp.name) / "server.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "api.app:create_app", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", "--factory", "attnrank.api.app:create_app", "--host", "127.0.0.1",
          "--port", str(args.port), "--log-level", "warning", "--no-access-log", "--timeout-graceful-shutdown", "5"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )

@@ -1,4 +1,11 @@
-"""Benchmark: full-attention ICR vs BlockRank latency and memory as the candidate count grows.
+"""Benchmark: full-attention ICR vs BlockRank vs cached BlockRank latency and memory as the
+candidate count grows.
+
+``cached`` is BlockRank with ``query_in_instruction=false`` whose candidate blocks are already
+in a document KV store (float16, :mod:`attnrank.index.kvstore`, the store's RAM LRU large
+enough to hold them, the reranker's own RAM cache off): per query only the query block runs
+against the stored keys/values. Filling the store is not timed (that is index time, see
+``attnrank index kv build``).
 
 For N in 10, 20, 50, 100, 200, 500 candidates (real DL19 passages pooled from the first-stage
 runs, cut to 128 LM tokens), both paths run on the same model, query and documents. Each
@@ -74,19 +81,29 @@ def worker(args) -> None:
     import torch
 
     from attnrank.config import RerankerConfig
-    from attnrank.types import Document, Query
-    from reranker.blockrank import BlockRankReranker
-    from reranker.icr import ICRReranker
+    from attnrank.types import Document
+    from attnrank.reranker.blockrank import BlockRankReranker
+    from attnrank.reranker.icr import ICRReranker
 
     torch.set_num_threads(args.threads) if args.threads else None
     query, pairs = pooled_passages(Path(args.data), args.n)
     docs = [Document(i, t) for i, t in pairs]
     cfg = RerankerConfig(method=args.path, model=args.model, max_doc_tokens=128, device=args.device)
+    if args.path == "cached":
+        import os
+        import tempfile
+
+        from attnrank.index.kvstore import KVHeader, KVStore
+        from attnrank.types import Query
+
+        os.environ["ATTNRANK_BLOCK_CACHE_BYTES"] = "0"
+        cfg = RerankerConfig(method="blockrank", model=args.model, max_doc_tokens=128, device=args.device,
+                             options={"query_in_instruction": False})
     r = (ICRReranker if args.path == "icr" else BlockRankReranker)(cfg)
     lm = r.load().lm
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     mc = lm.model.config
-    q = Query("q", query)
+
     if args.path == "icr":
         prompt = r.build_prompt(query, docs, check_context=False)
         T, Lq = len(prompt.context_ids), len(prompt.query_ids) + len(prompt.calib_ids)
@@ -98,6 +115,20 @@ def worker(args) -> None:
         def run():
             with torch.inference_mode():
                 r.token_attention(prompt)
+    elif args.path == "cached":
+        prompt = r.build_prompt(query, docs)
+        L0, lens, Lq = len(prompt.instruction_ids), prompt.doc_lengths, len(prompt.query_ids)
+        tokens = Lq
+        positions = prompt.query_offset + Lq
+        pairs_ = Lq * (L0 + sum(lens)) + Lq * (Lq + 1) // 2
+        flops = (r.layer + 1) * layer_flops(mc, tokens, pairs_)
+        store = KVStore.create(Path(tempfile.mkdtemp()) / "kv", KVHeader(**r.block_store_header()), cache_bytes=16 << 30)
+        fill = r.rerank(Query("q", query), docs, block_store=store)  # index time: not timed
+        assert fill.details["cache"]["misses"] == len(docs)
+
+        def run():
+            out = r.rerank(Query("q", query), docs, block_store=store)
+            assert out.details["cache"]["hits"] == len(docs)
     else:
         prompt = r.build_prompt(query, docs)
         L0, lens, Lq = len(prompt.instruction_ids), prompt.doc_lengths, len(prompt.query_ids)
@@ -133,7 +164,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--path", choices=["icr", "blockrank"], help=argparse.SUPPRESS)
+    ap.add_argument("--path", choices=["icr", "blockrank", "cached"], help=argparse.SUPPRESS)
+    ap.add_argument("--paths", default="icr,blockrank,cached", help="paths to measure, comma-separated")
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -146,7 +178,7 @@ def main() -> None:
     rows: dict[tuple[str, int], dict] = {}
     skip: set[str] = set()
     for n in [int(x) for x in args.ns.split(",")]:
-        for path in ("icr", "blockrank"):
+        for path in args.paths.split(","):
             if path in skip:
                 rows[(path, n)] = {"status": "not run: a smaller N already hit the limit"}
                 continue
@@ -173,22 +205,30 @@ def main() -> None:
             print(f"  {path:9s} N={n:<4d} {row.get('median', row.get('status'))}", flush=True)
 
     header = (f"{'N':>4} {'path':9} {'tokens':>7} {'median s':>9} {'runs':>4} {'peak GB':>8} {'tok/s':>8} "
-              f"{'GFLOP/s':>8} {'ICR/BR':>7}  note")
+              f"{'GFLOP/s':>8} {'ICR/BR':>7} {'ICR/C':>7} {'BR/C':>7}  note")
     lines = ["", f"float32 matmul: {gf:.1f} GFLOP/s (2048^3, same run)", header, "-" * len(header)]
     for n in [int(x) for x in args.ns.split(",")]:
         br = rows.get(("blockrank", n), {})
-        for path in ("icr", "blockrank"):
+        cr = rows.get(("cached", n), {})
+        for path in args.paths.split(","):
             r = rows[(path, n)]
             if "median" not in r:
-                lines.append(f"{n:>4} {path:9} {'':>7} {'':>9} {'':>4} {'':>8} {'':>8} {'':>8} {'':>7}  {r['status']}")
+                lines.append(f"{n:>4} {path:9} {'':>7} {'':>9} {'':>4} {'':>8} {'':>8} {'':>8} {'':>7} {'':>7} {'':>7}  "
+                             f"{r['status']}")
                 continue
             note = "past trained context (%d > %d positions)" % (r["max_position"], r["trained_positions"]) \
                 if r["max_position"] > r["trained_positions"] else ""
             ratio = f"{r['median'] / br['median']:.2f}x" if path == "icr" and "median" in br else ""
+            to_cached = f"{r['median'] / cr['median']:.1f}x" if path != "cached" and "median" in cr else ""
             lines.append(
-                f"{n:>4} {path:9} {r['tokens']:>7} {r['median']:>9.2f} {len(r['times']):>4} {r['peak_rss_gb']:>8.2f} "
-                f"{r['tokens'] / r['median']:>8.0f} {r['flops'] / r['median'] / 1e9:>8.1f} {ratio:>7}  {note}"
+                f"{n:>4} {path:9} {r['tokens']:>7} {r['median']:>9.3f} {len(r['times']):>4} {r['peak_rss_gb']:>8.2f} "
+                f"{r['tokens'] / r['median']:>8.0f} {r['flops'] / r['median'] / 1e9:>8.1f} {ratio:>7} "
+                f"{to_cached if path == 'icr' else '':>7} {to_cached if path == 'blockrank' else '':>7}  {note}"
             )
+    for big in (500, 1000):
+        if "median" in rows.get(("cached", 100), {}) and "median" in rows.get(("cached", big), {}):
+            lines.append(f"cached BlockRank latency N={big} / N=100: "
+                         f"{rows[('cached', big)]['median'] / rows[('cached', 100)]['median']:.2f}x")
     if ("blockrank", 100) in rows and ("blockrank", 500) in rows and "median" in rows[("blockrank", 500)]:
         growth = rows[("blockrank", 500)]["median"] / rows[("blockrank", 100)]["median"]
         lines.append(f"BlockRank latency N=500 / N=100: {growth:.2f}x")

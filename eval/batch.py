@@ -2,7 +2,7 @@
 
 ``attnrank rerank-batch --topics F --run F.trec --docs INDEX_DIR|run.json --out F.trec``
 reranks each query of a run with the same :class:`~attnrank.pipeline.Pipeline` the API
-and the evaluator use (a :class:`retriever.run.RunRetriever` over the run, the passages
+and the evaluator use (a :class:`attnrank.retriever.run.RunRetriever` over the run, the passages
 from an index directory or a rank_llm run JSON), and appends each query's ranking to the
 output as soon as it is done.
 
@@ -28,19 +28,20 @@ of the first stage below), scores printed with ``repr``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import RerankerConfig
+from attnrank.config import RerankerConfig, SearchLimits
+from attnrank.files import file_sha256
 from attnrank.errors import ContextOverflowError, MissingDependencyError, ModelLoadError, ValidationError
 from attnrank.pipeline import NO_RERANK, Pipeline, RerankerFactory, SearchOptions, merge_reranked, reranker_factory
+from attnrank.protocols import Preloadable
 from attnrank.types import Query, Ranking
 
 logger = logging.getLogger(__name__)
@@ -83,12 +84,6 @@ class BatchSummary:
         return d
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -283,7 +278,7 @@ def _open_docs(docs: Path) -> tuple[Any, Any]:
         index = registry.open_index(str(docs))
         return index.docstore, index
     from attnrank.data import load_run_json
-    from index.memory import InMemoryDocStore
+    from attnrank.index.memory import InMemoryDocStore
 
     _, passages, _ = load_run_json(docs)
     return InMemoryDocStore(passages.values()), None
@@ -304,6 +299,7 @@ def rerank_batch(
     factory: RerankerFactory | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
+    runner: BatchRunner | None = None,
 ) -> BatchSummary:
     """Rerank every query of a TREC run, appending each query's ranking to ``out`` (resumable).
 
@@ -321,6 +317,10 @@ def rerank_batch(
         factory: Reranker factory to use instead of the registry (tests).
         overwrite: Start afresh instead of resuming.
         show_progress: Progress bar with queries/s and documents/s.
+        runner: Reranks the queries still to do and commits each one in order (see
+            :data:`BatchRunner`); default: this process, one query at a time. The Ray engine
+            (:class:`attnrank.eval.distributed.RayEngine`) is one; the output and the resume
+            rules are the same whichever runs, so a batch may be resumed on another engine.
 
     Returns:
         The :class:`BatchSummary` of this call.
@@ -332,15 +332,14 @@ def rerank_batch(
     """
     from attnrank.data import load_trec_run, load_trec_topics
     from attnrank.registry import reranker_class
-    from retriever.run import RunRetriever
+    from attnrank.retriever.run import RunRetriever
 
     t_start = time.perf_counter()
     if method == NO_RERANK:
         raise ValidationError("rerank-batch needs a reranker method")
     if factory is None:
         reranker_class(method)  # fail on an unknown name before loading anything
-    if candidates < 1:
-        raise ValidationError(f"candidates must be >= 1, got {candidates}")
+    SearchLimits(max_candidates=max(candidates, 1)).check_candidates(candidates)  # the pipeline's check, early
     topics, run, docs, out = Path(topics), Path(run), Path(docs), Path(out)
     tag = tag or f"attnrank-{method}-c{candidates}"
     if any(c.isspace() for c in tag):
@@ -348,10 +347,11 @@ def rerank_batch(
     run_map = load_trec_run(run)
     queries = iter_queries(load_trec_topics(topics), list(run_map), max_queries)
     k = depth or max((len(v) for v in run_map.values()), default=1)
+    limits = SearchLimits(max_top_k=max(k, candidates), max_candidates=candidates)  # admit what was asked
     config = replace(reranker_config or RerankerConfig(), method=method)
     header = {
         "format": PROGRESS_FORMAT, "method": method, "candidates": candidates, "depth": k, "tag": tag,
-        "max_queries": max_queries, "topics_sha256": _sha256(topics), "run_sha256": _sha256(run),
+        "max_queries": max_queries, "topics_sha256": file_sha256(topics), "run_sha256": file_sha256(run),
         "docs": str(docs.resolve()), "model": config.model, "max_doc_tokens": config.max_doc_tokens,
         "options": dict(config.options),
     }
@@ -362,22 +362,15 @@ def rerank_batch(
             retrievers={"run": RunRetriever(run_map, name=run.name)},
             docstore=store,
             reranker_factory=factory or reranker_factory(config),
-            max_top_k=max(k, candidates),
-            max_candidates=candidates,
+            limits=limits,
         )
-        options = SearchOptions(top_k=k, retriever="run", rerank=method, candidates=candidates)
-        pipeline.validate(options)
+        options = pipeline.validate(SearchOptions(top_k=k, retriever="run", rerank=method, candidates=candidates))
         with Progress(out, header, overwrite=overwrite) as progress:
             todo = [q for q in queries if q.query_id not in progress.completed]
             summary.skipped = len(queries) - len(todo)
             if summary.skipped:
                 logger.info("resuming %s: %d of %d queries already done", out, summary.skipped, len(queries))
-            if todo:
-                reranker = pipeline.reranker(method)
-                load = getattr(reranker, "load", None)
-                if callable(load):
-                    load()
-            _run(pipeline, options, todo, progress, tag, summary, show_progress)
+            (runner or _run)(pipeline, options, todo, progress, tag, summary, show_progress)
     finally:
         if closer is not None:
             closer.close()
@@ -392,38 +385,92 @@ def rerank_batch(
     return summary
 
 
+BatchRunner = Callable[[Pipeline, SearchOptions, Sequence[Query], Progress, str, BatchSummary, bool], None]
+"""Runs a batch's remaining queries: ``runner(pipeline, options, todo, progress, tag, summary,
+show_progress)`` reranks each query of ``todo`` (as :func:`rerank_query` does) and hands each
+outcome, in ``todo`` order, to :func:`commit_outcome`. :func:`rerank_batch` has already
+validated ``options`` and opened ``progress``; the runner loads the reranker itself."""
+
+
+@dataclass
+class QueryOutcome:
+    """One query of a batch, reranked: what :func:`commit_outcome` writes.
+
+    Attributes:
+        query_id: The query.
+        lines: Its TREC lines (:func:`trec_lines`).
+        hits: Hits written.
+        status: ``"reranked"``, ``"partial"`` (some documents failed) or ``"first_stage"``.
+        failed: Documents left out of reranking after failing.
+        documents: Candidates reranked.
+        seconds: Wall-clock time of the query.
+    """
+
+    query_id: str
+    lines: str
+    hits: int
+    status: str = "reranked"
+    failed: list[str] = field(default_factory=list)
+    documents: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rerank_query(pipeline: Pipeline, q: Query, options: SearchOptions, tag: str) -> QueryOutcome:
+    """Rerank one query of a batch with failure isolation (see the module docstring).
+
+    Raises:
+        ModelLoadError, MissingDependencyError: nothing can be reranked (the batch stops and
+            leaves the query to a rerun).
+    """
+    tq = time.perf_counter()
+    failed: list[str] = []
+    status = "reranked"
+    try:
+        result = pipeline.search(q, options)
+        ranking = result.ranking
+        n_docs = len(result.rerank.ranking) if result.rerank is not None else 0
+    except (ModelLoadError, MissingDependencyError):
+        raise  # nothing can be reranked: stop, leaving the query to a rerun
+    except Exception as exc:  # noqa: BLE001 - isolate the failure, the query still completes
+        logger.warning("query %s: reranking failed (%s: %s); isolating the failure",
+                       q.query_id, type(exc).__name__, exc)
+        ranking, failed, reranked = _isolate(pipeline, q, options, exc)
+        n_docs = min(options.candidates, len(ranking)) - len(failed) if reranked else 0
+        status = "partial" if reranked else "first_stage"
+    return QueryOutcome(q.query_id, trec_lines(ranking, tag), len(ranking), status, failed, max(0, n_docs),
+                        time.perf_counter() - tq)
+
+
+def commit_outcome(progress: Progress, summary: BatchSummary, outcome: QueryOutcome) -> None:
+    """Write one query's outcome (output, then progress line) and count it in ``summary``."""
+    if outcome.failed:
+        summary.failed_documents[outcome.query_id] = list(outcome.failed)
+    if outcome.status == "first_stage":
+        summary.first_stage_queries.append(outcome.query_id)
+    progress.commit(outcome.query_id, outcome.lines,
+                    {"hits": outcome.hits, "status": outcome.status, "failed": list(outcome.failed),
+                     "seconds": round(outcome.seconds, 4)})
+    summary.done += 1
+    summary.documents += outcome.documents
+
+
 def _run(pipeline: Pipeline, options: SearchOptions, todo: Sequence[Query], progress: Progress, tag: str,
          summary: BatchSummary, show_progress: bool) -> None:
+    """The local :data:`BatchRunner`: this process, one query at a time."""
     from tqdm.auto import tqdm
 
+    if todo:
+        reranker = pipeline.reranker(options.rerank)
+        if isinstance(reranker, Preloadable):
+            reranker.load()
     bar: Iterator[Query] | Any = tqdm(todo, desc=f"rerank-batch ({options.rerank})", unit="query",
                                       disable=not show_progress, total=len(todo))
     t0 = time.perf_counter()
     for q in bar:
-        tq = time.perf_counter()
-        failed: list[str] = []
-        status = "reranked"
-        try:
-            result = pipeline.search(q, options)
-            ranking = result.ranking
-            n_docs = len(result.rerank.ranking) if result.rerank is not None else 0
-        except (ModelLoadError, MissingDependencyError):
-            raise  # nothing can be reranked: stop, leaving the query to a rerun
-        except Exception as exc:  # noqa: BLE001 - isolate the failure, the query still completes
-            logger.warning("query %s: reranking failed (%s: %s); isolating the failure",
-                           q.query_id, type(exc).__name__, exc)
-            ranking, failed, reranked = _isolate(pipeline, q, options, exc)
-            n_docs = min(options.candidates, len(ranking)) - len(failed) if reranked else 0
-            status = "partial" if reranked else "first_stage"
-            if failed:
-                summary.failed_documents[q.query_id] = failed
-            if not reranked:
-                summary.first_stage_queries.append(q.query_id)
-        progress.commit(q.query_id, trec_lines(ranking, tag),
-                        {"hits": len(ranking), "status": status, "failed": failed,
-                         "seconds": round(time.perf_counter() - tq, 4)})
-        summary.done += 1
-        summary.documents += max(0, n_docs)
+        commit_outcome(progress, summary, rerank_query(pipeline, q, options, tag))
         elapsed = time.perf_counter() - t0
         if show_progress and elapsed > 0:
             bar.set_postfix(qps=f"{summary.done / elapsed:.2f}", docs_s=f"{summary.documents / elapsed:.1f}",

@@ -4,6 +4,12 @@ Runs the same :class:`attnrank.pipeline.Pipeline` as the API (built with
 :meth:`~attnrank.pipeline.Pipeline.from_config`) over an index of the dataset's corpus,
 which is built once and cached when no index is given.
 
+BEIR's protocol is followed on corpora that contain the queries (ArguAna, Quora, ...):
+BEIR's evaluator (``EvaluateRetrieval.evaluate(..., ignore_identical_ids=True)``) drops a
+retrieved document whose id equals the query id. Here that document is dropped from the
+first stage already (:class:`IgnoreIdenticalIds` retrieves one more hit and removes it),
+so it takes no reranking candidate slot either; ``keep_identical_ids=True`` keeps it.
+
 Example:
     >>> report = evaluate_beir("data/beir-nfcorpus", retriever="bm25", rerank="icr",
     ...                        candidates=20, max_queries=50)          # doctest: +SKIP
@@ -13,14 +19,18 @@ Example:
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from attnrank.config import PipelineConfig, RerankerConfig
 from attnrank.errors import UnknownNameError
 from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
-from eval.harness import (
+from attnrank.protocols import FilterArg, Retriever
+from attnrank.types import Query, Ranking
+from attnrank.eval.harness import (
     EVAL_TOP_K,
+    SearchEngine,
     check_rerank_name,
     config_dict,
     file_sha256,
@@ -30,10 +40,35 @@ from eval.harness import (
     subset_suffix,
     config_suffix,
 )
-from eval.metrics import BEIR_METRICS
-from eval.report import EvalReport
+from attnrank.eval.metrics import BEIR_METRICS
+from attnrank.eval.report import EvalReport
 
 logger = logging.getLogger(__name__)
+
+
+class IgnoreIdenticalIds:
+    """A first-stage retriever that drops the hit whose doc id equals its query id, as
+    BEIR's ``EvaluateRetrieval.evaluate(..., ignore_identical_ids=True)`` does. It asks
+    ``inner`` for ``k + 1`` hits, so each query still gets ``k`` (the self-hit takes no
+    candidate slot).
+
+    Attributes:
+        dropped: Self-hits dropped so far (over all calls).
+    """
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dropped = 0
+
+    def retrieve(self, queries: Sequence[Query], k: int, *, filter: FilterArg | None = None) -> list[Ranking]:
+        """``inner``'s top-``k`` of each query without the query's own id."""
+        out = []
+        for q, ranking in zip(queries, self.inner.retrieve(queries, k + 1, filter=filter)):
+            hits = tuple(h for h in ranking.hits if h.doc_id != q.query_id)
+            self.dropped += len(ranking.hits) - len(hits)
+            out.append(Ranking(ranking.query_id, hits[:k]))
+        return out
 
 
 def cached_index_dir(data_dir: str | Path, corpus_sha256: str) -> Path:
@@ -49,7 +84,7 @@ def cached_index_dir(data_dir: str | Path, corpus_sha256: str) -> Path:
 def ensure_index(data_dir: str | Path, *, dense: bool = True, corpus_sha256: str | None = None) -> Path:
     """The cached index of a BEIR dataset's corpus, built on first use.
 
-    :func:`index.builder.build_index` writes into a temporary folder and renames it into
+    :func:`attnrank.index.builder.build_index` writes into a temporary folder and renames it into
     place, so an interrupted build never leaves a half-written index to be reused.
 
     Args:
@@ -67,7 +102,7 @@ def ensure_index(data_dir: str | Path, *, dense: bool = True, corpus_sha256: str
     """
     from attnrank.data import find_beir_corpus
     from attnrank.errors import ValidationError
-    from index.builder import PARAMS_FILE, build_index, read_params
+    from attnrank.index.builder import PARAMS_FILE, build_index, read_params
 
     corpus = find_beir_corpus(data_dir)
     target = cached_index_dir(data_dir, corpus_sha256 or file_sha256(corpus))
@@ -105,6 +140,8 @@ def evaluate_beir(
     build_dense: bool = True,
     show_progress: bool = True,
     dump_dir: str | Path | None = None,
+    keep_identical_ids: bool = False,
+    engine: SearchEngine | None = None,
 ) -> EvalReport:
     """Evaluate the pipeline on a BEIR dataset and write a TREC run and a JSON report.
 
@@ -122,15 +159,22 @@ def evaluate_beir(
         out_dir: Folder of ``<name>.trec`` (top-100 run) and ``<name>.json`` (report).
         reranker_config: Model, ``max_doc_tokens``, device...; its ``method`` is replaced
             by ``rerank``. Default: ``RerankerConfig()``.
-        metrics: Metric names (see :mod:`eval.metrics`).
+        metrics: Metric names (see :mod:`attnrank.eval.metrics`).
         build_dense: When building the cached index, also compute dense vectors (always
             done for the ``dense`` and ``hybrid`` retrievers).
         show_progress: Progress bars.
         dump_dir: Also save an attention dump of the reranked queries (ICR with option
             ``keep_attention``), for head detection and ablations.
+        keep_identical_ids: Keep a retrieved document whose id equals the query id. Default
+            ``False`` follows BEIR (``ignore_identical_ids=True``), dropping it before
+            reranking (see :class:`IgnoreIdenticalIds`). Recorded as
+            ``params.keep_identical_ids``.
+        engine: Run the searches elsewhere, e.g. on Ray
+            (:class:`attnrank.eval.distributed.RayEngine`; the first stage still runs here);
+            default: this process. The report is the same apart from timings and ``params.engine``.
 
     Returns:
-        The saved report; ``name`` is ``<dataset>-<split>-<retriever>-<rerank>[-c<candidates>][-q<n>-s<seed>]``.
+        The saved report; ``name`` is ``<dataset>-<split>-<retriever>-<rerank>[-c<candidates>][-keepids][-q<n>-s<seed>]``.
 
     Raises:
         NotFoundError: missing dataset files or index.
@@ -168,12 +212,17 @@ def evaluate_beir(
         show_progress=show_progress,
     )
     pipeline = Pipeline.from_config(config)
+    dropper = None
+    if not keep_identical_ids and retriever in pipeline.retrievers:
+        dropper = IgnoreIdenticalIds(pipeline.retrievers[retriever])
+        pipeline.retrievers = {**pipeline.retrievers, retriever: dropper}
     options = SearchOptions(top_k=EVAL_TOP_K, retriever=retriever, rerank=rerank, candidates=candidates)
     reranking = rerank != NO_RERANK
     name = report_name(
         dataset, split, retriever, rerank,
         f"c{candidates}" if reranking else None,
         config_suffix(reranker_config, reranking),
+        "keepids" if keep_identical_ids else None,
         subset_suffix(len(selected), max_queries, seed),
     )
     params = {
@@ -182,10 +231,16 @@ def evaluate_beir(
         "index_dir": str(index_dir), "out_dir": str(out_dir),
         "reranker_config": config_dict(config.reranker) if reranking else None,
         "metrics": list(metrics),
+        "keep_identical_ids": keep_identical_ids,
     }
-    return run_evaluation(
+    report = run_evaluation(
         pipeline, selected, qrels, options, metrics,
         name=name, dataset=dataset, split=split, first_stage=retriever, out_dir=out_dir,
         inputs=inputs, params=params, missing=missing, show_progress=show_progress, dump_dir=dump_dir,
+        engine=engine,
     )
+    if dropper is not None and dropper.dropped:
+        logger.info("dropped %d retrieved documents whose id equals their query's (BEIR's ignore_identical_ids; "
+                    "--keep-identical-ids keeps them)", dropper.dropped)
+    return report
 

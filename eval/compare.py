@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnrank.errors import ValidationError
-from eval.report import EvalReport, load_report
+from attnrank.eval.report import EvalReport, load_report
 
 logger = logging.getLogger(__name__)
 

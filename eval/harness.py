@@ -1,6 +1,6 @@
 """Shared evaluation steps: query selection, running the pipeline, building the report.
 
-Both :mod:`eval.beir` and :mod:`eval.trecdl` run queries through the same
+Both :mod:`attnrank.eval.beir` and :mod:`attnrank.eval.trecdl` run queries through the same
 :class:`attnrank.pipeline.Pipeline` that serves the API, then evaluate its output here.
 """
 
@@ -13,14 +13,17 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from attnrank.errors import UnknownNameError, ValidationError
-from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
+from attnrank.files import file_sha256 as file_sha256  # re-exported for the evaluators
+from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
+from attnrank.protocols import Preloadable
 from attnrank.types import Qrels, Query
-from eval.metrics import evaluate_run
-from eval.report import EvalReport, jsonable, latency_summary, now_iso, save_report
+from attnrank.eval.metrics import evaluate_run
+from attnrank.eval.report import EvalReport, jsonable, latency_summary, now_iso, save_report
 
 logger = logging.getLogger(__name__)
 
@@ -93,13 +96,6 @@ def subset_suffix(n_selected: int, max_queries: int | None, seed: int) -> str | 
     return f"q{n_selected}-s{seed}" if max_queries is not None else None
 
 
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -110,7 +106,9 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 
 def check_rerank_name(rerank: str) -> None:
-    """Fail early on an unknown reranker name (before indexes or models load).
+    """Fail early on an unknown reranker name, before any data, index or model loads (the
+    pipeline does not exist yet; once it does, :meth:`attnrank.pipeline.Pipeline.validate`
+    checks every option).
 
     Raises:
         UnknownNameError: ``rerank`` is neither ``"none"`` nor a registered reranker.
@@ -125,9 +123,34 @@ def preload_reranker(pipeline: Pipeline, method: str) -> None:
     """Build reranker ``method`` and load its model now, so that model loading is not
     counted in the first query's latency (rerankers with ``load()`` load lazily otherwise)."""
     reranker = pipeline.reranker(method)
-    load = getattr(reranker, "load", None)
-    if callable(load):
-        load()
+    if isinstance(reranker, Preloadable):
+        reranker.load()
+
+
+@dataclass
+class EngineSearch:
+    """What a :class:`SearchEngine` hands back to :func:`run_evaluation`.
+
+    Attributes:
+        results: One :class:`~attnrank.pipeline.SearchResult` per query, in query order, as
+            :meth:`Pipeline.search_batch` would return them.
+        load_seconds: Reranker load time (the slowest worker's), ``None`` without reranking.
+        reranker: The reranker's ``describe()``, as a worker built it (``None`` without reranking).
+        engine: How the search ran (recorded as ``params.engine`` of the report).
+    """
+
+    results: list[SearchResult]
+    load_seconds: float | None = None
+    reranker: Mapping[str, Any] | None = None
+    engine: Mapping[str, Any] = field(default_factory=dict)
+
+
+class SearchEngine(Protocol):
+    """Runs an evaluation's searches somewhere other than this process (e.g.
+    :class:`attnrank.eval.distributed.RayEngine`); the rest of :func:`run_evaluation` is unchanged."""
+
+    def search(self, pipeline: Pipeline, queries: Sequence[Query], options: SearchOptions, *,
+               show_progress: bool = True) -> EngineSearch: ...
 
 
 def run_evaluation(
@@ -147,17 +170,22 @@ def run_evaluation(
     missing: Sequence[str] = (),
     show_progress: bool = True,
     dump_dir: str | Path | None = None,
+    engine: SearchEngine | None = None,
 ) -> EvalReport:
     """Search ``queries`` with ``pipeline``, evaluate, write ``<out_dir>/<name>.trec`` and
     ``<out_dir>/<name>.json``.
 
     With ``dump_dir`` (ICR with option ``keep_attention``), each query's per-head
-    attention is also saved as an attention dump (:mod:`eval.heads`) from the same pass.
+    attention is also saved as an attention dump (:mod:`attnrank.eval.heads`) from the same pass.
 
     Queries are reranked one at a time (a progress bar counts queries); per-query
     latencies come from :attr:`attnrank.pipeline.SearchResult.timings`. The reranker's
     model is loaded before the first query and its load time reported apart. When reranking,
     the first-stage ranking (top ``options.top_k``) is evaluated too.
+
+    With ``engine``, the searches run there (the reranker loads there, not here); the report
+    is the same apart from timings, with ``params.engine`` saying how it ran. ``dump_dir``
+    needs the local engine.
 
     Returns:
         The saved :class:`~eval.report.EvalReport`.
@@ -167,20 +195,29 @@ def run_evaluation(
     """
     from attnrank.data import write_trec_run
 
+    options = pipeline.validate(options)  # every check (and the filter parse) before a model loads
     reranking = options.rerank != NO_RERANK
     load_seconds = None
-    if reranking:
-        pipeline.validate(options)  # fail on bad options before loading a model
-        t0 = time.perf_counter()
-        preload_reranker(pipeline, options.rerank)
-        load_seconds = time.perf_counter() - t0
-        logger.info("reranker %r ready in %.1f s", options.rerank, load_seconds)
-    logger.info("evaluating %s on %d queries", name, len(queries))
-    results = pipeline.search_batch(list(queries), options, show_progress=show_progress)
+    remote: EngineSearch | None = None
+    if engine is not None:
+        if dump_dir is not None:
+            raise ValidationError("an attention dump (--dump) needs the local engine; drop --engine ray")
+        logger.info("evaluating %s on %d queries (engine %s)", name, len(queries), type(engine).__name__)
+        remote = engine.search(pipeline, list(queries), options, show_progress=show_progress)
+        results, load_seconds = remote.results, remote.load_seconds
+        params = {**(params or {}), "engine": dict(remote.engine)}
+    else:
+        if reranking:
+            t0 = time.perf_counter()
+            preload_reranker(pipeline, options.rerank)
+            load_seconds = time.perf_counter() - t0
+            logger.info("reranker %r ready in %.1f s", options.rerank, load_seconds)
+        logger.info("evaluating %s on %d queries", name, len(queries))
+        results = pipeline.search_batch(list(queries), options, show_progress=show_progress)
     qids = [r.query.query_id for r in results]
     run = {r.query.query_id: r.ranking.to_dict() for r in results}
     if dump_dir is not None and reranking:
-        from eval.heads import save_dump_from_results
+        from attnrank.eval.dump import save_dump_from_results
 
         save_dump_from_results(dump_dir, results, qrels, pipeline.reranker(options.rerank).describe(),
                                info={"dataset": dataset, "split": split, "first_stage": first_stage,
@@ -205,7 +242,8 @@ def run_evaluation(
         }
         total_tokens = sum(int(rr.prompt_tokens) for rr in rrs)
         prompt_tokens = {"total": total_tokens, "mean": total_tokens / len(rrs) if rrs else 0.0}
-        reranker_info = jsonable(dict(pipeline.reranker(options.rerank).describe()))
+        described = remote.reranker if remote is not None else None
+        reranker_info = jsonable(dict(described if described is not None else pipeline.reranker(options.rerank).describe()))
         if truncation["docs_truncated"]:
             logger.info("%d of %d reranked documents were truncated to the token budget",
                         truncation["docs_truncated"], truncation["docs_reranked"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -20,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.config import RerankerConfig
-from attnrank.errors import NotFoundError, ValidationError
+from attnrank.errors import ValidationError
+from attnrank.eval.dump import DUMP_FORMAT, dump_file_name, load_dump, save_dump_from_results, save_dump_item
 from attnrank.types import Document, Qrels, Query
+
+__all__ = ["DUMP_FORMAT", "load_dump", "save_dump_from_results", "save_dump_item"]  # re-exported: the dump format
 
 logger = logging.getLogger(__name__)
 
-DUMP_FORMAT = 1
 
 
 # ---------------------------------------------------------------------------- candidates
@@ -41,8 +42,8 @@ def beir_candidates(
     from attnrank.config import PipelineConfig
     from attnrank.data import load_beir_qrels, load_beir_queries
     from attnrank.pipeline import Pipeline, SearchOptions
-    from eval.beir import ensure_index
-    from eval.harness import select_queries
+    from attnrank.eval.beir import ensure_index
+    from attnrank.eval.harness import select_queries
 
     data_dir = Path(data_dir)
     qrels = load_beir_qrels(data_dir, split)
@@ -73,7 +74,7 @@ def trec_dl_candidates(
 ) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Qrels]:
     """Top ``candidates`` of a TREC DL first-stage run JSON (with passage text)."""
     from attnrank.data import load_run_json, load_trec_qrels, trec_dl_paths
-    from eval.harness import select_queries
+    from attnrank.eval.harness import select_queries
 
     paths = trec_dl_paths(data_dir, run_name)
     run, docs, topics = load_run_json(paths.run_json)
@@ -112,7 +113,7 @@ def dump_attention(
     """
     import torch
 
-    from reranker.icr import ICRReranker
+    from attnrank.reranker.icr import ICRReranker
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +128,7 @@ def dump_attention(
 
         it = tqdm(queries, desc="attention dump", unit="query")
     for q in it:
-        path = out / f"{_safe(q.query_id)}.pt"
+        path = out / f"{dump_file_name(q.query_id)}.pt"
         docs = list(candidates.get(q.query_id, []))
         fs = list(first_scores.get(q.query_id, []))
         order = list(range(len(docs)))
@@ -153,76 +154,14 @@ def dump_attention(
     return out
 
 
-def save_dump_item(out: Path, item: Mapping[str, Any]) -> None:
-    """Write one query's dump item atomically."""
-    import torch
-
-    path = out / f"{_safe(item['query_id'])}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save(dict(item), tmp)
-    tmp.replace(path)
-
-
-def save_dump_from_results(
-    out_dir: str | Path, results: Sequence[Any], qrels: Qrels, reranker_info: Mapping[str, Any],
-    info: Mapping[str, Any] | None = None,
-) -> Path:
-    """Attention dump from pipeline search results whose reranker kept its attention
-    (ICR option ``keep_attention``); candidates are in first-stage order."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"format": DUMP_FORMAT, "reranker": reranker_info, "shuffle": False, "seed": None, **(info or {})}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-    n = 0
-    for r in results:
-        if r.rerank is None or "attention" not in r.rerank.details:
-            continue
-        att = r.rerank.details["attention"]
-        if len(att["layers"]) != len(att["calibrated"]) or att["layers"] != list(range(len(att["layers"]))):
-            raise ValidationError("attention dumps need every layer from 0 (heads='all')")
-        k = len(att["spans"])
-        cands = r.first_stage.top(k)
-        docs = {h.doc_id: h.document for h in r.ranking.hits}
-        ids = cands.doc_ids
-        save_dump_item(out, {
-            "query_id": r.query.query_id, "query": r.query.text, "doc_ids": ids,
-            "texts": [docs[d].content if docs.get(d) else "" for d in ids],
-            "first_stage_scores": [h.score for h in cands.hits],
-            "labels": [int(qrels.get(r.query.query_id, {}).get(d, 0)) for d in ids],
-            "spans": att["spans"], "context_ids": att["context_ids"], "calibrated": att["calibrated"],
-            "seconds": r.timings.get("rerank", 0.0),
-        })
-        n += 1
-    logger.info("wrote attention dump of %d queries to %s", n, out)
-    return out
-
-
-def _safe(qid: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in qid)
-
-
-def load_dump(dump_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(meta, items)`` of a dump, items sorted by query id. Raises NotFoundError."""
-    import torch
-
-    d = Path(dump_dir)
-    if not (d / "meta.json").exists():
-        raise NotFoundError(f"{d} is not an attention dump (no meta.json); create it with `attnrank heads dump`")
-    meta = json.loads((d / "meta.json").read_text())
-    items = [torch.load(p, weights_only=False) for p in sorted(d.glob("*.pt"))]
-    return meta, sorted(items, key=lambda x: x["query_id"])
-
-
-# ---------------------------------------------------------------------------- detection
 def detect_heads(dump_dir: str | Path, *, method: str = "qrscore", top_k: int = 16, mask_std: float | None = 2.0):
     """Detect query-focused heads from a dump (ALGORITHMS.md section 2).
 
     Returns:
-        :class:`reranker.heads.HeadSet` with every head's score and the ``top_k`` selected.
+        :class:`attnrank.reranker.heads.HeadSet` with every head's score and the ``top_k`` selected.
     """
-    import torch
 
-    from reranker.heads import HeadSet, ndcg_at_k, per_head_document_scores, qrscore, select_heads
+    from attnrank.reranker.heads import HeadSet, ndcg_at_k, per_head_document_scores, qrscore, select_heads
 
     if method not in ("qrscore", "ndcg"):
         raise ValidationError(f"method must be 'qrscore' or 'ndcg', got {method!r}")
@@ -287,11 +226,11 @@ def fit_head_weights(
         ValidationError: fewer than 4 usable queries, or an unknown ``support``.
 
     Returns:
-        The updated :class:`reranker.heads.HeadSet` (also saved to ``headset_path``).
+        The updated :class:`attnrank.reranker.heads.HeadSet` (also saved to ``headset_path``).
     """
     import torch
 
-    from reranker.heads import HeadSet, per_head_document_scores
+    from attnrank.reranker.heads import HeadSet, per_head_document_scores
 
     if support not in ("qr", "all"):
         raise ValidationError(f"support must be 'qr' or 'all', got {support!r}")
@@ -386,10 +325,10 @@ def variant_scores(item: Mapping[str, Any], variant: Variant, *, headset, tokeni
     """Scores of one dumped query under one variant (candidate order)."""
     import torch
 
-    from reranker.heads import per_head_document_scores
-    from reranker.icr import masked_document_scores
-    from reranker.prompt import encode_untrusted
-    from reranker.reattn import ReAttnConfig, reattn_scores, token_forms
+    from attnrank.reranker.heads import per_head_document_scores
+    from attnrank.reranker.icr import masked_document_scores
+    from attnrank.reranker.prompt import encode_untrusted
+    from attnrank.reranker.reattn import ReAttnConfig, reattn_scores, token_forms
 
     c = item["calibrated"].float()
     spans = item["spans"]
@@ -432,10 +371,10 @@ def ablation(
     Returns:
         ``{"variants": {name: {metric: value}}, "deltas": {...}, "first_stage": {...}, ...}``.
     """
-    from eval.compare import randomization_test
-    from eval.metrics import evaluate_run
-    from reranker.heads import HeadSet
-    from reranker.lm import load_lm
+    from attnrank.eval.compare import randomization_test
+    from attnrank.eval.metrics import evaluate_run
+    from attnrank.reranker.heads import HeadSet
+    from attnrank.reranker.lm import load_lm
 
     meta, items = load_dump(dump_dir)
     hs = HeadSet.load(headset_path)

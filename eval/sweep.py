@@ -14,8 +14,8 @@ from typing import Any
 from attnrank.config import PipelineConfig, RerankerConfig
 from attnrank.pipeline import Pipeline, SearchOptions
 from attnrank.types import Ranking, ScoredDoc
-from eval.harness import report_name, select_queries, subset_suffix
-from eval.metrics import BEIR_METRICS, evaluate_run
+from attnrank.eval.harness import report_name, select_queries, subset_suffix
+from attnrank.eval.metrics import BEIR_METRICS, evaluate_run
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def layer_sweep_beir(
     """
     from attnrank import registry
     from attnrank.data import load_beir_qrels, load_beir_queries
-    from eval.beir import ensure_index
+    from attnrank.eval.beir import ensure_index
 
     data_dir = Path(data_dir)
     queries = load_beir_queries(data_dir)

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 from attnrank.errors import ValidationError
-from reranker.train import TrainingExample
+from attnrank.reranker.train import TrainingExample
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ def blockrank_examples(
     from attnrank.config import PipelineConfig
     from attnrank.data import load_beir_qrels, load_beir_queries
     from attnrank.pipeline import Pipeline, SearchOptions
-    from eval.beir import ensure_index
-    from eval.harness import select_queries
+    from attnrank.eval.beir import ensure_index
+    from attnrank.eval.harness import select_queries
 
     if candidates < 2:
         raise ValidationError("candidates must be >= 2 (one positive and at least one negative)")

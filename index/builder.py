@@ -11,7 +11,7 @@ end, so a failed build never leaves a half-written index behind)::
 
 Format 2 (this version) adds ``bm25/stats.json`` and ``bm25/vids.npy``, the store's
 ``state`` and ``vectors`` tables, the HNSW and IVF index types and passage chunking; it
-supports updates (:class:`index.store.Index`). Format-1 directories are read-only.
+supports updates (:class:`attnrank.index.store.Index`). Format-1 directories are read-only.
 
 The corpus is streamed in batches (Arrow memory map -> documents -> SQLite, BM25 tokens,
 embeddings), so only the BM25 token lists and the vectors grow with the corpus.
@@ -19,7 +19,6 @@ embeddings), so only the BM25 token lists and the vectors grow with the corpus.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import logging
@@ -37,6 +36,8 @@ import numpy as np
 
 from attnrank.data import find_beir_corpus, iter_beir_documents, load_beir_corpus
 from attnrank.errors import NotFoundError, ValidationError
+from attnrank.files import file_sha256
+from attnrank.textrules import json_problem
 from attnrank.types import Document
 
 logger = logging.getLogger(__name__)
@@ -44,20 +45,13 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 2
 """Version of the index directory layout written here."""
 READABLE_VERSIONS = (1, 2)
-"""Versions :class:`index.store.Index` opens (format 1: read-only)."""
+"""Versions :class:`attnrank.index.store.Index` opens (format 1: read-only)."""
 PARAMS_FILE = "params.json"
 DOCS_FILE = "docs.sqlite"
 BM25_DIR = "bm25"
 _READ_BATCH = 1000
 
 
-def sha256_file(path: Path) -> str:
-    """sha256 hex digest of a file's bytes (as stored, e.g. still gzipped)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def library_versions() -> dict[str, str | None]:
@@ -81,13 +75,18 @@ def load_metadata_file(path: Path) -> dict[str, dict[str, Any]]:
 
     Raises:
         NotFoundError: missing file.
-        ValidationError: a line that is not a JSON object with a ``doc_id``.
+        ValidationError: a line that is not a JSON object with a ``doc_id``, or with a
+            string that is not valid Unicode (an unpaired surrogate).
     """
     if not path.is_file():
         raise NotFoundError(f"metadata file not found: {path}")
     out: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValidationError(f"{path}:{lineno}: not valid UTF-8 ({exc.reason}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -96,6 +95,9 @@ def load_metadata_file(path: Path) -> dict[str, dict[str, Any]]:
                 raise ValidationError(f"{path}:{lineno}: not JSON ({exc})") from None
             if not isinstance(row, dict) or "doc_id" not in row:
                 raise ValidationError(f"{path}:{lineno}: expected an object with a 'doc_id' field")
+            if found := json_problem(row):  # the text rule of attnrank.textrules, as for the corpus
+                where, problem = found
+                raise ValidationError(f"{path}:{lineno}: metadata{' field ' + where if where else ''} {problem}")
             doc_id = str(row.pop("doc_id"))
             out.setdefault(doc_id, {}).update(row)
     return out
@@ -148,18 +150,18 @@ def build_index(
         batch_size: Encoder batch size (texts per forward pass).
         overwrite: Replace an existing non-empty ``out``.
         show_progress: tqdm bar over documents.
-        dense_params: :class:`index.dense.DenseParams` (index type flat / hnsw / ivf and
+        dense_params: :class:`attnrank.index.dense.DenseParams` (index type flat / hnsw / ivf and
             its parameters); default: flat.
-        passages: :class:`index.passages.PassageParams` to encode long documents as
+        passages: :class:`attnrank.index.passages.PassageParams` to encode long documents as
             passages scored by their maximum (MaxP); default: one vector per document
             (the encoder truncates).
         query_prefix: Prepended to queries; ``None`` = the model's known instruction
-            (:func:`index.encoder.default_prefixes`), empty for MiniLM.
+            (:func:`attnrank.index.encoder.default_prefixes`), empty for MiniLM.
         document_prefix: Prepended to documents; ``None`` as for ``query_prefix``.
-        bm25_params: :class:`index.bm25.BM25Params` (default: Lucene, k1 0.9, b 0.4).
-        planner: :class:`index.planner.PlannerParams` of filtered vector search.
+        bm25_params: :class:`attnrank.index.bm25.BM25Params` (default: Lucene, k1 0.9, b 0.4).
+        planner: :class:`attnrank.index.planner.PlannerParams` of filtered vector search.
         encoder: An :class:`attnrank.protocols.Encoder` to use instead of loading
-            ``embedder`` (e.g. :class:`index.hashing.HashingEncoder` in tests); open the
+            ``embedder`` (e.g. :class:`attnrank.index.hashing.HashingEncoder` in tests); open the
             index with the same encoder (``Index.open(path, encoder=...)``).
 
     Returns:
@@ -178,11 +180,11 @@ def build_index(
     """
     from tqdm.auto import tqdm
 
-    from index.bm25 import BM25Builder, BM25Params
-    from index.dense import VECTORS_FILE, DenseIndex, DenseParams
-    from index.docstore import SQLiteDocStore
-    from index.passages import encode_documents, labels_for
-    from index.planner import PlannerParams
+    from attnrank.index.bm25 import BM25Builder, BM25Params
+    from attnrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
+    from attnrank.index.docstore import SQLiteDocStore
+    from attnrank.index.passages import encode_documents, labels_for
+    from attnrank.index.planner import PlannerParams
 
     dense_params = dense_params or DenseParams()
     planner = planner or PlannerParams()
@@ -197,7 +199,7 @@ def build_index(
     if not dense:
         encoder = None
     elif encoder is None:
-        from index.encoder import SentenceTransformerEncoder, default_prefixes
+        from attnrank.index.encoder import SentenceTransformerEncoder, default_prefixes
 
         qp, dp = default_prefixes(embedder)
         encoder = SentenceTransformerEncoder(
@@ -262,9 +264,9 @@ def build_index(
             "format_version": FORMAT_VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "build_seconds": None,
-            "corpus": {"path": str(corpus), "file": str(corpus_file), "sha256": sha256_file(corpus_file)},
+            "corpus": {"path": str(corpus), "file": str(corpus_file), "sha256": file_sha256(corpus_file)},
             "metadata_file": (
-                {"path": str(Path(metadata).absolute()), "sha256": sha256_file(Path(metadata)), "matched_docs": matched}
+                {"path": str(Path(metadata).absolute()), "sha256": file_sha256(Path(metadata)), "matched_docs": matched}
                 if metadata is not None else None
             ),
             "num_docs": n,

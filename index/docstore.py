@@ -18,7 +18,7 @@ id shared by every index of the directory: the faiss label of a document is its 
 The database runs in WAL mode with ``synchronous=FULL``: a write that returned is on disk.
 Each thread reads through its own connection, so reads from several threads (the API's
 worker pool) run concurrently; writes are serialised by a lock. Metadata filters
-(:mod:`index.filters`) compile to SQL over ``docs.metadata`` (:meth:`filter_vids`).
+(:mod:`attnrank.index.filters`) compile to SQL over ``docs.metadata`` (:meth:`filter_vids`).
 
 Stores written before ``state`` and ``vectors`` existed (index format 1) are read as they
 are; the tables are created on the first write.
@@ -97,7 +97,7 @@ def _check_unique(docs: Sequence[Document]) -> None:
 
 
 class SQLiteDocStore:
-    """Documents by id in one SQLite file; implements :class:`attnrank.protocols.DocStore`.
+    """Documents by id in one SQLite file; implements :class:`attnrank.protocols.WritableDocStore`.
 
     Args:
         path: Database file; created (with its folder) when ``create`` is true.
@@ -292,7 +292,7 @@ class SQLiteDocStore:
         return dict(_in_chunks(conn, "SELECT doc_id, vid FROM docs WHERE doc_id IN ({marks})", list(doc_ids)))
 
     # -- vectors of recent additions ---------------------------------------------------
-    def pending_vectors(self, vids: Sequence[int]) -> dict[int, np.ndarray]:
+    def pending_vectors(self, vids: Sequence[int] | np.ndarray) -> dict[int, np.ndarray]:
         """Stored float32 ``(p, d)`` vectors of ``vids`` that have them (see :meth:`upsert`)."""
         conn = self._conn()
         out: dict[int, np.ndarray] = {}
@@ -348,15 +348,15 @@ class SQLiteDocStore:
         """Sorted int64 vids of the documents matching a metadata filter.
 
         Args:
-            flt: JSON filter (mapping), parsed :class:`index.filters.BoolFilter`, or
-                ``None`` (every document).
+            flt: Parsed :class:`attnrank.index.filters.BoolFilter` (used as it is), JSON
+                filter (mapping; parsed here), or ``None`` (every document).
 
         Raises:
-            FilterError: an invalid filter (message names the offending clause).
+            FilterError: an invalid JSON filter (message names the offending clause).
         """
-        from index.filters import compile_sql, parse_filter
+        from attnrank.index.filters import as_filter, compile_sql
 
-        sql, params = compile_sql(parse_filter(flt))
+        sql, params = compile_sql(as_filter(flt))
         rows = self._conn().execute(f"SELECT vid FROM docs WHERE {sql} ORDER BY vid", params).fetchall()
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
@@ -365,7 +365,7 @@ class SQLiteDocStore:
         rows = self._conn().execute("SELECT vid, doc_id FROM docs ORDER BY vid").fetchall()
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)), [r[1] for r in rows]
 
-    def get_by_vids(self, vids: Sequence[int]) -> list[tuple[int, Document]]:
+    def get_by_vids(self, vids: Sequence[int] | np.ndarray) -> list[tuple[int, Document]]:
         """``(vid, Document)`` of the vids that exist, in vid order."""
         wanted = sorted({int(v) for v in vids})
         rows = _in_chunks(self._conn(), "SELECT vid, doc_id, title, text, metadata FROM docs WHERE vid IN ({marks})", wanted)

@@ -13,7 +13,6 @@ imported on first encode.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import logging
 import os
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from attnrank.errors import ModelLoadError, require
+from attnrank.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +36,6 @@ _PACKAGE_VERSION = "0.1.0"
 _ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "default"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
-_HASHES: dict[tuple[str, int, int], str] = {}
-_HASH_LOCK = threading.Lock()
 
 
 def packaged_model_dir() -> Path:
@@ -82,21 +80,6 @@ def weights_file(model_dir: Path) -> Path:
     raise ModelLoadError(f"no weights ({' or '.join(WEIGHT_FILES)}) in embedder directory {model_dir}")
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 hex digest of a file, memoised per (path, size, mtime) in this process."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    with _HASH_LOCK:
-        if key in _HASHES:
-            return _HASHES[key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
-    with _HASH_LOCK:
-        _HASHES[key] = digest
-    return digest
 
 
 def model_sha256(model: str | Path | None) -> str:

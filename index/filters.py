@@ -306,6 +306,24 @@ def parse_filter(obj: Any, *, path: str = "filter") -> BoolFilter | None:
     return None if parsed.is_empty() else parsed
 
 
+def as_filter(obj: Any, *, path: str = "filter") -> BoolFilter | None:
+    """The parsed form of a filter, parsing only what is not parsed yet.
+
+    A search parses its JSON filter once (:meth:`attnrank.pipeline.Pipeline.validate`) and
+    hands the :class:`BoolFilter` down; every stage below (retrievers, the index, the
+    document store) calls this, which returns a parsed filter as it is (``None`` when it is
+    empty) and calls :func:`parse_filter` only for the JSON form.
+
+    Raises:
+        FilterError: an invalid JSON filter.
+    """
+    if obj is None:
+        return None
+    if isinstance(obj, BoolFilter):
+        return None if obj.is_empty() else obj
+    return parse_filter(obj, path=path)
+
+
 # --------------------------------------------------------------------------- JSON form
 def to_json(f: BoolFilter | Condition) -> dict[str, Any]:
     """The canonical JSON form (``parse_filter(to_json(f)) == f``); used as a cache key."""

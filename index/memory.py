@@ -12,9 +12,9 @@ from attnrank.types import Document
 
 
 class InMemoryDocStore:
-    """Documents by id in a dict; implements :class:`attnrank.protocols.DocStore` and the
-    write/filter interface of :class:`index.docstore.SQLiteDocStore` (vids that only grow,
-    :meth:`upsert`, :meth:`delete`, :meth:`filter_vids` with :func:`index.filters.matches`).
+    """Documents by id in a dict; implements :class:`attnrank.protocols.WritableDocStore`
+    like :class:`attnrank.index.docstore.SQLiteDocStore` (vids that only grow, :meth:`upsert`,
+    :meth:`delete`, :meth:`filter_vids` with :func:`attnrank.index.filters.matches`), nothing durable.
 
     Args:
         docs: The documents; ``vid`` (0, 1, ...) follows iteration order.
@@ -42,7 +42,7 @@ class InMemoryDocStore:
     def upsert(self, docs: Sequence[Document], vectors: Sequence[Any] | None = None) -> list[tuple[str, int, int | None]]:
         """Add or replace documents; each gets a new vid. Returns ``(doc_id, new_vid, old_vid)``
         per document. ``vectors`` is accepted for parity with SQLite and not stored."""
-        from index.docstore import _check_unique, metadata_json
+        from attnrank.index.docstore import _check_unique, metadata_json
 
         docs = list(docs)
         _check_unique(docs)
@@ -65,21 +65,26 @@ class InMemoryDocStore:
                 out.append((d, entry[0]))
         return out
 
-    def pending_vectors(self, vids: Sequence[int]) -> dict[int, np.ndarray]:
+    def pending_vectors(self, vids: Sequence[int] | np.ndarray) -> dict[int, np.ndarray]:
+        """Always ``{}``: an in-memory index has no vector file to catch up."""
         return {}
 
     def discard_vectors(self, max_vid: int) -> int:
+        """Nothing to forget (see :meth:`pending_vectors`); returns 0."""
         return 0
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     @property
     def next_vid(self) -> int:
         return self._next_vid
 
     def filter_vids(self, flt: Any = None) -> np.ndarray:
-        """Sorted int64 vids of the documents matching a filter (see :mod:`index.filters`)."""
-        from index.filters import matches, parse_filter
+        """Sorted int64 vids of the documents matching a filter (see :mod:`attnrank.index.filters`)."""
+        from attnrank.index.filters import as_filter, matches
 
-        f = parse_filter(flt)
+        f = as_filter(flt)
         vids = [vid for vid, doc in self._docs.values() if matches(f, doc.doc_id, doc.metadata)]
         return np.asarray(sorted(vids), dtype=np.int64)
 
@@ -88,7 +93,7 @@ class InMemoryDocStore:
         pairs = sorted((vid, d) for d, (vid, _) in self._docs.items())
         return np.asarray([p[0] for p in pairs], dtype=np.int64), [p[1] for p in pairs]
 
-    def get_by_vids(self, vids: Sequence[int]) -> list[tuple[int, Document]]:
+    def get_by_vids(self, vids: Sequence[int] | np.ndarray) -> list[tuple[int, Document]]:
         """``(vid, Document)`` of the vids that exist, in vid order."""
         wanted = {int(v) for v in vids}
         return sorted(((vid, doc) for vid, doc in self._docs.values() if vid in wanted), key=lambda p: p[0])

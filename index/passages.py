@@ -82,6 +82,15 @@ def labels_for(vid: int, count: int, bits: int) -> np.ndarray:
     return (np.int64(vid) << np.int64(bits)) | np.arange(count, dtype=np.int64)
 
 
+def label_rows(vids: Sequence[int] | np.ndarray, vecs: Sequence[np.ndarray], bits: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """int64 labels ``vid << bits | j`` and the float32 ``(sum p, dim)`` stacked vectors of
+    documents' ``(p, dim)`` vector arrays, in the given (vid) order."""
+    if not len(vecs):
+        return np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.float32)
+    labels = np.concatenate([labels_for(int(v), len(x), bits) for v, x in zip(vids, vecs)])
+    return labels, np.concatenate([np.asarray(x, dtype=np.float32).reshape(-1, dim) for x in vecs])
+
+
 def encode_documents(
     encoder: Any, docs: Sequence[Document], passages: PassageParams | None, *, show_progress: bool = False
 ) -> list[np.ndarray]:

@@ -20,42 +20,45 @@ Updates (format-2 directories and in-memory indexes):
   faiss) keeps tombstones excluded by the search selector; BM25 rows are masked. All
   until :meth:`compact` rebuilds them.
 * **BM25 additions** go to a small delta scored at query time and merged with the matrix
-  (:class:`index.bm25.BM25Delta`) until :meth:`compact` (or :meth:`compact_async`, the
+  (:class:`attnrank.index.bm25.BM25Delta`) until :meth:`compact` (or :meth:`compact_async`, the
   same in a background thread; :meth:`needs_compaction` says when it is due).
 * **Concurrency.** A readers-writer lock: searches (including the filter's SQL query and
   the vector search) share it, an update holds it exclusively for the commit and the
   in-memory apply only (encoding runs before). :meth:`compact` rebuilds without the lock
   and takes it only to swap in the new parts and replay what changed meanwhile. One
   process writes an index directory at a time.
+
+The document store's contract is :class:`attnrank.protocols.WritableDocStore`. Catching up,
+compaction, flushing and the recovery of an interrupted swap live in
+:mod:`attnrank.index.maintenance` (one recovery path, :func:`~attnrank.index.maintenance.reconcile`,
+serves both the catch-up at open and compaction); the methods here delegate to it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
 import threading
-import time
 from collections import OrderedDict
-from concurrent.futures import Future
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnrank.errors import IndexMismatchError, ModelLoadError, NotFoundError, ValidationError
-from attnrank.protocols import DocStore, Encoder
+from attnrank.index import maintenance
+from attnrank.index.rwlock import RWLock
+from attnrank.protocols import Encoder, WritableDocStore
 from attnrank.types import Document
-from index.rwlock import RWLock
+
+if TYPE_CHECKING:
+    from attnrank.index.filters import BoolFilter
 
 logger = logging.getLogger(__name__)
 
 FILTER_CACHE_SIZE = 128
 """Filters whose matching vid sets are kept (cleared by every update)."""
-_BATCH = 2000
 
 
 class Index:
@@ -63,15 +66,19 @@ class Index:
 
     Attributes:
         path: Index directory (``None`` for an in-memory index).
-        params: Content of ``params.json`` (see :func:`index.builder.build_index`).
-        docstore: Documents by id (:class:`index.docstore.SQLiteDocStore` or
-            :class:`index.memory.InMemoryDocStore`).
-        bm25: :class:`index.bm25.BM25Index` (with its delta and deleted rows).
-        dense: :class:`index.dense.DenseIndex`, or ``None`` when built without vectors.
-        planner: :class:`index.planner.PlannerParams` of filtered vector search.
-        passages: :class:`index.passages.PassageParams` when documents are chunked, else ``None``.
+        params: Content of ``params.json`` (see :func:`attnrank.index.builder.build_index`).
+        docstore: Documents by id, the source of truth: a
+            :class:`attnrank.protocols.WritableDocStore` (:class:`attnrank.index.docstore.SQLiteDocStore`
+            or :class:`attnrank.index.memory.InMemoryDocStore`).
+        bm25: :class:`attnrank.index.bm25.BM25Index` (with its delta and deleted rows).
+        dense: :class:`attnrank.index.dense.DenseIndex`, or ``None`` when built without vectors.
+        planner: :class:`attnrank.index.planner.PlannerParams` of filtered vector search.
+        passages: :class:`attnrank.index.passages.PassageParams` when documents are chunked, else ``None``.
 
     Build with :meth:`open` (a directory) or :meth:`from_documents` (in memory).
+
+    Raises:
+        TypeError: ``docstore`` is not a :class:`attnrank.protocols.WritableDocStore`.
     """
 
     def __init__(
@@ -79,7 +86,7 @@ class Index:
         *,
         path: Path | None,
         params: Mapping[str, Any],
-        docstore: DocStore,
+        docstore: WritableDocStore,
         bm25: Any,
         dense: Any = None,
         encoder: Encoder | None = None,
@@ -89,9 +96,11 @@ class Index:
         planner: Any = None,
         writable: bool = True,
     ) -> None:
-        from index.passages import PassageParams
-        from index.planner import PlannerParams
+        from attnrank.index.passages import PassageParams
+        from attnrank.index.planner import PlannerParams
 
+        if not isinstance(docstore, WritableDocStore):
+            raise TypeError(f"an Index needs a WritableDocStore (see attnrank.protocols), got {type(docstore).__name__}")
         self.path = path
         self.params = dict(params)
         self.docstore = docstore
@@ -106,6 +115,8 @@ class Index:
         self._lock = threading.Lock()  # lazy encoder / doc ids
         self._rw = RWLock()
         self._maintenance = threading.Lock()  # flush / compact, one at a time
+        self._kv_lock = threading.Lock()  # opening the document KV store
+        self._block_stores: dict[str, Any] = {}
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._dirty = False  # the vector file lags behind memory
@@ -129,7 +140,7 @@ class Index:
         cls, path: str | Path, *, embedder: str | None = None, encoder: Encoder | None = None,
         show_progress: bool = False,
     ) -> Index:
-        """Open an index directory written by :func:`index.builder.build_index`.
+        """Open an index directory written by :func:`attnrank.index.builder.build_index`.
 
         A format-2 directory is caught up with its document store (see the module
         docstring); a format-1 directory is opened read-only (updates raise).
@@ -149,10 +160,10 @@ class Index:
                 the build's embedder, or the index format version is not supported.
             ModelLoadError: ``embedder`` is not a usable local directory.
         """
-        from index.bm25 import BM25Index
-        from index.builder import BM25_DIR, DOCS_FILE, FORMAT_VERSION, READABLE_VERSIONS, read_params
-        from index.dense import VECTORS_FILE, DenseIndex, DenseParams
-        from index.docstore import SQLiteDocStore
+        from attnrank.index.bm25 import BM25Index
+        from attnrank.index.builder import BM25_DIR, DOCS_FILE, FORMAT_VERSION, READABLE_VERSIONS, read_params
+        from attnrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
+        from attnrank.index.docstore import SQLiteDocStore
 
         root = Path(path).expanduser().absolute()
         params = read_params(root)
@@ -163,7 +174,7 @@ class Index:
                 f"index at {root} has format version {version!r}; this attnrank reads versions "
                 f"{list(READABLE_VERSIONS)} (writes {FORMAT_VERSION}){hint}"
             )
-        _recover_swapped_dir(root, BM25_DIR)
+        maintenance.recover_swapped_dir(root, BM25_DIR)
         docstore = None
         try:
             dense_params = params.get("dense")
@@ -187,7 +198,7 @@ class Index:
             if docstore is not None:
                 docstore.close()
             raise NotFoundError(f"index at {root} is incomplete or corrupt: {exc}{hint}") from exc
-        if dense is not None and dense_params.get("dim") not in (None, dense.dim):
+        if dense is not None and dense_params and dense_params.get("dim") not in (None, dense.dim):
             docstore.close()
             raise NotFoundError(f"index at {root} is corrupt: vector dim {dense.dim} != {dense_params['dim']}{hint}")
         if embedder is not None and not dense_params:
@@ -206,70 +217,14 @@ class Index:
             embedder_dir=embedder_dir, show_progress=show_progress, writable=writable,
         )
         if writable:
-            index._catch_up()
+            maintenance.catch_up(index)
         return index
 
-    def _catch_up(self) -> None:
-        """Bring BM25 and vectors in line with the document store (after a crash, or
-        updates since the files were last written)."""
-        live, ids = self.docstore.vid_doc_pairs()
-        self._set_doc_ids(live, ids)
-        # BM25: rows of vids no longer live are masked; live vids without a row -> delta
-        rows = self.bm25.row_vids
-        dead = rows[~np.isin(rows, live)]
-        if len(dead):
-            self.bm25.mark_deleted(dead)
-        fresh = live[~np.isin(live, rows)]
-        for start in range(0, len(fresh), _BATCH):
-            docs = self.docstore.get_by_vids(fresh[start : start + _BATCH])
-            self.bm25.add_documents([v for v, _ in docs], [d.content for _, d in docs])
-        if self.dense is None:
-            if len(dead) or len(fresh):
-                logger.info("index %s: BM25 caught up (%d deleted, %d added)", self.path, len(dead), len(fresh))
-            return
-        labels = np.asarray(self.dense.labels()).copy()
-        bits = self.group_bits
-        vids = labels >> bits
-        gone = labels[~np.isin(vids, live)]
-        if len(gone):
-            self.dense.delete(gone)
-            self._dirty = self.dense.kind != "hnsw"  # HNSW tombstones are re-derived on every open
-        missing = live[~np.isin(live, vids)]
-        if len(missing):
-            vecs = self._vectors_for(missing)
-            new_labels, new_vecs = self._label_rows(missing, vecs)
-            if len(labels) and len(new_labels) and new_labels[0] <= labels[-1]:
-                # out of order (should not happen): rebuild the vector index from scratch
-                keep = labels[np.isin(vids, live)]
-                all_labels = np.concatenate([keep, new_labels])
-                order = np.argsort(all_labels)
-                stacked = np.concatenate([self.dense.vectors(keep), new_vecs])[order]
-                from index.dense import DenseIndex
-
-                self.dense = DenseIndex.build(stacked, all_labels[order], self.dense.params, dim=self.dense.dim)
-            else:
-                self.dense.add(new_vecs, new_labels)
-            self._dirty = True
-        if len(dead) or len(fresh) or len(gone) or len(missing):
-            logger.info(
-                "index %s caught up with its document store: BM25 %d deleted / %d added, vectors %d deleted / %d added",
-                self.path, len(dead), len(fresh), len(gone), len(missing),
-            )
-
-    def _vectors_for(self, vids: np.ndarray) -> list[np.ndarray]:
-        """Vectors of documents by vid: the stored copies, else encoded from SQLite text."""
-        stored = self.docstore.pending_vectors(vids)
-        need = [int(v) for v in vids if int(v) not in stored]
-        if need:
-            logger.warning("re-encoding %d documents whose vectors were not stored", len(need))
-            docs = self.docstore.get_by_vids(need)
-            for (vid, _), vec in zip(docs, self._encode([d for _, d in docs])):
-                stored[vid] = vec
-        return [stored[int(v)] for v in vids]
-
     def _label_rows(self, vids: Sequence[int] | np.ndarray, vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Labels and stacked vectors of documents' vector arrays (see :mod:`index.passages`)."""
-        return _label_rows_static(vids, vecs, self.group_bits, self.dense.dim)
+        """Labels and stacked vectors of documents' vector arrays (see :mod:`attnrank.index.passages`)."""
+        from attnrank.index.passages import label_rows
+
+        return label_rows(vids, vecs, self.group_bits, self.dense.dim)
 
     @classmethod
     def from_documents(
@@ -289,18 +244,19 @@ class Index:
         Args:
             docs: The documents (vids 0, 1, ... in this order).
             encoder: Dense encoder; ``None`` = BM25 only.
-            bm25_params: :class:`index.bm25.BM25Params`.
-            dense_params: :class:`index.dense.DenseParams` (default: flat).
-            passages: :class:`index.passages.PassageParams` to chunk documents (MaxP).
-            planner: :class:`index.planner.PlannerParams`.
+            bm25_params: :class:`attnrank.index.bm25.BM25Params`.
+            dense_params: :class:`attnrank.index.dense.DenseParams` (default: flat).
+            passages: :class:`attnrank.index.passages.PassageParams` to chunk documents (MaxP).
+            planner: :class:`attnrank.index.planner.PlannerParams`.
             show_progress: Progress bars.
 
         Raises:
             ValidationError: no documents, or a doc id repeats.
         """
-        from index.bm25 import BM25Builder, BM25Params
-        from index.dense import DenseIndex, DenseParams
-        from index.memory import InMemoryDocStore
+        from attnrank.index.bm25 import BM25Builder, BM25Params
+        from attnrank.index.dense import DenseIndex, DenseParams
+        from attnrank.index.memory import InMemoryDocStore
+        from attnrank.index.passages import label_rows
 
         store = InMemoryDocStore(docs)
         vids, ids = store.vid_doc_pairs()
@@ -317,7 +273,7 @@ class Index:
         if encoder is not None:
             vecs = index._encode(all_docs)
             dim = int(vecs[0].shape[-1]) if vecs else int(encoder.dim)
-            labels, x = _label_rows_static(vids, vecs, index.group_bits, dim)
+            labels, x = label_rows(vids, vecs, index.group_bits, dim)
             index.dense = DenseIndex.build(x, labels, dense_params, dim=dim)
             params["dense"] = {
                 "index_type": index.dense.describe()["index_type"], "dim": dim, "metric": "inner_product",
@@ -328,22 +284,24 @@ class Index:
         return index
 
     # -- parts -------------------------------------------------------------------------
-    def _set_doc_ids(self, vids: np.ndarray, ids: Sequence[str]) -> None:
+    def _set_doc_ids(self, vids: np.ndarray, ids: Sequence[str]) -> list[str | None]:
         top = int(vids.max()) + 1 if len(vids) else 0
-        table: list[str | None] = [None] * max(top, int(getattr(self.docstore, "next_vid", top) or top))
+        table: list[str | None] = [None] * max(top, int(self.docstore.next_vid))
         for v, d in zip(vids.tolist(), ids):
             table[v] = d
         self._doc_ids = table
+        return table
 
     @property
     def doc_ids(self) -> list[str | None]:
         """Doc id of every vid: ``doc_ids[vid]`` (``None`` for deleted or replaced versions)."""
-        if self._doc_ids is None:
+        table = self._doc_ids
+        if table is None:
             with self._lock:
-                if self._doc_ids is None:
-                    vids, ids = self.docstore.vid_doc_pairs()  # type: ignore[attr-defined]
-                    self._set_doc_ids(vids, ids)
-        return self._doc_ids  # type: ignore[return-value]
+                table = self._doc_ids
+                if table is None:
+                    table = self._set_doc_ids(*self.docstore.vid_doc_pairs())
+        return table
 
     def doc_ids_of(self, vids: Sequence[int] | np.ndarray) -> list[str]:
         """Doc ids of live vids, in order. Raises NotFoundError for a dead vid."""
@@ -368,7 +326,7 @@ class Index:
                 raise NotFoundError("this index was built without dense vectors (--no-dense); it has no encoder")
             with self._lock:
                 if self._encoder is None:
-                    from index.encoder import SentenceTransformerEncoder
+                    from attnrank.index.encoder import SentenceTransformerEncoder
 
                     emb = (self.params.get("dense") or {}).get("embedder") or {}
                     self._encoder = SentenceTransformerEncoder(
@@ -380,7 +338,7 @@ class Index:
 
     def _encode(self, docs: Sequence[Document]) -> list[np.ndarray]:
         """float32 ``(p, d)`` vectors per document: one, or one per passage."""
-        from index.passages import encode_documents
+        from attnrank.index.passages import encode_documents
 
         return encode_documents(self.encoder, docs, self.passages)
 
@@ -392,14 +350,16 @@ class Index:
     def filter_vids(self, flt: Any) -> np.ndarray | None:
         """Sorted int64 vids matching a metadata filter; ``None`` for no filter.
 
-        Results are cached per filter until the next update.
+        ``flt`` is a parsed :class:`attnrank.index.filters.BoolFilter` (used as it is), the
+        JSON form (parsed here), or ``None``. Results are cached per filter until the next
+        update.
 
         Raises:
             FilterError: an invalid filter (HTTP 422; the message names the clause).
         """
-        from index.filters import cache_key, parse_filter
+        from attnrank.index.filters import as_filter, cache_key
 
-        parsed = parse_filter(flt)
+        parsed: BoolFilter | None = as_filter(flt)
         if parsed is None:
             return None
         key = cache_key(parsed)
@@ -408,7 +368,7 @@ class Index:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        vids = self.docstore.filter_vids(parsed)  # type: ignore[attr-defined]
+        vids = self.docstore.filter_vids(parsed)
         vids.setflags(write=False)
         with self._cache_lock:
             self._cache[key] = vids
@@ -417,7 +377,7 @@ class Index:
         return vids
 
     def search_bm25(self, texts: Sequence[str], k: int, *, filter: Any = None) -> list[tuple[list[str], np.ndarray]]:
-        """BM25 top-``k`` per query (see :meth:`index.bm25.BM25Index.search`) among live
+        """BM25 top-``k`` per query (see :meth:`attnrank.index.bm25.BM25Index.search`) among live
         documents matching ``filter``.
 
         Returns:
@@ -445,12 +405,12 @@ class Index:
         Returns:
             ``(rows, report)``: per query ``(doc_ids, scores float32 (r,))`` sorted by
             descending cosine similarity, ``r = min(k, matching documents)``, and the
-            :class:`index.planner.SearchReport`.
+            :class:`attnrank.index.planner.SearchReport`.
 
         Raises:
             NotFoundError: no dense vectors. FilterError: an invalid filter.
         """
-        from index.planner import planned_search
+        from attnrank.index.planner import planned_search
 
         if self.dense is None:
             raise NotFoundError("this index was built without dense vectors (--no-dense)")
@@ -493,7 +453,7 @@ class Index:
         docs = list(docs)
         if not docs:
             return {"added": [], "replaced": [], "vids": {}}
-        from index.docstore import _check_unique, metadata_json
+        from attnrank.index.docstore import _check_unique, metadata_json
 
         _check_unique(docs)
         for d in docs:
@@ -502,7 +462,7 @@ class Index:
             raise ValidationError("this index's BM25 has no build statistics; rebuild it to add documents")
         vecs = self._encode(docs) if self.dense is not None else None
         with self._rw.write():
-            result = self.docstore.upsert(docs, vecs)  # type: ignore[attr-defined]
+            result = self.docstore.upsert(docs, vecs)
             self._apply_add(result, docs, vecs)
         return {
             "added": [d for d, _, old in result if old is None],
@@ -551,7 +511,7 @@ class Index:
         self._check_writable()
         wanted = list(dict.fromkeys(doc_ids))
         with self._rw.write():
-            gone = self.docstore.delete(wanted)  # type: ignore[attr-defined]
+            gone = self.docstore.delete(wanted)
             if gone:
                 self._drop_vids(np.array([v for _, v in gone], dtype=np.int64))
                 self._invalidate()
@@ -562,45 +522,20 @@ class Index:
         with self._cache_lock:
             self._cache.clear()
 
-    # -- maintenance -------------------------------------------------------------------
+    # -- maintenance (see attnrank.index.maintenance) -----------------------------------
     def stats(self) -> dict[str, Any]:
         """Live documents, BM25 delta and masked rows, vectors and tombstones."""
-        with self._rw.read():
-            out: dict[str, Any] = {
-                "num_docs": len(self.docstore),
-                "bm25_rows": self.bm25.num_docs,
-                "bm25_deleted_rows": self.bm25.num_docs - (self.bm25.num_live - len(self.bm25.delta)),
-                "bm25_delta": len(self.bm25.delta),
-            }
-            if self.dense is not None:
-                out.update(vectors=len(self.dense), tombstones=len(self.dense.tombstones),
-                           index_type=self.dense.kind, vectors_unsaved=self._dirty and self.path is not None)
-        return out
+        return maintenance.stats(self)
 
     def needs_compaction(self, fraction: float = 0.1) -> bool:
         """Whether the BM25 delta, masked BM25 rows or HNSW tombstones exceed ``fraction``
         of the live documents."""
-        s = self.stats()
-        limit = max(1, int(fraction * max(1, s["num_docs"])))
-        return s["bm25_delta"] > limit or s["bm25_deleted_rows"] > limit or s.get("tombstones", 0) > limit * self.max_group
+        return maintenance.needs_compaction(self, fraction)
 
     def flush(self) -> bool:
         """Write the vector index if it lags behind memory, then forget the stored vector
         copies it now holds. Returns whether a file was written (in-memory: never)."""
-        if self.path is None or self.dense is None or not self.writable:
-            return False
-        from index.dense import VECTORS_FILE
-
-        with self._maintenance:
-            with self._rw.read():
-                if not self._dirty:
-                    return False
-                labels = self.dense.labels()
-                top = int(labels[-1]) >> self.group_bits if len(labels) else -1
-                self.dense.save(self.path / VECTORS_FILE)
-                self._dirty = False
-            self.docstore.discard_vectors(top)  # type: ignore[attr-defined]
-        return True
+        return maintenance.flush(self)
 
     def compact(self) -> dict[str, Any]:
         """Rebuild BM25 from the live documents (folding in the delta, dropping masked
@@ -614,71 +549,7 @@ class Index:
         Raises:
             IndexMismatchError: a format-1 (read-only) index.
         """
-        from index.bm25 import BM25Builder
-
-        self._check_writable()
-        t0 = time.perf_counter()
-        with self._maintenance:
-            with self._rw.read():
-                snapshot = self._live_vids()
-                before = self._stats_unlocked()
-            builder = BM25Builder(self.bm25.params)
-            rows: list[int] = []
-            for start in range(0, len(snapshot), _BATCH):
-                got = self.docstore.get_by_vids(snapshot[start : start + _BATCH])  # type: ignore[attr-defined]
-                builder.add([d.content for _, d in got])
-                rows.extend(v for v, _ in got)
-            if not rows:
-                raise ValidationError("cannot compact an index without documents")
-            bm25 = builder.build(row_vids=np.asarray(rows, dtype=np.int64))
-            dense = self.dense
-            if dense is not None and dense.kind == "hnsw" and dense.tombstones:
-                dense = dense.rebuilt()
-            if self.path is not None:
-                self._write_parts(bm25, dense if dense is not self.dense else None)
-            with self._rw.write():
-                live = self._live_vids()
-                dead = bm25.row_vids[~np.isin(bm25.row_vids, live)]
-                if len(dead):
-                    bm25.mark_deleted(dead)
-                fresh = live[~np.isin(live, bm25.row_vids)]
-                if len(fresh):
-                    got = self.docstore.get_by_vids(fresh)  # type: ignore[attr-defined]
-                    bm25.add_documents([v for v, _ in got], [d.content for _, d in got])
-                replay = 0
-                if dense is not None and dense is not self.dense:
-                    labels = np.asarray(dense.labels()).copy()
-                    gone = labels[~np.isin(labels >> self.group_bits, live)]
-                    dense.delete(gone)
-                    kept = np.unique(np.asarray(dense.labels()) >> self.group_bits)
-                    old = np.asarray(self.dense.labels()).copy()
-                    old_vids = old >> self.group_bits
-                    extra = old[~np.isin(old_vids, kept) & np.isin(old_vids, live)]
-                    if len(extra):
-                        dense.add(self.dense.vectors(extra), extra)
-                        self._dirty = True
-                    replay = len(gone) + len(extra)
-                    self.dense = dense
-                self.bm25 = bm25
-                self._invalidate()
-                self.params["num_docs"] = len(live)
-                self.params["bm25"] = bm25.describe()
-                self.params["compacted"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            if self.path is not None:
-                _write_json(self.path / "params.json", self.params)
-        summary = {
-            "num_docs": int(len(live)),
-            "bm25_rows": bm25.num_docs,
-            "bm25_delta_folded": before["bm25_delta"],
-            "bm25_rows_dropped": before["bm25_deleted_rows"],
-            "tombstones_dropped": before.get("tombstones", 0),
-            "replayed": int(len(dead) + len(fresh) + replay),
-            "seconds": round(time.perf_counter() - t0, 3),
-        }
-        if self.path is not None:
-            self.flush()
-        logger.info("compacted index %s: %s", self.path or "in-memory", summary)
-        return summary
+        return maintenance.compact(self)
 
     def compact_async(self) -> Future:
         """Run :meth:`compact` in a background thread; searches and updates continue.
@@ -686,48 +557,11 @@ class Index:
         Returns:
             A ``concurrent.futures.Future`` with the summary (or the exception).
         """
-        future: Future = Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(self.compact())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="attnrank-compact", daemon=True).start()
-        return future
+        return maintenance.compact_async(self)
 
     def _live_vids(self) -> np.ndarray:
         table = self.doc_ids
         return np.fromiter((v for v, d in enumerate(table) if d is not None), dtype=np.int64)
-
-    def _stats_unlocked(self) -> dict[str, Any]:
-        out = {
-            "bm25_delta": len(self.bm25.delta),
-            "bm25_deleted_rows": self.bm25.num_docs - (self.bm25.num_live - len(self.bm25.delta)),
-        }
-        if self.dense is not None:
-            out["tombstones"] = len(self.dense.tombstones)
-        return out
-
-    def _write_parts(self, bm25: Any, dense: Any) -> None:
-        """Write a rebuilt BM25 folder (swapped in by renames) and vector file (atomic)."""
-        from index.builder import BM25_DIR
-        from index.dense import VECTORS_FILE
-
-        root = self.path
-        new = root / f".{BM25_DIR}.new"
-        old = root / f".{BM25_DIR}.old"
-        shutil.rmtree(new, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-        bm25.save(new)
-        os.rename(root / BM25_DIR, old)
-        os.rename(new, root / BM25_DIR)
-        shutil.rmtree(old, ignore_errors=True)
-        if dense is not None:
-            dense.save(root / VECTORS_FILE)
 
     def describe(self) -> dict[str, Any]:
         """Summary for ``/info`` and reports (no model load)."""
@@ -754,50 +588,54 @@ class Index:
             ),
         }
 
+    KV_DIR = "kv"
+    """Folder of the document KV store inside an index directory."""
+
+    def block_store(self, header: Mapping[str, Any], *, create: bool = True) -> Any:
+        """The index's document KV store (:class:`attnrank.index.kvstore.KVStore` at
+        ``<index>/kv``) for a reranker whose blocks were computed as ``header`` says, opened
+        once and kept until :meth:`close`; ``None`` for an in-memory index, or when the store
+        does not exist and ``create`` is false.
+
+        Raises:
+            KVStoreMismatchError: the store was built with another model, layout, layer,
+                block length, dtype or adapter (the message names the rebuild command).
+            KVStoreError: the store cannot be opened (e.g. another process writes it).
+        """
+        if self.path is None:
+            return None
+        from attnrank.index.kvstore import KVHeader, KVStore
+
+        want = KVHeader.from_dict(header)
+        stores = self._block_stores
+        key = want.fingerprint()
+        with self._kv_lock:
+            if key not in stores:
+                path = Path(self.path) / self.KV_DIR
+                if not (path / "header.json").exists() and not create:
+                    return None
+                stores[key] = KVStore.open_or_create(path, want)
+            return stores[key]
+
     def close(self) -> None:
         """Write the vector index if it lags behind (writable directories), then close
-        the document store's connections."""
+        the document store's connections and the document KV store."""
         try:
             self.flush()
         finally:
-            close = getattr(self.docstore, "close", None)
-            if close is not None:
-                close()
+            with self._kv_lock:
+                for store in self._block_stores.values():
+                    store.close()
+                self._block_stores.clear()
+            self.docstore.close()
 
     def __repr__(self) -> str:
         return f"Index({str(self.path) if self.path else 'in-memory'!r}, {len(self.docstore)} docs, {self.available_retrievers()})"
 
 
-def _label_rows_static(vids: Any, vecs: Sequence[np.ndarray], bits: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """int64 labels ``vid << bits | j`` and float32 ``(sum p, dim)`` vectors, in vid order."""
-    from index.passages import labels_for
-
-    if not vecs:
-        return np.zeros(0, dtype=np.int64), np.zeros((0, dim), dtype=np.float32)
-    labels = np.concatenate([labels_for(int(v), len(x), bits) for v, x in zip(vids, vecs)])
-    return labels, np.concatenate([np.asarray(x, dtype=np.float32).reshape(-1, dim) for x in vecs])
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _recover_swapped_dir(root: Path, name: str) -> None:
-    """Finish or undo a folder swap interrupted by a crash (see ``Index._write_parts``)."""
-    target, new, old = root / name, root / f".{name}.new", root / f".{name}.old"
-    if target.exists():
-        return
-    if new.is_dir() and (new / "vids.npy").is_file():
-        os.rename(new, target)
-    elif old.is_dir():
-        os.rename(old, target)
-
-
 def _check_embedder(root: Path, dense_params: Mapping[str, Any], embedder: str | None) -> Path:
     """The embedder directory to encode queries with; raises IndexMismatchError on a different model."""
-    from index.encoder import model_sha256, packaged_model_dir, resolve_model_dir
+    from attnrank.index.encoder import model_sha256, packaged_model_dir, resolve_model_dir
 
     recorded = dense_params.get("embedder") or {}
     want = recorded.get("sha256")

@@ -1,26 +1,112 @@
-"""Shared plumbing of the attention rerankers."""
+"""Shared plumbing of the attention rerankers: options, the LM, and one rerank skeleton.
+
+:meth:`AttentionReranker.rerank` is the same for every method:
+
+1. refuse an empty query and duplicate doc ids (:class:`ValidationError`);
+2. collapse candidates with identical text (:func:`attnrank.reranker.scoring.distinct_texts`):
+   each distinct text is scored once and its duplicates get the same score (issue #11.3);
+3. cut a query longer than its token budget (:meth:`query_budget`, default a quarter of
+   the model's context) and say so in the result's warnings;
+4. :meth:`score_documents`: by default the two hooks, :meth:`build_prompt` then
+   :meth:`score_prompt` under the LM's lock (ICR overrides it to add windows);
+5. :meth:`Ranking.from_hits`, truncation, timings, warnings.
+
+Subclasses set ``options_class`` (:mod:`attnrank.reranker.options`) and implement the two
+hooks. Options are parsed once, at construction (``self.options``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import operator
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnrank.config import RerankerConfig
 from attnrank.errors import ValidationError
 from attnrank.protocols import RerankResult
-from attnrank.types import Document, Query
+from attnrank.reranker.options import RerankerOptions
+from attnrank.reranker.scoring import distinct_texts
+from attnrank.types import Document, Query, Ranking, ScoredDoc
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScoredPass:
+    """One scored prompt, kept for what is read from it afterwards (evidence).
+
+    Attributes:
+        prompt: The method's prompt object.
+        state: What the method read from the model (e.g. ICR's token attention).
+        docs: Indices (into the documents given to :meth:`AttentionReranker.score_documents`)
+            of the prompt's candidates, in the prompt's candidate order.
+    """
+
+    prompt: Any
+    state: Any
+    docs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DocumentScores:
+    """Scores of a list of documents from one prompt or several windows.
+
+    Attributes:
+        scores: One score per document, in the order given (unitless; see the method).
+        truncated: Per document, whether its content was cut to ``max_doc_tokens``.
+        prompt_tokens: LM tokens processed (all passes, all windows).
+        details: Method diagnostics (``timings`` in seconds, ...), into ``RerankResult.details``.
+        warnings: What the caller should know (windows used, ...), into ``RerankResult.warnings``.
+        passes: The scored prompts (one per window).
+    """
+
+    scores: list[float]
+    truncated: list[bool]
+    prompt_tokens: int
+    details: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    passes: tuple[ScoredPass, ...] = ()
+
+
+@dataclass(frozen=True)
+class RerankRun:
+    """A :meth:`AttentionReranker.rerank` result with what produced it.
+
+    Attributes:
+        result: What :meth:`AttentionReranker.rerank` returns.
+        docs: The distinct candidates that were scored (first-stage order).
+        owner: Per candidate, the index in ``docs`` whose score it took.
+        scored: Their scores and passes (``None`` without candidates).
+    """
+
+    result: RerankResult
+    docs: list[Document] = field(default_factory=list)
+    owner: list[int] = field(default_factory=list)
+    scored: DocumentScores | None = None
 
 
 class AttentionReranker:
-    """Base class: holds the config and the lazily loaded LM; subclasses implement ``rerank``."""
+    """Base class: holds the config, the parsed options and the lazily loaded LM; runs the
+    rerank skeleton (module docstring) around two hooks, :meth:`build_prompt` and
+    :meth:`score_prompt`."""
 
     name = "attention"
     template_version = "v1"
+    options_class: type[RerankerOptions] = RerankerOptions
 
     def __init__(self, config: RerankerConfig, lm: Any = None) -> None:
+        """
+        Raises:
+            ValidationError: ``max_doc_tokens < 1``, or options the method does not know
+                or accept (the message names the valid ones).
+        """
         if config.max_doc_tokens < 1:
             raise ValidationError(f"max_doc_tokens must be >= 1, got {config.max_doc_tokens}")
         self.config = config
+        self.options = self.options_class.parse(config.options)
         self._lm = lm
 
     @classmethod
@@ -29,13 +115,18 @@ class AttentionReranker:
 
     @property
     def lm(self):
-        """The loaded LM (:class:`reranker.lm.LoadedLM`), loaded on first use."""
+        """The loaded LM (:class:`attnrank.reranker.lm.LoadedLM`), loaded on first use."""
         if self._lm is None:
-            from reranker.lm import load_lm
+            from attnrank.reranker.lm import load_lm
 
             self._lm = load_lm(
                 self.config.model, device=self.config.device, dtype=self.config.dtype, cache_dir=self.config.cache_dir
             )
+        return self._lm
+
+    @property
+    def loaded_lm(self):
+        """The LM if it is loaded, else ``None`` (never loads it)."""
         return self._lm
 
     def load(self) -> AttentionReranker:
@@ -43,11 +134,149 @@ class AttentionReranker:
         _ = self.lm
         return self
 
-    def option(self, key: str, default: Any) -> Any:
-        return self.config.options.get(key, default)
+    def option(self, key: str, default: Any = None) -> Any:
+        """The parsed value of option ``key`` (``default`` for a name the method lacks)."""
+        return getattr(self.options, key, default)
 
-    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:  # pragma: no cover
+    # -- checks --------------------------------------------------------------------
+    def check_model_indices(self, layers: Iterable[int] = (), heads: Iterable[tuple[int, int]] = ()) -> None:
+        """Check layer indices and ``(layer, head)`` pairs against the loaded model.
+
+        Raises:
+            ValidationError: a layer outside ``[0, num_layers - 1]`` or a head outside
+                ``[0, num_heads - 1]``; the message gives the model's ranges.
+        """
+        n, h = self.lm.num_layers, self.lm.num_heads
+        for layer in layers:
+            try:
+                index = operator.index(layer)
+            except TypeError:
+                index = -1
+            if isinstance(layer, bool) or not 0 <= index < n:
+                raise ValidationError(f"layer must be in [0, {n - 1}] for this model, got {layer!r}")
+        for layer, head in heads:
+            if not (0 <= layer < n and 0 <= head < h):
+                raise ValidationError(
+                    f"head ({layer}, {head}) does not exist in this model (layers 0..{n - 1}, heads 0..{h - 1})"
+                )
+
+    # -- context budgets -------------------------------------------------------------
+    def context_limit(self) -> int:
+        """Positions one prompt may use: the model's context (``max_position_embeddings``)."""
+        return int(self.lm.max_positions)
+
+    def query_budget(self, candidates: Sequence[Document]) -> int:
+        """Most LM tokens of the query: option ``max_query_tokens``, else a quarter of
+        :meth:`context_limit` (at least 1)."""
+        fixed = getattr(self.options, "max_query_tokens", None)
+        if fixed:
+            return int(fixed)
+        return max(1, self.context_limit() // 4)
+
+    def fit_query(self, text: str, candidates: Sequence[Document]) -> tuple[str, list[str]]:
+        """``text`` cut to :meth:`query_budget` tokens, and the warnings saying so.
+
+        The query is tokenised as the prompts place it (a leading space, special-token
+        strings split); a cut query is decoded back to text and re-checked.
+        """
+        from attnrank.reranker.prompt import encode_untrusted
+
+        tok = self.lm.tokenizer
+        budget = self.query_budget(candidates)
+        ids = encode_untrusted(tok, " " + text)
+        if len(ids) <= budget:
+            return text, []
+        keep = budget
+        cut = text
+        while keep > 0:
+            cut = tok.decode(ids[:keep], skip_special_tokens=False).strip()
+            if len(encode_untrusted(tok, " " + cut)) <= budget:
+                break
+            keep -= 1
+        if not cut:
+            raise ValidationError(f"the query cannot be cut to {budget} tokens; shorten it")
+        message = (f"query cut to its first {budget} of {len(ids)} LM tokens (the {self.name} query budget: "
+                   "option max_query_tokens, default a quarter of the model's context)")
+        logger.info(message)
+        return cut, [message]
+
+    # -- hooks -------------------------------------------------------------------------
+    def build_prompt(self, query: str, candidates: Sequence[Document]) -> Any:  # pragma: no cover
+        """Hook: the method's prompt for ``query`` and ``candidates`` (first-stage order).
+
+        Raises:
+            ContextOverflowError: the prompt does not fit the model's positions.
+        """
         raise NotImplementedError
+
+    def score_prompt(self, prompt: Any, query: str) -> DocumentScores:  # pragma: no cover
+        """Hook: score the prompt's candidates (called under the LM's lock)."""
+        raise NotImplementedError
+
+    def score_documents(self, query: str, docs: Sequence[Document]) -> DocumentScores:
+        """Scores of distinct ``docs`` for ``query``: :meth:`build_prompt`, then
+        :meth:`score_prompt` under the LM's lock. Methods override it to split
+        candidates into several prompts."""
+        prompt = self.build_prompt(query, docs)
+        with self.lm.lock:
+            return self.score_prompt(prompt, query)
+
+    def finish_details(self, details: dict[str, Any], owner: Sequence[int]) -> dict[str, Any]:
+        """Hook: map per-distinct-text details back to every candidate (default: as is)."""
+        return details
+
+    # -- the skeleton ------------------------------------------------------------------
+    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
+        """Rerank ``candidates`` (first-stage order) for ``query``.
+
+        Returns:
+            RerankResult whose ranking holds every candidate (candidates with identical
+            text share one score); ``details["timings"]`` in seconds; ``warnings`` for a
+            cut query, shared scores or windows.
+
+        Raises:
+            ValidationError: empty query, duplicate doc ids.
+            ContextOverflowError: the candidates cannot be scored within the model's
+                context (see the method).
+        """
+        return self.run(query, candidates).result
+
+    def run(self, query: Query, candidates: Sequence[Document]) -> RerankRun:
+        """:meth:`rerank`, also returning the distinct documents and their scored passes."""
+        text = query.text.strip()
+        if not text:
+            raise ValidationError("query is empty; send a query with some text")
+        t0 = time.perf_counter()
+        if not candidates:
+            return RerankRun(RerankResult(Ranking(query.query_id, ())))
+        ids = [d.doc_id for d in candidates]
+        if len(set(ids)) != len(ids):
+            dup = sorted({d for d in ids if ids.count(d) > 1})[:5]
+            raise ValidationError(
+                f"duplicate doc ids {dup} among the candidates of query {query.query_id!r}; send each document once"
+            )
+        unique, owner = distinct_texts(candidates)
+        text, warnings = self.fit_query(text, unique)
+        scored = self.score_documents(text, unique)
+        scores = [scored.scores[o] for o in owner]
+        ranking = Ranking.from_hits(
+            query.query_id, (ScoredDoc(d, s, doc) for d, s, doc in zip(ids, scores, candidates))
+        )
+        details = self.finish_details(dict(scored.details), owner)
+        if len(unique) < len(candidates):
+            shared = {ids[i]: unique[o].doc_id for i, o in enumerate(owner) if unique[o].doc_id != ids[i]}
+            details["duplicates"] = shared
+            warnings.append(f"{len(shared)} candidates repeat the text of another; each distinct text was scored once "
+                            "and its duplicates share its score")
+        result = RerankResult(
+            ranking=ranking,
+            truncated=tuple(d for d, o in zip(ids, owner) if scored.truncated[o]),
+            prompt_tokens=scored.prompt_tokens,
+            seconds=time.perf_counter() - t0,
+            details=details,
+            warnings=tuple(warnings) + tuple(scored.warnings),
+        )
+        return RerankRun(result, unique, owner, scored)
 
     def rerank_batch(self, queries: Sequence[Query], candidates: Sequence[Sequence[Document]]) -> list[RerankResult]:
         """One :class:`RerankResult` per query (queries run one after another)."""
@@ -55,7 +284,18 @@ class AttentionReranker:
             raise ValidationError(f"{len(queries)} queries but {len(candidates)} candidate lists")
         return [self.rerank(q, c) for q, c in zip(queries, candidates)]
 
+    def limits(self) -> dict[str, Any]:
+        """What the loaded model holds for this method (``GET /info``): ``context`` and
+        ``max_query_tokens`` in LM tokens, ``max_doc_tokens``; methods add their own."""
+        return {
+            "context": int(self.lm.max_positions),
+            "max_doc_tokens": self.config.max_doc_tokens,
+            "max_query_tokens": self.query_budget(()),
+        }
+
     def describe(self) -> dict[str, Any]:
+        """Identity for reports: method, template, model, budgets and the parsed,
+        default-filled options."""
         return {
             "method": self.name,
             "template_version": f"{self.name}-{self.template_version}",
@@ -63,5 +303,5 @@ class AttentionReranker:
             "max_doc_tokens": self.config.max_doc_tokens,
             "device": self.config.device,
             "dtype": self.config.dtype,
-            "options": dict(self.config.options),
+            "options": self.options.to_dict(),
         }

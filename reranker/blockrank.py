@@ -4,10 +4,13 @@ Source: Gupta et al. 2025, "Scalable In-context Ranking with Generative Models"
 (arXiv 2510.05396), Sections 3-4 (repo nilesh2797/BlockRank); specified in
 ``shared/design/ALGORITHMS.md`` section 3.
 
-Blocks: block 0 = instruction with the query; blocks 1..N = one per candidate,
-``ID: i | CONTENT: <d_i> | END ID: i`` (``i`` counts from 0 in first-stage order); block
-N+1 = the query block ending in the answer prefix ``Final Answer: [`` whose last
-``n_signal`` tokens (``:`` and `` [``) are the *signal tokens*.
+Blocks: block 0 = instruction with the query (option ``query_in_instruction``: only true
+here; false is the document KV cache mode); blocks 1..N = one per candidate,
+``ID: i | CONTENT: <d_i> | END ID: i``; block N+1 = the query block ending in the answer
+prefix ``Final Answer: [`` whose last ``n_signal`` tokens (``:`` and `` [``) are the
+*signal tokens*. The labels ``i`` count from 0 in the order of the candidates' doc ids
+(option ``doc_labels="sorted"``, **our choice**: the prompt, and so the scores, do not
+depend on the order the candidates come in) or in first-stage order (``"position"``).
 
 Attention: block 0 is causal over itself; each candidate block sees all of block 0 and
 itself causally, nothing of other candidates; the query block sees everything before it.
@@ -26,7 +29,8 @@ block-sparse mask (quadratic; for tests). Both are differentiable when called un
 Score (``scoring="signal"``): at layer ``l*`` (default ``round(0.6 L)``),
 ``z_ij = q_i . k_j / sqrt(d)`` from each signal token ``i`` to candidate tokens ``j``
 only; ``alpha_ij = softmax_j(z_ij)``; ``S(d) = mean_heads mean_signal sum_{j in d} alpha_ij``.
-Scores are probabilities: in [0, 1], summing to 1 over the candidates of one query.
+Scores are probabilities: in [0, 1], summing to 1 over the distinct candidate texts of one
+query (candidates with identical text are scored once and share the score).
 ``scoring="calibrated"`` reads ICR's calibrated query-span attention (layers ``0..l*``,
 ``N/A`` query, per-document ``mean - 2 std`` mask) through the same block structure; its
 scores are unitless differences of attention mass.
@@ -35,18 +39,23 @@ scores are unitless differences of attention mass.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from attnrank.config import RerankerConfig
-from attnrank.errors import ContextOverflowError, ValidationError
+from attnrank.errors import ContextOverflowError
+from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
+from attnrank.reranker.doccache import cache_from as _cache_from
+from attnrank.reranker.doccache import neg_inf as _neg
+from attnrank.reranker.options import BlockRankOptions
+from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from attnrank.reranker.scoring import CALIBRATION_QUERY, masked_document_scores, spans_from_lengths
 from attnrank.protocols import RerankResult
-from attnrank.types import Document, Query, Ranking, ScoredDoc
-from reranker.base import AttentionReranker
-from reranker.icr import CALIBRATION_QUERY, masked_document_scores
-from reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from attnrank.types import Document, Query
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +84,8 @@ class BlockPrompt:
         truncated: Per candidate, whether its content was cut to ``max_doc_tokens``.
         query_offset: Position of the query block's first token.
         query_text: The query (for ReAttn's query-overlap test).
+        labels: Per candidate, the number ``i`` of its ``ID: i`` block label (option
+            ``doc_labels``); the answer ``Final Answer: [i]`` names a candidate by it.
     """
 
     instruction_ids: list[int]
@@ -85,6 +96,7 @@ class BlockPrompt:
     truncated: list[bool]
     query_offset: int
     query_text: str = ""
+    labels: list[int] = field(default_factory=list)
 
     @property
     def block_length(self) -> int:
@@ -115,25 +127,6 @@ class BlockAttention:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _cache_from(kv: list[tuple[Any, Any]], config: Any):
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=config)
-    for layer, (k, v) in enumerate(kv):
-        cache.update(k, v, layer)
-    return cache
-
-
-def _layer_kv(cache: Any, layers: int) -> list[tuple[Any, Any]]:
-    return [(cache.layers[l].keys, cache.layers[l].values) for l in range(layers)]
-
-
-def _neg(dtype):
-    import torch
-
-    return torch.finfo(dtype).min
-
-
 def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int = 64) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
     """Steps (1)-(2) of the linear forward: keys/values of block 0 and of every candidate
     block (each against block 0 only, positions restarting at ``L0``), for layers
@@ -145,67 +138,18 @@ def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int 
     Returns:
         ``([(keys, values)] per layer, each (1, kv_heads, L0 + D, head_dim)), timings``.
     """
-    import torch
+    from attnrank.reranker.doccache import assemble_kv, encode_blocks, instruction_kv
 
-    from reranker.attention import AttentionCapture, run_with_capture
-
-    base = lm.model.base_model
-    cfg = lm.model.config
-    dev = lm.device
-    dtype = next(lm.model.parameters()).dtype
-    n_layers = layer + 1
     timings: dict[str, float] = {}
-    L0 = len(prompt.instruction_ids)
-
     # (1) block 0
     t0 = time.perf_counter()
-    cache0 = _cache_from([], cfg)
-    run_with_capture(
-        base, AttentionCapture(layers=(), stop_after=layer),
-        input_ids=torch.tensor([prompt.instruction_ids], device=dev), cache=cache0, use_cache=True,
-    )
-    kv0 = _layer_kv(cache0, n_layers)
+    kv0 = instruction_kv(lm, prompt.instruction_ids, layer)
     timings["instruction"] = time.perf_counter() - t0
-
-    # (2) candidate blocks, batched, each against block 0 only. Blocks are batched in order
-    # of length so that a batch pads little (DL19 passages cut to 128 tokens: 31% of a
-    # prompt-order batch was padding), then put back in prompt order.
+    # (2) candidate blocks, batched by length, each against block 0 only
     t1 = time.perf_counter()
-    docs = prompt.doc_ids
-    per_doc: list[list[tuple[Any, Any]] | None] = [None] * len(docs)
-    by_length = sorted(range(len(docs)), key=lambda i: (len(docs[i]), i))
-    for b in range(0, len(docs), doc_batch_size):
-        order = by_length[b : b + doc_batch_size]
-        chunk = [docs[i] for i in order]
-        n, Lb = len(chunk), max(len(d) for d in chunk)
-        ids = torch.zeros((n, Lb), dtype=torch.long, device=dev)
-        valid = torch.zeros((n, Lb), dtype=torch.bool, device=dev)
-        for i, d in enumerate(chunk):
-            ids[i, : len(d)] = torch.tensor(d, device=dev)
-            valid[i, : len(d)] = True
-        pos = (L0 + torch.arange(Lb, device=dev)).expand(n, Lb)
-        causal = torch.tril(torch.ones(Lb, Lb, dtype=torch.bool, device=dev))
-        allowed_self = causal[None] & valid[:, None, :]
-        allowed = torch.cat([torch.ones(n, Lb, L0, dtype=torch.bool, device=dev), allowed_self], dim=-1)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, _neg(dtype))[:, None]
-        cache = _cache_from([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv0], cfg)
-        run_with_capture(
-            base, AttentionCapture(layers=(), stop_after=layer),
-            input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True,
-        )
-        for row, (i, d) in enumerate(zip(order, chunk)):
-            per_doc[i] = [
-                (cache.layers[l].keys[row : row + 1, :, L0 : L0 + len(d)],
-                 cache.layers[l].values[row : row + 1, :, L0 : L0 + len(d)])
-                for l in range(n_layers)
-            ]
+    per_doc = encode_blocks(lm, kv0, prompt.doc_ids, layer, batch_size=doc_batch_size)
     timings["documents"] = time.perf_counter() - t1
-    kv = [
-        (torch.cat([kv0[l][0]] + [pd[l][0] for pd in per_doc], dim=2),  # type: ignore[index]
-         torch.cat([kv0[l][1]] + [pd[l][1] for pd in per_doc], dim=2))  # type: ignore[index]
-        for l in range(n_layers)
-    ]
-    return kv, timings
+    return assemble_kv(kv0, per_doc, layer), timings
 
 
 def query_pass(
@@ -216,7 +160,7 @@ def query_pass(
 
     Args:
         kv: :func:`context_kv` output.
-        capture: :class:`reranker.attention.AttentionCapture` (its ``stop_after`` decides
+        capture: :class:`attnrank.reranker.attention.AttentionCapture` (its ``stop_after`` decides
             where the pass ends).
         query_ids: Query block (default ``prompt.query_ids``), possibly followed by answer
             tokens (training).
@@ -228,7 +172,7 @@ def query_pass(
     """
     import torch
 
-    from reranker.attention import run_with_capture
+    from attnrank.reranker.attention import run_with_capture
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -256,12 +200,13 @@ def block_forward(
     mode: str = "logits",
     read_layers: Sequence[int] | None = None,
     doc_batch_size: int = 64,
+    kv: list[tuple[Any, Any]] | None = None,
 ) -> tuple[dict[int, Any], dict[str, float]]:
     """Exact linear BlockRank forward up to ``layer`` (inclusive): :func:`context_kv` then
     :func:`query_pass`.
 
     Args:
-        lm: :class:`reranker.lm.LoadedLM`.
+        lm: :class:`attnrank.reranker.lm.LoadedLM`.
         prompt: The block prompt.
         layer: Scoring layer ``l*``: no layer above it runs.
         query_ids: Query block to run (default ``prompt.query_ids``).
@@ -269,6 +214,9 @@ def block_forward(
             ``"mean"``: capture all query rows' mean attention probabilities.
         read_layers: Layers captured, each ``<= layer`` (default: ``[layer]``).
         doc_batch_size: Candidate blocks per batched prefill (bounds memory).
+        kv: Keys/values of block 0 and the candidates for layers ``0..>= layer``, as
+            :func:`context_kv` returns them, when already computed (or read from a document
+            KV store, :mod:`attnrank.reranker.doccache`): then only the query block runs.
 
     Returns:
         ``({layer: tensor}, timings)`` where tensors are ``(1, heads, rows, K)`` logits or
@@ -277,9 +225,11 @@ def block_forward(
     """
     import torch
 
-    from reranker.attention import AttentionCapture
+    from attnrank.reranker.attention import AttentionCapture
 
-    kv, timings = context_kv(lm, prompt, layer, doc_batch_size=doc_batch_size)
+    timings: dict[str, float] = {}
+    if kv is None:
+        kv, timings = context_kv(lm, prompt, layer, doc_batch_size=doc_batch_size)
     t2 = time.perf_counter()
     Lq = len(prompt.query_ids if query_ids is None else query_ids)
     if mode == "logits":
@@ -305,7 +255,7 @@ def reference_forward(lm: Any, prompt: BlockPrompt, layer: int) -> Any:
     """
     import torch
 
-    from reranker.attention import AttentionCapture, run_with_capture
+    from attnrank.reranker.attention import AttentionCapture, run_with_capture
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -386,57 +336,230 @@ def signal_token_mass(logits: Any, L0: int, n_doc_tokens: int, heads: Sequence[i
 class BlockRankReranker(AttentionReranker):
     """BlockRank reranker (registry name ``"blockrank"``).
 
-    Options (``RerankerConfig.options``):
-        layer (int | None): scoring layer ``l*``; default ``round(0.6 * L)``.
-        scoring ("signal" | "calibrated", default "signal"): see module docstring.
-        query_offset (int | None): first position of the query block; default ``L0 + block length``.
-        n_signal (int, default 2): signal tokens at the end of the answer prefix.
-        chat_template (bool, default True): wrap in the model's chat template.
-        doc_batch_size (int, default 64): candidate blocks per batched prefill.
-        mask_std (float | None, default 2.0): token mask of the calibrated scoring.
-        heads ("all" | "qr" | path | list of [layer, head]): with ``scoring="signal"``,
-            average the signal attention of these heads (each read at its own layer)
-            instead of all heads of ``l*``, and stop after the deepest selected layer.
-        reattn (bool | {idf, entropy, gamma}): ReAttn re-weighting of the signal tokens'
-            per-token attention mass (ALGORITHMS.md section 4) before summing per document.
+    Options: :class:`attnrank.reranker.options.BlockRankOptions` (``RerankerConfig.options``
+    keys, parsed at construction; unknown keys are a :class:`ValidationError`): ``layer``,
+    ``scoring``, ``query_offset``, ``n_signal``, ``chat_template``, ``doc_batch_size``,
+    ``mask_std``, ``heads`` (with ``scoring="signal"``: average the signal attention of
+    these heads, each read at its own layer, and stop after the deepest), ``reattn``
+    (ReAttn re-weighting of the signal tokens' per-token mass), ``query_in_instruction``,
+    ``doc_labels``, ``max_query_tokens``.
+
+    :meth:`rerank` (the base skeleton) returns, with ``scoring="signal"``, attention
+    probabilities summing to 1 over the distinct candidate texts, and
+    ``details["timings"]`` (seconds) and ``details["layer"]``. No limit on the number of
+    candidates comes from the model: positions never exceed
+    ``L0 + block length + query block``.
     """
 
     name = "blockrank"
     template_version = "v1"
+    options_class = BlockRankOptions
+    options: BlockRankOptions
 
     def __init__(self, config: RerankerConfig, lm: Any = None) -> None:
+        """
+        Raises:
+            ValidationError: unknown or invalid options (the message names the valid
+                ones); ``heads='learned'`` (ICR only).
+        """
         super().__init__(config, lm)
-        from reranker.reattn import ReAttnConfig
-
-        self.reattn = ReAttnConfig.parse(self.option("reattn", None))
-        if self.option("heads", None) == "learned":
-            raise ValidationError("heads='learned' is available for ICR only; use 'qr', a path or a list with blockrank")
+        self.reattn = self.options.reattn
         self._heads: list[tuple[int, int]] | None | bool = False
+        self._call = threading.local()  # the block store of the call in flight (per thread)
+        self._layout: Any = None
+        self._kv0: dict[int, Any] = {}
+        self._block_source: Any = None
+
+    # -- cached mode (query_in_instruction=false) ------------------------------------------
+    @property
+    def cached(self) -> bool:
+        """Whether candidate blocks are query-independent and can come from a document KV
+        store (option ``query_in_instruction=false``, :mod:`attnrank.reranker.doccache`)."""
+        return not self.options.query_in_instruction
+
+    @property
+    def layout(self):
+        """The cached prompt's fixed part (:class:`attnrank.reranker.doccache.BlockLayout`)."""
+        if self._layout is None:
+            from attnrank.reranker.doccache import build_layout
+
+            self._layout = build_layout(self.lm.tokenizer, self.config.max_doc_tokens,
+                                        chat_template=self.options.chat_template)
+        return self._layout
+
+    @property
+    def kv_depth(self) -> int:
+        """Deepest layer whose keys/values a pass needs: ``l*``, or the deepest selected
+        head's layer when that is deeper."""
+        heads = self.heads
+        return max([self.layer] + [l for l, _ in heads or []])
+
+    def block_store_header(self) -> dict[str, Any] | None:
+        """What a document KV store must have been built with to serve this reranker (the
+        fields of :class:`attnrank.index.kvstore.KVHeader`), or ``None`` outside cached mode."""
+        if not self.cached:
+            return None
+        cfg = self.lm.model.config
+        n_heads = int(cfg.num_attention_heads)
+        return {
+            "model_hash": str(self.lm.identity.get("sha256") or self.lm.identity.get("name")),
+            "prompt_template_version": self.layout_version(),
+            "instruction_hash": self.layout.fingerprint(),
+            "layer": self.kv_depth,
+            "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+            "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
+            "max_doc_tokens": self.layout.max_block_tokens,
+            "dtype": self.options.kv_dtype,
+            "adapter_hash": None,
+        }
+
+    @staticmethod
+    def layout_version() -> str:
+        from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+
+        return CACHE_TEMPLATE_VERSION
+
+    def block_source(self):
+        """The RAM cache in front of the store (:class:`attnrank.reranker.doccache.BlockSource`),
+        sized by ``$ATTNRANK_BLOCK_CACHE_BYTES`` (default 1 GiB)."""
+        if self._block_source is None:
+            from attnrank.reranker.doccache import BlockSource
+
+            self._block_source = BlockSource(int(os.environ.get("ATTNRANK_BLOCK_CACHE_BYTES", str(1 << 30))))
+        return self._block_source
+
+    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[str, Any, Any]]:
+        """``(key, keys, values)`` per text for a document KV store (``attnrank index kv build``):
+        float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)``. Texts sharing a block
+        share a key; this never reads or writes the RAM cache.
+
+        Raises:
+            ValidationError: not in cached mode.
+        """
+        import torch
+
+        from attnrank.errors import ValidationError
+        from attnrank.reranker.doccache import block_key, document_block, encode_blocks
+
+        if not self.cached:
+            raise ValidationError("document blocks are stored only in cached mode: set query_in_instruction=false")
+        blocks = [document_block(self.lm.tokenizer, self.layout, t)[0] for t in texts]
+        with self.lm.lock, torch.inference_mode():
+            kvs = encode_blocks(self.lm, self.instruction_kv(), blocks, self.kv_depth,
+                                batch_size=self.options.doc_batch_size)
+        return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
+
+    def block_keys(self, texts: Sequence[str]) -> list[str]:
+        """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
+        from attnrank.reranker.doccache import block_key, document_block
+
+        return [block_key(document_block(self.lm.tokenizer, self.layout, t)[0]) for t in texts]
+
+    def instruction_kv(self) -> list[tuple[Any, Any]]:
+        """Block 0's keys/values for layers ``0..kv_depth`` (computed once per reranker)."""
+        depth = self.kv_depth
+        if depth not in self._kv0:
+            import torch
+
+            from attnrank.reranker.doccache import instruction_kv
+
+            with torch.inference_mode():
+                self._kv0[depth] = instruction_kv(self.lm, self.layout.instruction_ids, depth)
+        return self._kv0[depth]
+
+    def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult:
+        """:meth:`AttentionReranker.rerank`; in cached mode candidate blocks are read from
+        ``block_store`` (a collection's document KV store, see
+        :class:`attnrank.protocols.BlockStore`) and the ones it lacks are computed and written
+        back; without a store they come from the RAM cache or are computed.
+        ``details["cache"]`` counts ``hits`` and ``misses``."""
+        self._call.store = block_store
+        try:
+            return super().rerank(query, candidates)
+        finally:
+            self._call.store = None
+
+    def context(self, prompt: BlockPrompt) -> tuple[list[tuple[Any, Any]], dict[str, float], dict[str, int] | None]:
+        """Keys/values of block 0 and the candidates (:func:`context_kv`'s layout), timings in
+        seconds, and cache counts (``None`` outside cached mode)."""
+        import torch
+
+        depth = self.kv_depth
+        with torch.inference_mode():
+            if not self.cached:
+                kv, t = context_kv(self.lm, prompt, depth, doc_batch_size=self.options.doc_batch_size)
+                return kv, t, None
+            from attnrank.reranker.doccache import assemble_kv
+
+            kv0 = self.instruction_kv()
+            blocks, fetch = self.block_source().fetch(
+                self.lm, kv0, prompt.doc_ids, depth, store=getattr(self._call, "store", None),
+                batch_size=self.options.doc_batch_size,
+            )
+            t0 = time.perf_counter()
+            kv = assemble_kv(kv0, blocks, depth)
+            timings = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
+                       "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
+                       "blocks_assemble": time.perf_counter() - t0}
+            return kv, timings, {"hits": fetch.hits, "misses": fetch.misses}
+
+    def _cached_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
+        from attnrank.reranker.doccache import document_block, query_block
+
+        tok = self.lm.tokenizer
+        layout = self.layout
+        docs, truncated = [], []
+        for doc in candidates:
+            ids, cut = document_block(tok, layout, doc.content)
+            docs.append(ids)
+            truncated.append(cut)
+        prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
+                             query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
+                             layout.query_offset, query.strip(), [])
+        end = layout.query_offset + max(len(prompt.query_ids), len(prompt.calib_ids))
+        if end > self.lm.max_positions:
+            raise ContextOverflowError(
+                f"the query block would span positions up to {end} (offset {layout.query_offset}); "
+                f"the model has {self.lm.max_positions}: lower max_doc_tokens or the query length",
+                max_candidates=0,
+            )
+        return prompt
 
     @property
     def heads(self) -> list[tuple[int, int]] | None:
         """Selected ``(layer, head)`` pairs, or ``None`` for all heads of ``l*``."""
         if self._heads is False:
-            from reranker.heads import resolve_heads
+            from attnrank.reranker.heads import resolve_heads
 
-            heads, _ = resolve_heads(self.option("heads", None), self.lm.identity)
-            for l, h in heads or []:
-                if not (0 <= l < self.lm.num_layers and 0 <= h < self.lm.num_heads):
-                    raise ValidationError(f"head ({l}, {h}) does not exist in this model")
+            heads, _ = resolve_heads(self.options.heads, self.lm.identity)
+            self.check_model_indices(heads=heads or [])
             self._heads = heads
         return self._heads  # type: ignore[return-value]
 
-    def token_mass(self, prompt: BlockPrompt) -> tuple[Any, dict[str, float]]:
-        """Signal-token attention mass per candidate token, ``(D,)`` summing to 1, and timings."""
+    @property
+    def layer(self) -> int:
+        """Scoring layer ``l*``: option ``layer``, default ``round(0.6 * L)``.
+
+        Raises:
+            ValidationError: the layer is not below the model's depth.
+        """
+        layer = self.options.layer
+        layer = round(0.6 * self.lm.num_layers) if layer is None else layer
+        self.check_model_indices(layers=[layer])
+        return layer
+
+    def token_mass(self, prompt: BlockPrompt, kv: Any = None) -> tuple[Any, dict[str, float]]:
+        """Signal-token attention mass per candidate token, ``(D,)`` float32 summing to 1, and
+        timings in seconds (``kv``: the context's keys/values when already at hand)."""
         import torch
 
         L0 = len(prompt.instruction_ids)
         D = sum(prompt.doc_lengths)
-        bs = int(self.option("doc_batch_size", 64))
         heads = self.heads
         read = sorted({l for l, _ in heads}) if heads else [self.layer]
         with torch.inference_mode():
-            out, t = block_forward(self.lm, prompt, max(read), read_layers=read, doc_batch_size=bs)
+            out, t = block_forward(self.lm, prompt, max(read), read_layers=read,
+                                   doc_batch_size=self.options.doc_batch_size, kv=kv)
         if not heads:
             return signal_token_mass(out[self.layer], L0, D), t
         by_layer: dict[int, list[int]] = {}
@@ -445,73 +568,123 @@ class BlockRankReranker(AttentionReranker):
         total = sum(signal_token_mass(out[l], L0, D, hs) * len(hs) for l, hs in by_layer.items())
         return total / len(heads), t
 
-    @property
-    def layer(self) -> int:
-        layer = self.option("layer", None)
-        n = self.lm.num_layers
-        layer = round(0.6 * n) if layer is None else int(layer)
-        if not 0 <= layer < n:
-            raise ValidationError(f"layer must be in [0, {n - 1}] for this model, got {layer}")
-        return layer
-
-    def build_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
-        """Tokenise the block prompt (candidates in first-stage order, ids from 0).
-
-        Raises:
-            ContextOverflowError: the query block would sit past the model's positions.
-        """
+    # -- prompt --------------------------------------------------------------------------
+    def _pieces(self) -> tuple[list[int], list[int], Any]:
+        """Block 0 without the query's tokens split as ``(before, after)`` and the chat wrap."""
         tok = self.lm.tokenizer
-        wrap = chat_wrap(tok, self.option("chat_template", True))
-        q = " " + query.strip()
-        block0 = (
-            bos_ids(tok, wrap)
-            + encode_trusted(tok, wrap.prefix + INSTRUCTION + "\nQuery:")
-            + encode_untrusted(tok, q)
-            + encode_trusted(tok, "\n\nDocuments:")
+        wrap = chat_wrap(tok, self.options.chat_template)
+        before = bos_ids(tok, wrap) + encode_trusted(tok, wrap.prefix + INSTRUCTION + "\nQuery:")
+        return before, encode_trusted(tok, "\n\nDocuments:"), wrap
+
+    def _qblock(self, text_ids: list[int], wrap: Any) -> list[int]:
+        tok = self.lm.tokenizer
+        return (
+            encode_trusted(tok, FINAL) + text_ids
+            + encode_trusted(tok, "\nThe following document(s) can help answer the query:" + wrap.suffix + ANSWER_PREFIX)
         )
+
+    def labels(self, candidates: Sequence[Document]) -> list[int]:
+        """The ``ID: i`` number of each candidate (option ``doc_labels``): its rank in doc id
+        order (``"sorted"``), or its index (``"position"``)."""
+        if self.options.doc_labels == "position":
+            return list(range(len(candidates)))
+        order = sorted(range(len(candidates)), key=lambda i: (candidates[i].doc_id, i))
+        labels = [0] * len(candidates)
+        for rank, i in enumerate(order):
+            labels[i] = rank
+        return labels
+
+    def _blocks(self, candidates: Sequence[Document]) -> tuple[list[list[int]], list[bool], list[int]]:
+        tok = self.lm.tokenizer
+        labels = self.labels(candidates)
         docs, truncated = [], []
-        for i, doc in enumerate(candidates):
+        for doc, i in zip(candidates, labels):
             content, cut = truncate(encode_untrusted(tok, " " + doc.content.strip()), self.config.max_doc_tokens)
             docs.append(encode_trusted(tok, f"\nID: {i} | CONTENT:") + content + encode_trusted(tok, f" | END ID: {i}"))
             truncated.append(cut)
+        return docs, truncated, labels
 
-        def qblock(text: str) -> list[int]:
-            return (
-                encode_trusted(tok, FINAL) + encode_untrusted(tok, text)
-                + encode_trusted(tok, "\nThe following document(s) can help answer the query:" + wrap.suffix + ANSWER_PREFIX)
-            )
+    def build_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
+        """Tokenise the block prompt (candidates in first-stage order; labels per option
+        ``doc_labels``).
 
+        Raises:
+            ContextOverflowError: the query block would sit past the model's positions
+                (``max_candidates=0``: lowering the candidate count does not help).
+        """
+        if self.cached:
+            return self._cached_prompt(query, candidates)
+        tok = self.lm.tokenizer
+        q = " " + query.strip()
+        before, after, wrap = self._pieces()
+        block0 = before + encode_untrusted(tok, q) + after
+        docs, truncated, labels = self._blocks(candidates)
         L0 = len(block0)
         block_len = max((len(d) for d in docs), default=0)
-        offset = self.option("query_offset", None)
-        offset = L0 + block_len if offset is None else int(offset)
-        prompt = BlockPrompt(block0, docs, qblock(q), qblock(" " + CALIBRATION_QUERY),
-                             int(self.option("n_signal", 2)), truncated, offset, query.strip())
+        offset = self.options.query_offset
+        offset = L0 + block_len if offset is None else offset
+        prompt = BlockPrompt(block0, docs, self._qblock(encode_untrusted(tok, q), wrap),
+                             self._qblock(encode_untrusted(tok, " " + CALIBRATION_QUERY), wrap),
+                             self.options.n_signal, truncated, offset, query.strip(), labels)
         end = offset + max(len(prompt.query_ids), len(prompt.calib_ids))
         if end > self.lm.max_positions or L0 + block_len > offset:
             raise ContextOverflowError(
                 f"the query block would span positions up to {end} (offset {offset}, block 0 {L0}, block {block_len}); "
-                f"the model has {self.lm.max_positions}: lower max_doc_tokens or query_offset",
-                max_candidates=len(candidates) if L0 + block_len <= offset else 0,
+                f"the model has {self.lm.max_positions}: lower max_doc_tokens, the query length or query_offset",
+                max_candidates=0,
             )
         return prompt
 
+    def query_budget(self, candidates: Sequence[Document]) -> int:
+        """:meth:`AttentionReranker.query_budget`, lowered so that the query block stays
+        inside the model's positions: the query sits in block 0 and in the query block,
+        so ``2 q + fixed + block length <= context`` (with ``query_offset``,
+        ``offset + query block <= context``)."""
+        budget = super().query_budget(candidates)
+        if self.cached:  # the query sits in the query block only, at a fixed offset
+            from attnrank.reranker.doccache import query_block
+
+            fixed = len(query_block(self.lm.tokenizer, self.layout, ""))
+            return max(1, min(budget, int(self.lm.max_positions) - self.layout.query_offset - fixed))
+        before, after, wrap = self._pieces()
+        b0, qb = len(before) + len(after), len(self._qblock([], wrap))
+        if candidates:
+            block_len = max(len(d) for d in self._blocks(candidates)[0])
+        else:
+            block_len = self.config.max_doc_tokens + len(self._blocks([Document("x", "")])[0][0])
+        ctx = int(self.lm.max_positions)
+        room = (ctx - b0 - qb - block_len) // 2
+        if self.options.query_offset is not None:
+            room = min(room, ctx - self.options.query_offset - qb,
+                       self.options.query_offset - b0 - block_len)
+        return max(1, min(budget, room))
+
+    # -- scoring -----------------------------------------------------------------------------
     def scores(self, prompt: BlockPrompt) -> tuple[list[float], dict[str, float]]:
         """Candidate scores (first-stage order) and timings in seconds."""
-        import torch
+        scores, timings, _ = self.scores_and_cache(prompt)
+        return scores, timings
 
+    def scores_and_cache(self, prompt: BlockPrompt) -> tuple[list[float], dict[str, float], dict[str, int] | None]:
+        """Candidate scores (first-stage order), timings in seconds and, in cached mode, the
+        block cache's ``{"hits", "misses"}``. The context (block 0 and the candidate blocks)
+        is computed, or read from the store, once and shared by every query-block pass."""
         layer = self.layer
         L0 = len(prompt.instruction_ids)
-        bs = int(self.option("doc_batch_size", 64))
-        scoring = self.option("scoring", "signal")
-        if scoring == "signal":
-            mass, t = self.token_mass(prompt)
-            bounds, start = [], 0
-            for n in prompt.doc_lengths:
-                bounds.append((start, start + n))
-                start += n
+        bs = self.options.doc_batch_size
+        bounds = spans_from_lengths(prompt.doc_lengths)
+        kv, t_ctx, cache = self.context(prompt)
+        scores, t = self._scores(prompt, kv, layer, L0, bs, bounds)
+        return scores, {**t_ctx, **t}, cache
+
+    def _scores(self, prompt: BlockPrompt, kv: Any, layer: int, L0: int, bs: int,
+                bounds: list[tuple[int, int]]) -> tuple[list[float], dict[str, float]]:
+        import torch
+
+        if self.options.scoring == "signal":
+            mass, t = self.token_mass(prompt, kv)
             if self.reattn is not None:
-                from reranker.reattn import reattn_scores, token_forms
+                from attnrank.reranker.reattn import reattn_scores, token_forms
 
                 tok = self.lm.tokenizer
                 forms = [token_forms(tok, d) for d in prompt.doc_ids]
@@ -519,74 +692,64 @@ class BlockRankReranker(AttentionReranker):
                 return reattn_scores([mass[s:e].tolist() for s, e in bounds], forms, qforms, self.reattn), t
             return [float(mass[s:e].sum()) for s, e in bounds], t
         with torch.inference_mode():
-            if scoring != "calibrated":
-                raise ValidationError(f"scoring must be 'signal' or 'calibrated', got {scoring!r}")
             layers = list(range(layer + 1))
             D = sum(prompt.doc_lengths)
-            qo, t = block_forward(self.lm, prompt, layer, mode="mean", read_layers=layers, doc_batch_size=bs)
+            qo, t = block_forward(self.lm, prompt, layer, mode="mean", read_layers=layers, doc_batch_size=bs, kv=kv)
+            t0 = time.perf_counter()
             co, _ = block_forward(self.lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean",
-                                  read_layers=layers, doc_batch_size=bs)
+                                  read_layers=layers, doc_batch_size=bs, kv=kv)
+            t["calibration"] = time.perf_counter() - t0
             c = sum((qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]).sum(0) for l in layers)
-            bounds, start = [], 0
-            for n in prompt.doc_lengths:
-                bounds.append((start, start + n))
-                start += n
-            return masked_document_scores(c, bounds, self.option("mask_std", 2.0)), t
+            return masked_document_scores(c, bounds, self.options.mask_std), t
+
+    def score_prompt(self, prompt: BlockPrompt, query: str) -> DocumentScores:
+        """Hook of the rerank skeleton: :meth:`scores` of the prompt (under the LM's lock)."""
+        scores, timings, cache = self.scores_and_cache(prompt)
+        details: dict[str, Any] = {"timings": timings, "layer": self.layer}
+        if cache is not None:
+            details["cache"] = cache
+        return DocumentScores(
+            scores=scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens,
+            details=details,
+            passes=(ScoredPass(prompt, None, tuple(range(len(prompt.doc_ids)))),),
+        )
 
     def layer_scores(self, query: str, candidates: Sequence[Document], layers: Sequence[int]) -> dict[int, list[float]]:
         """Signal scores of ``candidates`` read at each of ``layers`` from ONE forward pass
         (up to the deepest of them); used to choose ``l*``.
 
         Returns:
-            ``{layer: scores in candidate order}``.
+            ``{layer: scores in candidate order}`` (probabilities summing to 1 per layer).
+
+        Raises:
+            ValidationError: a layer outside the model's depth, or no layer.
         """
         import torch
 
+        from attnrank.errors import ValidationError
+
+        if not layers:
+            raise ValidationError("layer_scores needs at least one layer")
+        self.check_model_indices(layers=layers)
         prompt = self.build_prompt(query, candidates)
         L0 = len(prompt.instruction_ids)
-        top = max(layers)
-        if not 0 <= min(layers) and top < self.lm.num_layers:
-            raise ValidationError(f"layers must be in [0, {self.lm.num_layers - 1}]")
         with self.lm.lock, torch.inference_mode():
-            out, _ = block_forward(self.lm, prompt, top, read_layers=layers,
-                                   doc_batch_size=int(self.option("doc_batch_size", 64)))
+            out, _ = block_forward(self.lm, prompt, max(layers), read_layers=layers,
+                                   doc_batch_size=self.options.doc_batch_size)
         return {l: signal_scores(out[l], L0, prompt.doc_lengths).tolist() for l in layers}
 
-    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
-        """Rerank ``candidates`` (first-stage order) for ``query``.
-
-        Returns:
-            RerankResult; with ``scoring="signal"`` the scores are attention probabilities
-            summing to 1 over the candidates. ``details["timings"]`` in seconds.
-
-        Raises:
-            ValidationError: empty query, duplicate doc ids, bad options.
-            ContextOverflowError: query block past the model's positions.
-        """
-        if not query.text.strip():
-            raise ValidationError("query is empty")
-        t0 = time.perf_counter()
-        if not candidates:
-            return RerankResult(Ranking(query.query_id, ()))
-        ids = [d.doc_id for d in candidates]
-        if len(set(ids)) != len(ids):
-            raise ValidationError(f"duplicate doc ids among the candidates of query {query.query_id!r}")
-        prompt = self.build_prompt(query.text, candidates)
-        with self.lm.lock:
-            scores, timings = self.scores(prompt)
-        ranking = Ranking.from_hits(query.query_id, (ScoredDoc(d, s, doc) for d, s, doc in zip(ids, scores, candidates)))
-        return RerankResult(
-            ranking=ranking,
-            truncated=tuple(d for d, cut in zip(ids, prompt.truncated) if cut),
-            prompt_tokens=prompt.total_tokens,
-            seconds=time.perf_counter() - t0,
-            details={"timings": timings, "layer": self.layer},
-        )
+    def limits(self) -> dict[str, Any]:
+        """:meth:`AttentionReranker.limits` with ``max_candidates`` ``null``: the block
+        structure keeps every position below ``L0 + block length + query block`` whatever
+        the number of candidates (memory and time grow linearly)."""
+        out = super().limits()
+        out["max_candidates"] = None
+        return out
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["layer"] = self.layer
-        d["scoring"] = self.option("scoring", "signal")
+        d["scoring"] = self.options.scoring
         d["heads"] = "all" if not self.heads else [list(h) for h in self.heads]
         d["reattn"] = None if self.reattn is None else vars(self.reattn)
         return d

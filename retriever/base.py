@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 from attnrank.errors import ValidationError
-from attnrank.protocols import Filter
+from attnrank.protocols import FilterArg
+
+if TYPE_CHECKING:
+    from attnrank.index.filters import BoolFilter
 
 
-def check_request(k: int, filter: Filter | None = None) -> int:
-    """Validate ``retrieve`` arguments and return ``k`` as an ``int``.
+def check_args(k: int, filter: FilterArg | None = None) -> tuple[int, BoolFilter | None]:
+    """Validate ``retrieve`` arguments: ``k`` as an ``int`` and the filter in parsed form.
 
-    The filter is parsed (:func:`index.filters.parse_filter`) so that a malformed one
-    fails before any work; an empty filter (``{}``) means no filter.
+    A JSON filter is parsed here, once, so that a malformed one fails before any work and
+    the stages below get the parsed object; a filter parsed already (by the pipeline) is
+    passed through (:func:`attnrank.index.filters.as_filter`). ``{}`` means no filter (``None``).
 
     Raises:
         ValidationError: ``k`` is not an integer >= 1.
         FilterError: an invalid filter (the message names the offending clause).
     """
+    from attnrank.index.filters import as_filter
+
     try:
         kk = operator.index(k)
     except TypeError:
         raise ValidationError(f"k must be a positive integer, got {k!r}") from None
     if isinstance(k, bool) or kk < 1:
         raise ValidationError(f"k must be a positive integer, got {k!r}")
-    if filter is not None:
-        from index.filters import parse_filter
-
-        parse_filter(filter)
-    return kk
+    return kk, as_filter(filter)

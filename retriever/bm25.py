@@ -1,4 +1,4 @@
-"""BM25 first stage over an index's bm25s matrix and delta (see :mod:`index.bm25` for
+"""BM25 first stage over an index's bm25s matrix and delta (see :mod:`attnrank.index.bm25` for
 scoring and tokenisation)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attnrank.protocols import Filter
+from attnrank.protocols import FilterArg
 from attnrank.types import Query, Ranking, ScoredDoc
-from retriever.base import check_request
+from attnrank.retriever.base import check_args
 
 
 class BM25Retriever:
@@ -20,7 +20,7 @@ class BM25Retriever:
     only matching documents are scored (exactly: BM25 scores every document).
 
     Args:
-        index: :class:`index.store.Index`.
+        index: :class:`attnrank.index.store.Index`.
     """
 
     name = "bm25"
@@ -30,21 +30,21 @@ class BM25Retriever:
 
     @classmethod
     def from_index(cls, index: Any, **options: Any) -> BM25Retriever:
-        """Build over an :class:`index.store.Index` (no options)."""
+        """Build over an :class:`attnrank.index.store.Index` (no options)."""
         if options:
             from attnrank.errors import ValidationError
 
             raise ValidationError(f"unknown bm25 retriever options: {sorted(options)}")
         return cls(index)
 
-    def retrieve(self, queries: Sequence[Query], k: int, *, filter: Filter | None = None) -> list[Ranking]:
+    def retrieve(self, queries: Sequence[Query], k: int, *, filter: FilterArg | None = None) -> list[Ranking]:
         """Top-``k`` of each query among documents matching ``filter``, sorted by ``(-score, doc_id)``.
 
         Raises:
             ValidationError: ``k < 1``. FilterError: an invalid filter.
         """
-        k = check_request(k, filter)
-        results = self.index.search_bm25([q.text for q in queries], k, filter=filter)
+        k, parsed = check_args(k, filter)
+        results = self.index.search_bm25([q.text for q in queries], k, filter=parsed)
         out = []
         for q, (ids, scores) in zip(queries, results):
             out.append(Ranking.from_hits(q.query_id, (ScoredDoc(d, float(s)) for d, s in zip(ids, scores.tolist())), k))

@@ -1,5 +1,5 @@
 """Dense first stage: bi-encoder query embedding + vector search (exact, HNSW or IVF) with
-metadata filters planned by :mod:`index.planner`."""
+metadata filters planned by :mod:`attnrank.index.planner`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from attnrank.errors import ValidationError
-from attnrank.protocols import Filter
+from attnrank.protocols import FilterArg
 from attnrank.types import Query, Ranking, ScoredDoc
-from retriever.base import check_request
+from attnrank.retriever.base import check_args
 
 TIE_MARGIN = 8
 """Extra neighbours fetched so that ties at the ``k``-th score are broken by doc id."""
@@ -27,7 +27,7 @@ class DenseRetriever:
     padding. HNSW and IVF indexes are approximate; flat is exact.
 
     Args:
-        index: :class:`index.store.Index` with vectors.
+        index: :class:`attnrank.index.store.Index` with vectors.
         show_progress: tqdm bar while encoding query batches.
         strategy: ``"auto"`` (the planner), ``"exact"`` or ``"ann"``.
     """
@@ -44,7 +44,7 @@ class DenseRetriever:
 
     @classmethod
     def from_index(cls, index: Any, **options: Any) -> DenseRetriever:
-        """Build over an :class:`index.store.Index`; the encoder loads on first retrieve.
+        """Build over an :class:`attnrank.index.store.Index`; the encoder loads on first retrieve.
 
         Options: ``show_progress`` (bool; default: the index's), ``strategy``
         (``"auto"``, ``"exact"``, ``"ann"``).
@@ -64,19 +64,19 @@ class DenseRetriever:
         """The query encoder (loaded by the index on first access)."""
         return self.index.encoder
 
-    def retrieve(self, queries: Sequence[Query], k: int, *, filter: Filter | None = None) -> list[Ranking]:
+    def retrieve(self, queries: Sequence[Query], k: int, *, filter: FilterArg | None = None) -> list[Ranking]:
         """Top-``k`` of each query by cosine similarity among documents matching ``filter``,
         sorted by ``(-score, doc_id)``.
 
         Raises:
             ValidationError: ``k < 1``. FilterError: an invalid filter.
         """
-        k = check_request(k, filter)
+        k, parsed = check_args(k, filter)
         if not queries:
             return []
         texts = [q.text for q in queries]
         vectors = np.asarray(self.encoder.encode_queries(texts, show_progress=self.show_progress), dtype=np.float32)
-        rows, report = self.index.search_dense(vectors, k + TIE_MARGIN, filter=filter, strategy=self.strategy)
+        rows, report = self.index.search_dense(vectors, k + TIE_MARGIN, filter=parsed, strategy=self.strategy)
         self.last_report = report
         out = []
         for q, (ids, scores) in zip(queries, rows):

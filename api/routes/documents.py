@@ -1,11 +1,11 @@
 """``POST /documents`` (batch upsert), ``GET`` and ``DELETE /documents/{doc_id}``.
 
-Writes go to the collection's index directory through :meth:`index.store.Index.add_documents`
-and :meth:`index.store.Index.delete_documents`: one SQLite transaction (WAL mode,
+Writes go to the collection's index directory through :meth:`attnrank.index.store.Index.add_documents`
+and :meth:`attnrank.index.store.Index.delete_documents`: one SQLite transaction (WAL mode,
 ``synchronous=FULL``), then BM25 (delta) and the vector index in memory. The answer is sent
 only after the commit, so an acknowledged upsert survives a ``kill -9`` at any later
 moment: when the index is opened again, the vector and BM25 files catch up from SQLite
-(:meth:`index.store.Index.open`). Writes run in the bounded ``ingest`` pool, never on the
+(:meth:`attnrank.index.store.Index.open`). Writes run in the bounded ``ingest`` pool, never on the
 event loop; a full queue answers 429.
 """
 
@@ -15,8 +15,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query as QueryParam
 
-from api.deps import RuntimeDep, SettingsDep
-from api.schemas import DeleteResponse, ErrorBody, DocumentOut, UpsertRequest, UpsertResponse
+from attnrank.api.deps import RuntimeDep, SettingsDep
+from attnrank.api.schemas import DeleteResponse, ErrorBody, DocumentOut, UpsertRequest, UpsertResponse
 from attnrank.errors import IndexMismatchError, NotFoundError, PayloadTooLargeError
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
@@ -34,7 +34,8 @@ _WRITE_ERRORS = {
     409: {"model": ErrorBody, "description": "The collection is read-only (an index of an older format, or not "
           "backed by an index directory)."},
     413: {"model": ErrorBody, "description": "Body, document count or document length over the limits."},
-    422: {"model": ErrorBody, "description": "Invalid documents (blank or repeated id, no text, extra fields)."},
+    422: {"model": ErrorBody, "description": "Invalid documents (blank or repeated id, an id with whitespace or "
+          "control characters, text that is not valid Unicode, no text, extra fields); the message names the field."},
     429: {"model": ErrorBody, "description": "Ingest queue full (overloaded); retry after Retry-After seconds."},
 }
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import RuntimeDep
-from api.schemas import HealthResponse, HealthUnavailable
+from attnrank.api.deps import RuntimeDep
+from attnrank.api.schemas import HealthResponse, HealthUnavailable
 
 router = APIRouter(tags=["health"])
 

@@ -2,13 +2,19 @@
 
 Request: ``{model?, query, documents: [str | {text}], top_n?, max_tokens_per_doc?,
 return_documents?, deadline_ms?}``; response: ``{id, results: [{index, relevance_score,
-document?}], meta}`` with results best first (see :class:`api.schemas.CohereRerankResponse`
+document?}], meta}`` with results best first (see :class:`attnrank.api.schemas.CohereRerankResponse`
 for the meaning and range of ``relevance_score``).
 
 With ``deadline_ms``, a request whose reranking would finish too late (estimated from
 the running mean of seconds per document and the work queued ahead, or noticed when the
 deadline passes, or the queue is full) is answered in the given (first-stage) order with
 ``meta.reranked = false`` and ``meta.deadline_exceeded = true``.
+
+Long documents are ranked on their beginning, as Cohere's endpoint does: each is first cut
+to :data:`CHARS_PER_TOKEN` characters per token of the budget (``max_tokens_per_doc``, at
+most the service's ``max_doc_tokens``), cheaply and generously, then the reranker's
+tokenizer cuts it to the budget. Cut documents are listed in ``meta.truncated`` and named
+in ``meta.warnings``. Only the body size (``max_body_bytes``) bounds a document's length.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from api.deps import ReadyRuntimeDep, SettingsDep
-from api.runtime import Runtime, lm_name, served_model_ids
-from api.schemas import (
+from attnrank.api.deps import ReadyRuntimeDep, SettingsDep
+from attnrank.api.runtime import Runtime, lm_name, served_model_ids
+from attnrank.api.schemas import (
     CohereRerankMeta,
     CohereRerankRequest,
     CohereRerankResponse,
@@ -42,18 +48,43 @@ router = APIRouter(tags=["rerank"])
 
 _ERRORS = {
     401: {"model": ErrorBody, "description": "Missing or wrong API key (when the service has one)."},
-    413: {"model": ErrorBody, "description": "Body, document count or document length over the limits."},
+    413: {"model": ErrorBody, "description": "Body (decompressed) or document count over the limits."},
     422: {"model": ErrorBody, "description": "Invalid request (empty query or documents, unknown model, ...)."},
     429: {"model": ErrorBody, "description": "Inference queue full (overloaded); retry after Retry-After seconds."},
     503: {"model": ErrorBody, "description": "Models still loading (unhealthy) or no reranker (model_unavailable)."},
 }
 
 
+CHARS_PER_TOKEN = 8
+"""Characters kept per token of the budget when a /rerank document is cut before
+tokenizing: generous (English averages about 4 per LM token), so the tokenizer's own cut
+to the budget decides what the reranker reads."""
+
+
+def cut_long_documents(texts: list[str], max_tokens: int) -> tuple[list[str], list[int]]:
+    """Texts cut to ``CHARS_PER_TOKEN * max_tokens`` characters, and the indices of those cut.
+
+    Args:
+        texts: Document texts.
+        max_tokens: The per-document LM token budget.
+    """
+    bound = CHARS_PER_TOKEN * max_tokens
+    cut = [i for i, t in enumerate(texts) if len(t) > bound]
+    if not cut:
+        return texts, []
+    out = list(texts)
+    for i in cut:
+        out[i] = texts[i][:bound]
+    return out, cut
+
+
 def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[str], int | None, list[str]]:
     """Texts, the ``max_doc_tokens`` to use (``None`` = the service's) and warnings.
 
+    Documents are not limited in length here (see :func:`cut_long_documents`).
+
     Raises:
-        PayloadTooLargeError: too many documents or a document too long.
+        PayloadTooLargeError: too many documents.
         ValidationError: unknown ``model``, unsupported ``rank_fields``.
         ModelLoadError: the service has no reranker.
     """
@@ -68,11 +99,6 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
     texts = body.texts()
     if len(texts) > settings.max_documents:
         raise PayloadTooLargeError(f"{len(texts)} documents is over the limit of {settings.max_documents} per request")
-    for i, text in enumerate(texts):
-        if len(text) > settings.max_document_chars:
-            raise PayloadTooLargeError(
-                f"documents[{i}] has {len(text)} characters, over the limit of {settings.max_document_chars}"
-            )
     warnings: list[str] = []
     max_doc_tokens = None
     if body.max_tokens_per_doc is not None:
@@ -130,8 +156,10 @@ async def rerank(
     """
     t0 = time.perf_counter()
     texts, max_doc_tokens, warnings = check_request(body, settings)
+    budget = max_doc_tokens or settings.max_doc_tokens
+    ranked_texts, cut = cut_long_documents(texts, budget)
     ids = _doc_ids(len(texts))
-    docs = [Document(doc_id, text) for doc_id, text in zip(ids, texts)]
+    docs = [Document(doc_id, text) for doc_id, text in zip(ids, ranked_texts)]
     query = Query("rerank", body.query)
     deadline = body.deadline_ms / 1000.0 if body.deadline_ms is not None else None
     result, reason = await _rerank(runtime, settings, query, docs, max_doc_tokens, deadline, t0,
@@ -150,8 +178,17 @@ async def rerank(
         order = [(position[h.doc_id], float(h.score)) for h in result.ranking.hits]
         rerank_seconds = float(result.seconds)
         runtime.metrics.stage_seconds.labels("rerank").observe(rerank_seconds)
+        runtime.metrics.observe_block_cache(result.details.get("cache"))
         timings = {"queue": max(0.0, total - rerank_seconds), "rerank": rerank_seconds, "total": total}
-        tokens, truncated = int(result.prompt_tokens), sorted(position[d] for d in result.truncated)
+        tokens = int(result.prompt_tokens)
+        truncated = sorted({position[d] for d in result.truncated} | set(cut))
+        warnings.extend(result.warnings)  # how the reranker ranked (query cut, windows, shared scores)
+        if cut:
+            shown = ", ".join(str(i) for i in cut[:20]) + (f" and {len(cut) - 20} more" if len(cut) > 20 else "")
+            warnings.append(
+                f"documents {shown} are longer than {CHARS_PER_TOKEN * budget} characters; each was ranked on its "
+                f"first {budget} LM tokens (max_tokens_per_doc)"
+            )
     if body.top_n is not None:
         order = order[: body.top_n]
     results = [

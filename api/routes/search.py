@@ -6,9 +6,8 @@ import time
 
 from fastapi import APIRouter, Request
 
-from api.deps import ReadyRuntimeDep, SettingsDep
-from api.schemas import Evidence, ErrorBody, Hit, RerankInfo, SearchRequest, SearchResponse, Timings
-from attnrank.errors import UnknownNameError, ValidationError
+from attnrank.api.deps import ReadyRuntimeDep, SettingsDep
+from attnrank.api.schemas import ErrorBody, Evidence, Hit, RerankInfo, SearchRequest, SearchResponse, Timings
 from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
 from attnrank.settings import Settings
 from attnrank.types import Query
@@ -26,61 +25,37 @@ _ERRORS = {
     503: {"model": ErrorBody, "description": "Models still loading (unhealthy) or reranker model unavailable."},
 }
 
-HEAD_OPTION_METHODS = ("icr", "blockrank")
-"""Rerankers that take the ``heads`` and ``reattn`` options."""
-
 
 def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) -> SearchOptions:
-    """Resolve the request's defaults against the settings and check it.
+    """The pipeline options of a request: the service's defaults filled in (rerank method,
+    candidates, evidence spans), then checked, and the filter parsed, by
+    :meth:`attnrank.pipeline.Pipeline.validate`, the one owner of these checks (the library
+    gives the same messages).
 
     Raises:
-        ValidationError: ``top_k`` or ``candidates`` above the service limits.
+        ValidationError: ``top_k`` or ``candidates`` outside the pipeline's limits;
+            ``heads``/``reattn`` with another method than icr or blockrank; ``explain``
+            without reranking.
         UnknownNameError: unknown retriever or rerank method.
-        ValidationError: ``heads``/``reattn`` with another method than icr or blockrank;
-            ``explain`` without reranking.
         FilterError: an invalid metadata filter (422; the message names the clause).
     """
-    from attnrank import registry
-    from index.filters import parse_filter
-
-    parse_filter(body.filter)  # fail fast, before any retrieval
-
     if body.rerank is None:
-        method, candidates = NO_RERANK, settings.default_candidates
+        method, candidates, rerank_options = NO_RERANK, settings.default_candidates, {}
     else:
         method = body.rerank.method or settings.rerank_method
         candidates = body.rerank.candidates or settings.default_candidates
-    if body.top_k > settings.max_top_k:
-        raise ValidationError(f"top_k must be between 1 and {settings.max_top_k}, got {body.top_k}")
-    if method != NO_RERANK:
-        built = pipeline.rerankers.methods() if pipeline.rerankers is not None else set()
-        known = sorted(set(registry.reranker_names()) | built)
-        if method not in known:
-            raise UnknownNameError(f"unknown rerank method {method!r}; choose one of {[NO_RERANK, *known]}")
-        if candidates > settings.max_candidates:
-            raise ValidationError(
-                f"rerank.candidates must be between 1 and {settings.max_candidates}, got {candidates}"
-            )
-    rerank_options = body.rerank.reranker_options() if body.rerank is not None else {}
-    if rerank_options and method not in HEAD_OPTION_METHODS:
-        raise ValidationError(
-            f"rerank.{'/'.join(rerank_options)} are options of the {' and '.join(HEAD_OPTION_METHODS)} rerankers, "
-            f"not of {method!r}"
-        )
-    if body.explain and method == NO_RERANK:
-        raise ValidationError("explain needs reranking (evidence comes from the reranker's attention); add rerank")
-    options = SearchOptions(
+        rerank_options = body.rerank.reranker_options()
+    return pipeline.validate(SearchOptions(
         top_k=body.top_k, retriever=body.retriever, rerank=method, candidates=candidates, filter=body.filter,
         rerank_options=rerank_options or None, explain=body.explain, evidence_spans=settings.evidence_spans,
-    )
-    pipeline.validate(options)
-    return options
+    ))
 
 
 def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -> SearchResponse:
     """The response body of a pipeline result."""
     rr = result.rerank
     evidence = rr.details.get("evidence") if rr is not None else None
+    first_rank = {h.doc_id: i for i, h in enumerate(result.first_stage.hits, 1)}
     hits = [
         Hit(
             doc_id=h.doc_id,
@@ -94,13 +69,15 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
                  for e in evidence[h.doc_id]]
                 if evidence is not None and h.doc_id in evidence else None
             ),
+            first_stage_rank=first_rank.get(h.doc_id),
         )
         for i, h in enumerate(result.ranking.hits, 1)
     ]
     info = None
     if rr is not None:
         info = RerankInfo(method=method, candidates=len(rr.ranking), truncated=list(rr.truncated),
-                          prompt_tokens=int(rr.prompt_tokens))
+                          prompt_tokens=int(rr.prompt_tokens), warnings=list(getattr(rr, "warnings", ())),
+                          cache=rr.details.get("cache"))
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},
                       queue=queue_seconds)
     return SearchResponse(results=hits, timings=timings, rerank=info)
@@ -129,4 +106,6 @@ async def search(
                             units=options.candidates if reranking else 1, is_disconnected=request.is_disconnected)
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
     runtime.metrics.observe_timings(result.timings)
+    if result.rerank is not None:
+        runtime.metrics.observe_block_cache(result.rerank.details.get("cache"))
     return to_response(result, options.rerank, queue_seconds)

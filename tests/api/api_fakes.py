@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from attnrank import registry
 from attnrank.config import RerankerConfig
 from attnrank.pipeline import Pipeline, reranker_factory
 from attnrank.protocols import RerankResult
@@ -100,7 +99,7 @@ class FakeReranker:
 
 
 def make_pipeline(retriever: OverlapRetriever | None = None, factory=None) -> Pipeline:
-    from index.memory import InMemoryDocStore
+    from attnrank.index.memory import InMemoryDocStore
 
     retriever = retriever or OverlapRetriever(DOCS)
     return Pipeline(
@@ -152,7 +151,7 @@ class ExplainingReranker(FakeReranker):
     name = "explain"
 
     def rerank_with_evidence(self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3) -> RerankResult:
-        from reranker.icr import EvidenceSpan
+        from attnrank.reranker.icr import EvidenceSpan
 
         rr = self.rerank(query, candidates)
         ev = {}

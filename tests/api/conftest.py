@@ -40,7 +40,7 @@ def pipeline(fake_reranker) -> Pipeline:
 def client(settings, pipeline):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from attnrank.api.app import create_app
 
     with TestClient(create_app(settings, pipeline=pipeline)) as c:
         assert c.app.state.runtime.wait_ready(10)  # the fake reranker "loads" in the background

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
+from attnrank.api.app import create_app
 from attnrank.settings import Settings
 
 from api_fakes import FakeReranker

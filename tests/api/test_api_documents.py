@@ -17,7 +17,7 @@ OTHER = [{"_id": "o1", "title": "Rivers", "text": "The Danube flows into the Bla
 
 
 def _build(root, name, rows):
-    from index.builder import build_index
+    from attnrank.index.builder import build_index
 
     corpus = root / f"{name}.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -40,7 +40,7 @@ def _settings(dirs, **kw):
 def _client(settings):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from attnrank.api.app import create_app
 
     return TestClient(create_app(settings))
 
@@ -127,7 +127,7 @@ def test_collection_without_index_is_read_only(fake_reranker):
     from api_fakes import make_pipeline
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from attnrank.api.app import create_app
     from attnrank.settings import Settings
 
     settings = Settings(index="unused", rerank_method="fake", warmup=False)
@@ -165,3 +165,66 @@ def test_form_encoded_body_gets_a_content_type_hint(dirs):
     with _client(_settings(dirs)) as c:
         r = c.post("/documents", content=b'{"documents": []}', headers={"Content-Type": "application/x-www-form-urlencoded"})
         assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"]
+
+
+BAD = "bad \ud800 text"  # json.dumps writes the lone surrogate as the JSON escape \ud800
+SURROGATE = "contains the unpaired surrogate U+D800 at character 4"
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"id": "n2", "text": BAD}, "documents[1].text: " + SURROGATE),
+        ({"id": "n2", "text": "t", "title": BAD}, "documents[1].title: " + SURROGATE),
+        ({"id": "n2", "text": "t", "metadata": {"note": BAD}}, "documents[1].metadata: value at ['note']: " + SURROGATE),
+        ({"id": "n2", "text": "t", "metadata": {"a": {"b": [1, BAD]}}},
+         "documents[1].metadata: value at ['a']['b'][1]: " + SURROGATE),
+        ({"id": "n2", "text": "t", "metadata": {BAD: 1}}, "documents[1].metadata: the key 'bad \\ud800 text' " + SURROGATE),
+        ({"id": "n\ud800", "text": "t"},
+         "documents[1].id: id 'n\\ud800' contains an unpaired surrogate (U+D800 at character 1)"),
+        ({"id": "n 2", "text": "t"}, "documents[1].id: id 'n 2' contains whitespace (U+0020 SPACE at character 1)"),
+        ({"id": "n2\t", "text": "t"}, "documents[1].id: id 'n2\\t' contains whitespace (U+0009 at character 2)"),
+        ({"id": "n\x002", "text": "t"},
+         "documents[1].id: id 'n\\x002' contains a control character (U+0000 at character 1)"),
+    ],
+)
+def test_invalid_text_or_id_is_422_and_writes_nothing(dirs, doc, message):
+    with _client(_settings(dirs)) as c:
+        before = c.get("/info").json()["collections"]["default"]["num_docs"]
+        raw = json.dumps({"documents": [{"id": "fresh", "text": "Quinces are a valid first document."}, doc]})
+        r = c.post("/documents", content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert r.json()["error_type"] == "validation"
+        assert r.json()["error"].startswith(message), r.json()["error"]
+        # all or nothing: neither document of the batch exists, the count is unchanged
+        assert c.get("/documents/fresh").status_code == 404
+        assert c.get("/documents/n2").status_code == 404
+        assert c.get("/info").json()["collections"]["default"]["num_docs"] == before == len(CORPUS)
+        assert "fresh" not in _search_ids(c, "quinces valid first document")
+
+
+def test_gzip_and_deflate_upserts(dirs):
+    import gzip
+    import zlib
+
+    with _client(_settings(dirs, max_body_bytes=4096)) as c:
+        body = json.dumps({"documents": [{"id": "gz1", "title": "Quince", "text": "Quinces are hard pome fruit."}]})
+        r = c.post("/documents", content=gzip.compress(body.encode()),
+                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert r.status_code == 200, r.text
+        assert r.json()["added"] == ["gz1"] and r.json()["num_docs"] == len(CORPUS) + 1
+        assert c.get("/documents/gz1").json()["text"] == "Quinces are hard pome fruit."
+        body2 = json.dumps({"documents": [{"id": "df1", "text": "Medlars are brown fruit."}]})
+        r = c.post("/documents", content=zlib.compress(body2.encode()),
+                   headers={"Content-Type": "application/json", "Content-Encoding": "deflate"})
+        assert r.status_code == 200, r.text
+        assert "df1" in _search_ids(c, "medlars")
+        # a bomb: 3 kB compressed, 3 MB inflated -> 413 from the decompressed size; nothing written
+        bomb = gzip.compress(json.dumps({"documents": [{"id": "big", "text": "x" * 3_000_000}]}).encode(), 9)
+        assert len(bomb) < 4096
+        r = c.post("/documents", content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert r.status_code == 413, r.text
+        assert r.json() == {"error": "decompressed request body is over the limit of 4096 bytes; send less in one "
+                                     "request", "error_type": "payload_too_large"}
+        assert c.get("/documents/big").status_code == 404
+        assert c.get("/info").json()["collections"]["default"]["num_docs"] == len(CORPUS) + 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
+from attnrank.api.app import create_app
 from attnrank.errors import ModelLoadError, NotFoundError
 
 from api_fakes import DOCS, OverlapRetriever, make_pipeline
@@ -90,7 +90,7 @@ def test_model_load_error_is_503(settings, fake_reranker):
 def test_unexpected_error_is_500_internal(settings, fake_reranker, caplog):
     pipe = make_pipeline(OverlapRetriever(DOCS, fail=RuntimeError("boom")))
     with _client(settings, pipe) as client:
-        with caplog.at_level("ERROR", logger="api.app"):
+        with caplog.at_level("ERROR", logger="attnrank.api.app"):
             msg = _error(client.post("/search", json={"query": "apples"}), 500, "internal")
     assert "RuntimeError" in msg and "boom" not in msg  # no internals leak to the client
     assert any("unhandled error" in rec.message for rec in caplog.records)

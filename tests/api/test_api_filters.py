@@ -22,10 +22,10 @@ FILTER_DOCS = [
 def filter_client(settings, fake_reranker):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from attnrank.api.app import create_app
     from attnrank.pipeline import Pipeline
-    from index.hashing import HashingEncoder
-    from index.store import Index
+    from attnrank.index.hashing import HashingEncoder
+    from attnrank.index.store import Index
 
     index = Index.from_documents(FILTER_DOCS, encoder=HashingEncoder(64))
     pipeline = Pipeline(

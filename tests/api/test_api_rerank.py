@@ -9,7 +9,7 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
+from attnrank.api.app import create_app
 from api_fakes import FakeReranker, SlowReranker
 
 DOCS = ["a long document about apples and orchards", "short", "a medium document", "tiny!"]
@@ -164,3 +164,43 @@ def test_full_queue_with_deadline_answers_in_given_order(settings, pipeline):
             SlowReranker.gate.set()
             assert busy.result(timeout=30).status_code == 200
     assert FakeReranker.loads >= 1
+
+
+def test_long_document_is_cut_to_the_token_budget_and_ranked(client, settings):
+    # Cohere's behaviour: a document over max_tokens_per_doc is ranked on its beginning, not refused
+    long = ("apples grow in orchards " * 6000)[:125_000]
+    assert len(long) == 125_000 and len(long) > settings.max_document_chars
+    r = client.post("/rerank", json={"query": "apples", "documents": ["short text", long], "return_documents": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    bound = 8 * settings.max_doc_tokens  # CHARS_PER_TOKEN per token of the service's budget (160 -> 1280)
+    assert bound == 1280
+    scores = {x["index"]: x["relevance_score"] for x in body["results"]}
+    assert scores[1] == pytest.approx(1 / bound)  # the fake scores 1/len(text): it read exactly `bound` characters
+    assert scores[0] == pytest.approx(1 / len("short text"))
+    assert body["meta"]["truncated"] == [1]
+    assert body["meta"]["warnings"] == [
+        "documents 1 are longer than 1280 characters; each was ranked on its first 160 LM tokens (max_tokens_per_doc)"
+    ]
+    assert {x["index"]: x["document"]["text"] for x in body["results"]}[1] == long  # returned as given
+
+
+def test_long_documents_follow_max_tokens_per_doc(client):
+    docs = ["x" * 100, "y" * 50, "z" * 81]
+    r = client.post("/rerank", json={"query": "q", "documents": docs, "max_tokens_per_doc": 10})
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta"]
+    # bound 8 * 10 = 80 characters: documents 0 and 2 are cut to 80 and then tie on 1/80 (by index)
+    assert [(x["index"], x["relevance_score"]) for x in r.json()["results"]] == [
+        (1, pytest.approx(1 / 50)), (0, pytest.approx(1 / 80)), (2, pytest.approx(1 / 80))]
+    assert meta["truncated"] == [0, 2]
+    assert meta["warnings"] == [
+        "documents 0, 2 are longer than 80 characters; each was ranked on its first 10 LM tokens (max_tokens_per_doc)"
+    ]
+
+
+def test_body_over_the_byte_limit_is_still_413(settings, pipeline):
+    settings = settings.model_copy(update={"max_body_bytes": 100_000})
+    with TestClient(create_app(settings, pipeline=pipeline)) as c:
+        r = c.post("/rerank", json={"query": "q", "documents": ["w" * 125_000]})
+        assert "over the limit of 100000 bytes" in _error(r, 413, "payload_too_large")

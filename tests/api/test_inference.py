@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from api.inference import InferencePool
+from attnrank.api.inference import InferencePool
 from attnrank.errors import OverloadedError, UnhealthyError
 
 

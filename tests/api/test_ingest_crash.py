@@ -53,7 +53,7 @@ def _start(index_dir, port, log):
 
 
 def test_kill_9_mid_ingest_loses_no_acknowledged_document(tmp_path):
-    from index.builder import build_index
+    from attnrank.index.builder import build_index
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(

@@ -16,9 +16,9 @@ N_DOCS = 60
 def real_client(nfcorpus_dir, tmp_path_factory):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from attnrank.api.app import create_app
     from attnrank.settings import Settings
-    from index.builder import build_index
+    from attnrank.index.builder import build_index
 
     root = tmp_path_factory.mktemp("nfcorpus60")
     corpus = root / "corpus.jsonl"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,187 @@ def test_load_run_json_inline(tmp_path: Path) -> None:
     assert run == {"5": {"11": 2.0, "12": 1.5}}
     assert docs["12"] == Document("12", "passage two")
     assert queries == {"5": Query("5", "q text")}
+
+
+# ---------------------------------------------------------------------------- input rules (attnrank.textrules)
+def test_corpus_id_with_whitespace_names_the_id_and_the_line(tmp_path: Path) -> None:
+    corpus = _write_lines(tmp_path / "c" / "corpus.jsonl", [
+        json.dumps({"_id": "d1", "text": "fine"}),
+        "",  # Arrow skips blank lines; the reported line still counts them
+        json.dumps({"_id": "a b", "text": "the id has a space"}),
+    ])
+    with pytest.raises(ValidationError) as err:
+        list(iter_beir_documents(corpus))
+    assert str(err.value) == (
+        f"{corpus}:3: document id 'a b' contains whitespace (U+0020 SPACE at character 1); ids must not contain "
+        "whitespace or control characters, which TREC run and qrels files cannot carry: rename it (e.g. replace "
+        "spaces by '_')"
+    )
+
+
+@pytest.mark.parametrize(("bad_id", "what"), [
+    ("d\\u00072", "a control character (U+0007"), ("tab\\tid", "whitespace (U+0009"),
+])
+def test_corpus_ids_with_control_characters_are_refused(tmp_path: Path, bad_id: str, what: str) -> None:
+    corpus = _write_lines(tmp_path / "corpus.jsonl", ['{"_id": "ok", "text": "x"}', '{"_id": "%s", "text": "y"}' % bad_id])
+    with pytest.raises(ValidationError, match=rf"corpus\.jsonl:2: document id .* contains {re.escape(what)}"):
+        list(iter_beir_documents(corpus))
+
+
+def test_corpus_with_a_surrogate_names_the_line_and_field(tmp_path: Path) -> None:
+    corpus = _write_lines(tmp_path / "corpus.jsonl.gz", [
+        json.dumps({"_id": "d1", "text": "fine"}),
+        json.dumps({"_id": "d2", "title": "t", "text": "broken \ud800 text"}),  # written as the escape \ud800
+    ])
+    with pytest.raises(ValidationError) as err:
+        load_beir_corpus(corpus)
+    assert str(err.value).startswith(
+        f"{corpus}:2: document 'd2' field ['text'] contains the unpaired surrogate U+D800 at character 7,")
+    row = {"_id": "d1", "text": "x", "metadata": {"k": ["\udc00"]}}
+    meta = _write_lines(tmp_path / "m" / "corpus.jsonl", [json.dumps(row)])
+    with pytest.raises(ValidationError, match=r"corpus\.jsonl:1: document 'd1' field \['metadata'\]\['k'\]\[0\] contains "
+                                              r"the unpaired surrogate U\+DC00"):
+        list(iter_beir_documents(meta))
+
+
+def test_corpus_not_utf8_names_the_line(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b'{"_id": "d1", "text": "ok"}\n{"_id": "d2", "text": "caf\xe9"}\n')
+    with pytest.raises(ValidationError,
+                       match=r"corpus\.jsonl:2: not valid UTF-8 \(invalid continuation byte at byte 26 of the line\)"):
+        list(iter_beir_documents(corpus))
+
+
+def test_queries_refuse_bad_ids_and_text(tmp_path: Path) -> None:
+    d = tmp_path / "beir"
+    _write_lines(d / "queries.jsonl", [json.dumps({"_id": "q1", "text": "fine"}), json.dumps({"_id": "q 2", "text": "x"})])
+    with pytest.raises(ValidationError, match=r"queries\.jsonl:2: query: id 'q 2' contains whitespace"):
+        load_beir_queries(d)
+    _write_lines(d / "queries.jsonl", [json.dumps({"_id": "q1", "text": "bad \ud800"})])
+    with pytest.raises(ValidationError, match=r"queries\.jsonl:1: query 'q1' field \['text'\] contains the unpaired "
+                                              r"surrogate U\+D800 at character 4"):
+        load_beir_queries(d)
+    _write_lines(d / "queries.jsonl", ['{"_id": "q1", "text": "fine"}', "not json"])
+    with pytest.raises(ValidationError, match=r"queries\.jsonl:2: not valid JSON"):
+        load_beir_queries(d)
+
+
+def test_topics_refuse_ids_with_spaces(tmp_path: Path) -> None:
+    topics = _write_lines(tmp_path / "topics.txt", ["1\tfine", "2 3\tid with a space"])
+    with pytest.raises(ValidationError, match=r"topics\.txt:2: query: id '2 3' contains whitespace"):
+        load_trec_topics(topics)
+    topics.write_bytes(b"\xef\xbb\xbf1\tbom first\n")  # a UTF-8 byte-order mark is not part of the id
+    assert load_trec_topics(topics) == {"1": Query("1", "bom first")}
+
+
+def test_run_json_refuses_bad_ids(tmp_path: Path) -> None:
+    data = [{"query": "q", "hits": [{"content": "p", "qid": 5, "docid": "a b", "rank": 1, "score": 2.0}]}]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValidationError, match=r"r\.json: entry 0 hit 0: document: id 'a b' contains whitespace"):
+        load_run_json(path)
+    data[0]["hits"][0].update(docid="a", content="bad \udfff")
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValidationError, match=r"entry 0 hit 0: content: contains the unpaired surrogate U\+DFFF"):
+        load_run_json(path)
+
+
+@pytest.mark.parametrize(("run", "needle"), [
+    ({"q1": {"a b": 1.0}}, "query 'q1': document id 'a b' contains whitespace"),
+    ({"q1": {"ok": 1.0, "x\ty": 0.5}}, "query 'q1': document id 'x\\ty' contains whitespace"),
+    ({"q 1": {"a": 1.0}}, "query: id 'q 1' contains whitespace"),
+    ({"q1": {"\x00": 1.0}}, "document id '\\x00' contains a control character"),
+    ({"q1": {"": 1.0}}, "document id is empty"),
+])
+def test_write_trec_run_refuses_ids_a_run_line_cannot_carry(tmp_path: Path, run, needle: str) -> None:
+    path = tmp_path / "out" / "run.trec"
+    with pytest.raises(ValidationError) as err:
+        write_trec_run(run, path, tag="t")
+    assert needle in str(err.value) and str(path) in str(err.value)
+    assert not path.exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("name", ["run.trec", "run.trec.gz"])
+def test_trec_run_round_trip_with_unusual_ids_and_scores(tmp_path: Path, name: str) -> None:
+    run = {
+        "PLAIN-2": {"MED-10": 1 / 3, "pmc/123": -0.5, "naïve#1": 1e-300, "東京": 12345.678},
+        "9": {"0": 0.0, "007": 2.5},
+    }
+    path = tmp_path / name
+    write_trec_run(run, path, tag="attnrank-icr-c20")
+    assert load_trec_run(path) == run  # ids and float scores exactly
+    text = (gzip.open(path, "rt", encoding="utf-8") if name.endswith(".gz") else open(path, encoding="utf-8")).read()
+    assert all(len(line.split()) == 6 for line in text.splitlines())
+    assert text.splitlines()[0] == "9 Q0 007 1 2.5 attnrank-icr-c20"
+
+
+# ---------------------------------------------------------------------------- TREC DL years and namings
+RUN_JSON = [{"query": "run text of q1", "hits": [
+    {"content": "first passage", "qid": "q1", "docid": "p1", "rank": 1, "score": 3.0},
+    {"content": "second passage", "qid": "q1", "docid": "p2", "rank": 2, "score": 2.0},
+]}]
+
+
+def _dl_folder(root: Path, topics: str, qrels: str, run: str, trec_run: str | None = None) -> Path:
+    _write_lines(root / topics, ["q1\tofficial text of q1"])
+    _write_lines(root / qrels, ["q1 0 p2 2", "q1 0 p1 0"])
+    data = json.dumps(RUN_JSON).encode()
+    (root / run).write_bytes(gzip.compress(data) if run.endswith(".gz") else data)
+    if trec_run:
+        _write_lines(root / trec_run, ["q1 Q0 p1 1 3.0 bm25", "q1 Q0 p2 2 2.0 bm25"])
+    return root
+
+
+@pytest.mark.parametrize(
+    ("year", "topics", "qrels", "run"),
+    [
+        ("dl19", "topics.dl19-passage.txt", "qrels.dl19-passage.txt", "retrieve_results_BM25_dl19_top100.json.gz"),
+        ("dl20", "topics.dl20.txt", "qrels.dl20-passage.txt", "retrieve_results_BM25_dl20_top100.json"),
+        ("dl21", "topics.dl21.txt", "qrels.dl21-passage.txt", "retrieve_results_BM25_dl21_top100.json.gz"),
+        ("dl22", "topics.dl22.txt.gz", "qrels.dl22.txt", "retrieve_results_BM25_dl22_top100.json"),
+        ("dl23", "topics.dl23-passage.txt.gz", "qrels.dl23-passage.txt.gz", "retrieve_results_BM25_dl23_top100.json"),
+    ],
+)
+def test_trec_dl_paths_of_every_naming(tmp_path: Path, year, topics, qrels, run) -> None:
+    d = _dl_folder(tmp_path / "dl", topics, qrels, run, f"trec_results_BM25_{year}_top100.txt")
+    paths = trec_dl_paths(d)  # year detected from the names
+    assert paths == trec_dl_paths(d, "BM25", year=year) == trec_dl_paths(d, year="20" + year[2:])
+    assert (paths.topics.name, paths.qrels.name, paths.run_json.name) == (topics, qrels, run)
+    assert paths.trec_run is not None and paths.trec_run.name == f"trec_results_BM25_{year}_top100.txt"
+    assert paths.year == year
+    assert load_trec_topics(paths.topics) == {"q1": Query("q1", "official text of q1")}
+    assert load_trec_qrels(paths.qrels) == {"q1": {"p2": 2, "p1": 0}}
+
+
+def test_trec_dl_folder_with_two_years_needs_a_year(tmp_path: Path) -> None:
+    d = _dl_folder(tmp_path, "topics.dl20.txt", "qrels.dl20-passage.txt", "retrieve_results_BM25_dl20_top100.json")
+    _dl_folder(d, "topics.dl21.txt", "qrels.dl21-passage.txt", "retrieve_results_BM25_dl21_top100.json")
+    with pytest.raises(ValidationError, match=r"several TREC DL years \(dl20, dl21\); choose one with --year"):
+        trec_dl_paths(d)
+    assert trec_dl_paths(d, year="2021").topics.name == "topics.dl21.txt"
+    assert trec_dl_paths(d, year="DL20").topics.name == "topics.dl20.txt"
+    with pytest.raises(ValidationError, match="TREC DL year 'twenty' is not one of the forms"):
+        trec_dl_paths(d, year="twenty")
+    with pytest.raises(NotFoundError, match=r"topics and qrels for dl22 not found"):
+        trec_dl_paths(d, year=22)
+
+
+def test_trec_dl_explicit_paths(tmp_path: Path) -> None:
+    _dl_folder(tmp_path, "my-topics.tsv", "judgements.txt", "bm25-run.json")
+    paths = trec_dl_paths(None, topics=tmp_path / "my-topics.tsv", qrels=tmp_path / "judgements.txt",
+                          run_file=tmp_path / "bm25-run.json")
+    assert (paths.topics.name, paths.qrels.name, paths.run_json.name, paths.trec_run, paths.year) == (
+        "my-topics.tsv", "judgements.txt", "bm25-run.json", None, None)
+    with pytest.raises(ValidationError, match="give the TREC DL folder"):
+        trec_dl_paths(None, topics=tmp_path / "my-topics.tsv")
+    with pytest.raises(NotFoundError, match="no TREC DL files found in"):
+        trec_dl_paths(tmp_path)  # none of the recognised names
+    # an explicit file replaces the one of the folder; the year comes from the folder's names
+    d = _dl_folder(tmp_path / "dl", "topics.dl20.txt", "qrels.dl20-passage.txt", "retrieve_results_BM25_dl20_top100.json")
+    mixed = trec_dl_paths(d, qrels=tmp_path / "judgements.txt")
+    assert (mixed.topics.name, mixed.qrels, mixed.year) == ("topics.dl20.txt", tmp_path / "judgements.txt", "dl20")
+    with pytest.raises(NotFoundError, match="TREC DL file not found"):
+        trec_dl_paths(d, qrels=tmp_path / "missing.txt")
 
 
 # ---------------------------------------------------------------------------- real data

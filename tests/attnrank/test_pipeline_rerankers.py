@@ -35,7 +35,7 @@ class Retr:
 
 
 def _pipeline(factory, **kw):
-    from index.memory import InMemoryDocStore
+    from attnrank.index.memory import InMemoryDocStore
 
     return Pipeline(retrievers={"r": Retr()}, docstore=InMemoryDocStore(DOCS), reranker_factory=factory, **kw)
 

@@ -13,7 +13,7 @@ import pytest
 from attnrank.errors import ContextOverflowError, ValidationError
 from attnrank.protocols import RerankResult
 from attnrank.types import Ranking
-from eval.batch import rerank_batch
+from attnrank.eval.batch import rerank_batch
 
 QIDS = ["q3", "q1", "q4", "q2"]  # topics-file order (not sorted) is the processing order
 DOCS = {f"p{i}": f"passage number {i} about topic {i % 3}" for i in range(12)}
@@ -128,7 +128,7 @@ def test_a_failing_document_is_isolated_and_the_query_completes(inputs, tmp_path
         json.dump([{"query": "x", "hits": [{"qid": "q1", "docid": d, "content": t, "rank": 1, "score": 1.0}
                                            for d, t in docs.items()]}], f)
     out = tmp_path / "out.trec"
-    with caplog.at_level("WARNING", logger="eval.batch"):
+    with caplog.at_level("WARNING", logger="attnrank.eval.batch"):
         summary = rerank_batch(topics, run, poisoned, out, method="hash", candidates=5,
                                factory=lambda m: HashReranker(), show_progress=False)
     assert summary.done == 4

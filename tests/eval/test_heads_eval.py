@@ -9,8 +9,8 @@ pytest.importorskip("torch")
 from attnrank.config import RerankerConfig  # noqa: E402
 from attnrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries  # noqa: E402
 from attnrank.errors import ValidationError  # noqa: E402
-from eval.heads import ablation, detect_heads, dump_attention, fit_head_weights, load_dump  # noqa: E402
-from reranker.heads import HeadSet, resolve_heads  # noqa: E402
+from attnrank.eval.heads import ablation, detect_heads, dump_attention, fit_head_weights, load_dump  # noqa: E402
+from attnrank.reranker.heads import HeadSet, resolve_heads  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from attnrank.errors import UnknownNameError, ValidationError
-from eval.metrics import BEIR_METRICS, TREC_DL_METRICS, evaluate_run, parse_metrics, rank_scores
+from attnrank.eval.metrics import BEIR_METRICS, TREC_DL_METRICS, evaluate_run, parse_metrics, rank_scores
 
 QRELS = {
     "q1": {"a": 2, "b": 1, "c": 0},

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from attnrank.errors import NotFoundError, ValidationError
-from eval.report import EvalReport, format_table, latency_summary, load_report, save_report, summarize_latency
+from attnrank.eval.report import EvalReport, format_table, latency_summary, load_report, save_report, summarize_latency
 
 
 def sample_report(**over) -> EvalReport:

@@ -16,9 +16,9 @@ from attnrank.config import PipelineConfig
 from attnrank.errors import IndexMismatchError, NotFoundError, ValidationError
 from attnrank.pipeline import Pipeline, SearchOptions
 from attnrank.types import Query
-from index.builder import build_index
-from index.encoder import model_sha256
-from index.store import Index
+from attnrank.index.builder import build_index
+from attnrank.index.encoder import model_sha256
+from attnrank.index.store import Index
 
 NFCORPUS = Path("/work/shared/data/beir-nfcorpus")
 pytestmark = pytest.mark.skipif(not NFCORPUS.is_dir(), reason="NFCorpus not available")
@@ -127,8 +127,8 @@ def test_embedder_mismatch(built, tmp_path: Path) -> None:
 
 def test_hnsw_passages_and_prefixes(tmp_path: Path, corpus) -> None:
     """HNSW + passage chunking + instruction prefixes are built, saved and reopened (real MiniLM)."""
-    from index.dense import DenseParams
-    from index.passages import PassageParams
+    from attnrank.index.dense import DenseParams
+    from attnrank.index.passages import PassageParams
 
     small = tmp_path / "nf40"
     small.mkdir()

@@ -1,4 +1,4 @@
-"""index.dense (faiss flat / HNSW / IVF) against brute force, padding, deletes, persistence;
+"""attnrank.index.dense (faiss flat / HNSW / IVF) against brute force, padding, deletes, persistence;
 index.hashing; encoder resolution."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from attnrank.errors import ModelLoadError, NotFoundError, ValidationError
 from attnrank.protocols import Encoder
-from index.dense import DenseIndex, DenseParams, auto_nlist
-from index.encoder import SentenceTransformerEncoder, file_sha256, model_sha256, packaged_model_dir, resolve_model_dir
-from index.hashing import HashingEncoder
+from attnrank.index.dense import DenseIndex, DenseParams, auto_nlist
+from attnrank.index.encoder import SentenceTransformerEncoder, file_sha256, model_sha256, packaged_model_dir, resolve_model_dir
+from attnrank.index.hashing import HashingEncoder
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -181,7 +181,7 @@ def test_encoder_resolution_without_loading(tmp_path: Path) -> None:
 
 
 def test_default_prefixes(tmp_path: Path) -> None:
-    from index.encoder import default_prefixes
+    from attnrank.index.encoder import default_prefixes
 
     assert default_prefixes(None) == ("", "")  # packaged all-MiniLM-L6-v2: symmetric, no prefixes
     for name, expected in [

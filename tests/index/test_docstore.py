@@ -10,8 +10,8 @@ import pytest
 from attnrank.errors import NotFoundError, ValidationError
 from attnrank.protocols import DocStore
 from attnrank.types import Document
-from index.docstore import SQLiteDocStore
-from index.memory import InMemoryDocStore
+from attnrank.index.docstore import SQLiteDocStore
+from attnrank.index.memory import InMemoryDocStore
 
 DOCS = [
     Document("d1", "Bones need vitamin D.", "Vitamin D", {"year": 2020, "tags": ["bone", "diet"], "nested": {"a": 1}}),

@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnrank.types import Document, Query
-from index.dense import DenseParams
-from index.filters import matches, parse_filter
-from index.hashing import HashingEncoder
-from index.planner import PlannerParams
-from index.store import Index
-from retriever.bm25 import BM25Retriever
-from retriever.dense import DenseRetriever
-from retriever.hybrid import HybridRetriever
+from attnrank.index.dense import DenseParams
+from attnrank.index.filters import matches, parse_filter
+from attnrank.index.hashing import HashingEncoder
+from attnrank.index.planner import PlannerParams
+from attnrank.index.store import Index
+from attnrank.retriever.bm25 import BM25Retriever
+from attnrank.retriever.dense import DenseRetriever
+from attnrank.retriever.hybrid import HybridRetriever
 from test_filters import filters  # random JSON filters over keys a, b, c.d
 
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")  # the recursive filter strategy

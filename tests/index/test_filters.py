@@ -1,4 +1,4 @@
-"""index.filters: parsing and validation, SQL compilation against the pure-Python oracle."""
+"""attnrank.index.filters: parsing and validation, SQL compilation against the pure-Python oracle."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnrank.errors import ValidationError
-from index.filters import (
+from attnrank.index.filters import (
     MAX_CONDITIONS,
     BoolFilter,
     FilterError,

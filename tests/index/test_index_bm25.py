@@ -1,4 +1,4 @@
-"""index.bm25: tokenisation, Lucene BM25 scores against a hand-written oracle, top-k."""
+"""attnrank.index.bm25: tokenisation, Lucene BM25 scores against a hand-written oracle, top-k."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnrank.errors import NotFoundError, ValidationError
-from index.bm25 import Analyzer, BM25Builder, BM25Index, BM25Params, topk_indices
+from attnrank.index.bm25 import Analyzer, BM25Builder, BM25Index, BM25Params, topk_indices
 
 TEXTS = [
     "Vitamin D and bone health in older adults",

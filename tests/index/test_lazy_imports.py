@@ -8,9 +8,9 @@ import sys
 
 HEAVY = ["torch", "faiss", "sentence_transformers", "transformers", "bm25s", "datasets", "Stemmer"]
 MODULES = [
-    "attnrank.data", "index.bm25", "index.builder", "index.dense", "index.docstore", "index.encoder",
-    "index.filters", "index.hashing", "index.memory", "index.passages", "index.planner", "index.rwlock",
-    "index.store", "retriever.bm25", "retriever.dense", "retriever.fusion", "retriever.hybrid", "retriever.run",
+    "attnrank.data", "attnrank.index.bm25", "attnrank.index.builder", "attnrank.index.dense", "attnrank.index.docstore", "attnrank.index.encoder",
+    "attnrank.index.filters", "attnrank.index.hashing", "attnrank.index.memory", "attnrank.index.passages", "attnrank.index.planner", "attnrank.index.rwlock",
+    "attnrank.index.store", "attnrank.retriever.bm25", "attnrank.retriever.dense", "attnrank.retriever.fusion", "attnrank.retriever.hybrid", "attnrank.retriever.run",
 ]
 
 

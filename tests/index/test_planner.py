@@ -1,4 +1,4 @@
-"""index.planner: filtered vector search never comes back short, every hit is allowed, and
+"""attnrank.index.planner: filtered vector search never comes back short, every hit is allowed, and
 recall against exact filtered search stays >= 0.95 at every selectivity (flat, HNSW, IVF)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnrank.errors import ValidationError
-from index.dense import DenseIndex, DenseParams
-from index.planner import PlannerParams, group_max, make_plan, planned_search
+from attnrank.index.dense import DenseIndex, DenseParams
+from attnrank.index.planner import PlannerParams, group_max, make_plan, planned_search
 
 N, D = 4000, 32
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)

@@ -15,15 +15,15 @@ import pytest
 
 from attnrank.errors import IndexMismatchError, ValidationError
 from attnrank.types import Document, Query
-from index.bm25 import Analyzer, BM25Params
-from index.builder import build_index
-from index.dense import DenseParams
-from index.hashing import HashingEncoder
-from index.passages import PassageParams
-from index.store import Index
-from retriever.bm25 import BM25Retriever
-from retriever.dense import DenseRetriever
-from retriever.hybrid import HybridRetriever
+from attnrank.index.bm25 import Analyzer, BM25Params
+from attnrank.index.builder import build_index
+from attnrank.index.dense import DenseParams
+from attnrank.index.hashing import HashingEncoder
+from attnrank.index.passages import PassageParams
+from attnrank.index.store import Index
+from attnrank.retriever.bm25 import BM25Retriever
+from attnrank.retriever.dense import DenseRetriever
+from attnrank.retriever.hybrid import HybridRetriever
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = ["vitamin bone", "statin cancer", "tea cholesterol", "running knee", "diet sugar"]
@@ -174,8 +174,8 @@ _CRASH = """
 import os, sys
 sys.path.insert(0, {root!r})
 from attnrank.types import Document
-from index.hashing import HashingEncoder
-from index.store import Index
+from attnrank.index.hashing import HashingEncoder
+from attnrank.index.store import Index
 ix = Index.open({out!r}, encoder=HashingEncoder(64))
 ix.add_documents([Document("crash1", "zebra acknowledged before the crash", "", {{"cat": "c9"}})])
 ix.delete_documents(["d003"])
@@ -255,20 +255,20 @@ def test_concurrent_searches_and_updates() -> None:
 
 @pytest.mark.parametrize("kind", ["hnsw", "flat"])
 def test_background_compaction_replays_concurrent_updates(kind: str, monkeypatch) -> None:
-    import index.bm25
+    import attnrank.index.bm25 as bm25_module
 
     ix = Index.from_documents(_docs(300), encoder=HashingEncoder(64), dense_params=DenseParams(kind, hnsw_m=8))
     ix.delete_documents([f"d{i:03d}" for i in range(0, 300, 3)])
     ix.add_documents([Document(f"a{i}", f"zebra {i}", "") for i in range(20)])
     started = threading.Event()
-    build = index.bm25.BM25Builder.build
+    build = bm25_module.BM25Builder.build
 
     def slow_build(self, **kwargs):  # keep the rebuild running while the updates below land
         started.set()
         time.sleep(0.5)
         return build(self, **kwargs)
 
-    monkeypatch.setattr(index.bm25.BM25Builder, "build", slow_build)
+    monkeypatch.setattr(bm25_module.BM25Builder, "build", slow_build)
     future = ix.compact_async()
     assert started.wait(10)
     added, deleted = [], []

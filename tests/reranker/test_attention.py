@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reranker.attention import AttentionCapture, run_with_capture  # noqa: E402
+from attnrank.reranker.attention import AttentionCapture, run_with_capture  # noqa: E402
 
 
 def test_query_rows_match_eager_full_attention(default_lm):

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from attnrank.config import RerankerConfig  # noqa: E402
 from attnrank.errors import ValidationError  # noqa: E402
 from attnrank.types import Document, Query  # noqa: E402
-from reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
+from attnrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnrank.errors import NotFoundError, ValidationError  # noqa: E402
-from reranker.heads import (  # noqa: E402
+from attnrank.reranker.heads import (  # noqa: E402
     HeadSet,
     ndcg_at_k,
     packaged_headset_path,

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from attnrank.errors import ValidationError
-from reranker.reattn import ReAttnConfig, idf_weights, normalised_entropy, reattn_scores, surface_form
+from attnrank.reranker.reattn import ReAttnConfig, idf_weights, normalised_entropy, reattn_scores, surface_form
 
 
 def test_surface_form_strips_prefix_marks_and_case():

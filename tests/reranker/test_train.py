@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 from attnrank.config import RerankerConfig  # noqa: E402
 from attnrank.errors import ValidationError  # noqa: E402
 from attnrank.types import Document, Query  # noqa: E402
-from reranker.blockrank import BlockRankReranker  # noqa: E402
-from reranker.train import TrainConfig, TrainingExample, example_losses, train_blockrank  # noqa: E402
+from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from attnrank.reranker.train import TrainConfig, TrainingExample, example_losses, train_blockrank  # noqa: E402
 
 DOCS = (
     Document("cat", "Cats are small furry pets."),
@@ -73,7 +73,7 @@ def test_full_objective_lowers_the_training_loss(tmp_path):
 def test_freeze_below_trains_only_the_upper_layers(tmp_path):
     from safetensors.torch import load_file
 
-    from reranker.lm import load_trainable_lm
+    from attnrank.reranker.lm import load_trainable_lm
 
     base = load_trainable_lm().model.state_dict()
     out = tmp_path / "frozen"

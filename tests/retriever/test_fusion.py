@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from attnrank.errors import ValidationError
 from attnrank.types import Ranking
-from retriever.fusion import reciprocal_rank_fusion, weighted_score_fusion
+from attnrank.retriever.fusion import reciprocal_rank_fusion, weighted_score_fusion
 
 
 def test_hand_computed_example() -> None:

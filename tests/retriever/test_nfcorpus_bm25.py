@@ -8,8 +8,8 @@ import pytest
 
 from attnrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries
 from attnrank.types import rankings_to_run
-from index.store import Index
-from retriever.bm25 import BM25Retriever
+from attnrank.index.store import Index
+from attnrank.retriever.bm25 import BM25Retriever
 
 NFCORPUS = Path("/work/shared/data/beir-nfcorpus")
 

@@ -38,8 +38,8 @@ def queries():
 
 @pytest.fixture(scope="module")
 def truncation_index():
-    from eval.beir import ensure_index
-    from index.store import Index
+    from attnrank.eval.beir import ensure_index
+    from attnrank.index.store import Index
 
     path = os.environ.get("ATTNRANK_NFCORPUS_INDEX") or ensure_index(NFCORPUS, dense=True)
     index = Index.open(path)
@@ -50,9 +50,9 @@ def truncation_index():
 @pytest.fixture(scope="module")
 def maxp_index():
     from attnrank.data import default_cache_dir, find_beir_corpus
-    from index.builder import PARAMS_FILE, build_index, sha256_file
-    from index.passages import PassageParams
-    from index.store import Index
+    from attnrank.index.builder import PARAMS_FILE, build_index, sha256_file
+    from attnrank.index.passages import PassageParams
+    from attnrank.index.store import Index
 
     path = os.environ.get("ATTNRANK_NFCORPUS_MAXP_INDEX")
     if not path:
@@ -67,9 +67,9 @@ def maxp_index():
 
 
 def test_dense_and_hybrid(truncation_index, queries) -> None:
-    from retriever.bm25 import BM25Retriever
-    from retriever.dense import DenseRetriever
-    from retriever.hybrid import HybridRetriever
+    from attnrank.retriever.bm25 import BM25Retriever
+    from attnrank.retriever.dense import DenseRetriever
+    from attnrank.retriever.hybrid import HybridRetriever
 
     qs, qrels = queries
     bm25 = _ndcg(BM25Retriever.from_index(truncation_index).retrieve(qs, 100), qrels)
@@ -84,8 +84,8 @@ def test_dense_and_hybrid(truncation_index, queries) -> None:
 
 
 def test_maxp_passages(maxp_index, queries) -> None:
-    from retriever.dense import DenseRetriever
-    from retriever.hybrid import HybridRetriever
+    from attnrank.retriever.dense import DenseRetriever
+    from attnrank.retriever.hybrid import HybridRetriever
 
     qs, qrels = queries
     dense = _ndcg(DenseRetriever.from_index(maxp_index).retrieve(qs, 100), qrels)

@@ -10,13 +10,13 @@ from attnrank import registry
 from attnrank.errors import ValidationError
 from attnrank.protocols import Retriever
 from attnrank.types import Document, Query, Ranking, ScoredDoc
-from index.hashing import HashingEncoder
-from index.store import Index
-from retriever.bm25 import BM25Retriever
-from retriever.dense import DenseRetriever
-from retriever.fusion import reciprocal_rank_fusion
-from retriever.hybrid import HybridRetriever
-from retriever.run import RunRetriever
+from attnrank.index.hashing import HashingEncoder
+from attnrank.index.store import Index
+from attnrank.retriever.bm25 import BM25Retriever
+from attnrank.retriever.dense import DenseRetriever
+from attnrank.retriever.fusion import reciprocal_rank_fusion
+from attnrank.retriever.hybrid import HybridRetriever
+from attnrank.retriever.run import RunRetriever
 
 DOCS = [
     Document("d1", "vitamin d supplements strengthen bone", "Vitamin D", {"topic": "bone", "year": 2019}),
@@ -83,7 +83,7 @@ def test_hybrid_is_rrf_of_bm25_and_dense(index: Index) -> None:
 
 
 def test_filters_and_bad_k(index: Index) -> None:
-    from index.filters import FilterError
+    from attnrank.index.filters import FilterError
 
     cancer = {"must": [{"key": "topic", "match": {"value": "cancer"}}]}
     for name in ("bm25", "dense", "hybrid"):
@@ -104,7 +104,7 @@ def test_filters_and_bad_k(index: Index) -> None:
 
 
 def test_weighted_hybrid(index: Index) -> None:
-    from retriever.fusion import weighted_score_fusion
+    from attnrank.retriever.fusion import weighted_score_fusion
 
     h = HybridRetriever.from_index(index, fusion="weighted", weights=[0.7, 0.3], depth=5)
     bm25 = BM25Retriever.from_index(index).retrieve(QUERIES, 5)
@@ -158,7 +158,7 @@ FILTERS = [
     flt=st.sampled_from(FILTERS),
 )
 def test_retriever_invariants(index: Index, words: list[str], k: int, name: str, flt) -> None:
-    from index.filters import matches, parse_filter
+    from attnrank.index.filters import matches, parse_filter
 
     r = registry.build_retriever(name, index)
     (out,) = r.retrieve([Query("q", " ".join(words))], k, filter=flt)

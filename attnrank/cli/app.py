@@ -5,10 +5,11 @@ Subcommands import their implementation lazily, so ``attnrank --help`` is instan
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -18,6 +19,9 @@ app = typer.Typer(help="attnrank: retrieval and attention-based in-context reran
 index_app = typer.Typer(help="Build and inspect index directories.", no_args_is_help=True)
 eval_app = typer.Typer(help="Evaluate the pipeline on BEIR and TREC DL.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
+kv_app = typer.Typer(help="The document KV store: candidate blocks encoded once (cached BlockRank).",
+                     no_args_is_help=True)
+index_app.add_typer(kv_app, name="kv")
 heads_app = typer.Typer(help="Query-focused retrieval heads: detect, fit weights.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 app.add_typer(heads_app, name="heads")
@@ -37,6 +41,50 @@ OptsOpt = Annotated[
     typer.Option("--opt", help="Reranker option KEY=VALUE (VALUE parsed as JSON when it can be), repeatable: "
                  "--opt layer=22 --opt heads=qr --opt 'reattn={\"idf\": true}'."),
 ]
+EngineOpt = Annotated[
+    str, typer.Option("--engine", help="Where the queries run: local (this process) or ray (a Ray actor pool; "
+                      "needs pip install 'attnrank[ray]'). Same output either way.")
+]
+RayAddressOpt = Annotated[
+    Optional[str], typer.Option("--ray-address", help="With --engine ray: the cluster to join (auto, HEAD:6379, "
+                                "ray://HEAD:10001); default $RAY_ADDRESS, else a local Ray started for the run.")
+]
+ActorsOpt = Annotated[
+    Optional[int], typer.Option("--actors", help="With --engine ray: reranker actors (each loads the LM once); default 1.")
+]
+ActorCpusOpt = Annotated[
+    Optional[float], typer.Option("--actor-cpus", help="With --engine ray: CPUs per actor (its torch threads); default 1.")
+]
+ActorGpusOpt = Annotated[
+    Optional[float], typer.Option("--actor-gpus", help="With --engine ray: GPUs per actor (with --device cuda); default 0.")
+]
+
+
+def _engine(engine: str, ray_address: str | None, actors: int | None, actor_cpus: float | None,
+            actor_gpus: float | None):
+    """``None`` for the local engine, else a :class:`attnrank.eval.distributed.RayEngine`.
+
+    Raises:
+        ValidationError: an unknown engine, or Ray options without ``--engine ray``.
+        MissingDependencyError: ``--engine ray`` without Ray installed.
+    """
+    from attnrank.errors import ValidationError
+    from attnrank.eval.distributed import ENGINES
+
+    if engine not in ENGINES:
+        raise ValidationError(f"unknown engine {engine!r}; choose one of {list(ENGINES)}")
+    given = [flag for flag, value in (("--ray-address", ray_address), ("--actors", actors),
+                                      ("--actor-cpus", actor_cpus), ("--actor-gpus", actor_gpus)) if value is not None]
+    if engine == "local":
+        if given:
+            raise ValidationError(f"{', '.join(given)} only apply with --engine ray")
+        return None
+    from attnrank.eval.distributed import RayEngine, RayOptions
+
+    options = RayOptions(address=ray_address, actors=1 if actors is None else actors,
+                         num_cpus=1.0 if actor_cpus is None else actor_cpus,
+                         num_gpus=0.0 if actor_gpus is None else actor_gpus)
+    return RayEngine(options)
 
 
 @app.callback()
@@ -70,15 +118,32 @@ def _parse_opts(opts: list[str] | None) -> dict:
 def _reranker_config(
     method: str, model: str | None, max_doc_tokens: int, device: str, opts: list[str] | None = None
 ) -> RerankerConfig:
-    return RerankerConfig(
-        method=method, model=model, max_doc_tokens=max_doc_tokens, device=device, options=_parse_opts(opts)
-    )
+    """The reranker config of a command, its ``--opt`` options checked before any model loads.
+
+    Raises:
+        ValidationError: an unknown option of ``method`` (the message names the valid
+            ones), a bad value, or options with ``--rerank none``.
+    """
+    from attnrank.reranker.options import parse_options
+
+    options = _parse_opts(opts)
+    parse_options(method, options)  # typed check only; the config keeps what was given
+    return RerankerConfig(method=method, model=model, max_doc_tokens=max_doc_tokens, device=device, options=options)
 
 
 def _eval_reranker_config(
     rerank: str, model: str | None, max_doc_tokens: int, device: str, opts: list[str] | None, dump: Path | None
 ) -> RerankerConfig:
-    """Reranker config of an eval command; ``--dump`` makes ICR keep its attention."""
+    """Reranker config of an eval command; ``--dump`` makes ICR keep its attention.
+
+    Raises:
+        ValidationError: bad ``--opt`` (see :func:`_reranker_config`), or ``--dump`` with a
+            reranker other than ICR.
+    """
+    if dump and rerank != "icr":
+        from attnrank.errors import ValidationError
+
+        raise ValidationError(f"--dump saves ICR attention; it needs --rerank icr, not {rerank!r}")
     return _reranker_config(rerank, model, max_doc_tokens, device, (opts or []) + (["keep_attention=true"] if dump else []))
 
 
@@ -121,23 +186,19 @@ def index_build(
     ] = None,
 ) -> None:
     """Write an index directory: SQLite document store, BM25 (bm25s), faiss vectors, params.json."""
-    from attnrank.errors import AttnrankError
-    from index.builder import build_index
+    from attnrank.index.builder import build_index
 
-    try:
-        from index.dense import DenseParams
-        from index.passages import PassageParams
+    from attnrank.index.dense import DenseParams
+    from attnrank.index.passages import PassageParams
 
-        dense_params = DenseParams(index_type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction,
-                                   ef_search=ef_search, nlist=nlist, nprobe=nprobe)
-        chunking = PassageParams(passage_words, passage_stride, max_passages) if passages else None
-        params = build_index(
-            corpus, out, embedder=embedder, metadata=metadata, dense=not no_dense,
-            batch_size=batch_size, overwrite=overwrite, show_progress=True, dense_params=dense_params,
-            passages=chunking, query_prefix=query_prefix, document_prefix=document_prefix,
-        )
-    except AttnrankError as exc:
-        _fail(exc)
+    dense_params = DenseParams(index_type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction,
+                               ef_search=ef_search, nlist=nlist, nprobe=nprobe)
+    chunking = PassageParams(passage_words, passage_stride, max_passages) if passages else None
+    params = build_index(
+        corpus, out, embedder=embedder, metadata=metadata, dense=not no_dense,
+        batch_size=batch_size, overwrite=overwrite, show_progress=True, dense_params=dense_params,
+        passages=chunking, query_prefix=query_prefix, document_prefix=document_prefix,
+    )
     typer.echo(json.dumps(params, indent=2))
 
 
@@ -149,18 +210,14 @@ def index_compact(path: Annotated[Path, typer.Argument(help="Index directory.")]
 
 
 def _on_index(path: Path, action):
-    """Open the index at ``path``, run ``action(index)``, close it; typed errors exit 2."""
-    from attnrank.errors import AttnrankError
-    from index.store import Index
+    """Open the index at ``path``, run ``action(index)``, close it."""
+    from attnrank.index.store import Index
 
+    index = Index.open(path)
     try:
-        index = Index.open(path)
-        try:
-            return action(index)
-        finally:
-            index.close()
-    except AttnrankError as exc:
-        _fail(exc)
+        return action(index)
+    finally:
+        index.close()
 
 
 @index_app.command("stats")
@@ -171,8 +228,61 @@ def index_stats(path: Annotated[Path, typer.Argument(help="Index directory.")]) 
 
 @index_app.command("info")
 def index_info(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
-    """Print an index's params.json."""
-    typer.echo((path / "params.json").read_text())
+    """Print an index's params.json, and its document KV store's header, coverage and bytes."""
+    params = json.loads((path / "params.json").read_text())
+    kv_dir = path / "kv"
+    if (kv_dir / "header.json").exists():
+        from attnrank.index.kvstore import KVHeader, KVStore
+
+        header = KVHeader.from_dict(json.loads((kv_dir / "header.json").read_text()))
+        with KVStore.open(kv_dir, header, readonly=True) as store:
+            stats = store.stats()
+        n_docs = _on_index(path, lambda index: len(index.docstore))
+        params["kv_store"] = {
+            "path": str(kv_dir), "header": header.to_dict(), "blocks": stats.documents,
+            "documents": n_docs, "coverage": round(min(1.0, stats.documents / max(1, n_docs)), 4),
+            "bytes_on_disk": stats.bytes_on_disk, "live_bytes": stats.live_bytes, "shards": stats.shards,
+        }
+    typer.echo(json.dumps(params, indent=2))
+
+
+@kv_app.command("build")
+def index_kv_build(
+    index: Annotated[Path, typer.Option("--index", help="Index directory (the store goes to INDEX/kv).")],
+    model: ModelOpt = None,
+    layer: Annotated[Optional[int], typer.Option("--layer", help="Scoring layer l*: layers 0..l* are stored; "
+                                                 "default round(0.6 L).")] = None,
+    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    dtype: Annotated[str, typer.Option("--dtype", help="float16 or int8 (about half the bytes).")] = "float16",
+    device: DeviceOpt = "cpu",
+    opts: OptsOpt = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Blocks per LM batch and per shard.")] = 32,
+    verify: Annotated[bool, typer.Option("--verify", help="crc32-check stored blocks first, recompute bad ones.")] = False,
+) -> None:
+    """Encode every document's BlockRank block once (query_in_instruction=false) into the
+    index's document KV store, so that reranking runs only the query block per query.
+    Resumable: a rerun (also after kill -9) skips finished shards."""
+    from attnrank.index.kvstore import build_index_blocks
+    from attnrank.index.store import Index
+    from attnrank.registry import build_reranker
+
+    extra = {"query_in_instruction": False, "kv_dtype": dtype, **({"layer": layer} if layer is not None else {})}
+    config = _reranker_config("blockrank", model, max_doc_tokens, device, opts)
+    config = config.with_options(**extra)
+    reranker = build_reranker(config)
+    ix = Index.open(index)
+    try:
+        store, report = build_index_blocks(ix, reranker, batch_size=batch_size, show_progress=True,
+                                           verify_existing=verify)
+        stats = store.stats()
+    finally:
+        ix.close()
+    typer.echo(json.dumps({
+        "blocks": stats.documents, "computed": report.computed, "skipped": report.skipped, "seconds": round(report.seconds, 1),
+        "blocks_per_second": round(report.computed / report.seconds, 2) if report.seconds and report.computed else None,
+        "bytes_on_disk": stats.bytes_on_disk, "bytes_per_block": stats.live_bytes // max(1, stats.documents),
+        "header": reranker.block_store_header(),
+    }, indent=2))
 
 
 # ---------------------------------------------------------------------------- serve
@@ -188,24 +298,26 @@ def serve(
     collection: Annotated[
         Optional[list[str]], typer.Option("--collection", help="More collections as NAME=INDEX_DIR (repeatable).")
     ] = None,
+    opts: OptsOpt = None,
 ) -> None:
     """Serve the REST API (uvicorn) over one index (the default collection) and optional
     named collections. Other settings (API key, workers, queue size, limits) come from
     ATTNRANK_* environment variables (see attnrank.settings.Settings)."""
     import uvicorn
 
-    from api.app import create_app
+    from attnrank.api.app import create_app
     from attnrank.settings import Settings
 
-    collections = {}
+    collections: dict[str, str] = {}
     for item in collection or []:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise typer.BadParameter(f"expected NAME=INDEX_DIR, got {item!r}", param_hint="--collection")
         collections[name] = path
+    extra: dict[str, Any] = {"collections": collections} if collections else {}
     settings = Settings(
         index=str(index), model=model, max_doc_tokens=max_doc_tokens, device=device, rerank_method=rerank_method,
-        **({"collections": collections} if collections else {}),
+        rerank_options=dict(_reranker_config(rerank_method, model, max_doc_tokens, device, opts).options), **extra,
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
 
@@ -227,24 +339,30 @@ def rerank_batch_cmd(
     model: ModelOpt = None,
     max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
     device: DeviceOpt = "cpu",
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    actors: ActorsOpt = None,
+    actor_cpus: ActorCpusOpt = None,
+    actor_gpus: ActorGpusOpt = None,
 ) -> None:
     """Rerank a TREC run query by query, appending each query's ranking as it finishes.
 
     Rerun the same command after an interruption to resume: completed queries are
     skipped and a partly written one is rewritten, so the output equals an uninterrupted
     run's. A document that cannot be reranked is logged and ranked below the others.
+    With --engine ray the queries are reranked by a Ray actor pool and written here in the
+    same order: the output is byte-identical, and a run may be resumed with either engine.
     """
-    from attnrank.errors import AttnrankError
-    from eval.batch import rerank_batch
+    from attnrank.eval.batch import rerank_batch
 
     try:
+        runner = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
         summary = rerank_batch(
             topics, run, docs, out, method=method, candidates=candidates, depth=depth, tag=tag,
             max_queries=max_queries, overwrite=overwrite, show_progress=progress,
             reranker_config=_reranker_config(method, model, max_doc_tokens, device),
+            runner=runner.run_batch if runner is not None else None,
         )
-    except AttnrankError as exc:
-        _fail(exc)
     except KeyboardInterrupt:
         typer.secho(f"interrupted; rerun the same command to resume {out}", fg="yellow", err=True)
         raise typer.Exit(130) from None
@@ -268,28 +386,44 @@ def eval_beir(
     device: DeviceOpt = "cpu",
     opt: OptsOpt = None,
     dump: Annotated[Optional[Path], typer.Option("--dump", help="Also save an ICR attention dump (for heads/ablation).")] = None,
+    keep_identical_ids: Annotated[bool, typer.Option(
+        "--keep-identical-ids", help="Keep a retrieved document whose id equals the query id; by default it is "
+        "dropped before reranking, as BEIR's evaluator does (ignore_identical_ids=True).")] = False,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    actors: ActorsOpt = None,
+    actor_cpus: ActorCpusOpt = None,
+    actor_gpus: ActorGpusOpt = None,
 ) -> None:
     """nDCG@10, Recall@100, MRR@10 of the pipeline on a BEIR dataset; writes a TREC run and a JSON report."""
-    from attnrank.errors import AttnrankError
-    from eval.beir import evaluate_beir
-    from eval.report import format_table
+    from attnrank.eval.beir import evaluate_beir
+    from attnrank.eval.report import format_table
 
-    try:
-        report = evaluate_beir(
-            data, split=split, retriever=retriever, rerank=rerank, candidates=candidates,
-            max_queries=max_queries, seed=seed, index_dir=index, out_dir=out,
-            reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
-            dump_dir=dump,
-        )
-    except AttnrankError as exc:
-        _fail(exc)
+    search_engine = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
+    report = evaluate_beir(
+        data, split=split, retriever=retriever, rerank=rerank, candidates=candidates,
+        max_queries=max_queries, seed=seed, index_dir=index, out_dir=out,
+        reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
+        dump_dir=dump, keep_identical_ids=keep_identical_ids, engine=search_engine,
+    )
     typer.echo(format_table([report]))
 
 
 @eval_app.command("trec-dl")
 def eval_trec_dl(
-    data: Annotated[Path, typer.Option("--data", help="TREC DL folder (topics, NIST qrels, run JSON with passage text).")],
-    run: Annotated[str, typer.Option("--run", help="First-stage run name, e.g. BM25, SPLADE_P_P_ENSEMBLE_DISTIL.")] = "BM25",
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="TREC DL folder of one year (topics, NIST qrels, run JSON with passage text) under Anserini / "
+        "rank_llm names: topics.dl19-passage.txt or topics.dl21.txt, qrels.dl20-passage.txt, "
+        "retrieve_results_<RUN>_dl20_top100.json[.gz].")] = None,
+    run: Annotated[Optional[str], typer.Option(
+        "--run", help="First-stage run name, e.g. BM25, SPLADE_P_P_ENSEMBLE_DISTIL; default BM25 (with --run-file: "
+        "read from its name).")] = None,
+    year: Annotated[Optional[str], typer.Option(
+        "--year", help="Track year (dl19, dl20, 2021, ...); default: detected from the folder's file names.")] = None,
+    topics: Annotated[Optional[Path], typer.Option("--topics", help="Topics file (qid<TAB>text), any name.")] = None,
+    qrels: Annotated[Optional[Path], typer.Option("--qrels", help="Qrels file (qid 0 docid rel), any name.")] = None,
+    run_file: Annotated[Optional[Path], typer.Option(
+        "--run-file", help="rank_llm run JSON with passage texts, any name.")] = None,
     rerank: Annotated[str, typer.Option("--rerank", help="Reranker name or 'none'.")] = "none",
     candidates: Annotated[int, typer.Option("--candidates", help="First-stage hits reranked.")] = 20,
     max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Seeded subset of this many queries.")] = None,
@@ -300,20 +434,25 @@ def eval_trec_dl(
     device: DeviceOpt = "cpu",
     opt: OptsOpt = None,
     dump: Annotated[Optional[Path], typer.Option("--dump", help="Also save an ICR attention dump (for heads/ablation).")] = None,
+    engine: EngineOpt = "local",
+    ray_address: RayAddressOpt = None,
+    actors: ActorsOpt = None,
+    actor_cpus: ActorCpusOpt = None,
+    actor_gpus: ActorGpusOpt = None,
 ) -> None:
-    """nDCG@10, Recall@100, MRR@10, Judged@10 of reranking a TREC DL 2019 first-stage run."""
-    from attnrank.errors import AttnrankError
-    from eval.report import format_table
-    from eval.trecdl import evaluate_trec_dl
+    """nDCG@10, Recall@100, MRR@10, Judged@10 of reranking a TREC DL first-stage run (any year).
 
-    try:
-        report = evaluate_trec_dl(
-            data, run_name=run, rerank=rerank, candidates=candidates, max_queries=max_queries, seed=seed,
-            out_dir=out, dump_dir=dump,
-            reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
-        )
-    except AttnrankError as exc:
-        _fail(exc)
+    Give --data (the year is read from the file names, or --year), or all of --topics,
+    --qrels and --run-file; explicit paths replace the files found in --data."""
+    from attnrank.eval.report import format_table
+    from attnrank.eval.trecdl import evaluate_trec_dl
+
+    search_engine = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
+    report = evaluate_trec_dl(
+        data, run_name=run, rerank=rerank, candidates=candidates, max_queries=max_queries, seed=seed,
+        out_dir=out, dump_dir=dump, year=year, topics=topics, qrels=qrels, run_file=run_file, engine=search_engine,
+        reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
+    )
     typer.echo(format_table([report]))
 
 
@@ -332,7 +471,7 @@ def eval_layer_sweep(
     device: DeviceOpt = "cpu",
 ) -> None:
     """BlockRank nDCG@10 read at every layer from one pass per query, to choose the scoring layer l*."""
-    from eval.sweep import format_sweep, layer_sweep_beir
+    from attnrank.eval.sweep import format_sweep, layer_sweep_beir
 
     result = layer_sweep_beir(
         data, split=split, retriever=retriever, candidates=candidates, max_queries=max_queries, seed=seed,
@@ -343,13 +482,13 @@ def eval_layer_sweep(
 
 def _dump(data: Path, source: str, split: str, queries: Optional[int], candidates: int, seed: int,
           index: Optional[Path], run: str, shuffle: bool, ensure_gold: bool, out: Path, cfg: RerankerConfig) -> Path:
-    from eval.heads import beir_candidates, dump_attention, trec_dl_candidates
+    from attnrank.eval.heads import beir_candidates, dump_attention, trec_dl_candidates
 
     if source == "beir":
         qs, cands, scores, qrels = beir_candidates(
             data, split, queries=queries, candidates=candidates, seed=seed, index_dir=index, ensure_gold=ensure_gold
         )
-        info = {"dataset": data.resolve().name, "split": split, "first_stage": "bm25"}
+        info: dict[str, Any] = {"dataset": data.resolve().name, "split": split, "first_stage": "bm25"}
     else:
         qs, cands, scores, qrels = trec_dl_candidates(data, run_name=run, candidates=candidates, queries=queries, seed=seed)
         info = {"dataset": data.resolve().name, "split": "test", "first_stage": run}
@@ -396,7 +535,7 @@ def heads_detect(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Detect query-focused heads: BM25 candidates shuffled with the gold always included, per-head scores, top-k."""
-    from eval.heads import detect_heads
+    from attnrank.eval.heads import detect_heads
 
     cfg = _reranker_config("icr", model, max_doc_tokens, device)
     dump = dump or out.with_suffix(".dump")
@@ -418,7 +557,7 @@ def heads_fit(
     nonneg: Annotated[bool, typer.Option("--nonneg/--signed", help="Keep weights >= 0.")] = True,
 ) -> None:
     """Learn per-head weights with the group contrastive loss (used with heads=learned)."""
-    from eval.heads import fit_head_weights
+    from attnrank.eval.heads import fit_head_weights
 
     hs = fit_head_weights(dump, heads, max_layer=max_layer, epochs=epochs, lr=lr, l2=l2, support=support,
                           nonneg=nonneg)
@@ -436,7 +575,7 @@ def eval_ablation(
     split: Annotated[str, typer.Option("--split", help="BEIR qrels split.")] = "test",
 ) -> None:
     """ICR variants (all/QR/learned heads x ReAttn x RRF fusion) from one pass per query, with paired tests."""
-    from eval.heads import ablation, format_ablation
+    from attnrank.eval.heads import ablation, format_ablation
 
     qrels = None
     if data is not None:
@@ -476,8 +615,8 @@ def train_blockrank_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """BlockRank fine-tuning: L = L_NTP + lambda * L_aux through the linear block path (resumable)."""
-    from eval.training_data import blockrank_examples
-    from reranker.train import TrainConfig, train_blockrank
+    from attnrank.eval.training_data import blockrank_examples
+    from attnrank.reranker.train import TrainConfig, train_blockrank
 
     device = _auto_device(device)
     examples = blockrank_examples(data, split, candidates=candidates, max_queries=max_queries, seed=seed, index_dir=index)
@@ -502,6 +641,87 @@ def _auto_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@eval_app.command("study-dump")
+def eval_study_dump(
+    out: Annotated[Path, typer.Option("--out", help="Feature dump to write (.npz); a rerun resumes it.")],
+    data: Annotated[Path, typer.Option("--data", help="BEIR folder, or a TREC DL folder with --trec-run.")],
+    split: Annotated[str, typer.Option("--split", help="BEIR split.")] = "test",
+    retriever: Annotated[str, typer.Option("--retriever", help="BEIR first stage: bm25, dense or hybrid.")] = "hybrid",
+    trec_run: Annotated[Optional[str], typer.Option("--trec-run", help="TREC DL run name (e.g. BM25): "
+                                                    "candidates from its top-100 JSON.")] = None,
+    candidates: Annotated[int, typer.Option("--candidates")] = 50,
+    max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Seeded subset of queries.")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Index directory (BEIR); its document KV store "
+                                                  "serves the blocks.")] = None,
+    layer: Annotated[int, typer.Option("--layer", help="l*: layers 0..l* are read.")] = 15,
+    max_doc_tokens: MaxDocTokensOpt = 128,
+    model: ModelOpt = None,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Per-candidate attention features of cached BlockRank (calibrated per layer and head,
+    signal per head, the served calibrated score), first-stage scores and qrels, from ONE
+    pass per query: the input of `attnrank eval study-fit` (issue #14's study)."""
+    from attnrank.eval.heads import beir_candidates, trec_dl_candidates
+    from attnrank.eval.study import dump_features
+    from attnrank.registry import build_reranker
+
+    config = _reranker_config("blockrank", model, max_doc_tokens, device, None).with_options(
+        query_in_instruction=False, layer=layer, scoring="calibrated")
+    reranker = build_reranker(config)
+    store = None
+    if trec_run:
+        queries, cands, scores, qrels = trec_dl_candidates(data, run_name=trec_run, candidates=candidates,
+                                                           queries=max_queries, seed=seed)
+        source = {"data": str(data), "run": trec_run}
+    else:
+        queries, cands, scores, qrels = beir_candidates(data, split, queries=max_queries, candidates=candidates,
+                                                        seed=seed, index_dir=index, retriever=retriever)
+        source = {"data": str(data), "split": split, "retriever": retriever}
+        if index is not None and (index / "kv" / "header.json").exists():
+            from attnrank.index.kvstore import KVHeader, KVStore
+
+            # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
+            store = KVStore.open(index / "kv", KVHeader.from_dict(reranker.block_store_header()), readonly=True)
+    meta = {**source, "candidates": candidates, "layer": layer, "max_doc_tokens": max_doc_tokens,
+            "reranker": reranker.describe(), "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}
+    try:
+        items = dump_features(out, queries, cands, scores, qrels, reranker, block_store=store, meta=meta)
+    finally:
+        if store is not None:
+            store.close()
+    typer.echo(json.dumps({"out": str(out), "queries": len(items)}))
+
+
+@eval_app.command("study-fit")
+def eval_study_fit(
+    train: Annotated[list[Path], typer.Option("--train", help="Training feature dumps (repeatable).")],
+    dev: Annotated[Path, typer.Option("--dev", help="Dev dump: every choice is made on it.")],
+    test: Annotated[list[str], typer.Option("--test", help="NAME=DUMP test sets (repeatable).")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
+    epochs: Annotated[int, typer.Option("--epochs")] = 150,
+) -> None:
+    """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
+    with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
+    against the first stage on each test set."""
+    from attnrank.eval.study import format_study, load_items, run_study
+
+    train_items = [it for path in train for it in load_items(path)[1]]
+    dev_meta, dev_items = load_items(dev)
+    tests = {}
+    for item in test:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"expected NAME=DUMP, got {item!r}", param_hint="--test")
+        meta, items = load_items(path)
+        tests[name] = (items, meta["qrels"])
+    report = run_study(train_items, dev_items, dev_meta["qrels"], tests, epochs=epochs)
+    report["train"] = {"dumps": [str(p) for p in train], "queries": len(train_items)}
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1))
+    typer.echo(format_study(report))
+
+
 @eval_app.command("compare")
 def eval_compare(
     a: Annotated[Path, typer.Argument(help="Baseline JSON report.")],
@@ -509,10 +729,47 @@ def eval_compare(
     trials: Annotated[int, typer.Option("--trials", help="Randomization test permutations.")] = 10_000,
 ) -> None:
     """Per-metric deltas (B - A) over the queries both reports share, with a paired randomization test."""
-    from eval.compare import compare_reports, format_comparison
+    from attnrank.eval.compare import compare_reports, format_comparison
 
     typer.echo(format_comparison(compare_reports(a, b, trials=trials)))
 
 
-if __name__ == "__main__":  # pragma: no cover
+def _typed_errors(command):
+    """Wrap a command so that every typed error (:class:`attnrank.errors.AttnrankError`) ends
+    as one red ``error (<error_type>): <message>`` line and exit code 2, never a traceback;
+    Ctrl-C exits 130."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        from attnrank.errors import AttnrankError
+
+        try:
+            return command(*args, **kwargs)
+        except AttnrankError as exc:
+            _fail(exc)
+        except KeyboardInterrupt:
+            typer.secho("interrupted", fg="yellow", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _wrap_all(group: typer.Typer) -> None:
+    """Wrap every command of ``group`` and of its subgroups, however deep."""
+    for info in group.registered_commands:
+        info.callback = _typed_errors(info.callback)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _wrap_all(sub.typer_instance)
+
+
+_wrap_all(app)
+
+
+def main() -> None:
+    """Console entry point (``attnrank``)."""
     app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,3 @@
+from attnrank.cli import main
+
+main()

@@ -1,0 +1,137 @@
+"""Cached BlockRank (``query_in_instruction=false``): scores from stored document blocks equal
+the uncached linear path in the same mode, on real NFCorpus documents (oracle test)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attnrank.config import RerankerConfig  # noqa: E402
+from attnrank.errors import KVStoreMismatchError, ValidationError  # noqa: E402
+from attnrank.index.kvstore import KVHeader, KVStore  # noqa: E402
+from attnrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
+from attnrank.reranker.doccache import block_key, build_layout, document_block  # noqa: E402
+from attnrank.types import Document, Query  # noqa: E402
+
+LAYER = 6
+
+
+@pytest.fixture(scope="module")
+def nf_docs(nfcorpus_dir):
+    docs = []
+    with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
+        for line in f:
+            d = json.loads(line)
+            docs.append(Document(d["_id"], d["text"], d.get("title", "")))
+            if len(docs) == 10:
+                break
+    return docs
+
+
+def _reranker(lm, **options) -> BlockRankReranker:
+    opts = {"query_in_instruction": False, "layer": LAYER, **options}
+    return BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=48, options=opts), lm=lm)
+
+
+def _reference(r: BlockRankReranker, query: str, docs) -> list[float]:
+    """Uncached linear path over the same cached-mode prompt (every block computed now)."""
+    prompt = r.build_prompt(query, docs)
+    with torch.inference_mode():
+        out, _ = block_forward(r.lm, prompt, LAYER)
+    return signal_scores(out[LAYER], len(prompt.instruction_ids), prompt.doc_lengths).tolist()
+
+
+def _scores(result, docs) -> list[float]:
+    by_id = {h.doc_id: h.score for h in result.ranking.hits}
+    return [by_id[d.doc_id] for d in docs]
+
+
+def test_blocks_do_not_depend_on_position_or_query(default_lm, nf_docs) -> None:
+    layout = build_layout(default_lm.tokenizer, 48)
+    block, _ = document_block(default_lm.tokenizer, layout, nf_docs[0].content)
+    again, _ = document_block(default_lm.tokenizer, layout, nf_docs[0].content)
+    assert block == again and block_key(block) == block_key(again)
+    r = _reranker(default_lm)
+    p1 = r.build_prompt("statins and cancer", nf_docs[:3])
+    p2 = r.build_prompt("vitamin d deficiency", list(reversed(nf_docs[:3])))
+    assert p1.instruction_ids == p2.instruction_ids  # block 0 holds no query
+    assert p1.doc_ids[0] == p2.doc_ids[2]  # a block carries no position-dependent id
+    assert p1.query_offset == p2.query_offset == layout.query_offset  # fixed, not the candidates' max length
+
+
+def test_cached_mode_linear_path_equals_the_masked_reference(default_lm, nf_docs) -> None:
+    r = _reranker(default_lm)
+    prompt = r.build_prompt("do statins reduce cancer risk", nf_docs[:5])
+    with torch.inference_mode():
+        out, _ = block_forward(r.lm, prompt, LAYER)
+        ref = reference_forward(r.lm, prompt, LAYER)
+    L0 = len(prompt.instruction_ids)
+    a = signal_scores(out[LAYER], L0, prompt.doc_lengths)
+    b = signal_scores(ref, L0, prompt.doc_lengths)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_scores_from_stored_blocks_equal_the_uncached_path(default_lm, nf_docs, tmp_path) -> None:
+    query = "do statins reduce cancer risk"
+    first = _reranker(default_lm)
+    header = KVHeader(**first.block_store_header())
+    docs = nf_docs[:8]
+    expected = _reference(first, query, docs)
+    with KVStore.create(tmp_path / "kv", header) as store:
+        cold = first.rerank(Query("q", query), docs, block_store=store)
+        assert cold.details["cache"] == {"hits": 0, "misses": 8}
+        assert len(store) == 8
+    # a fresh reranker (empty RAM cache) reads every block from the store
+    second = _reranker(default_lm)
+    with KVStore.open(tmp_path / "kv", header) as store:
+        warm = second.rerank(Query("q", query), docs, block_store=store)
+        assert warm.details["cache"] == {"hits": 8, "misses": 0}
+        # mixed: two documents never stored, computed now and written back
+        mixed_docs = docs[:5] + nf_docs[8:10]
+        mixed = second.rerank(Query("q", query), mixed_docs, block_store=store)
+        assert mixed.details["cache"] == {"hits": 5, "misses": 2}
+        assert len(store) == 10
+    # blocks computed now (float32, never stored): exact
+    assert max(abs(x - y) for x, y in zip(_scores(cold, docs), expected)) < 1e-5
+    # blocks read back from the float16 store: within fp16's rounding (2**-11 relative on
+    # every key and value), same ranking
+    assert max(abs(x - y) for x, y in zip(_scores(warm, docs), expected)) < 2e-4
+    order = [d.doc_id for d in sorted(docs, key=lambda d: (-expected[docs.index(d)], d.doc_id))]
+    assert [h.doc_id for h in cold.ranking.hits] == [h.doc_id for h in warm.ranking.hits] == order
+    mixed_expected = _reference(second, query, mixed_docs)
+    assert max(abs(x - y) for x, y in zip(_scores(mixed, mixed_docs), mixed_expected)) < 2e-4
+    # the two fresh blocks of the mixed query are exact; the five stored ones carry fp16 rounding
+    fresh = {d.doc_id for d in nf_docs[8:10]}
+    assert {h.doc_id for h in mixed.ranking.hits} == {d.doc_id for d in mixed_docs} and fresh <= {
+        h.doc_id for h in mixed.ranking.hits}
+
+
+def test_cached_mode_is_permutation_invariant_and_calibrated_scoring_works(default_lm, nf_docs) -> None:
+    r = _reranker(default_lm, scoring="calibrated")
+    q = Query("q", "vitamin d and bone health")
+    a = r.rerank(q, nf_docs[:6])
+    b = r.rerank(q, list(reversed(nf_docs[:6])))
+    sa, sb = _scores(a, nf_docs[:6]), _scores(b, nf_docs[:6])
+    assert max(abs(x - y) for x, y in zip(sa, sb)) < 1e-5
+    assert b.details["cache"]["hits"] == 6  # the RAM cache served the second call
+    assert len(set(round(x, 6) for x in sa)) > 1
+
+
+def test_a_store_built_for_another_configuration_is_refused(default_lm, tmp_path) -> None:
+    r = _reranker(default_lm)
+    header = r.block_store_header()
+    KVStore.create(tmp_path / "kv", KVHeader(**header)).close()
+    other = _reranker(default_lm, layer=LAYER + 1).block_store_header()
+    with pytest.raises(KVStoreMismatchError, match="layer"):
+        KVStore.open(tmp_path / "kv", KVHeader(**other))
+
+
+def test_outside_cached_mode_there_is_no_store_header(default_lm) -> None:
+    r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=48), lm=default_lm)
+    assert r.block_store_header() is None
+    with pytest.raises(ValidationError, match="query_in_instruction=false"):
+        r.encode_block_arrays(["text"])
