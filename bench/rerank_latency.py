@@ -122,7 +122,8 @@ def worker(args) -> None:
         positions = prompt.query_offset + Lq
         pairs_ = Lq * (L0 + sum(lens)) + Lq * (Lq + 1) // 2
         flops = (r.layer + 1) * layer_flops(mc, tokens, pairs_)
-        store = KVStore.create(Path(tempfile.mkdtemp()) / "kv", KVHeader(**r.block_store_header()), cache_bytes=16 << 30)
+        store = KVStore.create(Path(tempfile.mkdtemp()) / "kv", KVHeader(**r.block_store_header()),
+                              cache_bytes=16 << 30, out_dtype="float16")  # as Index.block_store opens it
         fill = r.rerank(Query("q", query), docs, block_store=store)  # index time: not timed
         assert fill.details["cache"]["misses"] == len(docs)
 

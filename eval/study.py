@@ -145,7 +145,8 @@ def design(item: QueryItem, spec: str, layers: Sequence[int] | None = None) -> n
     """Feature matrix ``(N, F)`` float32 of one query for a feature spec:
 
     ``"heads"``: calibrated per (layer, head), z-scored per query (``layers`` to restrict);
-    ``"heads+signal"``: plus signal per head; ``"first"``: z-scored first-stage score and
+    ``"raw"``: uncalibrated per (layer, head) (with ``heads``, the linear model also sees the
+    ``N/A`` query's attention, i.e. a learned calibration); ``"signal"``: signal per head; ``"first"``: z-scored first-stage score and
     ``1/(60 + rank)``; specs joined with ``+`` concatenate (``"heads+first"``).
     """
     cols = []
@@ -155,6 +156,11 @@ def design(item: QueryItem, spec: str, layers: Sequence[int] | None = None) -> n
             if layers is not None:
                 cal = cal[:, list(layers)]
             cols.append(_z(cal.reshape(cal.shape[0], -1)))
+        elif part == "raw":
+            raw = item.features["raw"]
+            if layers is not None:
+                raw = raw[:, list(layers)]
+            cols.append(_z(raw.reshape(raw.shape[0], -1)))
         elif part == "signal":
             cols.append(_z(item.features["signal"]))
         elif part == "masked":
@@ -305,7 +311,7 @@ def _mean(d: Mapping[str, float]) -> float:
 def run_study(
     train: Sequence[QueryItem], dev: Sequence[QueryItem], dev_qrels: Mapping[str, Mapping[str, int]],
     tests: Mapping[str, tuple[Sequence[QueryItem], Mapping[str, Mapping[str, int]]]], *,
-    l2s: Sequence[float] = (1e-4, 1e-3, 1e-2, 1e-1), layers: Sequence[int] | None = None, epochs: int = 150,
+    l2s: Sequence[float] = (1e-3, 1e-2, 1e-1, 1.0), layers: Sequence[int] | None = None, epochs: int = 150,
 ) -> dict[str, Any]:
     """Every variant chosen on ``dev`` only, then scored on each test set: nDCG@10 (x100),
     delta against the first stage and a paired randomization test.
@@ -326,8 +332,9 @@ def run_study(
     }
     chosen: dict[str, Any] = {}
     for spec, label in (("heads", "learned head weights (pure reranker)"),
-                        ("heads+signal", "learned head + signal weights (pure reranker)"),
-                        ("heads+first", "learned head weights + first stage (fused)")):
+                        ("heads+raw+signal", "learned weights on calibrated, raw and signal attention (pure reranker)"),
+                        ("heads+first", "learned head weights + first stage (fused)"),
+                        ("heads+raw+signal+first", "learned weights on all attention features + first stage (fused)")):
         best = None
         for l2 in l2s:
             w = fit_listwise(train, spec, l2=l2, epochs=epochs, layers=layers)
@@ -378,3 +385,27 @@ def format_study(report: Mapping[str, Any]) -> str:
             cells.append(f"{r['ndcg@10']:.1f}" if r["p"] is None else f"{r['ndcg@10']:.1f} ({r['delta']:+.1f}, p {r['p']:.3f})")
         lines.append(f"| {name} | {report['dev'][name]:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+PURE = "learned head weights (pure reranker)"
+
+
+def weights_card(report: Mapping[str, Any], meta: Mapping[str, Any], *, command: str) -> dict[str, Any]:
+    """The weights card of the study's pure learned reranker (``scoring='learned'`` of cached
+    BlockRank): weights ``(l* + 1) * heads`` in (layer, head) order, what they fit (model
+    hash, ``l*``, block budget, template), how (train data, ``l2`` chosen on dev) and their
+    dev and test nDCG@10 with the first stage beside them."""
+    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+
+    variant = report["variants"][PURE]
+    model = (meta.get("reranker") or {}).get("model") or {}
+    return {
+        "format": 1, "kind": "blockrank-cached-learned-heads", "template": CACHE_TEMPLATE_VERSION,
+        "model": model.get("name"), "model_sha256": model.get("sha256"), "layer": meta.get("layer"),
+        "max_doc_tokens": meta.get("max_doc_tokens"), "spec": "heads", "weights": variant["weights"],
+        "l2": report["chosen_on_dev"][PURE]["l2"], "train": report.get("train"),
+        "dev_ndcg@10": {"first stage": report["dev"]["first stage"], "learned": report["dev"][PURE]},
+        "test_ndcg@10": {t: {"first stage": rows["first stage"]["ndcg@10"], "learned": rows[PURE]["ndcg@10"],
+                             "p": rows[PURE]["p"]} for t, rows in report["tests"].items()},
+        "command": command,
+    }

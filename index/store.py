@@ -614,7 +614,9 @@ class Index:
                 path = Path(self.path) / self.KV_DIR
                 if not (path / "header.json").exists() and not create:
                     return None
-                stores[key] = KVStore.open_or_create(path, want)
+                # float16 out: the RAM cache holds half the bytes; blocks are widened while
+                # copied into a query's context
+                stores[key] = KVStore.open_or_create(path, want, out_dtype="float16")
             return stores[key]
 
     def close(self) -> None:

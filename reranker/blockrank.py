@@ -699,8 +699,66 @@ class BlockRankReranker(AttentionReranker):
             co, _ = block_forward(self.lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean",
                                   read_layers=layers, doc_batch_size=bs, kv=kv)
             t["calibration"] = time.perf_counter() - t0
+            if self.options.scoring == "learned":
+                return self._learned_scores(qo, co, layers, L0, prompt.doc_lengths), t
             c = sum((qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]).sum(0) for l in layers)
             return masked_document_scores(c, bounds, self.options.mask_std), t
+
+    def learned_weights(self) -> Any:
+        """The ``scoring='learned'`` weights, float64 ``(l* + 1, heads)``, from the weights card
+        (option ``scorer_weights``, default the card shipped for the model), loaded once.
+
+        Raises:
+            NotFoundError: no card shipped for this model and none given.
+            ValidationError: a card for another model, ``l*``, block length or layout.
+        """
+        if getattr(self, "_learned", None) is None:
+            import json
+
+            import numpy as np
+
+            from attnrank.errors import NotFoundError, ValidationError
+            from attnrank.reranker.heads import packaged_data_dir
+
+            path = self.options.scorer_weights
+            if path is None:
+                name = str(self.lm.identity.get("name", ""))
+                default = packaged_data_dir() / f"{name}.blockrank-cached.json"
+                if not default.exists():
+                    raise NotFoundError(f"no learned BlockRank weights ship for model {name!r}; fit them with "
+                                        "`attnrank eval study-fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
+                path = str(default)
+            card = json.loads(open(path, encoding="utf-8").read())
+            want = {"layer": self.layer, "max_doc_tokens": self.config.max_doc_tokens,
+                    "template": self.layout_version(), "spec": "heads"}
+            got = {"layer": card.get("layer"), "max_doc_tokens": card.get("max_doc_tokens"),
+                   "template": card.get("template"), "spec": card.get("spec")}
+            sha = card.get("model_sha256")
+            if got != want or (sha and sha != self.lm.identity.get("sha256")):
+                raise ValidationError(f"weights card {path} was fitted for {got} (model {sha}); this reranker is "
+                                      f"{want} (model {self.lm.identity.get('sha256')}): refit or change the options")
+            w = np.asarray(card["weights"], dtype=np.float64)
+            self._learned = w.reshape(self.layer + 1, self.lm.num_heads)
+        return self._learned
+
+    def _learned_scores(self, qo: Any, co: Any, layers: Sequence[int], L0: int, lengths: Sequence[int]) -> list[float]:
+        """Learned per-(layer, head) weights over calibrated attention mass per candidate,
+        each feature z-scored over the query's candidates (the study's ``heads`` model,
+        :mod:`attnrank.eval.study`). Scores are unitless (a weighted sum of z-scores)."""
+        import torch
+
+        D = sum(lengths)
+        owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(list(lengths)))
+        feats = torch.stack([
+            torch.zeros(len(lengths), qo[l].shape[1], dtype=torch.float64).index_add(
+                0, owner, (qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]).T.double())
+            for l in layers
+        ], dim=1)  # (N, L, H)
+        x = feats.reshape(len(lengths), -1)
+        sd = x.std(dim=0, unbiased=False, keepdim=True)
+        z = (x - x.mean(dim=0, keepdim=True)) / torch.where(sd > 1e-12, sd, torch.ones_like(sd))
+        w = torch.as_tensor(self.learned_weights().reshape(-1))
+        return (z @ w).tolist()
 
     def score_prompt(self, prompt: BlockPrompt, query: str) -> DocumentScores:
         """Hook of the rerank skeleton: :meth:`scores` of the prompt (under the LM's lock)."""

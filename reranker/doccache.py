@@ -218,13 +218,38 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int) -
     per layer ``(1, kv_heads, L0 + D, head_dim)``, the input :func:`query_pass` takes."""
     import torch
 
-    return [
-        (torch.cat([kv0[l][0]] + [k[l][None].to(kv0[l][0].dtype) for k, _ in doc_kv], dim=2),
-         torch.cat([kv0[l][1]] + [v[l][None].to(kv0[l][1].dtype) for _, v in doc_kv], dim=2))
-        for l in range(layer + 1)
-    ]
+    L0 = kv0[0][0].shape[2]
+    total = L0 + sum(int(k.shape[2]) for k, _ in doc_kv)
+    out: list[BlockKV] = []
+    for l in range(layer + 1):
+        pair = []
+        for side in (0, 1):
+            first = kv0[l][side]
+            buf = torch.empty((1, first.shape[1], total, first.shape[3]), dtype=first.dtype, device=first.device)
+            buf[:, :, :L0] = first
+            pos = L0
+            for block in doc_kv:  # one pass per block; a float16 block is converted while copied
+                t = block[side][l]
+                buf[0, :, pos : pos + t.shape[1]].copy_(t)
+                pos += t.shape[1]
+            pair.append(buf)
+        out.append((pair[0], pair[1]))
+    return out
 
 
+
+
+def _as_tensor(a: Any, device: Any) -> Any:
+    """A tensor over a store's array without a copy on the CPU (the array is read-only and
+    is only ever read: blocks are copied into the query's context by :func:`assemble_kv`)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "non-writable array": never written here
+        t = torch.from_numpy(a)
+    return t if str(device) == "cpu" else t.to(device)
 
 
 @dataclass
@@ -248,8 +273,9 @@ class BlockSource:
 
     Blocks are keyed by :func:`block_key` (the hash of their token ids), so the same text
     shares one entry across collections and a replaced document never reads a stale block.
-    Misses are encoded in one batched call and written back to the store (when given) and
-    to the RAM cache. Thread-safe when the caller serialises LM use (the reranker's lock).
+    Misses are encoded in one batched call and written back to the store when one is given
+    (whose own RAM cache then serves them), else kept in this RAM cache. Thread-safe when the
+    caller serialises LM use (the reranker's lock).
 
     Args:
         memory_bytes: RAM budget for blocks in bytes (float32 tensors), e.g. the ad-hoc
@@ -274,7 +300,6 @@ class BlockSource:
         """
         import time
 
-        import torch
 
         t0 = time.perf_counter()
         keys = [block_key(b) for b in blocks]
@@ -290,11 +315,10 @@ class BlockSource:
         if want and store is not None:
             found, _ = store.get_many(list(want))
             for k, (kk, vv) in found.items():
-                kv = (torch.tensor(kk, device=lm.device), torch.tensor(vv, device=lm.device))  # a copy: store arrays are read-only
+                kv = (_as_tensor(kk, lm.device), _as_tensor(vv, lm.device))
                 for i in want.pop(k):
                     out[i] = kv
-                    hits += 1
-                self.memory.put(k, kv, kv[0].nbytes + kv[1].nbytes)
+                    hits += 1  # the store keeps its own RAM cache: not duplicated here
         t1 = time.perf_counter()
         misses = 0
         if want:
@@ -307,6 +331,7 @@ class BlockSource:
                 for i in want[k]:
                     out[i] = kv
                     misses += 1
-                self.memory.put(k, kv, kv[0].nbytes + kv[1].nbytes)
+                if store is None or getattr(store, "readonly", False):
+                    self.memory.put(k, kv, kv[0].nbytes + kv[1].nbytes)
         t2 = time.perf_counter()
         return out, BlockFetch(hits, misses, {"fetch": t1 - t0, "encode": t2 - t1})  # type: ignore[return-value]

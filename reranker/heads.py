@@ -153,6 +153,11 @@ def select_heads(scores, k: int) -> list[tuple[int, int]]:
     return [(l, h) for _, l, h in flat[:k]]
 
 
+def packaged_data_dir() -> Path:
+    """Folder of the data shipped with the reranker (head sets, weights cards)."""
+    return DATA_DIR
+
+
 def packaged_headset_path(model_name: str) -> Path:
     return DATA_DIR / f"{model_name}.heads.json"
 

@@ -259,10 +259,18 @@ class BlockRankOptions(RerankerOptions):
         _int(0, optional=True),
     )
     scoring: str = _option(
-        "signal", "'signal' | 'calibrated'",
+        "signal", "'signal' | 'calibrated' | 'learned'",
         "'signal': signal tokens' document-restricted attention at l* (probabilities summing to 1); "
-        "'calibrated': ICR's calibrated query attention over layers 0..l* through the block structure",
-        _choice("signal", "calibrated"),
+        "'calibrated': ICR's calibrated query attention over layers 0..l* through the block structure; "
+        "'learned' (cached mode): learned weights over the calibrated attention of every (layer, head), "
+        "each z-scored over the query's candidates (weights card: option scorer_weights)",
+        _choice("signal", "calibrated", "learned"),
+    )
+    scorer_weights: str | None = _option(
+        None, "path | null",
+        "weights card (JSON) of scoring='learned', written by `attnrank eval study-fit --export`; null = the "
+        "card shipped for the model (reranker/data/<model>.blockrank-cached.json)",
+        lambda name, v: None if v is None else str(v),
     )
     query_offset: int | None = _option(
         None, "int >= 0 | null",

@@ -656,6 +656,7 @@ def eval_study_dump(
                                                   "serves the blocks.")] = None,
     layer: Annotated[int, typer.Option("--layer", help="l*: layers 0..l* are read.")] = 15,
     max_doc_tokens: MaxDocTokensOpt = 128,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "float16",
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
@@ -667,7 +668,7 @@ def eval_study_dump(
     from attnrank.registry import build_reranker
 
     config = _reranker_config("blockrank", model, max_doc_tokens, device, None).with_options(
-        query_in_instruction=False, layer=layer, scoring="calibrated")
+        query_in_instruction=False, layer=layer, scoring="calibrated", kv_dtype=kv_dtype)
     reranker = build_reranker(config)
     store = None
     if trec_run:
@@ -700,6 +701,8 @@ def eval_study_fit(
     test: Annotated[list[str], typer.Option("--test", help="NAME=DUMP test sets (repeatable).")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
     epochs: Annotated[int, typer.Option("--epochs")] = 150,
+    export: Annotated[Optional[Path], typer.Option("--export", help="Write the learned head weights (pure reranker) "
+                                                   "as a weights card for --opt scoring=learned.")] = None,
 ) -> None:
     """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
     with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
@@ -719,6 +722,12 @@ def eval_study_fit(
     report["train"] = {"dumps": [str(p) for p in train], "queries": len(train_items)}
     if out is not None:
         out.write_text(json.dumps(report, indent=1))
+    if export is not None:
+        from attnrank.eval.study import weights_card
+
+        card = weights_card(report, dev_meta, command="attnrank eval study-fit " + " ".join(
+            [f"--train {p}" for p in train] + [f"--dev {dev}"] + [f"--test {t}" for t in test] + [f"--export {export}"]))
+        export.write_text(json.dumps(card, indent=1))
     typer.echo(format_study(report))
 
 

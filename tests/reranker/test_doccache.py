@@ -135,3 +135,40 @@ def test_outside_cached_mode_there_is_no_store_header(default_lm) -> None:
     assert r.block_store_header() is None
     with pytest.raises(ValidationError, match="query_in_instruction=false"):
         r.encode_block_arrays(["text"])
+
+
+def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default_lm, nf_docs, tmp_path) -> None:
+    import numpy as np
+
+    from attnrank.eval.study import block_features
+    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+
+    L, H = LAYER + 1, default_lm.num_heads
+    w = np.random.default_rng(0).normal(size=L * H)
+    card = {"template": CACHE_TEMPLATE_VERSION, "layer": LAYER, "max_doc_tokens": 48, "spec": "heads",
+            "weights": w.tolist(), "model_sha256": default_lm.identity["sha256"]}
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(card))
+    docs = nf_docs[:6]
+    learned = _reranker(default_lm, scoring="learned", scorer_weights=str(path))
+    got = _scores(learned.rerank(Query("q", "vitamin d and bones"), docs), docs)
+    feats = block_features(_reranker(default_lm, scoring="calibrated"), "vitamin d and bones", docs)["calibrated"]
+    x = feats.reshape(len(docs), -1).astype(np.float64)
+    sd = x.std(axis=0)
+    z = (x - x.mean(axis=0)) / np.where(sd > 1e-12, sd, 1.0)
+    assert np.allclose(got, z @ w, atol=1e-3)
+    path.write_text(json.dumps({**card, "layer": LAYER + 1}))
+    with pytest.raises(ValidationError, match="refit"):
+        _reranker(default_lm, scoring="learned", scorer_weights=str(path)).rerank(Query("q", "vitamin d"), docs)
+
+
+def test_the_shipped_weights_card_matches_the_default_model(default_lm) -> None:
+    from attnrank.reranker.heads import packaged_data_dir
+
+    card = json.loads((packaged_data_dir() / "smollm2-135m-instruct.blockrank-cached.json").read_text())
+    assert card["model_sha256"] == default_lm.identity["sha256"]
+    assert len(card["weights"]) == (card["layer"] + 1) * default_lm.num_heads
+    assert card["test_ndcg@10"]["dl19-bm25-100"]["first stage"] == pytest.approx(50.58, abs=0.01)
+    r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=card["max_doc_tokens"], options={
+        "query_in_instruction": False, "layer": card["layer"], "scoring": "learned"}), lm=default_lm)
+    assert r.learned_weights().shape == (card["layer"] + 1, default_lm.num_heads)

@@ -1,0 +1,128 @@
+"""Benchmark: single-client ``POST /search`` latency with reranking, per reranker setting.
+
+Starts the service (``uvicorn --factory attnrank.api.app:create_app``) over an index once
+per setting, waits for ``/health`` to say ``ok``, then sends NFCorpus test queries one
+after another (one client, no concurrency): hybrid first stage, ``--candidates`` reranked
+(each value of the list), top 10. Prints one markdown table: p50 / p95 / mean latency
+seen by the client (seconds), the server's rerank stage p50, and the block cache's hits
+and misses (cached BlockRank). The first ``--warmup`` queries of a setting are not timed.
+
+    python bench/search_latency.py --index INDEX [--candidates 20,100] [--queries 30]
+        [--settings cached-calibrated,cached-signal,icr] [--torch-threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SETTINGS = {
+    "cached-calibrated": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "calibrated"}),
+    "cached-signal": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "signal"}),
+    "icr": ("icr", {}),
+    "blockrank": ("blockrank", {}),
+}
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def test_queries(n: int) -> list[str]:
+    from attnrank.data import load_beir_qrels, load_beir_queries
+
+    data = ROOT.parent / "shared" / "data" / "beir-nfcorpus"
+    qrels = load_beir_qrels(data, "test")
+    queries = load_beir_queries(data)  # {query_id: text}
+    qs = [getattr(queries[q], "text", queries[q]) for q in sorted(qrels) if q in queries]
+    return qs[:n]
+
+
+def run_setting(name: str, args, queries: list[str]) -> list[dict]:
+    import httpx
+
+    method, options = SETTINGS[name]
+    env = {**os.environ, "ATTNRANK_INDEX": str(args.index), "ATTNRANK_RERANK_METHOD": method,
+           "ATTNRANK_RERANK_OPTIONS": json.dumps(options), "ATTNRANK_MAX_DOC_TOKENS": str(args.max_doc_tokens),
+           "ATTNRANK_TORCH_THREADS": str(args.torch_threads), "ATTNRANK_MAX_CANDIDATES": "1000",
+           "ATTNRANK_QUEUE_SIZE": "4"}
+    log = open(Path(args.log_dir) / f"server-{name}.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "attnrank.api.app:create_app", "--host", "127.0.0.1",
+         "--port", str(args.port), "--log-level", "warning", "--no-access-log"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{args.port}"
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=2).json().get("status") == "ok":
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if server.poll() is not None or time.perf_counter() - t0 > 300:
+                raise SystemExit(f"server for {name} did not become healthy; see {log.name}")
+            time.sleep(0.2)
+        with httpx.Client(base_url=base, timeout=600) as client:
+            for n in [int(x) for x in args.candidates.split(",")]:
+                lat, stage, hits, misses = [], [], 0, 0
+                for i, q in enumerate(queries[: args.warmup] + queries):
+                    body = {"query": q, "top_k": 10, "retriever": "hybrid", "rerank": {"method": method,
+                                                                                      "candidates": n}}
+                    t = time.perf_counter()
+                    r = client.post("/search", json=body)
+                    dt = time.perf_counter() - t
+                    if r.status_code != 200:
+                        raise SystemExit(f"{name} N={n}: HTTP {r.status_code}: {r.text[:300]}")
+                    if i < args.warmup:
+                        continue
+                    out = r.json()
+                    lat.append(dt)
+                    stage.append(out["timings"]["rerank"])
+                    cache = (out.get("rerank") or {}).get("cache") or {}
+                    hits += cache.get("hits", 0)
+                    misses += cache.get("misses", 0)
+                rows.append({"setting": name, "candidates": n, "queries": len(lat), "p50": pct(lat, 0.5),
+                             "p95": pct(lat, 0.95), "mean": statistics.mean(lat), "rerank_p50": pct(stage, 0.5),
+                             "hits": hits, "misses": misses})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True)
+    ap.add_argument("--candidates", default="20,100")
+    ap.add_argument("--queries", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--settings", default="cached-calibrated,cached-signal")
+    ap.add_argument("--max-doc-tokens", type=int, default=128)
+    ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--port", type=int, default=8771)
+    ap.add_argument("--log-dir", default="/tmp")
+    args = ap.parse_args()
+    queries = test_queries(args.queries + args.warmup)
+    rows = [row for name in args.settings.split(",") for row in run_setting(name, args, queries)]
+    print("\n| setting | candidates | queries | p50 s | p95 s | mean s | rerank p50 s | block hits / misses |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setting']} | {r['candidates']} | {r['queries']} | {r['p50']:.3f} | {r['p95']:.3f} | "
+              f"{r['mean']:.3f} | {r['rerank_p50']:.3f} | {r['hits']} / {r['misses']} |")
+
+
+if __name__ == "__main__":
+    main()
