@@ -179,7 +179,8 @@ class BodyLimitMiddleware:
             return
         inflater = _Inflater(codings[0], limit) if codings else None
         if inflater is not None:
-            scope = dict(scope)
+            # edited in place, not copied: outer middleware (metrics) reads the route the
+            # router writes into this same scope
             scope["headers"] = [(n, v) for n, v in scope.get("headers", ())
                                 if n not in (b"content-encoding", b"content-length")]
         seen = 0

@@ -70,6 +70,13 @@ class RerankRequest(BaseModel):
         description="First-stage hits reranked (at most the service's max_candidates); "
         "default: ATTNRANK_DEFAULT_CANDIDATES.",
     )
+    fusion: float | None = Field(
+        None,
+        description="Order the candidates by alpha * z(first-stage score) + (1 - alpha) * z(reranker score), each "
+        "z-scored over the candidates (alpha in [0, 1]); default: the reranker's order. 0.8 was chosen on "
+        "NFCorpus dev for cached BlockRank's learned scorer (docs/RESULTS.md).",
+        examples=[0.8],
+    )
     heads: Literal["all", "qr", "learned"] | list[tuple[int, int]] | None = Field(
         None,
         description="icr and blockrank: attention heads scored: 'all', 'qr' (the model's packaged query-focused "

@@ -211,6 +211,10 @@ class SearchOptions:
         explain: Ask the reranker for evidence spans (``RerankResult.details["evidence"]``);
             only rerankers with ``rerank_with_evidence`` (ICR) can.
         evidence_spans: Most evidence spans per document with ``explain``.
+        fusion: ``None`` (the reranker's order), or ``alpha`` in [0, 1]: the candidates are
+            ordered by ``alpha * z(first-stage score) + (1 - alpha) * z(reranker score)``,
+            each z-scored over the query's candidates (:func:`fuse_scores`; the study's
+            fused variant, docs/RESULTS.md issue #14: alpha 0.8 was chosen on NFCorpus dev).
     """
 
     top_k: int = 10
@@ -221,6 +225,7 @@ class SearchOptions:
     rerank_options: Mapping[str, Any] | None = None
     explain: bool = False
     evidence_spans: int = 3
+    fusion: float | None = None
 
 
 @dataclass(frozen=True)
@@ -398,6 +403,11 @@ class Pipeline:
             raise ValidationError(
                 "explain needs reranking (evidence comes from the reranker's attention); add rerank"
             )
+        if options.fusion is not None:
+            if method == NO_RERANK:
+                raise ValidationError("fusion needs reranking (it mixes first-stage and reranker scores); add rerank")
+            if isinstance(options.fusion, bool) or not 0.0 <= float(options.fusion) <= 1.0:
+                raise ValidationError(f"fusion must be a number between 0 and 1, got {options.fusion!r}")
         parsed = registry.parse_filter(options.filter)
         return options if parsed is options.filter else replace(options, filter=parsed)
 
@@ -460,7 +470,8 @@ class Pipeline:
                                   explain=options.explain, evidence_spans=options.evidence_spans,
                                   index=self.index)
                 t_rerank = time.perf_counter() - t2
-                final = merge_reranked(hydrated, rr.ranking, options.top_k)
+                reranked = rr.ranking if options.fusion is None else fuse_scores(cands, rr.ranking, options.fusion)
+                final = merge_reranked(hydrated, reranked, options.top_k)
             timings = {
                 "retrieve": t_retrieve,
                 "hydrate": t_hydrate,
@@ -518,6 +529,27 @@ def block_store_for(reranker: Any, index: Any) -> BlockStore | None:
 def reranker_factory(base: Any) -> RerankerFactory:
     """A :class:`RegistryRerankerFactory` over a base :class:`~attnrank.config.RerankerConfig`."""
     return RegistryRerankerFactory(base)
+
+
+def fuse_scores(first_stage: Ranking, reranked: Ranking, alpha: float) -> Ranking:
+    """The reranked candidates re-scored ``alpha * z(first) + (1 - alpha) * z(reranker)``,
+    each score z-scored (mean 0, standard deviation 1; a constant list gives zeros) over
+    the candidates; candidates missing from ``first_stage`` get its lowest z-score.
+    Scores are unitless."""
+    import statistics
+
+    def z(values: dict[str, float]) -> dict[str, float]:
+        if len(values) < 2:
+            return {d: 0.0 for d in values}
+        mu, sd = statistics.fmean(values.values()), statistics.pstdev(values.values())
+        return {d: (v - mu) / sd if sd > 1e-12 else 0.0 for d, v in values.items()}
+
+    ids = {h.doc_id for h in reranked.hits}
+    zf = z({h.doc_id: float(h.score) for h in first_stage.hits if h.doc_id in ids})
+    zr = z({h.doc_id: float(h.score) for h in reranked.hits})
+    low = min(zf.values(), default=0.0)
+    return Ranking.from_hits(reranked.query_id, (
+        replace(h, score=alpha * zf.get(h.doc_id, low) + (1.0 - alpha) * zr[h.doc_id]) for h in reranked.hits))
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:

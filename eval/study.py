@@ -297,10 +297,12 @@ def dump_features(
 # ------------------------------------------------------------------------------ the study
 def ndcg10(items: Sequence[QueryItem], run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]]
            ) -> dict[str, float]:
-    """Per-query nDCG@10 (x100) of ``run`` against the full ``qrels`` (ir-measures)."""
+    """Per-query nDCG@10 (x100) of ``run`` against the full ``qrels`` (ir-measures), over
+    every query of ``qrels`` (the dump's selected queries): a query whose first stage found
+    no candidate (so has no item) scores 0, as in the evaluator."""
     from attnrank.eval.metrics import evaluate_run
 
-    ev = evaluate_run(run, qrels, ["nDCG@10"], query_ids=[it.query_id for it in items])
+    ev = evaluate_run(run, qrels, ["nDCG@10"], query_ids=sorted(set(qrels) | {it.query_id for it in items}))
     return {q: 100.0 * v["nDCG@10"] for q, v in ev.per_query.items()}
 
 

@@ -209,7 +209,10 @@ def _mismatch(path: Path, stored: KVHeader, expected: KVHeader) -> KVStoreMismat
     return KVStoreMismatchError(
         f"the document KV store at {path} was built with other parameters ({diffs}); it is not "
         f"served, as its keys/values belong to another model, adapter, prompt, layer or dtype. "
-        f"Rebuild it with `attnrank index kv build --index {path.parent} ...` (or delete {path}).",
+        f"Rebuild it with `attnrank index kv build --index {path.parent} --layer {expected.layer} "
+        f"--dtype {expected.dtype}` and the reranker's --model and --max-doc-tokens (block length "
+        f"{expected.max_doc_tokens} tokens with its markers), or delete {path}; or serve the reranker "
+        f"with the store's parameters (layer {stored.layer}, dtype {stored.dtype}).",
         fields,
     )
 

@@ -390,9 +390,21 @@ class BlockRankReranker(AttentionReranker):
     @property
     def kv_depth(self) -> int:
         """Deepest layer whose keys/values a pass needs: ``l*``, or the deepest selected
-        head's layer when that is deeper."""
+        head's layer when that is deeper.
+
+        Raises:
+            ValidationError: in cached mode, a selected head deeper than ``l*`` (the store
+                holds layers ``0..l*`` only).
+        """
         heads = self.heads
-        return max([self.layer] + [l for l, _ in heads or []])
+        deepest = max([self.layer] + [l for l, _ in heads or []])
+        if self.cached and deepest > self.layer:
+            from attnrank.errors import ValidationError
+
+            raise ValidationError(
+                f"in cached mode the document KV store holds layers 0..{self.layer} (l*); the selected heads reach "
+                f"layer {deepest}: choose heads at or below l*, or a larger layer with a store built for it")
+        return deepest
 
     def block_store_header(self) -> dict[str, Any] | None:
         """What a document KV store must have been built with to serve this reranker (the

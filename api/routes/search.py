@@ -48,6 +48,7 @@ def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) 
     return pipeline.validate(SearchOptions(
         top_k=body.top_k, retriever=body.retriever, rerank=method, candidates=candidates, filter=body.filter,
         rerank_options=rerank_options or None, explain=body.explain, evidence_spans=settings.evidence_spans,
+        fusion=body.rerank.fusion if body.rerank is not None else None,
     ))
 
 

@@ -69,6 +69,8 @@ def test_compressed_search(small):
                    headers={**JSON, "Content-Encoding": "gzip"})
     assert r.status_code == 200, r.text
     assert len(r.json()["results"]) == 3
+    metrics = small.get("/metrics").text  # counted under its route, not "unmatched"
+    assert 'attnrank_requests_total{method="POST",route="/search",status="200"}' in metrics
 
 
 def test_bomb_is_413_on_the_decompressed_size(small):
