@@ -182,6 +182,11 @@ class RerankerCache:
         with self._guard:
             return set(self._default) | {m for m, _, _ in self._custom}
 
+    def entries(self) -> list[tuple[Reranker, threading.Lock]]:
+        """Every built reranker with the lock that serialises its calls."""
+        with self._guard:
+            return list(self._default.values()) + list(self._custom.values())
+
     def loaded(self) -> dict[str, Reranker]:
         """Built rerankers: the default ones by method name, the others as
         ``method{options}[max_doc_tokens=N]``."""
@@ -410,6 +415,36 @@ class Pipeline:
                 raise ValidationError(f"fusion must be a number between 0 and 1, got {options.fusion!r}")
         parsed = registry.parse_filter(options.filter)
         return options if parsed is options.filter else replace(options, filter=parsed)
+
+    def encode_blocks(self, documents: Sequence[Document]) -> int:
+        """Compute and store the blocks of ``documents`` for every built reranker in cached
+        mode (:class:`~attnrank.protocols.BlockCachingReranker`) in this pipeline's index's
+        document KV store, skipping blocks it holds. The API runs this in its ingest pool
+        after a ``POST /documents`` commit, so new documents are hits on their first search;
+        a document whose block is missing still gets it on first use.
+
+        Returns:
+            Blocks written.
+
+        Raises:
+            KVStoreMismatchError: the index's store was built for another configuration.
+            KVStoreError: the store cannot be written (e.g. a full disk).
+        """
+        if not documents or self.rerankers is None or not isinstance(self.index, BlockStoreOwner):
+            return 0
+        written = 0
+        for reranker, lock in self.rerankers.entries():
+            store = block_store_for(reranker, self.index)
+            if store is None or not isinstance(reranker, BlockCachingReranker):
+                continue
+            texts = {k: d.content for k, d in zip(reranker.block_keys([d.content for d in documents]), documents)}
+            todo = [k for k in texts if not store.contains(k)]
+            if not todo:
+                continue
+            with lock:
+                arrays = reranker.encode_block_arrays([texts[k] for k in todo])
+            written += store.put_many({k: (kk, vv) for k, kk, vv in arrays})
+        return written
 
     # -- search ----------------------------------------------------------------------
     def search(self, query: Query | str, options: SearchOptions = SearchOptions()) -> SearchResult:

@@ -221,6 +221,8 @@ class BlockStore(Protocol):
 
     def put_many(self, items: Mapping[str, tuple[Any, Any]]) -> int: ...
 
+    def contains(self, doc_id: str) -> bool: ...
+
 
 @runtime_checkable
 class BlockCachingReranker(Protocol):
@@ -236,6 +238,14 @@ class BlockCachingReranker(Protocol):
     def block_store_header(self) -> Mapping[str, Any] | None: ...
 
     def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult: ...
+
+    def block_keys(self, texts: Sequence[str]) -> list[str]:
+        """Store keys of these document texts' blocks (tokenisation only)."""
+        ...
+
+    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[str, Any, Any]]:
+        """``(key, keys, values)`` per text: float arrays ``(n_layers, kv_heads, T, head_dim)``."""
+        ...
 
 
 @runtime_checkable

@@ -1255,6 +1255,7 @@ class TextKVCache:
 
 def build_index_blocks(
     index: Any, encoder: Any, *, batch_size: int = 32, show_progress: bool = False, verify_existing: bool = False,
+    prune: bool = False,
 ) -> tuple[KVStore, BuildReport]:
     """Fill an index's document KV store (``attnrank index kv build``) with every live
     document's block, resumably (:func:`build_missing`: one shard per batch; a rerun after
@@ -1268,6 +1269,8 @@ def build_index_blocks(
         batch_size: Blocks per LM batch and per shard.
         show_progress: tqdm bars (tokenising, encoding: docs/s and ETA).
         verify_existing: crc32-check stored blocks first.
+        prune: Afterwards delete the blocks no live document has any more (deleted or
+            replaced documents) and compact the store, reclaiming their bytes.
 
     Returns:
         ``(store, report)``; blocks are keyed by the hash of their token ids, so documents
@@ -1308,4 +1311,10 @@ def build_index_blocks(
 
     report = build_missing(store, list(texts), compute, batch_size=batch_size, show_progress=show_progress,
                            verify_existing=verify_existing)
+    if prune:
+        stale = [k for k in store.doc_ids() if k not in texts]
+        if stale:
+            store.delete(stale)
+            store.compact(show_progress=show_progress)
+        logger.info("kv build: pruned %d blocks of deleted or replaced documents", len(stale))
     return store, report

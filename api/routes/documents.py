@@ -11,7 +11,9 @@ event loop; a full queue answers 429.
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+import logging
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query as QueryParam
 
@@ -21,6 +23,8 @@ from attnrank.errors import IndexMismatchError, NotFoundError, PayloadTooLargeEr
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
 from attnrank.types import Document
+
+logger = logging.getLogger(__name__)
 
 router = APIRouter(tags=["documents"])
 
@@ -54,6 +58,26 @@ def _writable_index(pipeline: Pipeline, name: str):
     return index
 
 
+def _encode_blocks_later(runtime: Any, pipeline: Pipeline, docs: list[Document]) -> None:
+    """After the commit (the acknowledgement does not wait), compute the new documents'
+    blocks for the collection's document KV store in the ingest pool
+    (:meth:`attnrank.pipeline.Pipeline.encode_blocks`); a full pool or a failure only
+    leaves them to be computed on first use, and is logged."""
+
+    async def run() -> None:
+        try:
+            n = await runtime.pools["ingest"].run(pipeline.encode_blocks, docs, units=len(docs))
+            if n:
+                logger.info("stored %d document blocks for %d new documents", n, len(docs))
+        except Exception as exc:  # noqa: BLE001 - best effort: first use computes the block
+            logger.warning("document blocks not precomputed (%s); they are computed on first use", exc)
+
+    task = asyncio.get_running_loop().create_task(run())
+    pending = runtime.__dict__.setdefault("_block_tasks", set())
+    pending.add(task)
+    task.add_done_callback(pending.discard)
+
+
 def _check_sizes(body: UpsertRequest, settings: Settings) -> None:
     if len(body.documents) > settings.max_ingest_documents:
         raise PayloadTooLargeError(
@@ -85,6 +109,7 @@ async def upsert_documents(body: UpsertRequest, runtime: RuntimeDep, settings: S
     index = _writable_index(pipeline, name)
     docs = [Document(d.id, d.text, d.title, d.metadata) for d in body.documents]
     result = await runtime.pools["ingest"].run(index.add_documents, docs, units=len(docs))
+    _encode_blocks_later(runtime, pipeline, docs)
     return UpsertResponse(collection=name, added=result["added"], replaced=result["replaced"],
                           num_docs=len(index.docstore))
 

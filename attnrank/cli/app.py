@@ -258,6 +258,8 @@ def index_kv_build(
     opts: OptsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Blocks per LM batch and per shard.")] = 32,
     verify: Annotated[bool, typer.Option("--verify", help="crc32-check stored blocks first, recompute bad ones.")] = False,
+    prune: Annotated[bool, typer.Option("--prune", help="Then delete blocks of deleted or replaced documents and "
+                                        "compact the store.")] = False,
 ) -> None:
     """Encode every document's BlockRank block once (query_in_instruction=false) into the
     index's document KV store, so that reranking runs only the query block per query.
@@ -273,7 +275,7 @@ def index_kv_build(
     ix = Index.open(index)
     try:
         store, report = build_index_blocks(ix, reranker, batch_size=batch_size, show_progress=True,
-                                           verify_existing=verify)
+                                           verify_existing=verify, prune=prune)
         stats = store.stats()
     finally:
         ix.close()

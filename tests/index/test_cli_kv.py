@@ -49,6 +49,15 @@ def test_kv_build_info_rerun_and_mismatch(tiny_index: Path) -> None:
     assert info.exit_code == 0, info.output
     kv = json.loads(info.stdout)["kv_store"]
     assert kv["blocks"] == 5 and kv["documents"] == 6 and kv["bytes_on_disk"] > 5 * kv["header"]["n_layers"]
+    from attnrank.index.store import Index
+
+    ix = Index.open(tiny_index)
+    ix.delete_documents(["d1"])  # its text is its own: its block becomes stale
+    ix.close()
+    pruned = runner.invoke(app, args + ["--prune"])
+    assert pruned.exit_code == 0, pruned.output
+    after = json.loads(pruned.stdout[pruned.stdout.index("{"):])
+    assert after["computed"] == 0 and after["blocks"] == 4 and after["bytes_on_disk"] < report["bytes_on_disk"]
     other = runner.invoke(app, args[:-2] + ["--layer", "4"])
     assert other.exit_code == 2
     assert "index_mismatch" in other.output and "layer" in other.output and "kv build" in other.output
@@ -74,3 +83,27 @@ def test_pipeline_reads_the_index_store(tiny_index: Path) -> None:
     assert result.rerank is not None
     cache = result.rerank.details["cache"]
     assert cache["misses"] == 0 and cache["hits"] >= 1
+
+
+def test_new_documents_get_their_blocks_at_ingest(tiny_index: Path) -> None:
+    from attnrank.config import PipelineConfig, RerankerConfig
+    from attnrank.pipeline import Pipeline, SearchOptions
+    from attnrank.types import Document
+
+    options = {"query_in_instruction": False, "layer": 3}
+    cfg = PipelineConfig(index_dir=str(tiny_index),
+                         reranker=RerankerConfig(method="blockrank", max_doc_tokens=32, options=options))
+    pipeline = Pipeline.from_config(cfg)
+    search = SearchOptions(retriever="bm25", rerank="blockrank", candidates=4, top_k=4)
+    try:
+        assert pipeline.encode_blocks([Document("x", "no reranker built yet")]) == 0
+        pipeline.search("vitamin d bone", search)  # builds the reranker (and fills the store on first use)
+        new = Document("new1", "zinc supplements and the common cold in children")
+        pipeline.index.add_documents([new])
+        assert pipeline.encode_blocks([new]) == 1
+        assert pipeline.encode_blocks([new]) == 0  # already stored
+        result = pipeline.search("zinc common cold children", search)
+    finally:
+        pipeline.close()
+    assert result.ranking.hits[0].doc_id == "new1"
+    assert result.rerank is not None and result.rerank.details["cache"]["misses"] == 0
