@@ -81,9 +81,12 @@ def capture_rows(module, query, key, attention_mask, scaling: float, capture: At
 
     layer = int(module.layer_idx)
     q = query if capture.rows is None else query[:, :, capture.rows, :]
-    n_rep = q.shape[1] // key.shape[1]
-    k = key.repeat_interleave(n_rep, dim=1) if n_rep > 1 else key
-    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    B, H, R, d = q.shape
+    n_kv = key.shape[1]
+    # grouped-query attention without repeating the keys: query head h reads kv head
+    # h // n_rep (transformers' repeat_kv order), so group the query heads per kv head
+    grouped = q.float().reshape(B, n_kv, (H // n_kv) * R, d)
+    logits = torch.matmul(grouped, key.float().transpose(-1, -2)).reshape(B, H, R, key.shape[2]) * scaling
     mask = _additive_mask(attention_mask, query.shape[2], key.shape[2], logits.dtype, logits.device)
     if capture.rows is not None:
         mask = mask[:, :, capture.rows, :]
@@ -94,6 +97,36 @@ def capture_rows(module, query, key, attention_mask, scaling: float, capture: At
         probs = torch.softmax(logits, dim=-1)
         value = probs.mean(dim=2) if capture.mode == "mean" else probs
     capture.out[layer] = value.detach() if capture.detach else value
+
+
+_SHORT_QUERY = 256
+"""Query lengths (tokens) for which grouped-query attention runs without repeating keys."""
+
+
+def _short_gqa(query, key, attention_mask) -> bool:
+    """A short query pass (a query block against a long cached context) with grouped-query
+    attention and an explicit 4-D additive mask: the case where repeating the keys and
+    values per query head (transformers' ``repeat_kv``) costs more than the attention."""
+    return (attention_mask is not None and attention_mask.dim() == 4 and attention_mask.dtype.is_floating_point
+            and query.shape[2] <= _SHORT_QUERY and key.shape[1] < query.shape[1]
+            and query.shape[1] % key.shape[1] == 0)
+
+
+def _grouped_sdpa(query, key, value, attention_mask, scaling: float):
+    """SDPA with the query heads grouped per kv head: ``(B, H, q, d)`` queries become
+    ``(B, H_kv, n_rep * q, d)`` against the un-repeated ``(B, H_kv, k, d)`` keys and values,
+    the mask rows repeated per group. Same result as repeating the keys (tested through the
+    BlockRank oracle tests); returns ``(B, q, H, d)`` like transformers' SDPA function."""
+    import torch
+
+    B, H, Lq, d = query.shape
+    n_kv = key.shape[1]
+    n_rep = H // n_kv
+    q = query.reshape(B, n_kv, n_rep * Lq, d)
+    mask = attention_mask[:, :, :, : key.shape[2]]
+    mask = mask.repeat(1, 1, n_rep, 1) if mask.shape[2] == Lq else mask
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(B, H, Lq, d).transpose(1, 2).contiguous()
 
 
 def attnrank_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -108,7 +141,11 @@ def attnrank_attention_forward(module, query, key, value, attention_mask, scalin
             # The last layer that runs only has to fill the cache (updated before this call):
             # its attention output is never used, so skip computing it.
             raise StopForward(int(module.layer_idx))
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if _short_gqa(query, key, attention_mask):
+        out = _grouped_sdpa(query, key, value, attention_mask, scaling)
+    else:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                        **kwargs)
     if capture is not None:
         layer = int(module.layer_idx)
         if capture.wants(layer):
