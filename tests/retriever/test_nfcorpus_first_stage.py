@@ -50,13 +50,14 @@ def truncation_index():
 @pytest.fixture(scope="module")
 def maxp_index():
     from attnrank.data import default_cache_dir, find_beir_corpus
-    from attnrank.index.builder import PARAMS_FILE, build_index, sha256_file
+    from attnrank.files import file_sha256
+    from attnrank.index.builder import PARAMS_FILE, build_index
     from attnrank.index.passages import PassageParams
     from attnrank.index.store import Index
 
     path = os.environ.get("ATTNRANK_NFCORPUS_MAXP_INDEX")
     if not path:
-        digest = sha256_file(find_beir_corpus(NFCORPUS))[:12]
+        digest = file_sha256(find_beir_corpus(NFCORPUS))[:12]
         path = default_cache_dir() / "indexes" / f"beir-nfcorpus-maxp-{digest}"
         if not (Path(path) / PARAMS_FILE).is_file():
             build_index(NFCORPUS, path, passages=PassageParams(), show_progress=False)
