@@ -54,7 +54,7 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     import torch
 
     from attnrank.reranker.blockrank import block_forward
-    from attnrank.reranker.scoring import masked_document_scores, spans_from_lengths
+    from attnrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
 
     lm = reranker.lm
     layer = reranker.layer
@@ -79,8 +79,8 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     def per_doc(x: Any) -> Any:  # (H, D) -> (N, H)
         return torch.zeros(n, H).index_add(0, owner, x.T.float())
 
-    raw = torch.stack([per_doc(qo[l][0, :, L0 : L0 + D]) for l in layers], dim=1)
-    cal = torch.stack([per_doc(qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]) for l in layers], dim=1)
+    raw = per_head_document_mass(qo, L0, lengths, layers).float()
+    cal = per_head_document_mass(qo, L0, lengths, layers, minus=co).float()
     token_c = sum((qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]).sum(0) for l in layers)
     masked = masked_document_scores(token_c, bounds, reranker.options.mask_std)
     z = sig[layer][0, :, :, L0 : L0 + D].float()  # (H, n_signal, D)

@@ -759,13 +759,9 @@ class BlockRankReranker(AttentionReranker):
         :mod:`attnrank.eval.study`). Scores are unitless (a weighted sum of z-scores)."""
         import torch
 
-        D = sum(lengths)
-        owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(list(lengths)))
-        feats = torch.stack([
-            torch.zeros(len(lengths), qo[l].shape[1], dtype=torch.float64).index_add(
-                0, owner, (qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]).T.double())
-            for l in layers
-        ], dim=1)  # (N, L, H)
+        from attnrank.reranker.scoring import per_head_document_mass
+
+        feats = per_head_document_mass(qo, L0, lengths, layers, minus=co)  # (N, L, H)
         x = feats.reshape(len(lengths), -1)
         sd = x.std(dim=0, unbiased=False, keepdim=True)
         z = (x - x.mean(dim=0, keepdim=True)) / torch.where(sd > 1e-12, sd, torch.ones_like(sd))

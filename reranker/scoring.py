@@ -96,3 +96,32 @@ def distinct_texts(candidates: Sequence[Document]) -> tuple[list[Document], list
             unique[first[key]] = doc
         owner.append(first[key])
     return unique, owner
+
+
+def per_head_document_mass(attn: Any, L0: int, lengths: Sequence[int], layers: Sequence[int],
+                           minus: Any = None) -> Any:
+    """Attention mass per candidate, layer and head from query-row mean attention.
+
+    Args:
+        attn: ``{layer: (1, heads, K)}`` mean attention of the query rows (capture mode
+            ``"mean"``), keys laid out as block 0 (``L0``), the candidates' tokens, the rest.
+        L0: Block 0 length.
+        lengths: Tokens per candidate.
+        layers: Layers read, in order.
+        minus: The same for the ``N/A`` query (calibration: ``attn - minus``), or ``None``.
+
+    Returns:
+        float64 tensor ``(N, len(layers), heads)``: summed attention probability of each
+        candidate's tokens (unitless; calibrated mass can be negative).
+    """
+    import torch
+
+    D = sum(lengths)
+    owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(list(lengths)))
+    out = []
+    for l in layers:
+        x = attn[l][0, :, L0 : L0 + D]
+        if minus is not None:
+            x = x - minus[l][0, :, L0 : L0 + D]
+        out.append(torch.zeros(len(lengths), x.shape[0], dtype=torch.float64).index_add(0, owner, x.T.double()))
+    return torch.stack(out, dim=1)
