@@ -5,7 +5,9 @@ Start-up (:meth:`Runtime.open`, called by the app's lifespan) opens every collec
 index (a missing index fails start-up), starts the pools, and starts loading the
 configured reranker's model in a background thread; until it is loaded, ``status`` is
 ``"loading"`` and compute routes answer 503 ``unhealthy``. Then ``"ok"``, or ``"failed"``
-(with the error) if loading failed.
+(with the error) if loading failed, or if a collection's document KV store was built for
+another configuration than the loaded reranker's (cached BlockRank: the message names the
+``attnrank index kv build`` command that rebuilds it).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any, Literal
 
 from attnrank.api.inference import InferencePool
 from attnrank.api.metrics import Metrics
-from attnrank.errors import NotFoundError, UnhealthyError
-from attnrank.pipeline import NO_RERANK, Pipeline, RerankerCache, reranker_factory
+from attnrank.errors import KVStoreError, KVStoreMismatchError, NotFoundError, UnhealthyError
+from attnrank.pipeline import NO_RERANK, Pipeline, RerankerCache, block_store_for, reranker_factory
 from attnrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -134,6 +136,7 @@ class Runtime:
             load = getattr(reranker, "load", None)
             if callable(load):
                 load()
+            self._check_block_stores(reranker)
             if self.settings.warmup:
                 self._warm_up(reranker)
         except Exception as exc:
@@ -144,6 +147,31 @@ class Runtime:
         self.load_seconds = time.perf_counter() - t0
         logger.info("reranker %r ready in %.1f s", method, self.load_seconds)
         self._set_status("ok")
+
+    def _check_block_stores(self, reranker: Any) -> None:
+        """Open each collection's document KV store for the start-up reranker when its index
+        has one (``<index>/kv/header.json``) and the reranker reads stored blocks (cached
+        BlockRank), so that a store built for another configuration fails start-up (status
+        ``failed``, the message naming the rebuild command) instead of the first search.
+        A store that cannot be opened for another reason (e.g. a running ``index kv build``
+        holds it) is only logged: the first search tries again.
+
+        Raises:
+            KVStoreMismatchError: a collection's store was built for another configuration.
+        """
+        for name, p in self.collections.items():
+            if p.index is None:
+                continue
+            try:
+                store = block_store_for(reranker, p.index, create=False)
+            except KVStoreMismatchError as exc:
+                raise KVStoreMismatchError(f"collection {name!r}: {exc}", exc.fields) from exc
+            except KVStoreError as exc:
+                logger.warning("collection %r: document KV store not opened at start-up (%s); the first search "
+                               "tries again", name, exc)
+                continue
+            if store is not None:
+                logger.info("collection %r: document KV store opened for reranker %s", name, type(reranker).__name__)
 
     WARMUP_DOCUMENTS = 4
 

@@ -446,6 +446,69 @@ class Pipeline:
             written += store.put_many({k: (kk, vv) for k, kk, vv in arrays})
         return written
 
+    def drop_blocks(self, documents: Sequence[Document]) -> int:
+        """Delete the blocks of ``documents`` (deleted ones) from this pipeline's index's
+        document KV store, for every built reranker in cached mode (keys from its
+        ``block_keys``: the hash of each text's block tokens). Nothing is loaded or created:
+        a reranker not built yet, or an index without a store, drops nothing (``attnrank
+        index kv build --prune`` removes such stale blocks later).
+
+        Blocks are keyed by their tokens, so a block shared with a live document of the same
+        text is dropped too; that document's block is then a miss, computed on its next
+        search and written back, so scores stay correct (only that one search pays for it).
+
+        Returns:
+            Blocks deleted.
+
+        Raises:
+            KVStoreMismatchError: the index's store was built for another configuration.
+            KVStoreError: the store cannot be written.
+        """
+        if not documents or self.rerankers is None or not isinstance(self.index, BlockStoreOwner):
+            return 0
+        dropped = 0
+        for reranker, _lock in self.rerankers.entries():
+            store = block_store_for(reranker, self.index, create=False)
+            delete = getattr(store, "delete", None)
+            if store is None or not callable(delete) or not isinstance(reranker, BlockCachingReranker):
+                continue
+            keys = reranker.block_keys([d.content for d in documents])
+            dropped += int(delete(keys))
+        return dropped
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> dict[str, Any]:
+        """Delete documents from this pipeline's index, durably, then drop their blocks from
+        the index's document KV store (:meth:`drop_blocks`) right after the delete is
+        committed. The API's ``DELETE /documents/{id}`` runs this in its ingest pool.
+
+        A failure to drop the blocks does not undo or fail the delete (it is committed); it is
+        logged, and the stale blocks only take disk until ``attnrank index kv build --prune``.
+
+        Returns:
+            The index's answer, ``{"deleted": [doc ids], "missing": [doc ids]}``, plus
+            ``"blocks_dropped"`` (blocks deleted from the KV store).
+
+        Raises:
+            IndexMismatchError: the pipeline has no writable index (in memory, or read-only).
+        """
+        from attnrank.errors import AttnrankError, IndexMismatchError
+
+        index = self.index
+        if index is None or not hasattr(index, "delete_documents"):
+            raise IndexMismatchError("this collection is not backed by an index directory and cannot be updated; "
+                                     "serve an index built by `attnrank index build`")
+        wanted = list(dict.fromkeys(doc_ids))
+        before = self.docstore.get_many(wanted)  # the texts give the block keys
+        result = dict(index.delete_documents(wanted))
+        gone = [before[d] for d in result["deleted"] if d in before]
+        try:
+            result["blocks_dropped"] = self.drop_blocks(gone)
+        except (AttnrankError, OSError) as exc:
+            logger.warning("deleted %d documents but not their KV store blocks (%s); `attnrank index kv build "
+                           "--prune` removes them", len(gone), exc)
+            result["blocks_dropped"] = 0
+        return result
+
     # -- search ----------------------------------------------------------------------
     def search(self, query: Query | str, options: SearchOptions = SearchOptions()) -> SearchResult:
         """Search one query. See :meth:`search_batch`."""
@@ -547,18 +610,19 @@ class RegistryRerankerFactory:
         return registry.reranker_names()
 
 
-def block_store_for(reranker: Any, index: Any) -> BlockStore | None:
+def block_store_for(reranker: Any, index: Any, *, create: bool = True) -> BlockStore | None:
     """The document KV store ``index`` keeps for ``reranker``'s blocks, or ``None`` when the
-    reranker does not read stored blocks (not in cached mode) or the index keeps none
-    (in memory).
+    reranker does not read stored blocks (not in cached mode), the index keeps none
+    (in memory), or ``create`` is false and the index has no store yet.
 
     Raises:
         KVStoreMismatchError: the index's store was built for another configuration.
+        KVStoreError: the store cannot be opened (e.g. another process writes it).
     """
     if not isinstance(reranker, BlockCachingReranker) or not isinstance(index, BlockStoreOwner):
         return None
     header = reranker.block_store_header()
-    return None if header is None else index.block_store(header)
+    return None if header is None else index.block_store(header, create=create)
 
 
 def reranker_factory(base: Any) -> RerankerFactory:

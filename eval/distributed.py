@@ -37,8 +37,12 @@ worker that the local engine would raise (a model that cannot load, a missing de
 a bad option) is sent back as a typed error and raised on the driver, so the CLI prints one
 line and exits 2, with everything committed so far kept for a rerun.
 
-The distributed build of the document KV store is only prepared: :func:`build_kv_shard` is
-the unit a Ray task would run per shard of document ids (see its docstring).
+The document KV store is built the same way (``attnrank index kv build --engine ray``,
+:func:`build_index_blocks_ray`): the driver keys the blocks and commits, actors encode and
+write; each actor writes its own part store (:func:`build_kv_shard`) into the index
+directory, which therefore must be on a filesystem every node mounts at the same path, and
+the driver adopts each part into the store's manifest atomically
+(:meth:`attnrank.index.kvstore.KVStore.adopt`).
 """
 
 from __future__ import annotations
@@ -507,43 +511,19 @@ class RayEngine:
             The typed error a worker raised (see :func:`_raise_remote`), or
             RayExecutionError: Ray gave up (retries exhausted, cluster lost).
         """
-        import warnings
-
         import ray
-        from ray.data import ActorPoolStrategy
 
         o = self.options
         stats = RunStats(queries=len(rows), prepare_seconds=prepare_seconds)
         self.last_stats = stats
         with ray_session(o) as init_seconds:
             stats.init_seconds = init_seconds
-            n_blocks = max(1, min(_MAX_BLOCKS, math.ceil(len(rows) / o.batch_size)))
-            retry_args: dict[str, Any] = {"max_restarts": o.max_restarts}
-            if o.max_restarts != 0:
-                retry_args["max_task_retries"] = o.max_task_retries
             t0 = time.perf_counter()
             t0_wall = time.time()
             done_at: list[float] = []
-            with warnings.catch_warnings():
-                # ray 2.60 marks the generic remote args (max_restarts, max_task_retries) deprecated
-                warnings.simplefilter("ignore")
-                ds = ray.data.from_items(rows, override_num_blocks=n_blocks)
-                ds = ds.map_batches(
-                    _Worker,
-                    fn_constructor_kwargs={"mode": mode, "factory": factory, "limits": limits, "options": options,
-                                           "tag": tag, "setup": o.worker_setup,
-                                           "threads": max(1, int(o.num_cpus))},
-                    batch_size=o.batch_size,
-                    batch_format="numpy",
-                    compute=ActorPoolStrategy(size=o.actors, max_tasks_in_flight_per_actor=2),
-                    num_cpus=o.num_cpus,
-                    num_gpus=o.num_gpus or None,
-                    **retry_args,
-                )
-            ctx = ds.context
-            ctx.execution_options.preserve_order = True
-            ctx.enable_progress_bars = False
-            ctx.print_on_execution_start = False
+            ds = _actor_pool_dataset(o, rows, _Worker, {
+                "mode": mode, "factory": factory, "limits": limits, "options": options, "tag": tag,
+                "setup": o.worker_setup, "threads": max(1, int(o.num_cpus))}, batch_size=o.batch_size)
             pending: dict[int, Mapping[str, Any]] = {}
             expected = 0
             iterator = ds.iter_rows()
@@ -586,10 +566,46 @@ class RayEngine:
             "-" if stats.load_seconds is None else f"{stats.load_seconds:.1f}")
 
 
-# ---------------------------------------------------------------------------- KV store hook
+def _actor_pool_dataset(o: RayOptions, rows: list[dict[str, Any]], worker: type, kwargs: Mapping[str, Any], *,
+                        batch_size: int, preserve_order: bool = True) -> Any:
+    """``ray.data.from_items(rows).map_batches(worker, ...)`` on an actor pool of ``o.actors``
+    actors (``o.num_cpus`` / ``o.num_gpus`` each; Ray restarts a dead actor and retries its
+    batch per ``o.max_restarts`` / ``o.max_task_retries``), ``batch_size`` rows per call. Ray
+    must be initialised (:func:`ray_session`)."""
+    import warnings
+
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    n_blocks = max(1, min(_MAX_BLOCKS, math.ceil(len(rows) / batch_size)))
+    retry_args: dict[str, Any] = {"max_restarts": o.max_restarts}
+    if o.max_restarts != 0:
+        retry_args["max_task_retries"] = o.max_task_retries
+    with warnings.catch_warnings():
+        # ray 2.60 marks the generic remote args (max_restarts, max_task_retries) deprecated
+        warnings.simplefilter("ignore")
+        ds = ray.data.from_items(rows, override_num_blocks=n_blocks)
+        ds = ds.map_batches(
+            worker,
+            fn_constructor_kwargs=dict(kwargs),
+            batch_size=batch_size,
+            batch_format="numpy",
+            compute=ActorPoolStrategy(size=o.actors, max_tasks_in_flight_per_actor=2),
+            num_cpus=o.num_cpus,
+            num_gpus=o.num_gpus or None,
+            **retry_args,
+        )
+    ctx = ds.context
+    ctx.execution_options.preserve_order = preserve_order
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    return ds
+
+
+# ---------------------------------------------------------------------------- KV store build
 def kv_shards(doc_ids: Sequence[str], shards: int) -> list[list[str]]:
     """Split ``doc_ids`` (duplicates dropped, order kept) into ``shards`` contiguous,
-    near-equal lists: the units :func:`build_kv_shard` is mapped over.
+    near-equal lists: the parts :func:`build_kv_shard` is mapped over.
 
     Raises:
         ValidationError: ``shards < 1``.
@@ -614,18 +630,16 @@ def build_kv_shard(
     *,
     batch_size: int = 32,
 ) -> dict[str, Any]:
-    """Hook for the distributed document KV store build (``attnrank index kv build --engine
-    ray``, not wired yet): compute and store one shard of documents.
+    """One part of the distributed document KV store build (``attnrank index kv build
+    --engine ray``, :func:`build_index_blocks_ray`): compute and store one shard of documents.
 
     Opens (or creates) the KV store at ``store_dir`` for ``header`` and runs
     :func:`attnrank.index.kvstore.build_missing` over ``doc_ids`` with ``compute_fn`` (the
     BlockRank block encoder: ``compute_fn([doc_id, ...]) -> {doc_id: (keys, values)}``). It is
-    resumable (a rerun skips what was committed). A store has one writer, so each shard
-    writes its own directory (``<kv>/part-00000``, ...); mapped over :func:`kv_shards` with
-    one Ray task or actor per shard (the actor building ``compute_fn`` once, with its LM),
-    e.g. ``ray.data.from_items(shards).map_batches(Builder, compute=ActorPoolStrategy(size=N))``,
-    this is the distributed build. Joining the shard stores into one (or reading several)
-    belongs to the KV store's command.
+    resumable (a rerun skips what was committed). A store has one writer, so each part
+    writes its own directory (``<kv>/parts/part-00000``, ...); each actor of
+    :func:`build_index_blocks_ray` runs this per part, and the driver adopts the part into
+    the index's store (:meth:`attnrank.index.kvstore.KVStore.adopt`).
 
     Returns:
         The :class:`~attnrank.index.kvstore.BuildReport` as a dict, with ``store``.
@@ -641,3 +655,229 @@ def build_kv_shard(
     finally:
         store.close()
     return {**asdict(report), "store": str(Path(store_dir))}
+
+
+class _KVBuilder:
+    """One actor of a distributed KV store build: builds the cached-mode reranker once from
+    the frozen :class:`~attnrank.config.RerankerConfig` (LM loaded in the constructor), checks
+    that its store header equals the driver's, then builds each row's part store
+    (:func:`build_kv_shard`) and reports what it did as JSON.
+
+    Args:
+        config: The reranker config (``query_in_instruction=false``).
+        header: The driver's :class:`~attnrank.index.kvstore.KVHeader` (as a dict).
+        batch_size: Blocks per LM batch and per committed shard of a part.
+        setup: :attr:`RayOptions.worker_setup`.
+        threads: torch threads (:attr:`RayOptions.num_cpus`).
+    """
+
+    def __init__(self, config: Any, header: Mapping[str, Any], batch_size: int = 32,
+                 setup: Callable[[], Any] | None = None, threads: int = 1) -> None:
+        self.batch_size = batch_size
+        self.error: dict[str, Any] | None = None
+        self.encoder: Any = None
+        self.header: Any = None
+        t0 = time.perf_counter()
+        try:
+            if setup is not None:
+                setup()
+            from attnrank import registry
+            from attnrank.index.kvstore import KVHeader
+
+            self.encoder = registry.build_reranker(config)
+            if isinstance(self.encoder, Preloadable):
+                self.encoder.load()
+            if "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(threads)
+            mine = self.encoder.block_store_header()
+            if mine is None or dict(mine) != dict(header):
+                from attnrank.errors import KVStoreMismatchError
+
+                diff = sorted(k for k in set(header) | set(mine or {}) if (mine or {}).get(k) != header.get(k))
+                raise KVStoreMismatchError(
+                    f"the Ray worker on {_node()} builds blocks for another configuration than the driver "
+                    f"(fields {diff}); install the same attnrank version and model files on every node",
+                    tuple(diff))
+            self.header = KVHeader.from_dict(header)
+        except Exception as exc:  # noqa: BLE001 - reported on the first batch, raised on the driver
+            self.error = _error_record(exc)
+        self.load_seconds = time.perf_counter() - t0
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        seqs = [int(s) for s in batch["seq"]]
+        if self.error is not None:
+            return {"seq": seqs, "result": [json.dumps({"error": self.error})] * len(seqs)}
+        out = []
+        for raw in batch["payload"]:
+            p = json.loads(raw)
+            try:
+                record = self._build(Path(p["part"]), p["keys"], p["texts"])
+            except Exception as exc:  # noqa: BLE001 - raised on the driver
+                record = {"error": _error_record(exc)}
+            out.append(json.dumps({**record, "load_seconds": self.load_seconds, "pid": os.getpid()}))
+        return {"seq": seqs, "result": out}
+
+    def _build(self, part: Path, keys: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+        from attnrank.errors import KVStoreError
+
+        if not part.parent.is_dir():
+            raise KVStoreError(
+                f"the Ray worker on {_node()} cannot see {part.parent}: a distributed KV store build writes "
+                "into the index directory, so it must be on a filesystem every Ray node mounts at the same path")
+        by_key = dict(zip(keys, texts))
+
+        def compute(ids: list[str]) -> dict[str, tuple[Any, Any]]:
+            return {k: (kk, vv) for k, kk, vv in self.encoder.encode_block_arrays([by_key[k] for k in ids])}
+
+        return {"report": build_kv_shard(part, self.header, list(keys), compute, batch_size=self.batch_size)}
+
+
+def _node() -> str:
+    import socket
+
+    return f"{socket.gethostname()} (pid {os.getpid()})"
+
+
+def build_index_blocks_ray(
+    index: Any,
+    encoder: Any,
+    config: Any,
+    options: RayOptions | None = None,
+    *,
+    batch_size: int = 32,
+    part_batches: int = 4,
+    show_progress: bool = False,
+    verify_existing: bool = False,
+    prune: bool = False,
+) -> tuple[Any, Any]:
+    """``attnrank index kv build --engine ray``: :func:`attnrank.index.kvstore.build_index_blocks`
+    with the LM work spread over a Ray actor pool. Same store, same keys, same blocks.
+
+    The driver (this process) opens the index's store writable (its lock keeps any other
+    builder out), adopts parts an interrupted build left (:meth:`KVStore.adopt_parts`), keys
+    every live document's block (:func:`attnrank.index.kvstore.index_block_texts`: the hash of
+    its token ids, so equal texts share one block, as the local builder does) and leaves out
+    the committed ones. The rest is cut into parts of ``part_batches * batch_size`` blocks
+    (at least one per actor), each a row ``{part dir, keys, texts}``. Each actor builds its
+    reranker from ``config`` and loads the LM once, checks its header against the driver's,
+    and writes each of its parts as its own store, ``<kv>/parts/part-NNNNN``
+    (:func:`build_kv_shard`: one fsynced, committed shard per batch, resumable). As each part
+    comes back the driver commits its shards into the store's manifest in one atomic commit
+    (:meth:`KVStore.adopt`, hard links, no copy) and removes it.
+
+    Interruptions: an actor that dies is restarted and its part retried, resuming after the
+    part's committed shards; if the driver stops (an error, Ctrl-C, ``kill -9``) a rerun with
+    either engine adopts what the parts committed and computes only the rest. A half-written
+    shard is never adopted (only a part's manifest-committed shards are; each entry keeps its
+    crc32, checked on every read).
+
+    Args:
+        index: :class:`attnrank.index.store.Index` opened from a directory that every Ray node
+            sees at the same path (a shared filesystem; always true of a local Ray).
+        encoder: The driver's cached-mode reranker, built from ``config`` (it gives the header
+            and tokenises; its LM does no encoding here).
+        config: The frozen :class:`~attnrank.config.RerankerConfig` the actors build their
+            reranker from (``query_in_instruction=false``), shipped by value.
+        options: Where and how to run (default: a local Ray, one actor).
+        batch_size: Blocks per LM batch and per committed shard.
+        part_batches: Batches per part (a part is the unit of work an actor takes).
+        show_progress: tqdm bars (tokenising; blocks committed, blocks/s).
+        verify_existing: crc32-check stored blocks (and adopted parts) first, recompute bad ones.
+        prune: Afterwards delete blocks of deleted or replaced documents and compact.
+
+    Returns:
+        ``(store, report)``: the index's :class:`~attnrank.index.kvstore.KVStore` and a
+        :class:`~attnrank.index.kvstore.BuildReport` (``skipped``: stored before this run,
+        adopted leftover parts included; ``shards``: committed by the actors now).
+
+    Raises:
+        ValidationError: the encoder is not in cached mode, the index is in memory, or bad sizes.
+        KVStoreMismatchError: the store (or a worker's reranker) is for another configuration.
+        KVStoreError: a full disk, another writer, or workers that cannot see the index directory.
+        MissingDependencyError: Ray is not installed.
+        RayExecutionError: Ray gave up (what was committed stays; rerun to resume).
+        Any typed error a worker raised (e.g. ModelLoadError), raised here.
+    """
+    from tqdm.auto import tqdm
+
+    from attnrank.index.kvstore import BuildReport, index_block_texts, open_index_store, prune_blocks
+
+    o = options or RayOptions()
+    for name, value in (("batch_size", batch_size), ("part_batches", part_batches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValidationError(f"{name} must be an integer >= 1, got {value!r}")
+    require_ray()
+    t0 = time.perf_counter()
+    store = open_index_store(index, encoder)
+    store.adopt_parts(verify=verify_existing, show_progress=show_progress)
+    if verify_existing:
+        store.verify(show_progress=show_progress)
+    texts = index_block_texts(index, encoder, show_progress=show_progress)
+    todo = [k for k in texts if not store.contains(k)]
+    skipped = len(texts) - len(todo)
+    if skipped:
+        logger.info("kv build: %d of %d blocks already stored, computing %d on Ray", skipped, len(texts), len(todo))
+    shards = 0
+    if todo:
+        n_parts = min(len(todo), max(o.actors, math.ceil(len(todo) / (batch_size * part_batches))))
+        parts_dir = store.parts_dir()
+        parts_dir.mkdir(exist_ok=True)
+        # after a part left behind (still locked by a dying actor of an earlier run): never reuse a name
+        first = 1 + max((int(p.name[5:]) for p in parts_dir.glob("part-*") if p.name[5:].isdigit()), default=-1)
+        rows = []
+        for i, keys in enumerate(kv_shards(todo, n_parts)):
+            payload = {"part": str(parts_dir / f"part-{first + i:05d}"), "keys": keys, "texts": [texts[k] for k in keys]}
+            rows.append({"seq": i, "payload": json.dumps(payload)})
+        bar: Any = tqdm(total=len(todo), desc=f"kv build (ray x{o.actors})", unit="block", disable=not show_progress,
+                        dynamic_ncols=True)
+        bar.set_postfix(skipped=skipped)
+        header = encoder.block_store_header()
+        try:
+            shards = _run_kv_parts(o, rows, config, header, batch_size, store, bar)
+        finally:
+            bar.close()
+    report = BuildReport(len(texts), skipped, len(todo), shards, time.perf_counter() - t0)
+    if prune:
+        prune_blocks(store, texts, show_progress=show_progress)
+    return store, report
+
+
+def _run_kv_parts(o: RayOptions, rows: list[dict[str, Any]], config: Any, header: Mapping[str, Any],
+                  batch_size: int, store: Any, bar: Any) -> int:
+    """Build ``rows``' parts on the actor pool and adopt each as it comes back; the shards
+    the actors committed.
+
+    Raises:
+        The typed error a worker raised, or RayExecutionError: Ray gave up.
+    """
+    import ray
+
+    shards = done = 0
+    with ray_session(o):
+        ds = _actor_pool_dataset(o, rows, _KVBuilder, {
+            "config": config, "header": dict(header), "batch_size": batch_size, "setup": o.worker_setup,
+            "threads": max(1, int(o.num_cpus))}, batch_size=1, preserve_order=False)
+        iterator = ds.iter_rows()
+        try:
+            for row in iterator:
+                record = json.loads(row["result"])
+                if "error" in record:
+                    _raise_remote(record["error"])
+                part = json.loads(rows[int(row["seq"])]["payload"])["part"]
+                store.adopt(part)  # one atomic manifest commit; the part is removed after it
+                shards += int(record["report"]["shards"])
+                done += 1
+                bar.update(int(record["report"]["requested"]))
+        except AttnrankError:
+            raise
+        except ray.exceptions.RayError as exc:
+            raise RayExecutionError(
+                f"Ray gave up after {done} of {len(rows)} parts of the KV store build ({type(exc).__name__}: {exc}); "
+                "what was committed is kept, rerun to resume") from exc
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+    if done != len(rows):
+        raise RayExecutionError(f"Ray returned {done} of {len(rows)} parts of the KV store build; rerun to resume")
+    return shards

@@ -17,6 +17,8 @@ On-disk layout of a store directory (conventionally ``<index dir>/kv``)::
     shard-000000.bin         append-once payloads, each entry 64-byte aligned
     shard-000000.idx.json    per-shard index: [doc_id, offset, length, T, crc32] per entry
     LOCK                     flock'ed by the one writable opener (cross-process writer lock)
+    parts/part-00000/ ...    only during a distributed build: each Ray actor's own store,
+                             adopted into this one by the driver (:meth:`KVStore.adopt`)
 
 A shard is *committed* only once the manifest lists it (with its size and the crc32 of its
 index file); anything else (a writer killed mid-shard, a full disk) is an orphan that
@@ -81,8 +83,12 @@ __all__ = [
     "KVStore",
     "KVStoreStats",
     "TextKVCache",
+    "build_index_blocks",
     "build_missing",
     "dequantize_int8",
+    "index_block_texts",
+    "open_index_store",
+    "prune_blocks",
     "quantize_int8",
 ]
 
@@ -91,6 +97,7 @@ DTYPES = ("float16", "int8")
 HEADER_FILE = "header.json"
 MANIFEST_FILE = "MANIFEST.json"
 LOCK_FILE = "LOCK"
+PARTS_DIR = "parts"  # part stores of a distributed build, adopted by the driver
 ENV_CACHE_BYTES = "ATTNRANK_KV_CACHE_BYTES"
 ENV_TEXT_CACHE_BYTES = "ATTNRANK_TEXT_KV_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 512 * 2**20
@@ -990,6 +997,162 @@ class KVStore:
         logger.debug("KV store %s: committed %s (%d documents, %d bytes)", self.path, meta["bin"], meta["entries"], meta["bin_bytes"])
         return len(encoded)
 
+    def adopt(self, source: str | os.PathLike[str], *, verify: bool = False, remove: bool = True) -> int:
+        """Commit the blocks of another store directory built for the same header (a Ray
+        actor's part of a distributed build, :func:`attnrank.eval.distributed.build_index_blocks_ray`)
+        into this store, in ONE manifest commit, without rewriting their bytes.
+
+        Only what ``source``'s own manifest commits is taken (its shards are fsynced before it
+        lists them, and their index files are size- and crc32-checked on open), so a shard a
+        writer left half-written is never adopted; every entry keeps its crc32, checked on
+        each read. Each adopted shard's ``.bin`` is hard-linked (copied where the filesystem
+        has no hard links) under a new shard id, with a new index file listing only its
+        adopted entries. Blocks this store already holds are skipped, so adopting a source
+        twice (a crash after the commit, before ``source`` was removed) adds nothing.
+
+        Crash safety: before the commit the new files are orphans (removed at the next
+        writable open) and ``source`` is intact, so a rerun adopts it again; after it,
+        ``source`` is redundant.
+
+        Args:
+            source: A store directory (its ``header.json`` must equal this store's header).
+            verify: crc32-check every entry of ``source`` first (reads all its bytes once);
+                a bad entry is not adopted (it will be recomputed).
+            remove: Delete ``source`` after the commit.
+
+        Returns:
+            Blocks adopted.
+
+        Raises:
+            KVStoreMismatchError: ``source`` was built for another header.
+            KVStoreError: ``source`` is missing, damaged or written by another process (nothing
+                adopted), a disk or I/O error (nothing committed), or this store is
+                readonly/closed.
+        """
+        import shutil
+
+        self._check_writable()
+        src_path = Path(source).expanduser().absolute()
+        with self._writer:
+            self._check_writable()
+            src = KVStore.open(src_path, self.header, cache_bytes=0)  # writable: its lock, its orphans removed
+            new_metas: list[dict[str, Any]] = []
+            locs: dict[str, _Loc] = {}
+            try:
+                if verify:
+                    src.verify()
+                with src._rw.read():
+                    entries = list(src._index.items())
+                    src_metas = {m["id"]: m for m in src._manifest["shards"]}
+                with self._rw.read():
+                    by_shard: dict[int, list[tuple[str, _Loc]]] = {}
+                    for d, loc in entries:
+                        if d not in self._index:
+                            by_shard.setdefault(loc.shard, []).append((d, loc))
+                try:
+                    for sid in sorted(by_shard):
+                        meta, shard_locs = self._link_shard(src.path / src_metas[sid]["bin"], by_shard[sid])
+                        new_metas.append(meta)
+                        locs.update(shard_locs)
+                    if new_metas:
+                        tomb = {d: s for d, s in self._manifest["tombstones"].items() if d not in locs}
+                        manifest = self._new_manifest(self._manifest["shards"] + new_metas, tomb)
+                        self._commit(manifest)
+                except BaseException as exc:  # nothing committed: drop the new files
+                    _unlink_quiet(*(self.path / m[k] for m in new_metas for k in ("bin", "idx")))
+                    if isinstance(exc, OSError):
+                        raise _io_error(f"adopting {src_path}", self.path, exc) from exc
+                    raise
+                if new_metas:
+                    with self._rw.write():
+                        self._manifest = manifest
+                        self._index.update(locs)
+                        for d in locs:
+                            self._cache.pop(d)
+            finally:
+                src.close()
+        if remove:
+            shutil.rmtree(src_path, ignore_errors=True)
+        logger.info("KV store %s: adopted %d blocks in %d shards from %s", self.path, len(locs), len(new_metas), src_path)
+        return len(locs)
+
+    def _link_shard(self, bin_src: Path, rows: Sequence[tuple[str, _Loc]]) -> tuple[dict[str, Any], dict[str, _Loc]]:
+        """Hard-link (or copy) ``bin_src`` in as a new shard, write its index for ``rows`` and
+        make both durable (not committed). Raises OSError after removing what it wrote."""
+        import shutil
+
+        sid = self._next_shard
+        self._next_shard += 1
+        bin_name, idx_name = _shard_names(sid)
+        bpath, ipath = self.path / bin_name, self.path / idx_name
+        ordered = sorted(rows, key=lambda r: r[1].offset)
+        try:
+            try:
+                os.link(bin_src, bpath)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                shutil.copyfile(bin_src, bpath)
+                fd = os.open(bpath, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            size = bpath.stat().st_size
+            table = [[d, loc.offset, loc.length, loc.tokens, loc.crc] for d, loc in ordered]
+            idx = (json.dumps({"format_version": FORMAT_VERSION, "shard": sid, "header_fingerprint": self.header.fingerprint(),
+                               "entries": table}, separators=(",", ":")) + "\n").encode()
+            _write_file(ipath, idx)
+            _fsync_dir(self.path)
+        except BaseException:
+            _unlink_quiet(bpath, ipath)
+            raise
+        meta = {"id": sid, "bin": bin_name, "idx": idx_name, "bin_bytes": size, "idx_bytes": len(idx),
+                "idx_crc32": zlib.crc32(idx), "entries": len(table)}
+        return meta, {d: loc._replace(shard=sid) for d, loc in ordered}
+
+    def parts_dir(self) -> Path:
+        """``<store>/parts``: where the actors of a distributed build write their own stores
+        (``part-00000``, ...) before :meth:`adopt_parts` commits them into this one."""
+        return self.path / PARTS_DIR
+
+    def adopt_parts(self, *, verify: bool = False, show_progress: bool = False) -> int:
+        """:meth:`adopt` every part store under :meth:`parts_dir` (what an interrupted
+        distributed build left: what its actors committed is kept, the rest recomputed) and
+        remove them. A part with no header (its writer died while creating it) is removed; a
+        part another process still writes (an actor of a build being torn down) is left for
+        a later build, with a warning.
+
+        Returns:
+            Blocks adopted.
+
+        Raises:
+            See :meth:`adopt`.
+        """
+        import shutil
+
+        from tqdm.auto import tqdm
+
+        root = self.parts_dir()
+        if not root.is_dir():
+            return 0
+        parts = sorted(p for p in root.iterdir() if p.is_dir())
+        adopted = 0
+        for part in tqdm(parts, desc="adopt kv parts", unit="part", disable=not show_progress or not parts):
+            try:
+                os.close(self._acquire_lock(part))  # released at once: adopt() takes it again
+            except (KVStoreError, OSError) as exc:
+                logger.warning("KV store part %s is not adopted now (%s); a later build adopts it", part, exc)
+                continue
+            if (part / HEADER_FILE).is_file():
+                adopted += self.adopt(part, verify=verify)
+            else:
+                shutil.rmtree(part, ignore_errors=True)
+        if adopted:
+            logger.info("KV store %s: adopted %d blocks from %d parts of an earlier distributed build", self.path,
+                        adopted, len(parts))
+        return adopted
+
     def delete(self, doc_ids: Iterable[str]) -> int:
         """Delete documents (tombstones, committed atomically; bytes come back on :meth:`compact`).
 
@@ -1253,13 +1416,64 @@ class TextKVCache:
         return self._lru.stats()
 
 
+def index_block_texts(index: Any, encoder: Any, *, show_progress: bool = False) -> dict[str, str]:
+    """The block key of every live document of ``index`` and one text per key.
+
+    Args:
+        index: :class:`attnrank.index.store.Index`.
+        encoder: A cached-mode reranker offering ``block_keys(texts)`` (tokenisation only).
+        show_progress: tqdm bar over the documents.
+
+    Returns:
+        ``{block key: document text}`` in document order; documents whose blocks have the
+        same tokens share one key (the first text is kept).
+    """
+    texts: dict[str, str] = {}
+    docs = index.docstore.iter_documents()
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        docs = tqdm(docs, total=len(index.docstore), desc="tokenise", unit="doc")
+    chunk: list[str] = []
+
+    def flush() -> None:
+        for key, text in zip(encoder.block_keys(chunk), chunk):
+            texts.setdefault(key, text)
+        chunk.clear()
+
+    for doc in docs:
+        chunk.append(doc.content)
+        if len(chunk) >= 1000:
+            flush()
+    flush()
+    return texts
+
+
+def prune_blocks(store: KVStore, keep: Iterable[str], *, show_progress: bool = False) -> int:
+    """Delete the blocks of ``store`` not in ``keep`` (deleted or replaced documents) and
+    compact the store when any were deleted. Returns the blocks deleted.
+
+    Raises:
+        KVStoreError: the store cannot be written.
+    """
+    wanted = set(keep)
+    stale = [k for k in store.doc_ids() if k not in wanted]
+    if stale:
+        store.delete(stale)
+        store.compact(show_progress=show_progress)
+    logger.info("kv build: pruned %d blocks of deleted or replaced documents", len(stale))
+    return len(stale)
+
+
 def build_index_blocks(
     index: Any, encoder: Any, *, batch_size: int = 32, show_progress: bool = False, verify_existing: bool = False,
     prune: bool = False,
 ) -> tuple[KVStore, BuildReport]:
     """Fill an index's document KV store (``attnrank index kv build``) with every live
     document's block, resumably (:func:`build_missing`: one shard per batch; a rerun after
-    ``kill -9`` skips finished shards; a corrupt entry is recomputed, never read).
+    ``kill -9`` skips finished shards; a corrupt entry is recomputed, never read). Parts left
+    by an interrupted distributed build (``--engine ray``) are adopted first
+    (:meth:`KVStore.adopt_parts`), so either engine resumes the other's build.
 
     Args:
         index: :class:`attnrank.index.store.Index` opened from a directory.
@@ -1281,30 +1495,9 @@ def build_index_blocks(
         KVStoreMismatchError: the index's store was built for another configuration.
         KVStoreError: a full disk or another writer.
     """
-    header = encoder.block_store_header()
-    if header is None:
-        raise ValidationError("the reranker is not in cached mode: build blocks with query_in_instruction=false")
-    store = index.block_store(header)
-    if store is None:
-        raise ValidationError("an in-memory index keeps no document KV store; build the index into a directory")
-    texts: dict[str, str] = {}
-    docs = index.docstore.iter_documents()
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        docs = tqdm(docs, total=len(index.docstore), desc="tokenise", unit="doc")
-    chunk: list[str] = []
-
-    def flush() -> None:
-        for key, text in zip(encoder.block_keys(chunk), chunk):
-            texts.setdefault(key, text)
-        chunk.clear()
-
-    for doc in docs:
-        chunk.append(doc.content)
-        if len(chunk) >= 1000:
-            flush()
-    flush()
+    store = open_index_store(index, encoder)
+    store.adopt_parts(verify=verify_existing, show_progress=show_progress)
+    texts = index_block_texts(index, encoder, show_progress=show_progress)
 
     def compute(keys: list[str]) -> dict[str, tuple[Any, Any]]:
         return {k: (kk, vv) for k, kk, vv in encoder.encode_block_arrays([texts[k] for k in keys])}
@@ -1312,9 +1505,22 @@ def build_index_blocks(
     report = build_missing(store, list(texts), compute, batch_size=batch_size, show_progress=show_progress,
                            verify_existing=verify_existing)
     if prune:
-        stale = [k for k in store.doc_ids() if k not in texts]
-        if stale:
-            store.delete(stale)
-            store.compact(show_progress=show_progress)
-        logger.info("kv build: pruned %d blocks of deleted or replaced documents", len(stale))
+        prune_blocks(store, texts, show_progress=show_progress)
     return store, report
+
+
+def open_index_store(index: Any, encoder: Any) -> KVStore:
+    """The writable document KV store of ``index`` for ``encoder``'s header (created when absent).
+
+    Raises:
+        ValidationError: the encoder is not in cached mode, or the index is in memory.
+        KVStoreMismatchError: the index's store was built for another configuration.
+        KVStoreError: another process writes the store.
+    """
+    header = encoder.block_store_header()
+    if header is None:
+        raise ValidationError("the reranker is not in cached mode: build blocks with query_in_instruction=false")
+    store = index.block_store(header)
+    if store is None:
+        raise ValidationError("an in-memory index keeps no document KV store; build the index into a directory")
+    return store

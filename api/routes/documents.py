@@ -132,11 +132,14 @@ async def get_document(doc_id: str, runtime: RuntimeDep, settings: SettingsDep,
 async def delete_document(doc_id: str, runtime: RuntimeDep, settings: SettingsDep,
                           collection: CollectionParam = None) -> DeleteResponse:
     """Delete ``doc_id``; answered once the deletion is durable, after which no search
-    returns it. 404 if the collection does not hold it."""
+    returns it. Its block in the collection's document KV store (cached BlockRank) is
+    dropped right after the commit, before the answer
+    (:meth:`attnrank.pipeline.Pipeline.delete_documents`). 404 if the collection does not
+    hold it."""
     name = collection or settings.default_collection
     pipeline = runtime.pipeline(name)
     index = _writable_index(pipeline, name)
-    result = await runtime.pools["ingest"].run(index.delete_documents, [doc_id])
+    result = await runtime.pools["ingest"].run(pipeline.delete_documents, [doc_id])
     if not result["deleted"]:
         raise NotFoundError(f"collection {name!r} has no document {doc_id!r}")
     return DeleteResponse(collection=name, deleted=doc_id, num_docs=len(index.docstore))

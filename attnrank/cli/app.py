@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -260,23 +261,46 @@ def index_kv_build(
     verify: Annotated[bool, typer.Option("--verify", help="crc32-check stored blocks first, recompute bad ones.")] = False,
     prune: Annotated[bool, typer.Option("--prune", help="Then delete blocks of deleted or replaced documents and "
                                         "compact the store.")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="Where the blocks are encoded: local (this process) or ray "
+                                        "(a Ray actor pool; the index must be on a filesystem every node sees at "
+                                        "the same path). Same store either way.")] = "local",
+    ray_address: RayAddressOpt = None,
+    actors: ActorsOpt = None,
+    actor_cpus: ActorCpusOpt = None,
+    actor_gpus: ActorGpusOpt = None,
 ) -> None:
     """Encode every document's BlockRank block once (query_in_instruction=false) into the
     index's document KV store, so that reranking runs only the query block per query.
-    Resumable: a rerun (also after kill -9) skips finished shards."""
-    from attnrank.index.kvstore import build_index_blocks
+    Resumable: a rerun (also after kill -9) skips finished shards. With --engine ray the
+    blocks are encoded by Ray actors, each writing its own part of the store, committed into
+    it by this process; an interrupted build resumes with either engine."""
+    from dataclasses import replace
+
     from attnrank.index.store import Index
     from attnrank.registry import build_reranker
 
+    ray_engine = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
     extra = {"query_in_instruction": False, "kv_dtype": dtype, **({"layer": layer} if layer is not None else {})}
     config = _reranker_config("blockrank", model, max_doc_tokens, device, opts)
     config = config.with_options(**extra)
-    reranker = build_reranker(config)
+    # with Ray this process only tokenises and reads the header: its LM stays on the CPU
+    reranker = build_reranker(config if ray_engine is None else replace(config, device="cpu"))
     ix = Index.open(index)
     try:
-        store, report = build_index_blocks(ix, reranker, batch_size=batch_size, show_progress=True,
-                                           verify_existing=verify, prune=prune)
+        if ray_engine is None:
+            from attnrank.index.kvstore import build_index_blocks
+
+            store, report = build_index_blocks(ix, reranker, batch_size=batch_size, show_progress=True,
+                                               verify_existing=verify, prune=prune)
+        else:
+            from attnrank.eval.distributed import build_index_blocks_ray
+
+            store, report = build_index_blocks_ray(ix, reranker, config, ray_engine.options, batch_size=batch_size,
+                                                   show_progress=True, verify_existing=verify, prune=prune)
         stats = store.stats()
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted; rerun the same command to resume {index / 'kv'}", fg="yellow", err=True)
+        raise typer.Exit(130) from None
     finally:
         ix.close()
     typer.echo(json.dumps({
@@ -633,6 +657,64 @@ def train_blockrank_cmd(
     summary = train_blockrank(examples, cfg, dev_examples=dev)
     summary.pop("history", None)
     typer.echo(json.dumps(summary, indent=1))
+
+
+@train_app.command("query-adapter")
+def train_query_adapter_cmd(
+    train: Annotated[list[str], typer.Option("--train", help="Training source, repeatable: DIR:SPLIT (BEIR) or "
+                                             "DIR@RUN (TREC DL run with passage text).")],
+    out: Annotated[Path, typer.Option("--out", help="Output directory (checkpoint, best/, final/); resumes.")],
+    dev: Annotated[str, typer.Option("--dev", help="Dev source (every choice is made on it).")] = "",
+    dev_queries: Annotated[Optional[int], typer.Option("--dev-queries", help="Seeded dev subset.")] = 100,
+    train_queries: Annotated[Optional[int], typer.Option("--train-queries", help="Seeded subset per source.")] = None,
+    candidates: Annotated[int, typer.Option("--candidates", help="First-stage depth of each list.")] = 50,
+    retriever: Annotated[str, typer.Option("--retriever", help="BEIR first stage.")] = "hybrid",
+    objective: Annotated[str, typer.Option("--objective", help="learned (head-weight score) or signal (L_aux).")] = "learned",
+    steps: Annotated[int, typer.Option("--steps")] = 300,
+    batch_queries: Annotated[int, typer.Option("--batch-queries", help="Queries per optimizer step.")] = 4,
+    max_candidates: Annotated[int, typer.Option("--max-candidates", help="Candidates per training list.")] = 20,
+    lr: Annotated[float, typer.Option("--lr")] = 3e-4,
+    lora_r: Annotated[int, typer.Option("--lora-r")] = 8,
+    train_weights: Annotated[bool, typer.Option("--train-weights/--fixed-weights",
+                                                help="Also train the head weights (learned objective).")] = False,
+    eval_every: Annotated[int, typer.Option("--eval-every")] = 100,
+    scratch_kv: Annotated[Optional[Path], typer.Option("--scratch-kv", help="Folder of writable KV stores for "
+                                                       "sources without an index store (blocks computed once).")] = None,
+    layer: Annotated[int, typer.Option("--layer", help="l*.")] = 15,
+    max_doc_tokens: MaxDocTokensOpt = 128,
+    model: ModelOpt = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise loss
+    through the query passes only; dev nDCG@10 every --eval-every steps, best kept (resumable)."""
+    from attnrank.eval.adapter_study import dev_evaluator, examples_from, load_source, source_store
+    from attnrank.registry import build_reranker
+    from attnrank.reranker.query_adapter import QueryAdapterConfig, train_query_adapter
+
+    cfg = QueryAdapterConfig(out_dir=str(out), objective=objective, lora_r=lora_r, lora_alpha=2 * lora_r,
+                             train_weights=train_weights, lr=lr, steps=steps, batch_queries=batch_queries,
+                             max_candidates=max_candidates, eval_every=eval_every, seed=seed)
+    config = _reranker_config("blockrank", model, max_doc_tokens, _auto_device(device), None).with_options(
+        query_in_instruction=False, layer=layer, scoring="learned" if objective == "learned" else "signal")
+    reranker = build_reranker(config)
+    examples, stores = [], {}
+    for spec in train:
+        queries, cands, _, qrels, index = load_source(spec, candidates=candidates, max_queries=train_queries,
+                                                      seed=seed, retriever=retriever)
+        examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)]
+        stores[spec] = source_store(reranker, index, scratch_kv, spec)
+    evaluate = None
+    if dev:
+        dq, dc, ds, dqrels, dindex = load_source(dev, candidates=candidates, max_queries=dev_queries, seed=seed,
+                                                 retriever=retriever)
+        evaluate = dev_evaluator(dq, dc, ds, dqrels, objective=objective,
+                                 block_store=source_store(reranker, dindex, scratch_kv, dev))
+    summary = train_query_adapter(reranker, examples, cfg, block_stores=stores, evaluate=evaluate,
+                                  card={"train": list(train), "dev": dev, "dev_queries": dev_queries,
+                                        "candidates": candidates, "retriever": retriever})
+    summary.pop("history", None)
+    typer.echo(json.dumps(summary, indent=1, default=str))
 
 
 def _auto_device(device: str) -> str:

@@ -132,3 +132,34 @@ def dl19_batch_inputs(dl19_dir: Path, tmp_path: Path, queries: int = 5, depth: i
         out.extend(f"{qid} Q0 {d} {r} {s!r} bm25\n" for r, (d, s) in enumerate(hits, 1))
     run_file.write_text("".join(out))
     return topics, run_file, dl19_dir / "retrieve_results_BM25_dl19_top100.json.gz"
+
+
+class StopAfterFirstShard:
+    """Worker setup of the distributed KV store build tests: in this actor process, the first
+    shard committed by any actor (the flag file, created atomically, says which) is followed
+    by a stop, once: ``mode="exit"`` kills the actor process (``os._exit``: Ray restarts it
+    and retries its part), ``mode="raise"`` raises a typed KVStoreError (the driver stops)."""
+
+    def __init__(self, flag: str, mode: str = "exit") -> None:
+        self.flag, self.mode = flag, mode
+
+    def __call__(self) -> None:
+        from attnrank.errors import KVStoreError
+        from attnrank.index import kvstore
+
+        original = kvstore.KVStore.put_many
+        flag, mode = self.flag, self.mode
+
+        def put_many(store, items):
+            n = original(store, items)
+            try:
+                fd = os.open(flag, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                return n
+            os.write(fd, f"{os.getpid()} {sorted(items)}".encode())
+            os.close(fd)
+            if mode == "exit":
+                os._exit(1)
+            raise KVStoreError("stopped after one committed shard (test)")
+
+        kvstore.KVStore.put_many = put_many

@@ -1,0 +1,521 @@
+"""Query-side adapter for cached BlockRank: LoRA on the query passes only.
+
+Source: the issue-#14 study (docs/RESULTS.md, "Training and fusion study"); LoRA is Hu et
+al. 2021 (arXiv 2106.09685); the scorer trained through it is the learned per-(layer,
+head) calibrated attention mass of :meth:`attnrank.reranker.blockrank.BlockRankReranker._learned_scores`
+(QRRanker-style head weights), or BlockRank's signal-token attention (Gupta et al. 2025,
+arXiv 2510.05396, Section 4, ``L_aux``).
+
+A document KV store holds candidate blocks computed by the *base* model. An adapter that
+changes only the query block's computation keeps every stored block valid: the adapter is
+enabled for the query and ``N/A`` calibration passes and disabled while block 0 and
+candidate blocks are encoded (:func:`adapter_disabled`). Training therefore reads every
+candidate block from the store (or computes it once with the base model) and back-propagates
+through the query passes alone: a step costs two query-block passes, not a prompt.
+
+Files of a trained adapter (``DIR``): ``adapter.safetensors`` (LoRA tensors and, when
+trained, ``scorer.weights`` float32 ``(l* + 1) * heads``), ``adapter.json`` (LoRA config,
+model identity, ``l*``, block length, layout version, data and figures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnrank.errors import ValidationError
+from attnrank.files import file_sha256
+from attnrank.types import Document
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_FORMAT = 1
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class RankingExample:
+    """One training query with graded candidates.
+
+    Attributes:
+        query_id: Query identifier.
+        query: Query text.
+        documents: Candidates (first-stage order).
+        grades: Relevance grade per candidate (0 = not relevant / unjudged).
+        source: Name of the data source (selects its document KV store in training).
+    """
+
+    query_id: str
+    query: str
+    documents: tuple[Document, ...]
+    grades: tuple[int, ...]
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class QueryAdapterConfig:
+    """Options of a query-adapter training run (``attnrank train query-adapter --help``).
+
+    Attributes:
+        out_dir: Output folder (checkpoints, the adapter, the history).
+        objective: ``"learned"`` (listwise softmax over the learned head-weight score,
+            z-scored calibrated mass per (layer, head) times the weights card) or
+            ``"signal"`` (BlockRank's ``L_aux`` on the signal tokens at ``l*``).
+        lora_r, lora_alpha: LoRA rank and scale.
+        target_modules: Linear layers that get LoRA (names inside each decoder layer).
+        train_weights: Also train the head weights (initialised from the card).
+        lr: AdamW learning rate of the LoRA tensors.
+        weights_lr: Learning rate of the head weights.
+        steps: Optimizer steps.
+        batch_queries: Queries per optimizer step (gradient accumulation).
+        max_candidates: Candidates per example (all positives up to ``max_positives``,
+            then the highest-ranked negatives, then random ones), bounding a step's cost.
+        max_positives: Positives kept per example.
+        temperature: Softmax temperature of the listwise loss (``signal``: BlockRank's
+            ``tau = 0.05``; ``learned``: 1.0 on the z-scored weighted sum).
+        eval_every: Steps between dev evaluations (the callback), 0 = only at the end.
+        checkpoint_every: Steps between checkpoints.
+        seed: Seed of sampling and initialisation.
+    """
+
+    out_dir: str
+    objective: str = "learned"
+    lora_r: int = 8
+    lora_alpha: int = 16
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS
+    train_weights: bool = False
+    lr: float = 3e-4
+    weights_lr: float = 1e-2
+    steps: int = 300
+    batch_queries: int = 4
+    max_candidates: int = 20
+    max_positives: int = 5
+    temperature: float | None = None
+    eval_every: int = 100
+    checkpoint_every: int = 25
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("learned", "signal"):
+            raise ValidationError(f"objective must be 'learned' or 'signal', got {self.objective!r}")
+        for name in ("lora_r", "steps", "batch_queries", "max_candidates", "max_positives", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValidationError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def tau(self) -> float:
+        return self.temperature if self.temperature is not None else (0.05 if self.objective == "signal" else 1.0)
+
+
+# ----------------------------------------------------------------------------- LoRA
+def _lora_layers(model: Any) -> list[Any]:
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+def inject_lora(model: Any, r: int, alpha: int, targets: Sequence[str], layers: Sequence[int] | None = None) -> int:
+    """Add LoRA layers in place (the model keeps its class, so ``model.base_model`` is
+    still the decoder) to ``targets`` of decoder ``layers`` (all when ``None``; the query
+    passes never run above ``l*``) and freeze everything else. Returns the trainable
+    parameter count."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(targets), bias="none",
+                     layers_to_transform=None if layers is None else list(layers))
+    inject_adapter_in_model(cfg, model)
+    n = 0
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+        n += p.numel() if p.requires_grad else 0
+    return n
+
+
+@contextlib.contextmanager
+def adapter_disabled(model: Any) -> Iterator[None]:
+    """Run the base model: LoRA layers (if any) are switched off inside the block (candidate
+    and block-0 encoding must never see the query adapter); nests, restoring each layer's
+    previous state on exit."""
+    layers = _lora_layers(model) if model is not None else []
+    before = [bool(m.disable_adapters) for m in layers]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for m, off in zip(layers, before):
+            m.enable_adapters(not off)
+
+
+def has_adapter(model: Any) -> bool:
+    """Whether ``model`` carries LoRA layers."""
+    try:
+        return bool(_lora_layers(model))
+    except ImportError:  # peft not installed: no adapter can be present
+        return False
+
+
+def adapter_state(model: Any) -> dict[str, Any]:
+    """The LoRA tensors of ``model`` (names as in ``named_parameters``), detached."""
+    return {n: p.detach().contiguous().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def save_adapter(path: str | Path, model: Any, card: dict[str, Any], weights: Any = None) -> Path:
+    """Write ``adapter.safetensors`` and ``adapter.json`` to ``path`` atomically (a temporary
+    folder renamed into place)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = adapter_state(model)
+    if weights is not None:
+        tensors["scorer.weights"] = weights.detach().float().contiguous().clone()
+    save_file(tensors, str(tmp / "adapter.safetensors"))
+    (tmp / "adapter.json").write_text(json.dumps({"format": ADAPTER_FORMAT, **card}, indent=1))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
+
+
+def adapter_hash(path: str | Path) -> str:
+    """sha256 of an adapter's tensors file: the ``adapter`` field of a KV store header and
+    of reports (a store stays valid under a query adapter: blocks use the base model)."""
+    return file_sha256(Path(path) / "adapter.safetensors")
+
+
+def load_adapter(path: str | Path, model: Any, identity: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """Inject and load a saved query adapter into ``model`` (in place).
+
+    Returns:
+        ``(card, weights)``: the JSON card and the trained head weights (float32 tensor
+        ``((l* + 1) * heads,)``) or ``None`` when the adapter has none.
+
+    Raises:
+        NotFoundError: ``path`` lacks ``adapter.json`` or ``adapter.safetensors``.
+        ValidationError: the adapter was trained for another model.
+    """
+    from safetensors.torch import load_file
+
+    from attnrank.errors import NotFoundError
+
+    path = Path(path)
+    if not (path / "adapter.json").is_file() or not (path / "adapter.safetensors").is_file():
+        raise NotFoundError(f"{path} is not a query adapter (adapter.json and adapter.safetensors expected); "
+                            "train one with `attnrank train query-adapter`")
+    card = json.loads((path / "adapter.json").read_text())
+    sha = (card.get("model") or {}).get("sha256")
+    if identity is not None and sha and sha != identity.get("sha256"):
+        raise ValidationError(f"adapter {path} was trained for model {sha}, not {identity.get('sha256')}: "
+                              "load it with the model it was trained on")
+    lora = card["lora"]
+    inject_lora(model, lora["r"], lora["alpha"], lora["target_modules"], lora.get("layers"))
+    tensors = load_file(str(path / "adapter.safetensors"))
+    weights = tensors.pop("scorer.weights", None)
+    missing = set(adapter_state(model)) - set(tensors)
+    if missing:
+        raise ValidationError(f"adapter {path} lacks {len(missing)} LoRA tensors (e.g. {sorted(missing)[0]}): retrain it")
+    params = dict(model.named_parameters())
+    import torch
+
+    with torch.no_grad():
+        for n, t in tensors.items():
+            params[n].copy_(t)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return card, weights
+
+
+# ----------------------------------------------------------------------------- scoring
+def context_for(reranker: Any, prompt: Any, kv0: Any, *, store: Any = None) -> list[tuple[Any, Any]]:
+    """Block 0's and the candidates' keys/values for layers ``0..l*`` (``assemble_kv``
+    layout), computed or read with the adapter off, as ordinary (non-inference) tensors
+    without gradient: constants of a training step."""
+    import torch
+
+    from attnrank.reranker.doccache import assemble_kv
+
+    lm = reranker.lm
+    with torch.no_grad(), adapter_disabled(lm.model):
+        blocks, _ = reranker.block_source().fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
+                                                  batch_size=reranker.options.doc_batch_size)
+        return assemble_kv(kv0, blocks, reranker.layer)
+
+
+def base_instruction_kv(reranker: Any) -> list[tuple[Any, Any]]:
+    """Block 0's keys/values from the base model, ``l* + 1`` entries ``(1, kv_heads, L0, d)``."""
+    import torch
+
+    from attnrank.reranker.doccache import instruction_kv
+
+    with torch.no_grad(), adapter_disabled(reranker.lm.model):
+        return instruction_kv(reranker.lm, reranker.layout.instruction_ids, reranker.layer)
+
+
+def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, weights: Any = None) -> Any:
+    """Candidate scores ``(N,)`` float64 with gradients through the query passes.
+
+    ``"learned"``: z-scored calibrated attention mass per (layer, head) over layers
+    ``0..l*`` (query rows' mean attention minus the ``N/A`` query's) times ``weights``
+    (``((l* + 1) * heads,)``); unitless. ``"signal"``: the signal tokens' attention mass per
+    candidate at ``l*`` (probabilities summing to 1, :func:`attnrank.reranker.blockrank.signal_scores`).
+    """
+    import torch
+
+    from attnrank.reranker.attention import AttentionCapture
+    from attnrank.reranker.blockrank import query_pass, signal_scores
+    from attnrank.reranker.scoring import per_head_document_mass
+
+    lm = reranker.lm
+    layer = reranker.layer
+    L0 = len(prompt.instruction_ids)
+    lengths = prompt.doc_lengths
+    if objective == "signal":
+        Lq = len(prompt.query_ids)
+        cap = AttentionCapture(layers={layer}, rows=slice(Lq - prompt.n_signal, Lq), mode="logits",
+                               stop_after=layer, detach=False)
+        query_pass(lm, prompt, kv, cap)
+        return signal_scores(cap.out[layer], L0, lengths).double()
+    layers = list(range(layer + 1))
+
+    def mean_attention(ids: list[int]) -> dict[int, Any]:
+        cap = AttentionCapture(layers=set(layers), mode="mean", stop_after=layer, detach=False)
+        query_pass(lm, prompt, kv, cap, query_ids=ids)
+        return cap.out
+
+    feats = per_head_document_mass(mean_attention(prompt.query_ids), L0, lengths, layers,
+                                   minus=mean_attention(prompt.calib_ids))
+    x = feats.reshape(len(lengths), -1)
+    sd = x.std(dim=0, unbiased=False, keepdim=True)
+    z = (x - x.mean(dim=0, keepdim=True)) / torch.where(sd > 1e-12, sd, torch.ones_like(sd))
+    return z @ weights.double()
+
+
+def listwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
+    """``-log sum_pos softmax(scores / tau)`` with positives weighted ``2^grade - 1``
+    (the study's objective, every positive counted)."""
+    import torch
+
+    g = torch.tensor([float(x) for x in grades], dtype=torch.float64)
+    w = torch.where(g > 0, 2.0 ** g - 1.0, torch.zeros_like(g))
+    s = scores / tau
+    return torch.logsumexp(s, 0) - torch.logsumexp(s + torch.log(w.clamp_min(1e-30)), 0)
+
+
+def sample_candidates(ex: RankingExample, max_candidates: int, max_positives: int, rng: random.Random
+                      ) -> tuple[list[Document], list[int]] | None:
+    """Candidates of one step: up to ``max_positives`` positives (random), then negatives in
+    first-stage order (the hard ones) up to ``max_candidates``; ``None`` when the example has
+    no positive or no negative. The returned list keeps first-stage order."""
+    pos = [i for i, g in enumerate(ex.grades) if g > 0]
+    neg = [i for i, g in enumerate(ex.grades) if g <= 0]
+    if not pos or not neg:
+        return None
+    if len(pos) > max_positives:
+        pos = rng.sample(pos, max_positives)
+    keep = sorted(pos + neg[: max(1, max_candidates - len(pos))])
+    return [ex.documents[i] for i in keep], [ex.grades[i] for i in keep]
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class _State:
+    step: int = 0
+    cursor: int = 0
+    order: list[int] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def train_query_adapter(
+    reranker: Any, examples: Sequence[RankingExample], cfg: QueryAdapterConfig, *,
+    block_stores: Mapping[str, Any] | None = None, evaluate: Callable[[Any, Any], dict[str, float]] | None = None,
+    card: dict[str, Any] | None = None, show_progress: bool = True,
+) -> dict[str, Any]:
+    """Train a query-side LoRA adapter on cached BlockRank; resumable.
+
+    Every step takes ``cfg.batch_queries`` examples, reads their candidate blocks (base model,
+    from ``block_store`` or computed once and kept in the reranker's RAM cache), runs the query
+    (and ``N/A``) passes with the adapter and back-propagates the listwise loss through them.
+    A checkpoint (adapter, optimizer, sampler state) is written every ``cfg.checkpoint_every``
+    steps to ``out/checkpoint`` atomically; a rerun continues from it (``kill -9`` loses at
+    most that many steps). ``evaluate(reranker, weights)`` (e.g. dev nDCG@10, key ``"dev"``) runs
+    every ``cfg.eval_every`` steps; the best dev adapter is saved to ``out/best``.
+
+    Args:
+        reranker: A cached :class:`attnrank.reranker.blockrank.BlockRankReranker`
+            (``query_in_instruction=false``); its LM gets the LoRA layers in place.
+        examples: Training queries (those without a positive or a negative are skipped).
+        block_stores: Document KV store per example ``source`` (read-only is fine; a writable
+            one keeps the blocks it lacked); a source without one uses the RAM cache.
+        evaluate: Dev callback returning figures; higher ``"dev"`` is better.
+        card: Extra fields for ``adapter.json`` (data, commands).
+
+    Returns:
+        Summary: steps, seconds per step, examples/s, history, best dev figure and step, paths.
+
+    Raises:
+        ValidationError: a reranker not in cached mode, or no usable example.
+    """
+    import torch
+
+    if not getattr(reranker, "cached", False):
+        raise ValidationError("query adapters train on cached BlockRank: pass --opt query_in_instruction=false")
+    usable = [ex for ex in examples if any(g > 0 for g in ex.grades) and any(g <= 0 for g in ex.grades)]
+    if not usable:
+        raise ValidationError("no training query has both a relevant and a non-relevant candidate")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    lm = reranker.lm
+    lora_layers = list(range(reranker.layer + 1))
+    n_params = inject_lora(lm.model, cfg.lora_r, cfg.lora_alpha, cfg.target_modules, lora_layers)
+    weights = torch.zeros(0)
+    if cfg.objective == "learned":
+        weights = torch.tensor(reranker.learned_weights().reshape(-1), dtype=torch.float64)
+    weights.requires_grad_(cfg.train_weights and cfg.objective == "learned")
+    lora_params = [p for n, p in lm.model.named_parameters() if p.requires_grad]
+    groups: list[dict[str, Any]] = [{"params": lora_params, "lr": cfg.lr}]
+    if weights.requires_grad:
+        groups.append({"params": [weights], "lr": cfg.weights_lr, "weight_decay": 0.0})
+    opt = torch.optim.AdamW(groups, weight_decay=0.0)
+    state = _State()
+    rng = random.Random(cfg.seed)
+    ckpt = out / "checkpoint"
+    if (ckpt / "state.json").is_file():
+        _load_checkpoint(ckpt, lm.model, weights, opt, state, rng)
+        logger.info("resumed query-adapter training from %s at step %d", ckpt, state.step)
+    if not state.order:
+        state.order = list(range(len(usable)))
+        rng.shuffle(state.order)
+    kv0 = base_instruction_kv(reranker)
+    base_card = {
+        "model": lm.identity, "layer": reranker.layer, "max_doc_tokens": reranker.config.max_doc_tokens,
+        "template": reranker.layout_version(), "objective": cfg.objective,
+        "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "target_modules": list(cfg.target_modules),
+                 "layers": lora_layers},
+        "config": asdict(cfg), "trainable_parameters": n_params, **(card or {}),
+    }
+
+    def run_eval(step: int) -> None:
+        if evaluate is None:
+            return
+        lm.model.eval()
+        t0 = time.perf_counter()
+        figures = evaluate(reranker, weights.detach() if cfg.objective == "learned" else None)
+        rec = {"step": step, **figures, "eval_seconds": time.perf_counter() - t0}
+        state.history.append(rec)
+        logger.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
+        if "dev" in figures and (not state.best or figures["dev"] > state.best["dev"]):
+            state.best = {"step": step, **figures}
+            save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": figures},
+                         weights if cfg.objective == "learned" else None)
+
+    if state.step == 0 and not state.history:
+        run_eval(0)
+    bar: Any = None
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=state.step, desc="train query adapter", unit="step")
+    steps_run = 0
+    t_run = time.perf_counter()
+    while state.step < cfg.steps:
+        t_step = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(cfg.batch_queries):
+            if state.cursor >= len(state.order):
+                rng.shuffle(state.order)
+                state.cursor = 0
+            ex = usable[state.order[state.cursor]]
+            state.cursor += 1
+            picked = sample_candidates(ex, cfg.max_candidates, cfg.max_positives, rng)
+            assert picked is not None  # usable examples have a positive and a negative
+            docs, grades = picked
+            prompt = reranker.build_prompt(ex.query, docs)
+            kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
+            lm.model.train()
+            loss = listwise_loss(differentiable_scores(reranker, prompt, kv, cfg.objective, weights), grades, cfg.tau)
+            (loss / cfg.batch_queries).backward()
+            total += float(loss.detach()) / cfg.batch_queries
+        torch.nn.utils.clip_grad_norm_(lora_params, 1.0)
+        opt.step()
+        state.step += 1
+        steps_run += 1
+        state.seconds += time.perf_counter() - t_step
+        state.history.append({"step": state.step, "loss": total})
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{total:.3f}")
+        if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
+            _save_checkpoint(ckpt, lm.model, weights, opt, state, rng)
+        if (cfg.eval_every and state.step % cfg.eval_every == 0) or state.step == cfg.steps:
+            run_eval(state.step)
+            _save_checkpoint(ckpt, lm.model, weights, opt, state, rng)
+    if bar is not None:
+        bar.close()
+    final = save_adapter(out / "final", lm.model, {**base_card, "step": state.step},
+                         weights if cfg.objective == "learned" else None)
+    per_step = state.seconds / state.step if state.step else math.nan
+    summary = {
+        "steps": state.step, "steps_this_run": steps_run, "seconds_this_run": time.perf_counter() - t_run,
+        "train_seconds_per_step": per_step,
+        "examples_per_second": cfg.batch_queries / per_step if state.step else math.nan,
+        "trainable_parameters": n_params, "best": state.best, "history": state.history,
+        "final": str(final), "best_dir": str(out / "best") if state.best else None,
+    }
+    (out / "summary.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=1))
+    return summary
+
+
+def _save_checkpoint(path: Path, model: Any, weights: Any, opt: Any, state: _State, rng: random.Random) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = adapter_state(model)
+    if weights.numel():
+        tensors["scorer.weights"] = weights.detach().clone()
+    save_file(tensors, str(tmp / "adapter.safetensors"))
+    torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    st = rng.getstate()
+    (tmp / "state.json").write_text(json.dumps({
+        "step": state.step, "cursor": state.cursor, "order": state.order, "history": state.history,
+        "best": state.best, "seconds": state.seconds, "rng": [st[0], list(st[1]), st[2]],
+    }))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+def _load_checkpoint(path: Path, model: Any, weights: Any, opt: Any, state: _State, rng: random.Random) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path / "adapter.safetensors"))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        w = tensors.pop("scorer.weights", None)
+        if w is not None and weights.numel():
+            weights.copy_(w)
+        for n, t in tensors.items():
+            params[n].copy_(t)
+    opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    raw = json.loads((path / "state.json").read_text())
+    state.step, state.cursor, state.order = raw["step"], raw["cursor"], raw["order"]
+    state.history, state.best, state.seconds = raw["history"], raw["best"], raw.get("seconds", 0.0)
+    st = raw["rng"]
+    rng.setstate((st[0], tuple(st[1]), st[2]))
