@@ -142,6 +142,7 @@ def evaluate_beir(
     dump_dir: str | Path | None = None,
     keep_identical_ids: bool = False,
     engine: SearchEngine | None = None,
+    fusion: float | None = None,
 ) -> EvalReport:
     """Evaluate the pipeline on a BEIR dataset and write a TREC run and a JSON report.
 
@@ -169,6 +170,9 @@ def evaluate_beir(
             ``False`` follows BEIR (``ignore_identical_ids=True``), dropping it before
             reranking (see :class:`IgnoreIdenticalIds`). Recorded as
             ``params.keep_identical_ids``.
+        fusion: ``alpha`` in [0, 1]: rank by ``alpha * z(first stage) + (1 - alpha) *
+            z(reranker)`` (:attr:`attnrank.pipeline.SearchOptions.fusion`, the served fused
+            path); ``None`` = the reranker's order. Named ``-f<alpha>`` in the report.
         engine: Run the searches elsewhere, e.g. on Ray
             (:class:`attnrank.eval.distributed.RayEngine`; the first stage still runs here);
             default: this process. The report is the same apart from timings and ``params.engine``.
@@ -216,11 +220,13 @@ def evaluate_beir(
     if not keep_identical_ids and retriever in pipeline.retrievers:
         dropper = IgnoreIdenticalIds(pipeline.retrievers[retriever])
         pipeline.retrievers = {**pipeline.retrievers, retriever: dropper}
-    options = SearchOptions(top_k=EVAL_TOP_K, retriever=retriever, rerank=rerank, candidates=candidates)
+    options = SearchOptions(top_k=EVAL_TOP_K, retriever=retriever, rerank=rerank, candidates=candidates,
+                            fusion=fusion)
     reranking = rerank != NO_RERANK
     name = report_name(
         dataset, split, retriever, rerank,
         f"c{candidates}" if reranking else None,
+        f"f{fusion:g}" if reranking and fusion is not None else None,
         config_suffix(reranker_config, reranking),
         "keepids" if keep_identical_ids else None,
         subset_suffix(len(selected), max_queries, seed),
@@ -230,7 +236,7 @@ def evaluate_beir(
         "candidates": candidates, "max_queries": max_queries, "seed": seed,
         "index_dir": str(index_dir), "out_dir": str(out_dir),
         "reranker_config": config_dict(config.reranker) if reranking else None,
-        "metrics": list(metrics),
+        "metrics": list(metrics), "fusion": fusion,
         "keep_identical_ids": keep_identical_ids,
     }
     report = run_evaluation(

@@ -176,11 +176,15 @@ def design(item: QueryItem, spec: str, layers: Sequence[int] | None = None) -> n
 
 def fit_listwise(
     items: Sequence[QueryItem], spec: str, *, l2: float = 1e-3, epochs: int = 200, lr: float = 0.05,
-    temperature: float = 1.0, layers: Sequence[int] | None = None, seed: int = 0,
+    temperature: float = 1.0, layers: Sequence[int] | None = None, seed: int = 0, loss: str = "listwise",
 ) -> np.ndarray:
-    """Linear weights ``(F,)`` minimising the listwise softmax loss over each query's
-    candidates with every positive counted (``-log sum_pos softmax``; graded labels weight
-    positives by ``2^grade - 1``), plus ``l2 * |w|^2``. Full-batch Adam in torch, float64.
+    """Linear weights ``(F,)`` minimising, plus ``l2 * |w|^2`` (full-batch Adam in torch, float64):
+
+    ``loss="listwise"``: the softmax loss over each query's candidates with every positive
+    counted (``-log sum_pos softmax(s / temperature)``; graded labels weight positives by
+    ``2^grade - 1``); ``loss="pairwise"``: RankNet's logistic loss
+    ``log(1 + exp(-(s_i - s_j) / temperature))`` over every pair with ``grade_i > grade_j``,
+    averaged per query (Burges et al. 2005).
 
     Queries without a positive or without a negative among the candidates are skipped.
     """
@@ -198,15 +202,20 @@ def fit_listwise(
     F = Xs[0].shape[1]
     w = torch.zeros(F, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([w], lr=lr)
+    if loss not in ("listwise", "pairwise"):
+        raise ValueError(f"loss must be 'listwise' or 'pairwise', got {loss!r}")
+    pairs = [(y[:, None] > y[None, :]) for y in Ys]
     for _ in range(epochs):
         opt.zero_grad()
-        loss = torch.zeros((), dtype=torch.float64)
-        for X, y in zip(Xs, Ys):
+        total = torch.zeros((), dtype=torch.float64)
+        for X, y, better in zip(Xs, Ys, pairs):
             s = X @ w / temperature
-            lse = torch.logsumexp(s, 0)
-            loss = loss - torch.logsumexp(s + torch.log(y.clamp_min(1e-30)), 0) + lse
-        loss = loss / len(Xs) + l2 * (w * w).sum()
-        loss.backward()
+            if loss == "pairwise":
+                total = total + torch.nn.functional.softplus(-(s[:, None] - s[None, :]))[better].mean()
+            else:
+                total = total - torch.logsumexp(s + torch.log(y.clamp_min(1e-30)), 0) + torch.logsumexp(s, 0)
+        total = total / len(Xs) + l2 * (w * w).sum()
+        total.backward()
         opt.step()
     return w.detach().numpy()
 
@@ -314,6 +323,7 @@ def run_study(
     train: Sequence[QueryItem], dev: Sequence[QueryItem], dev_qrels: Mapping[str, Mapping[str, int]],
     tests: Mapping[str, tuple[Sequence[QueryItem], Mapping[str, Mapping[str, int]]]], *,
     l2s: Sequence[float] = (1e-3, 1e-2, 1e-1, 1.0), layers: Sequence[int] | None = None, epochs: int = 150,
+    loss: str = "listwise", temperature: float = 1.0,
 ) -> dict[str, Any]:
     """Every variant chosen on ``dev`` only, then scored on each test set: nDCG@10 (x100),
     delta against the first stage and a paired randomization test.
@@ -339,7 +349,7 @@ def run_study(
                         ("heads+raw+signal+first", "learned weights on all attention features + first stage (fused)")):
         best = None
         for l2 in l2s:
-            w = fit_listwise(train, spec, l2=l2, epochs=epochs, layers=layers)
+            w = fit_listwise(train, spec, l2=l2, epochs=epochs, layers=layers, loss=loss, temperature=temperature)
             v = {"kind": "linear", "spec": spec, "weights": w.tolist(), "layers": list(layers) if layers else None}
             score = _mean(ndcg10(dev, variant_run(dev, v), dev_qrels))
             logger.info("study: %s l2=%g dev nDCG@10 %.2f", spec, l2, score)

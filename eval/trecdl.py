@@ -62,6 +62,7 @@ def evaluate_trec_dl(
     qrels: str | Path | None = None,
     run_file: str | Path | None = None,
     engine: SearchEngine | None = None,
+    fusion: float | None = None,
 ) -> EvalReport:
     """Rerank a TREC DL first-stage run and evaluate it; writes a TREC run and a JSON report.
 
@@ -86,6 +87,9 @@ def evaluate_trec_dl(
             ``keep_attention``), for head detection and ablations.
         topics, qrels, run_file: Explicit file paths (topics TSV, qrels, rank_llm run
             JSON), for files named otherwise; they replace the ones found in ``data_dir``.
+        fusion: ``alpha`` in [0, 1]: rank by ``alpha * z(first stage) + (1 - alpha) *
+            z(reranker)`` (:attr:`attnrank.pipeline.SearchOptions.fusion`, the served fused
+            path); ``None`` = the reranker's order. Named ``-f<alpha>`` in the report.
         engine: Run the searches elsewhere, e.g. on Ray
             (:class:`attnrank.eval.distributed.RayEngine`); default: this process. The report
             is the same apart from timings and ``params.engine``.
@@ -132,11 +136,13 @@ def evaluate_trec_dl(
         max_top_k=1000,
         max_candidates=1000,
     )
-    options = SearchOptions(top_k=EVAL_TOP_K, retriever="run", rerank=rerank, candidates=candidates)
+    options = SearchOptions(top_k=EVAL_TOP_K, retriever="run", rerank=rerank, candidates=candidates,
+                            fusion=fusion)
     reranking = rerank != NO_RERANK
     name = report_name(
         dataset, paths.year, run_name, rerank,
         f"c{candidates}" if reranking else None,
+        f"f{fusion:g}" if reranking and fusion is not None else None,
         config_suffix(reranker_config, reranking),
         subset_suffix(len(selected), max_queries, seed),
     )
@@ -150,7 +156,7 @@ def evaluate_trec_dl(
         "candidates": candidates, "max_queries": max_queries, "seed": seed, "out_dir": str(out_dir),
         "year": paths.year, "topics": str(paths.topics), "qrels": str(paths.qrels), "run_file": str(paths.run_json),
         "reranker_config": config_dict(base_config) if reranking else None,
-        "metrics": list(metrics),
+        "metrics": list(metrics), "fusion": fusion,
     }
     return run_evaluation(
         pipeline, selected, qrels, options, metrics,

@@ -396,6 +396,11 @@ def rerank_batch_cmd(
 
 
 # ---------------------------------------------------------------------------- eval
+FusionOpt = Annotated[Optional[float], typer.Option(
+    "--fusion", help="Rank by ALPHA z(first stage) + (1 - ALPHA) z(reranker) (the served fused path, "
+    "/search rerank.fusion); default: the reranker's order.")]
+
+
 @eval_app.command("beir")
 def eval_beir(
     data: Annotated[Path, typer.Option("--data", help="BEIR-layout dataset folder.")],
@@ -420,6 +425,7 @@ def eval_beir(
     actors: ActorsOpt = None,
     actor_cpus: ActorCpusOpt = None,
     actor_gpus: ActorGpusOpt = None,
+    fusion: FusionOpt = None,
 ) -> None:
     """nDCG@10, Recall@100, MRR@10 of the pipeline on a BEIR dataset; writes a TREC run and a JSON report."""
     from attnrank.eval.beir import evaluate_beir
@@ -430,7 +436,7 @@ def eval_beir(
         data, split=split, retriever=retriever, rerank=rerank, candidates=candidates,
         max_queries=max_queries, seed=seed, index_dir=index, out_dir=out,
         reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
-        dump_dir=dump, keep_identical_ids=keep_identical_ids, engine=search_engine,
+        dump_dir=dump, keep_identical_ids=keep_identical_ids, engine=search_engine, fusion=fusion,
     )
     typer.echo(format_table([report]))
 
@@ -465,6 +471,7 @@ def eval_trec_dl(
     actors: ActorsOpt = None,
     actor_cpus: ActorCpusOpt = None,
     actor_gpus: ActorGpusOpt = None,
+    fusion: FusionOpt = None,
 ) -> None:
     """nDCG@10, Recall@100, MRR@10, Judged@10 of reranking a TREC DL first-stage run (any year).
 
@@ -477,6 +484,7 @@ def eval_trec_dl(
     report = evaluate_trec_dl(
         data, run_name=run, rerank=rerank, candidates=candidates, max_queries=max_queries, seed=seed,
         out_dir=out, dump_dir=dump, year=year, topics=topics, qrels=qrels, run_file=run_file, engine=search_engine,
+        fusion=fusion,
         reranker_config=_eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump),
     )
     typer.echo(format_table([report]))
@@ -787,6 +795,10 @@ def eval_study_fit(
     epochs: Annotated[int, typer.Option("--epochs")] = 150,
     export: Annotated[Optional[Path], typer.Option("--export", help="Write the learned head weights (pure reranker) "
                                                    "as a weights card for --opt scoring=learned.")] = None,
+    loss: Annotated[str, typer.Option("--loss", help="listwise (softmax, every positive) or pairwise (RankNet).")] = "listwise",
+    temperature: Annotated[float, typer.Option("--temperature", help="Scores are divided by it in the loss.")] = 1.0,
+    max_layer: Annotated[Optional[int], typer.Option("--max-layer", help="Use layers 0..N only: the model a store "
+                                                     "with l* = N serves (exact: the query pass is causal in depth).")] = None,
 ) -> None:
     """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
     with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
@@ -802,7 +814,12 @@ def eval_study_fit(
             raise typer.BadParameter(f"expected NAME=DUMP, got {item!r}", param_hint="--test")
         meta, items = load_items(path)
         tests[name] = (items, meta["qrels"])
-    report = run_study(train_items, dev_items, dev_meta["qrels"], tests, epochs=epochs)
+    if loss not in ("listwise", "pairwise"):
+        raise typer.BadParameter(f"expected listwise or pairwise, got {loss!r}", param_hint="--loss")
+    layers = list(range(max_layer + 1)) if max_layer is not None else None
+    report = run_study(train_items, dev_items, dev_meta["qrels"], tests, epochs=epochs, loss=loss,
+                       temperature=temperature, layers=layers)
+    report["fit"] = {"loss": loss, "temperature": temperature, "layers": layers}
     report["train"] = {"dumps": [str(p) for p in train], "queries": len(train_items)}
     if out is not None:
         out.write_text(json.dumps(report, indent=1))

@@ -154,3 +154,18 @@ def test_dl21_folder_evaluates(tmp_path):
     # Pyserini's BM25 (k1=0.9, b=0.4) on MS MARCO v2 passage, DL21: nDCG@10 = 0.4458
     assert report.metrics["nDCG@10"] == pytest.approx(0.4458, abs=5e-5)
     assert report.params["year"] == "dl21" and report.inputs["topics"]["path"].endswith("topics.dl21.txt")
+
+
+def test_fusion_runs_the_served_fused_path(dl19_dir, tmp_path, fake_reranker):
+    kw = dict(run_name="BM25", candidates=10, max_queries=5, seed=3, out_dir=tmp_path, show_progress=False,
+              reranker_config=RerankerConfig(max_doc_tokens=64))
+    base = evaluate_trec_dl(dl19_dir, rerank="none", **{k: v for k, v in kw.items() if k != "reranker_config"},)
+    pure = evaluate_trec_dl(dl19_dir, rerank="fake", **kw)
+    first = evaluate_trec_dl(dl19_dir, rerank="fake", fusion=1.0, **kw)
+    none = evaluate_trec_dl(dl19_dir, rerank="fake", fusion=0.0, **kw)
+    assert first.name.endswith("-fake-c10-f1-t64-q5-s3") and first.params["fusion"] == 1.0
+    # alpha = 1 is the first stage's order, alpha = 0 the reranker's: per query, the same nDCG@10
+    for q in first.query_ids:
+        assert first.per_query[q]["nDCG@10"] == pytest.approx(base.per_query[q]["nDCG@10"], abs=1e-12)
+        assert none.per_query[q]["nDCG@10"] == pytest.approx(pure.per_query[q]["nDCG@10"], abs=1e-12)
+    assert any(pure.per_query[q]["nDCG@10"] != base.per_query[q]["nDCG@10"] for q in pure.query_ids)
