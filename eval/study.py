@@ -184,7 +184,9 @@ def fit_listwise(
     counted (``-log sum_pos softmax(s / temperature)``; graded labels weight positives by
     ``2^grade - 1``); ``loss="pairwise"``: RankNet's logistic loss
     ``log(1 + exp(-(s_i - s_j) / temperature))`` over every pair with ``grade_i > grade_j``,
-    averaged per query (Burges et al. 2005).
+    averaged per query (Burges et al. 2005); ``loss="lambdarank"``: the same pairs weighted
+    by ``|delta nDCG@10|`` of swapping them in the current ranking (Burges 2010, "From
+    RankNet to LambdaRank to LambdaMART", Section 4), normalised per query.
 
     Queries without a positive or without a negative among the candidates are skipped.
     """
@@ -202,9 +204,19 @@ def fit_listwise(
     F = Xs[0].shape[1]
     w = torch.zeros(F, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([w], lr=lr)
-    if loss not in ("listwise", "pairwise"):
-        raise ValueError(f"loss must be 'listwise' or 'pairwise', got {loss!r}")
+    if loss not in ("listwise", "pairwise", "lambdarank"):
+        raise ValueError(f"loss must be 'listwise', 'pairwise' or 'lambdarank', got {loss!r}")
     pairs = [(y[:, None] > y[None, :]) for y in Ys]
+
+    def delta_ndcg(s: Any, gain: Any) -> Any:
+        """|delta nDCG@10| of swapping each pair in the ranking by ``s`` (no gradient)."""
+        rank = torch.empty_like(s, dtype=torch.long)
+        rank[torch.argsort(-s)] = torch.arange(len(s))
+        disc = torch.where(rank < 10, 1.0 / torch.log2(rank.double() + 2.0), torch.zeros_like(s))
+        ideal = torch.sort(gain, descending=True).values[:10]
+        idcg = float((ideal / torch.log2(torch.arange(len(ideal), dtype=torch.float64) + 2.0)).sum())
+        return ((gain[:, None] - gain[None, :]) * (disc[:, None] - disc[None, :])).abs() / max(idcg, 1e-12)
+
     for _ in range(epochs):
         opt.zero_grad()
         total = torch.zeros((), dtype=torch.float64)
@@ -212,6 +224,10 @@ def fit_listwise(
             s = X @ w / temperature
             if loss == "pairwise":
                 total = total + torch.nn.functional.softplus(-(s[:, None] - s[None, :]))[better].mean()
+            elif loss == "lambdarank":
+                lam = delta_ndcg(s.detach(), y)[better]
+                pair = torch.nn.functional.softplus(-(s[:, None] - s[None, :]))[better]
+                total = total + (lam * pair).sum() / lam.sum().clamp_min(1e-12)
             else:
                 total = total - torch.logsumexp(s + torch.log(y.clamp_min(1e-30)), 0) + torch.logsumexp(s, 0)
         total = total / len(Xs) + l2 * (w * w).sum()

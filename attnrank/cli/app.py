@@ -795,7 +795,8 @@ def eval_study_fit(
     epochs: Annotated[int, typer.Option("--epochs")] = 150,
     export: Annotated[Optional[Path], typer.Option("--export", help="Write the learned head weights (pure reranker) "
                                                    "as a weights card for --opt scoring=learned.")] = None,
-    loss: Annotated[str, typer.Option("--loss", help="listwise (softmax, every positive) or pairwise (RankNet).")] = "listwise",
+    loss: Annotated[str, typer.Option("--loss", help="listwise (softmax, every positive), pairwise (RankNet) or "
+                                      "lambdarank (pairs weighted by |delta nDCG@10|).")] = "listwise",
     temperature: Annotated[float, typer.Option("--temperature", help="Scores are divided by it in the loss.")] = 1.0,
     max_layer: Annotated[Optional[int], typer.Option("--max-layer", help="Use layers 0..N only: the model a store "
                                                      "with l* = N serves (exact: the query pass is causal in depth).")] = None,
@@ -814,8 +815,8 @@ def eval_study_fit(
             raise typer.BadParameter(f"expected NAME=DUMP, got {item!r}", param_hint="--test")
         meta, items = load_items(path)
         tests[name] = (items, meta["qrels"])
-    if loss not in ("listwise", "pairwise"):
-        raise typer.BadParameter(f"expected listwise or pairwise, got {loss!r}", param_hint="--loss")
+    if loss not in ("listwise", "pairwise", "lambdarank"):
+        raise typer.BadParameter(f"expected listwise, pairwise or lambdarank, got {loss!r}", param_hint="--loss")
     layers = list(range(max_layer + 1)) if max_layer is not None else None
     report = run_study(train_items, dev_items, dev_meta["qrels"], tests, epochs=epochs, loss=loss,
                        temperature=temperature, layers=layers)

@@ -64,6 +64,16 @@ def test_fit_finds_the_informative_head_and_beats_the_first_stage() -> None:
     assert set(run) == {it.query_id for it in test} and all(len(v) == 12 for v in run.values())
 
 
+@pytest.mark.parametrize("loss", ["pairwise", "lambdarank"])
+def test_pairwise_losses_find_the_informative_head(loss) -> None:
+    train, _ = _items(40, seed=3)
+    w = fit_listwise(train, "heads", l2=1e-3, epochs=100, loss=loss)
+    assert int(np.argmax(w)) == 2 * 3 + 1
+    assert w[2 * 3 + 1] > 3 * np.abs(np.delete(w, 2 * 3 + 1)).max()
+    with pytest.raises(ValueError, match="lambdarank"):
+        fit_listwise(train, "heads", loss="hinge")
+
+
 def test_run_study_chooses_on_dev_and_reports_tests() -> None:
     train, _ = _items(30, seed=5)
     dev, dev_qrels = _items(15, seed=6)
