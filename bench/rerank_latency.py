@@ -14,8 +14,15 @@ one table: median latency (s), peak RSS (GB), tokens/s, achieved GFLOP/s (estima
 the layers that ran / latency), the ICR/BlockRank latency ratio, and the machine's float32
 matmul GFLOP/s measured in the same run.
 
+``--scoring`` picks the BlockRank scorer of the ``blockrank`` and ``cached`` paths
+(``signal``, the default; ``calibrated`` and ``learned`` run the query block and the ``N/A``
+calibration block, merged into one pass on the fast path, and read every layer up to
+``l*``; ``learned`` needs ``--layer 15`` and the shipped weights card's 128-token budget).
+The JSON rows also carry the last run's stage timings (seconds).
+
     python bench/rerank_latency.py [--data ../shared/data/msmarco-trec-dl-2019-passage]
-        [--ns 10,20,50,100,200,500] [--timeout 900] [--model DIR] [--device cpu]
+        [--ns 10,20,50,100,200,500,1000] [--paths cached] [--scoring signal] [--layer L]
+        [--timeout 900] [--model DIR] [--device cpu] [--threads 0]
 """
 
 from __future__ import annotations
@@ -88,7 +95,9 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads) if args.threads else None
     query, pairs = pooled_passages(Path(args.data), args.n)
     docs = [Document(i, t) for i, t in pairs]
-    cfg = RerankerConfig(method=args.path, model=args.model, max_doc_tokens=128, device=args.device)
+    br_options = {"scoring": args.scoring} | ({"layer": args.layer} if args.layer is not None else {})
+    cfg = RerankerConfig(method=args.path, model=args.model, max_doc_tokens=128, device=args.device,
+                         options=br_options if args.path == "blockrank" else {})
     if args.path == "cached":
         import os
         import tempfile
@@ -98,11 +107,12 @@ def worker(args) -> None:
 
         os.environ["ATTNRANK_BLOCK_CACHE_BYTES"] = "0"
         cfg = RerankerConfig(method="blockrank", model=args.model, max_doc_tokens=128, device=args.device,
-                             options={"query_in_instruction": False})
+                             options={"query_in_instruction": False, **br_options})
     r = (ICRReranker if args.path == "icr" else BlockRankReranker)(cfg)
     lm = r.load().lm
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     mc = lm.model.config
+    last_timings: dict[str, float] = {}
 
     if args.path == "icr":
         prompt = r.build_prompt(query, docs, check_context=False)
@@ -118,6 +128,10 @@ def worker(args) -> None:
     elif args.path == "cached":
         prompt = r.build_prompt(query, docs)
         L0, lens, Lq = len(prompt.instruction_ids), prompt.doc_lengths, len(prompt.query_ids)
+        if args.scoring != "signal":  # the query and N/A blocks share one pass (common prefix once)
+            from attnrank.reranker.blockrank import MergedRows
+
+            Lq = len(MergedRows.of([prompt.query_ids, prompt.calib_ids]).ids)
         tokens = Lq
         positions = prompt.query_offset + Lq
         pairs_ = Lq * (L0 + sum(lens)) + Lq * (Lq + 1) // 2
@@ -130,6 +144,7 @@ def worker(args) -> None:
         def run():
             out = r.rerank(Query("q", query), docs, block_store=store)
             assert out.details["cache"]["hits"] == len(docs)
+            last_timings.update(out.details["timings"])
     else:
         prompt = r.build_prompt(query, docs)
         L0, lens, Lq = len(prompt.instruction_ids), prompt.doc_lengths, len(prompt.query_ids)
@@ -139,7 +154,7 @@ def worker(args) -> None:
         flops = (r.layer + 1) * layer_flops(mc, tokens, pairs_)
 
         def run():
-            r.scores(prompt)
+            last_timings.update(r.scores(prompt)[1])
     times = []
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -149,7 +164,8 @@ def worker(args) -> None:
     print(json.dumps({
         "path": args.path, "n": args.n, "times": times, "median": statistics.median(times), "tokens": tokens,
         "max_position": positions, "trained_positions": lm.max_positions, "flops": flops,
-        "peak_rss_gb": peak, "loaded_rss_gb": rss_loaded,
+        "peak_rss_gb": peak, "loaded_rss_gb": rss_loaded, "scoring": args.scoring,
+        "timings": {k: round(v, 4) for k, v in last_timings.items()},
     }))
 
 
@@ -163,6 +179,9 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--scoring", default="signal", choices=["signal", "calibrated", "learned"],
+                    help="BlockRank scorer of the blockrank and cached paths")
+    ap.add_argument("--layer", type=int, default=None, help="BlockRank scoring layer l* (default: the model's)")
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", choices=["icr", "blockrank", "cached"], help=argparse.SUPPRESS)
@@ -184,7 +203,9 @@ def main() -> None:
                 rows[(path, n)] = {"status": "not run: a smaller N already hit the limit"}
                 continue
             base = [sys.executable, __file__, "--worker", "--path", path, "--n", str(n), "--data", args.data,
-                    "--device", args.device, "--threads", str(args.threads)] + (["--model", args.model] if args.model else [])
+                    "--device", args.device, "--threads", str(args.threads), "--scoring", args.scoring] \
+                + (["--model", args.model] if args.model else []) \
+                + (["--layer", str(args.layer)] if args.layer is not None else [])
 
             def measure(repeats: int):
                 try:

@@ -8,7 +8,7 @@ seen by the client (seconds), the server's rerank stage p50, and the block cache
 and misses (cached BlockRank). The first ``--warmup`` queries of a setting are not timed.
 
     python bench/search_latency.py --index INDEX [--candidates 20,100] [--queries 30]
-        [--settings cached-calibrated,cached-signal,icr] [--torch-threads 1]
+        [--settings cached-calibrated,cached-signal,cached-learned,icr] [--torch-threads 1]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "cached-calibrated": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "calibrated"}),
     "cached-signal": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "signal"}),
+    "cached-learned": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "learned"}),
     "icr": ("icr", {}),
     "blockrank": ("blockrank", {}),
 }

@@ -26,6 +26,17 @@ run the query block against them. Only layers ``0..l*`` run; no LM head. Cost is
 block-sparse mask (quadratic; for tests). Both are differentiable when called under
 ``torch.enable_grad`` (training reuses them).
 
+Fast path (issue #13; without gradients only, :attr:`BlockRankReranker.fast_path`): the
+context is copied once into a buffer reused across queries, with room after it where the
+query pass writes its own keys/values in place (no per-layer concatenation,
+:func:`attnrank.reranker.doccache.query_cache`); attention splits into the unmasked
+context (chunked CPU flash attention) and the block's own keys, merged by log-sum-exp
+(:class:`attnrank.reranker.attention.ContextSplit`); the last layer computes only its
+captured rows; ``scoring="calibrated"``/``"learned"`` run the query and ``N/A`` blocks as
+ONE pass (:func:`merged_query_pass`, their common prefix once) and read mean attention
+from log-sum-exps. Scores equal the exact path's to float32 rounding (oracle tests in
+``tests/reranker/test_blockrank_fast.py``).
+
 Score (``scoring="signal"``): at layer ``l*`` (default ``round(0.6 L)``),
 ``z_ij = q_i . k_j / sqrt(d)`` from each signal token ``i`` to candidate tokens ``j``
 only; ``alpha_ij = softmax_j(z_ij)``; ``S(d) = mean_heads mean_signal sum_{j in d} alpha_ij``.
@@ -51,6 +62,7 @@ from attnrank.errors import ContextOverflowError
 from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
 from attnrank.reranker.doccache import cache_from as _cache_from
 from attnrank.reranker.doccache import neg_inf as _neg
+from attnrank.reranker.doccache import query_cache as _query_cache
 from attnrank.reranker.options import BlockRankOptions
 from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
 from attnrank.reranker.scoring import CALIBRATION_QUERY, masked_document_scores, spans_from_lengths
@@ -127,7 +139,8 @@ class BlockAttention:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int = 64) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
+def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int = 64, reserve: int = 0,
+               buffer: Any = None) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
     """Steps (1)-(2) of the linear forward: keys/values of block 0 and of every candidate
     block (each against block 0 only, positions restarting at ``L0``), for layers
     ``0..layer``, concatenated without padding.
@@ -135,8 +148,14 @@ def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int 
     Candidate blocks depend only on block 0 and themselves, so this is also the part a
     document KV cache can hold (ALGORITHMS.md section 3, ``query_in_instruction=false``).
 
+    Args:
+        reserve, buffer: Under inference, room left after the context for the query pass's
+            own keys/values, and reused storage
+            (:func:`attnrank.reranker.doccache.assemble_kv`); ignored with gradients enabled.
+
     Returns:
-        ``([(keys, values)] per layer, each (1, kv_heads, L0 + D, head_dim)), timings``.
+        ``([(keys, values)] per layer, each (1, kv_heads, L0 + D, head_dim)), timings``
+        (seconds).
     """
     from attnrank.reranker.doccache import assemble_kv, encode_blocks, instruction_kv
 
@@ -149,12 +168,20 @@ def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int 
     t1 = time.perf_counter()
     per_doc = encode_blocks(lm, kv0, prompt.doc_ids, layer, batch_size=doc_batch_size)
     timings["documents"] = time.perf_counter() - t1
-    return assemble_kv(kv0, per_doc, layer), timings
+    return assemble_kv(kv0, per_doc, layer, reserve=reserve, buffer=buffer), timings
+
+
+def _use_fast(fast: bool | None) -> bool:
+    """The fast query-pass path runs without autograd only (``fast=None``: whenever
+    gradients are disabled; ``False``: never)."""
+    import torch
+
+    return (fast is None or fast) and not torch.is_grad_enabled()
 
 
 def query_pass(
     lm: Any, prompt: BlockPrompt, kv: list[tuple[Any, Any]], capture: Any, *,
-    query_ids: list[int] | None = None, stop: bool = True,
+    query_ids: list[int] | None = None, stop: bool = True, fast: bool | None = None,
 ) -> Any:
     """Step (3): the query block against block 0 and every candidate token.
 
@@ -166,29 +193,144 @@ def query_pass(
             tokens (training).
         stop: When ``False`` the capture must not stop early and the model output (hidden
             states of the query block) is returned.
+        fast: ``None`` (default): without gradients (``torch.inference_mode``/``no_grad``)
+            take the fast path: the query block's keys/values are written in place into the
+            room ``kv`` reserves (:func:`attnrank.reranker.doccache.query_cache`; the context
+            is never copied) and attention splits into the unmasked context and the block's
+            own keys (:class:`attnrank.reranker.attention.ContextSplit`). With gradients
+            enabled, or ``False``: the concatenating cache and SDPA under the full mask
+            (differentiable; the exact path the fast one is tested against).
 
     Returns:
         The base model's output, or ``None`` when the pass stopped early.
     """
     import torch
 
-    from attnrank.reranker.attention import run_with_capture
+    from attnrank.reranker.attention import ContextSplit, run_with_capture
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
     qids = prompt.query_ids if query_ids is None else query_ids
     Lq, K = len(qids), kv[0][0].shape[2]
-    qcache = _cache_from(kv, lm.model.config)
-    allowed = torch.cat(
-        [torch.ones(Lq, K, dtype=torch.bool, device=dev), torch.tril(torch.ones(Lq, Lq, dtype=torch.bool, device=dev))],
-        dim=-1,
-    )
-    qmask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, _neg(dtype))[None, None]
+    fast = _use_fast(fast)
+    qcache = _query_cache(kv, lm.model.config, Lq) if fast else _cache_from(kv, lm.model.config)
+    qmask = torch.zeros((1, 1, Lq, K + Lq), dtype=dtype, device=dev)
+    blocked = ~torch.tril(torch.ones(Lq, Lq, dtype=torch.bool, device=dev))
+    qmask[0, 0, :, K:].masked_fill_(blocked, _neg(dtype))
     qpos = (prompt.query_offset + torch.arange(Lq, device=dev))[None]
+    extra = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
     return run_with_capture(
         lm.model.base_model, capture, input_ids=torch.tensor([qids], device=dev), position_ids=qpos,
-        attention_mask=qmask, cache=qcache, use_cache=True,
+        attention_mask=qmask, cache=qcache, use_cache=True, **extra,
     )
+
+
+@dataclass(frozen=True)
+class MergedRows:
+    """Several query blocks run as ONE query pass (:func:`merged_query_pass`).
+
+    The blocks' longest common prefix runs once (its rows are the same in every block:
+    same tokens, same positions, same context, causal attention), then each block's
+    remaining tokens. Every row sees the whole context; a prefix row sees the prefix
+    causally; a row of block ``b``'s rest sees the prefix and ``b``'s rest causally,
+    nothing of the other blocks. Positions: row ``j`` of block ``b`` sits at
+    ``query_offset + j`` as in its own pass.
+
+    Attributes:
+        ids: Token ids of the ``R`` merged rows.
+        positions: Per row, its offset from ``query_offset``.
+        members: Per block, its rows (indices into the ``R`` rows), in token order.
+        allowed: bool ``(R, R)``: which of the pass's own keys each row may attend to.
+    """
+
+    ids: list[int]
+    positions: list[int]
+    members: list[list[int]]
+    allowed: Any
+
+    @staticmethod
+    def of(blocks: Sequence[Sequence[int]], device: Any = "cpu") -> MergedRows:
+        """The merged layout of ``blocks`` (each non-empty).
+
+        Raises:
+            ValueError: no block, or an empty block.
+        """
+        import torch
+
+        if not blocks or any(len(b) == 0 for b in blocks):
+            raise ValueError("merged query pass: every block must be non-empty")
+        P = 0
+        while all(len(b) > P for b in blocks) and len({b[P] for b in blocks}) == 1:
+            P += 1
+        ids, pos, seg = list(blocks[0][:P]), list(range(P)), [-1] * P
+        members = []
+        for i, b in enumerate(blocks):
+            start = len(ids)
+            ids += list(b[P:])
+            pos += list(range(P, len(b)))
+            seg += [i] * (len(b) - P)
+            members.append(list(range(P)) + list(range(start, len(ids))))
+        s = torch.tensor(seg, device=device)
+        idx = torch.arange(len(ids), device=device)
+        allowed = (idx[None, :] <= idx[:, None]) & ((s[None, :] == -1) | (s[None, :] == s[:, None]))
+        return MergedRows(ids, pos, members, allowed)
+
+    def weights(self, dtype: Any = None) -> Any:
+        """float ``(G, R)``: ``1 / len(block g)`` on block ``g``'s rows (its row mean)."""
+        import torch
+
+        w = torch.zeros(len(self.members), len(self.ids), dtype=dtype or torch.float32, device=self.allowed.device)
+        for g, rows in enumerate(self.members):
+            w[g, rows] = 1.0 / len(rows)
+        return w
+
+
+def merged_query_pass(
+    lm: Any, prompt: BlockPrompt, kv: list[tuple[Any, Any]], capture: Any, blocks: Sequence[Sequence[int]], *,
+    fast: bool | None = None,
+) -> MergedRows:
+    """Step (3) for several query blocks at once (:class:`MergedRows`), e.g. the query block
+    and the ``N/A`` calibration block: the context's keys/values are read once per layer
+    instead of once per block, and the blocks' common prefix runs once. Equal, to float32
+    rounding, to one :func:`query_pass` per block (oracle tests).
+
+    Args:
+        kv: :func:`context_kv` output (its reserved room should hold the merged rows).
+        capture: An :class:`attnrank.reranker.attention.AttentionCapture` in ``"mean"`` mode
+            with ``rows=None``; its ``row_weights`` are set here, so ``capture.out[layer]`` is
+            ``(len(blocks), heads, K + R)``: block ``g``'s mean attention over the context's
+            ``K`` keys and the ``R`` merged rows (zero on rows it cannot see).
+        blocks: Token ids of each query block.
+        fast: As :func:`query_pass`.
+
+    Returns:
+        The layout of the merged rows.
+
+    Raises:
+        ValueError: a capture not in ``"mean"`` mode over all rows, or an empty block.
+    """
+    import torch
+
+    from attnrank.reranker.attention import ContextSplit, run_with_capture
+
+    if capture.mode != "mean" or capture.rows is not None:
+        raise ValueError("merged_query_pass reads per-block mean attention: capture mode 'mean' with rows=None")
+    dev = lm.device
+    dtype = next(lm.model.parameters()).dtype
+    rows = MergedRows.of(blocks, device=dev)
+    R, K = len(rows.ids), kv[0][0].shape[2]
+    fast = _use_fast(fast)
+    qcache = _query_cache(kv, lm.model.config, R) if fast else _cache_from(kv, lm.model.config)
+    qmask = torch.zeros((1, 1, R, K + R), dtype=dtype, device=dev)
+    qmask[0, 0, :, K:].masked_fill_(~rows.allowed, _neg(dtype))
+    qpos = (prompt.query_offset + torch.tensor(rows.positions, device=dev))[None]
+    capture.row_weights = rows.weights()
+    extra = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    run_with_capture(
+        lm.model.base_model, capture, input_ids=torch.tensor([rows.ids], device=dev), position_ids=qpos,
+        attention_mask=qmask, cache=qcache, use_cache=True, **extra,
+    )
+    return rows
 
 
 def block_forward(
@@ -201,6 +343,7 @@ def block_forward(
     read_layers: Sequence[int] | None = None,
     doc_batch_size: int = 64,
     kv: list[tuple[Any, Any]] | None = None,
+    fast: bool | None = None,
 ) -> tuple[dict[int, Any], dict[str, float]]:
     """Exact linear BlockRank forward up to ``layer`` (inclusive): :func:`context_kv` then
     :func:`query_pass`.
@@ -217,6 +360,7 @@ def block_forward(
         kv: Keys/values of block 0 and the candidates for layers ``0..>= layer``, as
             :func:`context_kv` returns them, when already computed (or read from a document
             KV store, :mod:`attnrank.reranker.doccache`): then only the query block runs.
+        fast: As :func:`query_pass` (the default takes the fast path without gradients).
 
     Returns:
         ``({layer: tensor}, timings)`` where tensors are ``(1, heads, rows, K)`` logits or
@@ -228,10 +372,10 @@ def block_forward(
     from attnrank.reranker.attention import AttentionCapture
 
     timings: dict[str, float] = {}
-    if kv is None:
-        kv, timings = context_kv(lm, prompt, layer, doc_batch_size=doc_batch_size)
-    t2 = time.perf_counter()
     Lq = len(prompt.query_ids if query_ids is None else query_ids)
+    if kv is None:
+        kv, timings = context_kv(lm, prompt, layer, doc_batch_size=doc_batch_size, reserve=Lq)
+    t2 = time.perf_counter()
     if mode == "logits":
         cap = AttentionCapture(
             layers=set(read_layers or [layer]), rows=slice(Lq - prompt.n_signal, Lq), mode="logits", stop_after=layer,
@@ -239,9 +383,57 @@ def block_forward(
         )
     else:
         cap = AttentionCapture(layers=set(read_layers or [layer]), mode="mean", stop_after=layer)
-    query_pass(lm, prompt, kv, cap, query_ids=query_ids)
+    query_pass(lm, prompt, kv, cap, query_ids=query_ids, fast=fast)
     timings["query"] = time.perf_counter() - t2
     return cap.out, timings
+
+
+def calibrated_forward(
+    lm: Any, prompt: BlockPrompt, layer: int, *, read_layers: Sequence[int] | None = None, doc_batch_size: int = 64,
+    kv: list[tuple[Any, Any]] | None = None, fast: bool | None = None,
+) -> tuple[dict[int, Any], dict[int, Any], dict[str, float]]:
+    """Mean attention of the query block and of the ``N/A`` calibration block
+    (``prompt.calib_ids``), as two :func:`block_forward` calls in ``"mean"`` mode return
+    them, from ONE :func:`merged_query_pass` on the fast path (without gradients).
+
+    Args:
+        As :func:`block_forward`.
+
+    Returns:
+        ``(query, calibration, timings)``: ``{layer: (1, heads, L0 + D + Lq)}`` and
+        ``{layer: (1, heads, L0 + D + Lc)}`` float32 mean probabilities (keys: block 0, the
+        candidates, the block's own tokens), and timings in seconds (``"query"``, plus
+        ``"calibration"`` on the two-pass path).
+    """
+    import torch
+
+    from attnrank.reranker.attention import AttentionCapture
+
+    Lq, Lc = len(prompt.query_ids), len(prompt.calib_ids)
+    timings: dict[str, float] = {}
+    if kv is None:
+        kv, timings = context_kv(lm, prompt, layer, doc_batch_size=doc_batch_size, reserve=Lq + Lc)
+    if not _use_fast(fast):  # two passes (the exact path the merged pass is tested against)
+        qo, t = block_forward(lm, prompt, layer, mode="mean", read_layers=read_layers, kv=kv, fast=fast)
+        t0 = time.perf_counter()
+        co, _ = block_forward(lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean", read_layers=read_layers,
+                              kv=kv, fast=fast)
+        return qo, co, {**timings, **t, "calibration": time.perf_counter() - t0}
+    t2 = time.perf_counter()
+    cap = AttentionCapture(layers=set(read_layers or [layer]), mode="mean", stop_after=layer)
+    rows = merged_query_pass(lm, prompt, kv, cap, [prompt.query_ids, prompt.calib_ids], fast=fast)
+    K = kv[0][0].shape[2]
+    outs: list[dict[int, Any]] = [{}, {}]
+    for g, members in enumerate(rows.members):
+        n = len(members)
+        for l, x in cap.out.items():
+            if members == list(range(n)):  # the rows lead the merged pass: a view
+                outs[g][l] = x[g : g + 1, :, : K + n]
+            else:
+                own = K + torch.tensor(members, device=x.device)
+                outs[g][l] = torch.cat([x[g, :, :K], x[g].index_select(-1, own)], dim=-1)[None]
+    timings["query"] = time.perf_counter() - t2
+    return outs[0], outs[1], timings
 
 
 def reference_forward(lm: Any, prompt: BlockPrompt, layer: int) -> Any:
@@ -355,6 +547,10 @@ class BlockRankReranker(AttentionReranker):
     template_version = "v1"
     options_class = BlockRankOptions
     options: BlockRankOptions
+    fast_path: bool = True
+    """``False``: score through the previous exact path (a fresh context per query,
+    concatenating caches, SDPA under the full mask, separate query and calibration passes),
+    the oracle the fast path is tested against; same scores to float32 rounding."""
 
     def __init__(self, config: RerankerConfig, lm: Any = None) -> None:
         """
@@ -369,6 +565,7 @@ class BlockRankReranker(AttentionReranker):
         self._layout: Any = None
         self._kv0: dict[int, Any] = {}
         self._block_source: Any = None
+        self._context_buffer: Any = None
 
     # -- cached mode (query_in_instruction=false) ------------------------------------------
     @property
@@ -491,15 +688,34 @@ class BlockRankReranker(AttentionReranker):
         finally:
             self._call.store = None
 
+    def context_buffer(self):
+        """Storage for the query's context reused across queries
+        (:class:`attnrank.reranker.doccache.ContextBuffer`), or ``None`` when
+        :attr:`fast_path` is off. Used under the LM's lock only."""
+        if not self.fast_path:
+            return None
+        if self._context_buffer is None:
+            from attnrank.reranker.doccache import ContextBuffer
+
+            self._context_buffer = ContextBuffer()
+        return self._context_buffer
+
     def context(self, prompt: BlockPrompt) -> tuple[list[tuple[Any, Any]], dict[str, float], dict[str, int] | None]:
         """Keys/values of block 0 and the candidates (:func:`context_kv`'s layout), timings in
-        seconds, and cache counts (``None`` outside cached mode)."""
+        seconds, and cache counts (``None`` outside cached mode).
+
+        On the fast path the keys/values are views into this reranker's
+        :meth:`context_buffer` with room for the query and calibration blocks after them:
+        valid until the next call (call both under the LM's lock)."""
         import torch
 
         depth = self.kv_depth
+        reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
+        buffer = self.context_buffer()
         with torch.inference_mode():
             if not self.cached:
-                kv, t = context_kv(self.lm, prompt, depth, doc_batch_size=self.options.doc_batch_size)
+                kv, t = context_kv(self.lm, prompt, depth, doc_batch_size=self.options.doc_batch_size,
+                                   reserve=reserve, buffer=buffer)
                 return kv, t, None
             from attnrank.reranker.doccache import assemble_kv
 
@@ -509,22 +725,19 @@ class BlockRankReranker(AttentionReranker):
                 batch_size=self.options.doc_batch_size,
             )
             t0 = time.perf_counter()
-            kv = assemble_kv(kv0, blocks, depth)
+            kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=buffer)
             timings = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
                        "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
                        "blocks_assemble": time.perf_counter() - t0}
             return kv, timings, {"hits": fetch.hits, "misses": fetch.misses}
 
     def _cached_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
-        from attnrank.reranker.doccache import document_block, query_block
+        from attnrank.reranker.doccache import document_blocks, query_block
 
         tok = self.lm.tokenizer
         layout = self.layout
-        docs, truncated = [], []
-        for doc in candidates:
-            ids, cut = document_block(tok, layout, doc.content)
-            docs.append(ids)
-            truncated.append(cut)
+        blocks = document_blocks(tok, layout, [doc.content for doc in candidates])
+        docs, truncated = [ids for ids, _ in blocks], [cut for _, cut in blocks]
         prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
                              query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
                              layout.query_offset, query.strip(), [])
@@ -571,7 +784,7 @@ class BlockRankReranker(AttentionReranker):
         read = sorted({l for l, _ in heads}) if heads else [self.layer]
         with torch.inference_mode():
             out, t = block_forward(self.lm, prompt, max(read), read_layers=read,
-                                   doc_batch_size=self.options.doc_batch_size, kv=kv)
+                                   doc_batch_size=self.options.doc_batch_size, kv=kv, fast=self.fast_path)
         if not heads:
             return signal_token_mass(out[self.layer], L0, D), t
         by_layer: dict[int, list[int]] = {}
@@ -706,11 +919,9 @@ class BlockRankReranker(AttentionReranker):
         with torch.inference_mode():
             layers = list(range(layer + 1))
             D = sum(prompt.doc_lengths)
-            qo, t = block_forward(self.lm, prompt, layer, mode="mean", read_layers=layers, doc_batch_size=bs, kv=kv)
-            t0 = time.perf_counter()
-            co, _ = block_forward(self.lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean",
-                                  read_layers=layers, doc_batch_size=bs, kv=kv)
-            t["calibration"] = time.perf_counter() - t0
+            # the query and N/A blocks in one merged pass (fast path) or two passes
+            qo, co, t = calibrated_forward(self.lm, prompt, layer, read_layers=layers, doc_batch_size=bs, kv=kv,
+                                           fast=self.fast_path)
             if self.options.scoring == "learned":
                 return self._learned_scores(qo, co, layers, L0, prompt.doc_lengths), t
             c = sum((qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]).sum(0) for l in layers)
@@ -801,7 +1012,7 @@ class BlockRankReranker(AttentionReranker):
         L0 = len(prompt.instruction_ids)
         with self.lm.lock, torch.inference_mode():
             out, _ = block_forward(self.lm, prompt, max(layers), read_layers=layers,
-                                   doc_batch_size=self.options.doc_batch_size)
+                                   doc_batch_size=self.options.doc_batch_size, fast=self.fast_path)
         return {l: signal_scores(out[l], L0, prompt.doc_lengths).tolist() for l in layers}
 
     def limits(self) -> dict[str, Any]:

@@ -106,6 +106,21 @@ def document_block(tokenizer: Any, layout: BlockLayout, content: str) -> tuple[l
     return list(layout.open_ids) + body + list(layout.close_ids), cut
 
 
+def document_blocks(tokenizer: Any, layout: BlockLayout, contents: Sequence[str]) -> list[tuple[list[int], bool]]:
+    """:func:`document_block` of every content, tokenised in one batched call of the Rust
+    tokenizer (no per-call overhead; its threads when cores are free). Same ids as
+    :func:`document_block`, in input order."""
+    if not contents:
+        return []
+    texts = [" " + c.strip() for c in contents]
+    enc = tokenizer(texts, add_special_tokens=False, split_special_tokens=True).input_ids
+    out = []
+    for ids in enc:
+        body, cut = truncate(list(ids), layout.max_doc_tokens)
+        out.append((list(layout.open_ids) + body + list(layout.close_ids), cut))
+    return out
+
+
 def query_block(tokenizer: Any, layout: BlockLayout, query: str, answer_prefix: str = "Final Answer: [") -> list[int]:
     """Token ids of the query block: final instruction, the query (untrusted text), the
     answer prefix; its last tokens (``:`` and `` [``) are BlockRank's signal tokens."""
@@ -120,13 +135,102 @@ def block_key(block_ids: Sequence[int]) -> str:
     return hashlib.sha256(",".join(map(str, block_ids)).encode()).hexdigest()
 
 
-def cache_from(kv: Sequence[BlockKV], config: Any):
-    """A transformers ``DynamicCache`` holding ``kv`` (per layer ``(keys, values)``)."""
+def full_cache(config: Any):
+    """An empty transformers ``DynamicCache`` whose every layer keeps all keys and values.
+
+    A model with sliding-window layers (Gemma 3: window 512 in 15 of 18 layers) would get a
+    sliding cache layer there, which keeps only the last ``window - 1`` keys (and refuses
+    ``crop``): the query block would silently see a cut context with misaligned mask columns
+    (measured on Gemma: top 5 changed at 20 candidates). With plain layers, what a row sees
+    is decided by the mask alone: BlockRank's explicit block mask (all position distances in
+    the cached layout stay under the window), or transformers' sliding mask built over the
+    cache's full length (ICR)."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
     cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
+    return cache
+
+
+def cache_from(kv: Sequence[BlockKV], config: Any):
+    """A transformers ``DynamicCache`` holding ``kv`` (per layer ``(keys, values)``); every
+    update concatenates (a copy of the whole layer). Differentiable."""
+    cache = full_cache(config)
     for layer, (k, v) in enumerate(kv):
         cache.update(k, v, layer)
+    return cache
+
+
+class ReservedKV(list):
+    """:func:`assemble_kv`'s output under inference: a list of per-layer ``(keys, values)``
+    (each ``(1, kv_heads, K, head_dim)``, as always) that are views into a larger storage
+    with :attr:`room` free positions after position ``K`` in every head, where a query pass
+    writes its own keys/values in place (:func:`query_cache`) instead of concatenating.
+
+    Attributes:
+        room: Free positions after the context, per layer and head.
+    """
+
+    room: int = 0
+
+
+def _in_place_layer_class():
+    """A ``DynamicLayer`` whose update writes the new keys/values into the room a
+    :class:`ReservedKV` leaves after its context, returning views (no copy of the context)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class InPlaceLayer(DynamicLayer):
+        def __init__(self, keys: Any, values: Any, room: int) -> None:
+            super().__init__()
+            self.keys, self.values, self.room = keys, values, room
+            self.device = keys.device
+            self.is_initialized = True
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            n = key_states.shape[-2]
+            if n > self.room or key_states.shape[:2] != self.keys.shape[:2]:
+                return super().update(key_states, value_states, *args, **kwargs)  # concatenates
+            k, v = (_grow(t, t.shape[-2] + n) for t in (self.keys, self.values))
+            k[:, :, -n:].copy_(key_states)
+            v[:, :, -n:].copy_(value_states)
+            self.keys, self.values, self.room = k, v, self.room - n
+            return k, v
+
+    return InPlaceLayer
+
+
+_IN_PLACE_LAYER: Any = None
+
+
+def _grow(t: Any, length: int) -> Any:
+    """The view of ``t`` ``(B, H, T, d)`` extended to ``length`` positions in its storage."""
+    return t.as_strided((t.shape[0], t.shape[1], length, t.shape[3]), t.stride(), t.storage_offset())
+
+
+def query_cache(kv: Sequence[BlockKV], config: Any, rows: int):
+    """The cache a query pass of ``rows`` tokens runs against.
+
+    Under ``torch.inference_mode``/``no_grad``, with ``kv`` a :class:`ReservedKV` whose room
+    holds ``rows``: every layer writes the pass's keys/values in place after the context
+    (nothing of the context is copied; the room is scratch, overwritten by the next pass).
+    Otherwise (gradients enabled, no room, or inference tensors outside inference mode):
+    :func:`cache_from` (concatenating, as before).
+    """
+    import torch
+
+    global _IN_PLACE_LAYER
+    if torch.is_grad_enabled() or not isinstance(kv, ReservedKV) or kv.room < rows:
+        return cache_from(kv, config)
+    if kv[0][0].is_inference() and not torch.is_inference_mode_enabled():
+        return cache_from(kv, config)  # inference tensors are written in inference mode only
+    if _IN_PLACE_LAYER is None:
+        _IN_PLACE_LAYER = _in_place_layer_class()
+    cache = full_cache(config)
+    if len(cache.layers) < len(kv):
+        return cache_from(kv, config)
+    for layer, (k, v) in enumerate(kv):
+        cache.layers[layer] = _IN_PLACE_LAYER(k, v, kv.room)
     return cache
 
 
@@ -213,42 +317,128 @@ def encode_blocks(
     return out  # type: ignore[return-value]
 
 
-def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int) -> list[BlockKV]:
+class ContextBuffer:
+    """Float storage for a query's context (block 0 and the candidate blocks, every layer),
+    kept and reused across queries so that a query neither allocates nor page-faults its
+    context (at 1,000 SmolLM2 candidates and ``l* = 15``: 3.3 GB of float32).
+
+    Reuse policy: the storage is reused while the request fits in it and it is at most
+    ``max_slack`` times the request (or at most ``small_bytes``); otherwise it is released
+    and a new one of the requested size is allocated. One buffer serves one query at a
+    time: the keys/values :func:`assemble_kv` returns are valid until its next call on the
+    same buffer (callers hold the LM's lock across both).
+
+    Args:
+        max_slack: Largest capacity / request ratio reused.
+        small_bytes: Storage up to this many bytes (both sides) is always reused when it fits.
+    """
+
+    def __init__(self, *, max_slack: float = 4.0, small_bytes: int = 256 << 20) -> None:
+        self.max_slack = max_slack
+        self.small_bytes = small_bytes
+        self._k: Any = None
+        self._v: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (keys and values)."""
+        return 0 if self._k is None else 2 * self._k.numel() * self._k.element_size()
+
+    def storage(self, n_layers: int, kv_heads: int, tokens: int, head_dim: int, dtype: Any, device: Any) -> tuple[Any, Any]:
+        """Keys and values storage, each ``(n_layers, kv_heads, capacity, head_dim)`` with
+        ``capacity >= tokens``, contents undefined."""
+        import torch
+
+        k = self._k
+        if k is not None:
+            fits = (k.shape[0], k.shape[1], k.shape[3]) == (n_layers, kv_heads, head_dim) and k.dtype == dtype \
+                and k.device == torch.device(device) and k.shape[2] >= tokens \
+                and (torch.is_inference_mode_enabled() or not k.is_inference())  # else not writable here
+            if fits and (k.shape[2] <= self.max_slack * tokens or self.nbytes <= self.small_bytes):
+                return self._k, self._v
+            self.release()
+        shape = (n_layers, kv_heads, tokens, head_dim)
+        self._k = torch.empty(shape, dtype=dtype, device=device)
+        self._v = torch.empty(shape, dtype=dtype, device=device)
+        return self._k, self._v
+
+    def release(self) -> None:
+        """Drop the storage (the next request allocates)."""
+        self._k = self._v = None
+
+
+def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *, reserve: int = 0,
+                buffer: ContextBuffer | None = None) -> list[BlockKV]:
     """Block 0's and the candidates' keys/values concatenated per layer (no padding):
-    per layer ``(1, kv_heads, L0 + D, head_dim)``, the input :func:`query_pass` takes."""
+    per layer ``(1, kv_heads, L0 + D, head_dim)`` in block 0's dtype, the input
+    :func:`attnrank.reranker.blockrank.query_pass` takes.
+
+    Args:
+        kv0: Block 0, per layer ``(1, kv_heads, L0, head_dim)`` (``layer + 1`` entries or more).
+        doc_kv: Per candidate ``(keys, values)``, each ``(n_layers >= layer + 1, kv_heads,
+            T_i, head_dim)``, any float dtype (a float16 block is widened while copied).
+        layer: Deepest layer kept (``l*``).
+        reserve: Under inference (no gradients): positions left free after the context in
+            every layer and head, where a query pass of up to ``reserve`` tokens writes its
+            own keys/values in place (:func:`query_cache`). Ignored with gradients enabled.
+        buffer: Under inference: storage reused across queries (:class:`ContextBuffer`);
+            ``None`` allocates. Ignored with gradients enabled.
+
+    Returns:
+        With gradients enabled: a list of fresh tensors (differentiable through ``kv0``).
+        Otherwise a :class:`ReservedKV` (a list of the same shapes) of views into one
+        storage per side, with ``room >= reserve``; each block is copied once for all its
+        layers.
+    """
     import torch
 
     L0 = kv0[0][0].shape[2]
     total = L0 + sum(int(k.shape[2]) for k, _ in doc_kv)
-    out: list[BlockKV] = []
-    for l in range(layer + 1):
-        pair = []
-        for side in (0, 1):
-            first = kv0[l][side]
-            buf = torch.empty((1, first.shape[1], total, first.shape[3]), dtype=first.dtype, device=first.device)
-            buf[:, :, :L0] = first
-            pos = L0
-            for block in doc_kv:  # one pass per block; a float16 block is converted while copied
-                t = block[side][l]
-                buf[0, :, pos : pos + t.shape[1]].copy_(t)
-                pos += t.shape[1]
-            pair.append(buf)
-        out.append((pair[0], pair[1]))
+    n_layers = layer + 1
+    if torch.is_grad_enabled():
+        out: list[BlockKV] = []
+        for l in range(n_layers):
+            pair = []
+            for side in (0, 1):
+                first = kv0[l][side]
+                buf = torch.empty((1, first.shape[1], total, first.shape[3]), dtype=first.dtype, device=first.device)
+                buf[:, :, :L0] = first
+                pos = L0
+                for block in doc_kv:  # one pass per block; a float16 block is converted while copied
+                    t = block[side][l]
+                    buf[0, :, pos : pos + t.shape[1]].copy_(t)
+                    pos += t.shape[1]
+                pair.append(buf)
+            out.append((pair[0], pair[1]))
+        return out
+    first = kv0[0][0]
+    shape = (n_layers, first.shape[1], total + max(0, reserve), first.shape[3])
+    if buffer is not None:
+        ks, vs = buffer.storage(*shape, dtype=first.dtype, device=first.device)
+    else:
+        ks, vs = torch.empty(shape, dtype=first.dtype, device=first.device), \
+            torch.empty(shape, dtype=first.dtype, device=first.device)
+    for l in range(n_layers):
+        ks[l, :, :L0].copy_(kv0[l][0][0])
+        vs[l, :, :L0].copy_(kv0[l][1][0])
+    pos = L0
+    for bk, bv in doc_kv:  # one copy per block and side, all layers at once
+        T = bk.shape[2]
+        ks[:, :, pos : pos + T].copy_(bk[:n_layers])
+        vs[:, :, pos : pos + T].copy_(bv[:n_layers])
+        pos += T
+    out = ReservedKV((ks[l : l + 1, :, :total], vs[l : l + 1, :, :total]) for l in range(n_layers))
+    out.room = ks.shape[2] - total
     return out
-
-
 
 
 def _as_tensor(a: Any, device: Any) -> Any:
     """A tensor over a store's array without a copy on the CPU (the array is read-only and
-    is only ever read: blocks are copied into the query's context by :func:`assemble_kv`)."""
-    import warnings
-
+    is only ever read: blocks are copied into the query's context by :func:`assemble_kv`).
+    Call under ``warnings.catch_warnings`` ignoring ``UserWarning`` ("non-writable array")."""
     import torch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "non-writable array": never written here
-        t = torch.from_numpy(a)
+    t = torch.from_numpy(a)
     return t if str(device) == "cpu" else t.to(device)
 
 
@@ -313,12 +503,16 @@ class BlockSource:
                 want.setdefault(k, []).append(i)
         hits = len(blocks) - sum(len(v) for v in want.values())
         if want and store is not None:
+            import warnings
+
             found, _ = store.get_many(list(want))
-            for k, (kk, vv) in found.items():
-                kv = (_as_tensor(kk, lm.device), _as_tensor(vv, lm.device))
-                for i in want.pop(k):
-                    out[i] = kv
-                    hits += 1  # the store keeps its own RAM cache: not duplicated here
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "non-writable array": never written here
+                for k, (kk, vv) in found.items():
+                    kv = (_as_tensor(kk, lm.device), _as_tensor(vv, lm.device))
+                    for i in want.pop(k):
+                        out[i] = kv
+                        hits += 1  # the store keeps its own RAM cache: not duplicated here
         t1 = time.perf_counter()
         misses = 0
         if want:

@@ -288,9 +288,9 @@ class ICRReranker(AttentionReranker):
         T = len(prompt.context_ids)
         timings: dict[str, float] = {}
         with torch.inference_mode():
-            from transformers import DynamicCache
+            from attnrank.reranker.doccache import full_cache
 
-            cache = DynamicCache(config=lm.model.config)
+            cache = full_cache(lm.model.config)  # sliding-window layers keep every key (Gemma 3)
             t0 = time.perf_counter()
             ctx = torch.tensor([prompt.context_ids], device=device)
             # A capture with no layers only carries stop_after (early exit above the deepest read layer).
