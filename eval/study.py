@@ -65,10 +65,13 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     bounds = spans_from_lengths(lengths)
     owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     layers = list(range(layer + 1))
+    from attnrank.reranker.query_adapter import adapter_disabled
+
     reranker._call.store = block_store
     try:
         with lm.lock, torch.inference_mode():
-            kv, _, cache = reranker.context(prompt)
+            with adapter_disabled(lm.model):  # blocks: always the base model (a query adapter keeps the store valid)
+                kv, _, cache = reranker.context(prompt)
             qo, _ = block_forward(lm, prompt, layer, mode="mean", read_layers=layers, kv=kv)
             co, _ = block_forward(lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean", read_layers=layers, kv=kv)
             sig, _ = block_forward(lm, prompt, layer, read_layers=[layer], kv=kv)
@@ -339,7 +342,7 @@ def run_study(
     train: Sequence[QueryItem], dev: Sequence[QueryItem], dev_qrels: Mapping[str, Mapping[str, int]],
     tests: Mapping[str, tuple[Sequence[QueryItem], Mapping[str, Mapping[str, int]]]], *,
     l2s: Sequence[float] = (1e-3, 1e-2, 1e-1, 1.0), layers: Sequence[int] | None = None, epochs: int = 150,
-    loss: str = "listwise", temperature: float = 1.0,
+    loss: str = "listwise", temperature: float = 1.0, fixed: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Any]:
     """Every variant chosen on ``dev`` only, then scored on each test set: nDCG@10 (x100),
     delta against the first stage and a paired randomization test.
@@ -349,6 +352,9 @@ def run_study(
     calibrated attention (``heads``: the pure reranker, no first-stage input); the same with
     the first stage's score and rank as features (``heads+first``: fused); and a
     dev-tuned interpolation ``alpha z(first) + (1 - alpha) z(reranker)`` of each pure scorer.
+    ``fixed``: named head weights ``((l* + 1) * heads,)`` scored as given (e.g. a weights card,
+    or a query adapter's), each with its own dev-tuned interpolation; with ``train`` empty only
+    these and the zero-shot variants are scored.
     """
     from attnrank.eval.compare import randomization_test
 
@@ -359,10 +365,16 @@ def run_study(
         "zero-shot calibrated, sum of layers": {"kind": "feature", "name": "calibrated"},
     }
     chosen: dict[str, Any] = {}
-    for spec, label in (("heads", "learned head weights (pure reranker)"),
-                        ("heads+raw+signal", "learned weights on calibrated, raw and signal attention (pure reranker)"),
-                        ("heads+first", "learned head weights + first stage (fused)"),
-                        ("heads+raw+signal+first", "learned weights on all attention features + first stage (fused)")):
+    pure = []
+    for name, weights in (fixed or {}).items():
+        variants[f"{name} (pure reranker)"] = {"kind": "linear", "spec": "heads", "weights": list(weights),
+                                               "layers": list(layers) if layers else None}
+        pure.append(f"{name} (pure reranker)")
+    specs = (("heads", "learned head weights (pure reranker)"),
+             ("heads+raw+signal", "learned weights on calibrated, raw and signal attention (pure reranker)"),
+             ("heads+first", "learned head weights + first stage (fused)"),
+             ("heads+raw+signal+first", "learned weights on all attention features + first stage (fused)"))
+    for spec, label in specs if train else ():
         best = None
         for l2 in l2s:
             w = fit_listwise(train, spec, l2=l2, epochs=epochs, layers=layers, loss=loss, temperature=temperature)
@@ -374,7 +386,9 @@ def run_study(
         assert best is not None
         variants[label] = best[2]
         chosen[label] = {"l2": best[1], "dev": best[0]}
-    for base in ("zero-shot calibrated, masked (served scorer)", "learned head weights (pure reranker)"):
+    if train:
+        pure.append("learned head weights (pure reranker)")
+    for base in ("zero-shot calibrated, masked (served scorer)", *pure):
         best = None
         for a in np.linspace(0.0, 1.0, 11):
             v = {"kind": "interpolate", "alpha": float(a), "of": variants[base]}

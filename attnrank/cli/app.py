@@ -751,6 +751,8 @@ def eval_study_dump(
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "float16",
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
+    adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (attnrank train query-adapter "
+                                                    "output, e.g. OUT/best) applied to the query passes.")] = None,
 ) -> None:
     """Per-candidate attention features of cached BlockRank (calibrated per layer and head,
     signal per head, the served calibrated score), first-stage scores and qrels, from ONE
@@ -761,7 +763,17 @@ def eval_study_dump(
 
     config = _reranker_config("blockrank", model, max_doc_tokens, device, None).with_options(
         query_in_instruction=False, layer=layer, scoring="calibrated", kv_dtype=kv_dtype)
-    reranker = build_reranker(config)
+    if adapter is not None:
+        from attnrank.reranker.blockrank import BlockRankReranker
+        from attnrank.reranker.lm import load_trainable_lm
+        from attnrank.reranker.query_adapter import adapter_hash, load_adapter
+
+        lm = load_trainable_lm(model, device=config.device)  # a private copy: LoRA is injected in place
+        load_adapter(adapter, lm.model, lm.identity)
+        lm.model.eval()
+        reranker = BlockRankReranker(config, lm=lm)
+    else:
+        reranker = build_reranker(config)
     store = None
     if trec_run:
         queries, cands, scores, qrels = trec_dl_candidates(data, run_name=trec_run, candidates=candidates,
@@ -777,7 +789,8 @@ def eval_study_dump(
             # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
             store = KVStore.open(index / "kv", KVHeader.from_dict(reranker.block_store_header()), readonly=True)
     meta = {**source, "candidates": candidates, "layer": layer, "max_doc_tokens": max_doc_tokens,
-            "reranker": reranker.describe(), "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}
+            "reranker": reranker.describe(),
+            "adapter": None if adapter is None else {"path": str(adapter), "sha256": adapter_hash(adapter)}, "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}
     try:
         items = dump_features(out, queries, cands, scores, qrels, reranker, block_store=store, meta=meta)
     finally:
@@ -788,9 +801,10 @@ def eval_study_dump(
 
 @eval_app.command("study-fit")
 def eval_study_fit(
-    train: Annotated[list[Path], typer.Option("--train", help="Training feature dumps (repeatable).")],
     dev: Annotated[Path, typer.Option("--dev", help="Dev dump: every choice is made on it.")],
     test: Annotated[list[str], typer.Option("--test", help="NAME=DUMP test sets (repeatable).")],
+    train: Annotated[Optional[list[Path]], typer.Option("--train", help="Training feature dumps (repeatable); "
+                                                        "none: only zero-shot and --fixed-weights variants.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
     epochs: Annotated[int, typer.Option("--epochs")] = 150,
     export: Annotated[Optional[Path], typer.Option("--export", help="Write the learned head weights (pure reranker) "
@@ -800,13 +814,23 @@ def eval_study_fit(
     temperature: Annotated[float, typer.Option("--temperature", help="Scores are divided by it in the loss.")] = 1.0,
     max_layer: Annotated[Optional[int], typer.Option("--max-layer", help="Use layers 0..N only: the model a store "
                                                      "with l* = N serves (exact: the query pass is causal in depth).")] = None,
+    fixed_weights: Annotated[Optional[list[str]], typer.Option(
+        "--fixed-weights", help="NAME=PATH head weights scored as given (repeatable): a weights card (.json) or a "
+        "query adapter folder (its trained weights, else the model's shipped card).")] = None,
 ) -> None:
     """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
     with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
     against the first stage on each test set."""
     from attnrank.eval.study import format_study, load_items, run_study
 
+    train = train or []
     train_items = [it for path in train for it in load_items(path)[1]]
+    fixed = {}
+    for item in fixed_weights or []:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"expected NAME=PATH, got {item!r}", param_hint="--fixed-weights")
+        fixed[name] = _fixed_weights(Path(path))
     dev_meta, dev_items = load_items(dev)
     tests = {}
     for item in test:
@@ -819,7 +843,7 @@ def eval_study_fit(
         raise typer.BadParameter(f"expected listwise, pairwise or lambdarank, got {loss!r}", param_hint="--loss")
     layers = list(range(max_layer + 1)) if max_layer is not None else None
     report = run_study(train_items, dev_items, dev_meta["qrels"], tests, epochs=epochs, loss=loss,
-                       temperature=temperature, layers=layers)
+                       temperature=temperature, layers=layers, fixed=fixed)
     report["fit"] = {"loss": loss, "temperature": temperature, "layers": layers}
     report["train"] = {"dumps": [str(p) for p in train], "queries": len(train_items)}
     if out is not None:
@@ -827,10 +851,35 @@ def eval_study_fit(
     if export is not None:
         from attnrank.eval.study import weights_card
 
+        if not train:
+            raise typer.BadParameter("--export writes the learned head weights: give --train dumps", param_hint="--export")
         card = weights_card(report, dev_meta, command="attnrank eval study-fit " + " ".join(
-            [f"--train {p}" for p in train] + [f"--dev {dev}"] + [f"--test {t}" for t in test] + [f"--export {export}"]))
+            [f"--train {p}" for p in train] + [f"--dev {dev}"] + [f"--test {t}" for t in test]
+            + [f"--loss {loss}", f"--temperature {temperature:g}"]
+            + ([f"--max-layer {max_layer}"] if max_layer is not None else []) + [f"--export {export}"]))
+        card["fit"] = report["fit"]
         export.write_text(json.dumps(card, indent=1))
     typer.echo(format_study(report))
+
+
+def _fixed_weights(path: Path) -> list[float]:
+    """Head weights of a weights card (``.json``) or of a query adapter folder (its trained
+    ``scorer.weights``, else the shipped card of its model)."""
+    from attnrank.errors import NotFoundError
+
+    if path.is_dir():
+        from safetensors.numpy import load_file
+
+        tensors = load_file(str(path / "adapter.safetensors"))
+        if "scorer.weights" in tensors:
+            return tensors["scorer.weights"].astype(float).tolist()
+        from attnrank.reranker.heads import packaged_data_dir
+
+        card = json.loads((path / "adapter.json").read_text())
+        path = packaged_data_dir() / f"{card['model']['name']}.blockrank-cached.json"
+    if not path.is_file():
+        raise NotFoundError(f"no weights at {path}: pass a weights card (.json) or a query adapter folder")
+    return [float(x) for x in json.loads(path.read_text())["weights"]]
 
 
 @eval_app.command("compare")

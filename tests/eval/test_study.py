@@ -85,3 +85,17 @@ def test_run_study_chooses_on_dev_and_reports_tests() -> None:
     assert learned["ndcg@10"] > rows["first stage"]["ndcg@10"] + 10 and learned["p"] < 0.05
     assert report["chosen_on_dev"]["learned head weights (pure reranker)"]["l2"] in (1e-3, 1e-1)
     assert "| first stage |" in format_study(report)
+
+
+def test_fixed_weights_are_scored_as_given_without_training() -> None:
+    dev, dev_qrels = _items(15, seed=6)
+    test, test_qrels = _items(15, seed=7)
+    onehot = [0.0] * 12
+    onehot[2 * 3 + 1] = 1.0  # the informative head alone
+    report = run_study([], dev, dev_qrels, {"synthetic": (test, test_qrels)}, fixed={"card": onehot, "wrong": [0.0] * 12})
+    rows = report["tests"]["synthetic"]
+    assert "learned head weights (pure reranker)" not in rows  # nothing was fitted
+    assert report["variants"]["card (pure reranker)"]["weights"] == onehot
+    assert rows["card (pure reranker)"]["ndcg@10"] > rows["first stage"]["ndcg@10"] + 10
+    assert rows["card (pure reranker)"]["ndcg@10"] > rows["wrong (pure reranker)"]["ndcg@10"]
+    assert "alpha" in report["chosen_on_dev"]["interpolation: first stage + card (fused)"]
