@@ -449,5 +449,20 @@ def weights_card(report: Mapping[str, Any], meta: Mapping[str, Any], *, command:
         "dev_ndcg@10": {"first stage": report["dev"]["first stage"], "learned": report["dev"][PURE]},
         "test_ndcg@10": {t: {"first stage": rows["first stage"]["ndcg@10"], "learned": rows[PURE]["ndcg@10"],
                              "p": rows[PURE]["p"]} for t, rows in report["tests"].items()},
+        "fusion": _fused_summary(report),
         "command": command,
     }
+
+
+FUSED = "interpolation: first stage + learned head weights (fused)"
+
+
+def _fused_summary(report: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The dev-chosen interpolation of these weights with the first stage: ``alpha`` (the
+    value of ``/search``'s ``rerank.fusion`` and ``eval --fusion``) and its figures."""
+    chosen = report["chosen_on_dev"].get(FUSED)
+    if chosen is None:
+        return None
+    return {"alpha": round(float(chosen["alpha"]), 4), "dev_ndcg@10": chosen["dev"],
+            "test_ndcg@10": {t: {"first stage": rows["first stage"]["ndcg@10"], "fused": rows[FUSED]["ndcg@10"],
+                                 "p": rows[FUSED]["p"]} for t, rows in report["tests"].items()}}
