@@ -64,14 +64,16 @@ class KVStoreMismatchError(KVStoreError, IndexMismatchError):
 
     Attributes:
         fields: Names of the header fields that differ.
+        stored: The store's header fields (``{}`` when unknown).
     """
 
     error_type = "index_mismatch"
     status_code = 409
 
-    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, fields: tuple[str, ...] = (), stored: dict | None = None) -> None:
         super().__init__(message)
         self.fields = tuple(fields)
+        self.stored = dict(stored or {})
 
 
 class ModelLoadError(AttnrankError):

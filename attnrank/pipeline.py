@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from attnrank.config import PipelineConfig, SearchLimits
-from attnrank.errors import UnknownNameError, ValidationError
+from attnrank.errors import KVStoreMismatchError, UnknownNameError, ValidationError
 from attnrank.protocols import (
     BlockCachingReranker,
     BlockStore,
@@ -622,7 +622,30 @@ def block_store_for(reranker: Any, index: Any, *, create: bool = True) -> BlockS
     if not isinstance(reranker, BlockCachingReranker) or not isinstance(index, BlockStoreOwner):
         return None
     header = reranker.block_store_header()
-    return None if header is None else index.block_store(header, create=create)
+    if header is None:
+        return None
+    try:
+        return index.block_store(header, create=create)
+    except KVStoreMismatchError as exc:
+        raise KVStoreMismatchError(_store_hint(reranker, header, exc.stored) + str(exc), exc.fields, exc.stored) from None
+
+
+def _store_hint(reranker: Any, expected: Mapping[str, Any], stored: Mapping[str, Any]) -> str:
+    """The reranker options that would read a mismatched store as it is (no rebuild), when
+    only ``l*``, the block length or the dtype differ: ``--opt layer=15 --max-doc-tokens 128``."""
+    differ = {k for k in expected if stored.get(k) != expected.get(k)}
+    if not stored or differ - {"layer", "max_doc_tokens", "dtype", "instruction_hash"}:
+        return ""
+    parts = []
+    if "layer" in differ:
+        parts.append(f"--opt layer={stored['layer']}")
+    if "max_doc_tokens" in differ:  # block length = content budget + the block's marker tokens
+        budget = getattr(getattr(reranker, "config", None), "max_doc_tokens", None)
+        if budget is not None:
+            parts.append(f"--max-doc-tokens {int(budget) + int(stored['max_doc_tokens']) - int(expected['max_doc_tokens'])}")
+    if "dtype" in differ:
+        parts.append(f"--opt kv_dtype={stored['dtype']}")
+    return f"To read this store as built, run the reranker with {' '.join(parts)} (no rebuild). " if parts else ""
 
 
 def reranker_factory(base: Any) -> RerankerFactory:

@@ -300,6 +300,7 @@ def rerank_batch(
     overwrite: bool = False,
     show_progress: bool = True,
     runner: BatchRunner | None = None,
+    fusion: float | None = None,
 ) -> BatchSummary:
     """Rerank every query of a TREC run, appending each query's ranking to ``out`` (resumable).
 
@@ -315,6 +316,8 @@ def rerank_batch(
         max_queries: Only the first ``max_queries`` queries (topics-file order).
         reranker_config: Model, ``max_doc_tokens``, device; its method is replaced by ``method``.
         factory: Reranker factory to use instead of the registry (tests).
+        fusion: ``alpha``: order by ``alpha z(first stage) + (1 - alpha) z(reranker)``
+            (:attr:`attnrank.pipeline.SearchOptions.fusion`); ``None`` = the reranker's order.
         overwrite: Start afresh instead of resuming.
         show_progress: Progress bar with queries/s and documents/s.
         runner: Reranks the queries still to do and commits each one in order (see
@@ -353,7 +356,7 @@ def rerank_batch(
         "format": PROGRESS_FORMAT, "method": method, "candidates": candidates, "depth": k, "tag": tag,
         "max_queries": max_queries, "topics_sha256": file_sha256(topics), "run_sha256": file_sha256(run),
         "docs": str(docs.resolve()), "model": config.model, "max_doc_tokens": config.max_doc_tokens,
-        "options": dict(config.options),
+        "options": dict(config.options), **({"fusion": fusion} if fusion is not None else {}),
     }
     summary = BatchSummary(out=out, queries=len(queries))
     store, closer = _open_docs(docs)
@@ -364,7 +367,8 @@ def rerank_batch(
             reranker_factory=factory or reranker_factory(config),
             limits=limits,
         )
-        options = pipeline.validate(SearchOptions(top_k=k, retriever="run", rerank=method, candidates=candidates))
+        options = pipeline.validate(SearchOptions(top_k=k, retriever="run", rerank=method, candidates=candidates,
+                                                  fusion=fusion))
         with Progress(out, header, overwrite=overwrite) as progress:
             todo = [q for q in queries if q.query_id not in progress.completed]
             summary.skipped = len(queries) - len(todo)

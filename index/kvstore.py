@@ -220,7 +220,7 @@ def _mismatch(path: Path, stored: KVHeader, expected: KVHeader) -> KVStoreMismat
         f"--dtype {expected.dtype}` and the reranker's --model and --max-doc-tokens (block length "
         f"{expected.max_doc_tokens} tokens with its markers), or delete {path}; or serve the reranker "
         f"with the store's parameters (layer {stored.layer}, dtype {stored.dtype}).",
-        fields,
+        fields, a,
     )
 
 

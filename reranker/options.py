@@ -319,6 +319,9 @@ class BlockRankOptions(RerankerOptions):
     def check(self) -> None:
         if self.heads != "all" and self.scoring != "signal":
             raise ValidationError("heads select signal-token heads; they need scoring='signal'")
+        if self.scoring == "learned" and self.query_in_instruction:
+            raise ValidationError("scoring='learned' reads weights fitted on the cached prompt: add "
+                                  "--opt query_in_instruction=false (and the card's --opt layer=15 --max-doc-tokens 128)")
 
 
 OPTION_CLASSES: dict[str, type[RerankerOptions]] = {"icr": ICROptions, "blockrank": BlockRankOptions}

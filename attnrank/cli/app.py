@@ -44,7 +44,7 @@ OptsOpt = Annotated[
 ]
 EngineOpt = Annotated[
     str, typer.Option("--engine", help="Where the queries run: local (this process) or ray (a Ray actor pool; "
-                      "needs pip install 'attnrank[ray]'). Same output either way.")
+                      "needs pip install 'attnrank\\[ray]'). Same output either way.")
 ]
 RayAddressOpt = Annotated[
     Optional[str], typer.Option("--ray-address", help="With --engine ray: the cluster to join (auto, HEAD:6379, "
@@ -370,6 +370,9 @@ def rerank_batch_cmd(
     actors: ActorsOpt = None,
     actor_cpus: ActorCpusOpt = None,
     actor_gpus: ActorGpusOpt = None,
+    opt: OptsOpt = None,
+    fusion: Annotated[Optional[float], typer.Option(
+        "--fusion", help="Rank by ALPHA z(first stage) + (1 - ALPHA) z(reranker); default: the reranker's order.")] = None,
 ) -> None:
     """Rerank a TREC run query by query, appending each query's ranking as it finishes.
 
@@ -386,8 +389,8 @@ def rerank_batch_cmd(
         summary = rerank_batch(
             topics, run, docs, out, method=method, candidates=candidates, depth=depth, tag=tag,
             max_queries=max_queries, overwrite=overwrite, show_progress=progress,
-            reranker_config=_reranker_config(method, model, max_doc_tokens, device),
-            runner=runner.run_batch if runner is not None else None,
+            reranker_config=_reranker_config(method, model, max_doc_tokens, device, opt),
+            runner=runner.run_batch if runner is not None else None, fusion=fusion,
         )
     except KeyboardInterrupt:
         typer.secho(f"interrupted; rerun the same command to resume {out}", fg="yellow", err=True)

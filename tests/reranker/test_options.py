@@ -113,3 +113,12 @@ def test_options_import_without_torch_and_cli_refuses_before_loading(tmp_path):
     assert cli.returncode == 2
     assert "unknown blockrank option 'lyaer'" in cli.stderr and "layer" in cli.stderr
     assert "Traceback" not in cli.stderr
+
+
+def test_learned_scoring_needs_the_cached_prompt():
+    from attnrank.errors import ValidationError
+    from attnrank.reranker.options import parse_options
+
+    with pytest.raises(ValidationError, match="query_in_instruction=false"):
+        parse_options("blockrank", {"scoring": "learned"})
+    assert parse_options("blockrank", {"scoring": "learned", "query_in_instruction": False}).scoring == "learned"
