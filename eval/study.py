@@ -65,7 +65,7 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     bounds = spans_from_lengths(lengths)
     owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     layers = list(range(layer + 1))
-    from attnrank.reranker.query_adapter import adapter_disabled
+    from attnrank.reranker.adapters import adapter_disabled
 
     reranker._call.store = block_store
     try:

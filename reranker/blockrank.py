@@ -566,6 +566,44 @@ class BlockRankReranker(AttentionReranker):
         self._kv0: dict[int, Any] = {}
         self._block_source: Any = None
         self._context_buffer: Any = None
+        self._adapter: dict[str, Any] | None = None
+
+    @property
+    def lm(self):
+        """The loaded LM; with option ``query_adapter``, a private copy carrying the adapter
+        (LoRA layers that :mod:`attnrank.reranker.doccache` switches off while encoding
+        blocks), so the LM other rerankers share is never modified."""
+        lm = AttentionReranker.lm.fget(self)  # type: ignore[attr-defined]
+        if self.options.query_adapter is not None and self._adapter is None:
+            self._lm = lm = self._with_adapter(lm)
+        return lm
+
+    def _with_adapter(self, base: Any) -> Any:
+        """``base`` copied, with the query adapter of option ``query_adapter`` loaded.
+
+        Raises:
+            NotFoundError: the adapter does not exist.
+            ValidationError: an adapter trained for another model, ``l*``, block length or
+                layout.
+        """
+        import copy
+
+        from attnrank.errors import ValidationError
+        from attnrank.reranker.lm import LoadedLM
+        from attnrank.reranker.adapters import adapter_hash, load_adapter, resolve_adapter
+
+        path = resolve_adapter(str(self.options.query_adapter), base.identity)
+        model = copy.deepcopy(base.model)
+        card, weights = load_adapter(path, model, base.identity)
+        model.eval()
+        layer = self.options.layer if self.options.layer is not None else round(0.6 * base.num_layers)
+        want = {"layer": layer, "max_doc_tokens": self.config.max_doc_tokens, "template": self.layout_version()}
+        got = {k: card.get(k) for k in want}
+        if got != want:
+            raise ValidationError(f"query adapter {path} was trained for {got}; this reranker is {want}: "
+                                  "use the adapter's options or retrain it")
+        self._adapter = {"path": str(path), "sha256": adapter_hash(path), "weights": weights, "step": card.get("step")}
+        return LoadedLM(model, base.tokenizer, base.identity, base.device, base.load_seconds)
 
     # -- cached mode (query_in_instruction=false) ------------------------------------------
     @property
@@ -929,7 +967,8 @@ class BlockRankReranker(AttentionReranker):
 
     def learned_weights(self) -> Any:
         """The ``scoring='learned'`` weights, float64 ``(l* + 1, heads)``, from the weights card
-        (option ``scorer_weights``, default the card shipped for the model), loaded once.
+        (option ``scorer_weights``; else the query adapter's own weights when it carries some;
+        else the card shipped for the model), loaded once.
 
         Raises:
             NotFoundError: no card shipped for this model and none given.
@@ -944,6 +983,10 @@ class BlockRankReranker(AttentionReranker):
             from attnrank.reranker.heads import packaged_data_dir
 
             path = self.options.scorer_weights
+            adapter_w = (self._adapter or {}).get("weights") if self.lm is not None else None
+            if path is None and adapter_w is not None:
+                self._learned = np.asarray(adapter_w, dtype=np.float64).reshape(self.layer + 1, self.lm.num_heads)
+                return self._learned
             if path is None:
                 name = str(self.lm.identity.get("name", ""))
                 default = packaged_data_dir() / f"{name}.blockrank-cached.json"
@@ -1029,4 +1072,6 @@ class BlockRankReranker(AttentionReranker):
         d["scoring"] = self.options.scoring
         d["heads"] = "all" if not self.heads else [list(h) for h in self.heads]
         d["reattn"] = None if self.reattn is None else vars(self.reattn)
+        if self._adapter is not None:
+            d["query_adapter"] = {k: self._adapter[k] for k in ("path", "sha256", "step")}
         return d

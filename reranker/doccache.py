@@ -251,12 +251,14 @@ def instruction_kv(lm: Any, instruction_ids: Sequence[int], layer: int) -> list[
     import torch
 
     from attnrank.reranker.attention import AttentionCapture, run_with_capture
+    from attnrank.reranker.adapters import adapter_disabled
 
     cache = cache_from([], lm.model.config)
-    run_with_capture(
-        lm.model.base_model, AttentionCapture(layers=(), stop_after=layer),
-        input_ids=torch.tensor([list(instruction_ids)], device=lm.device), cache=cache, use_cache=True,
-    )
+    with adapter_disabled(lm.model):  # block 0 is the base model's: a query adapter never touches it
+        run_with_capture(
+            lm.model.base_model, AttentionCapture(layers=(), stop_after=layer),
+            input_ids=torch.tensor([list(instruction_ids)], device=lm.device), cache=cache, use_cache=True,
+        )
     return layer_kv(cache, layer + 1)
 
 
@@ -284,6 +286,7 @@ def encode_blocks(
     import torch
 
     from attnrank.reranker.attention import AttentionCapture, run_with_capture
+    from attnrank.reranker.adapters import adapter_disabled
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -306,10 +309,11 @@ def encode_blocks(
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, neg_inf(dtype))[:, None]
         cache = cache_from([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv0[:n_layers]],
                             lm.model.config)
-        run_with_capture(
-            lm.model.base_model, AttentionCapture(layers=(), stop_after=layer),
-            input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True,
-        )
+        with adapter_disabled(lm.model):  # blocks are the base model's: a query adapter keeps the store valid
+            run_with_capture(
+                lm.model.base_model, AttentionCapture(layers=(), stop_after=layer),
+                input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True,
+            )
         keys = torch.stack([cache.layers[l].keys[:, :, L0:] for l in range(n_layers)], dim=1)  # (n, layers, kvh, Lb, hd)
         values = torch.stack([cache.layers[l].values[:, :, L0:] for l in range(n_layers)], dim=1)
         for r, (i, d) in enumerate(zip(idx, chunk)):

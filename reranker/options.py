@@ -272,6 +272,13 @@ class BlockRankOptions(RerankerOptions):
         "card shipped for the model (reranker/data/<model>.blockrank-cached.json)",
         lambda name, v: None if v is None else str(v),
     )
+    query_adapter: str | None = _option(
+        None, "'packaged' | path | null",
+        "query-side LoRA adapter (cached mode; `attnrank train query-adapter`) applied to the query and N/A "
+        "passes only, so stored blocks stay valid; 'packaged' = the adapter shipped for the model "
+        "(reranker/data/<model>.query-adapter); null = none",
+        lambda name, v: None if v is None else str(v),
+    )
     query_offset: int | None = _option(
         None, "int >= 0 | null",
         "first position of the query block; null = block 0 length + longest candidate block",
@@ -319,6 +326,8 @@ class BlockRankOptions(RerankerOptions):
     def check(self) -> None:
         if self.heads != "all" and self.scoring != "signal":
             raise ValidationError("heads select signal-token heads; they need scoring='signal'")
+        if self.query_adapter is not None and self.query_in_instruction:
+            raise ValidationError("query_adapter runs on the cached prompt: add --opt query_in_instruction=false")
         if self.scoring == "learned" and self.query_in_instruction:
             raise ValidationError("scoring='learned' reads weights fitted on the cached prompt: add "
                                   "--opt query_in_instruction=false (and the card's --opt layer=15 --max-doc-tokens 128)")

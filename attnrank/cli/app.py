@@ -769,7 +769,7 @@ def eval_study_dump(
     if adapter is not None:
         from attnrank.reranker.blockrank import BlockRankReranker
         from attnrank.reranker.lm import load_trainable_lm
-        from attnrank.reranker.query_adapter import adapter_hash, load_adapter
+        from attnrank.reranker.adapters import adapter_hash, load_adapter
 
         lm = load_trainable_lm(model, device=config.device)  # a private copy: LoRA is injected in place
         load_adapter(adapter, lm.model, lm.identity)

@@ -115,11 +115,11 @@ def test_adapter_changes_query_passes_not_blocks(lm, nf_docs, tmp_path) -> None:
     with torch.no_grad(), adapter_disabled(lm.model):
         blocks_off = encode_blocks(lm, base_instruction_kv(r), prompt.doc_ids[:2], LAYER)
         assert np.allclose(_train_scores(r, query, nf_docs[:5]), before, atol=1e-5)
-    for (k0, v0), (k1, v1) in zip(blocks_base, blocks_off):  # blocks: base model, adapter or not
-        assert torch.equal(k0, k1) and torch.equal(v0, v1)
-    with torch.no_grad():  # and the adapter is really on again after the block
-        blocks_on = encode_blocks(lm, kv0, prompt.doc_ids[:1], LAYER)
-    assert not torch.allclose(blocks_on[0][0], blocks_base[0][0])
+    with torch.no_grad():  # with the adapter on, encode_blocks still runs the base model: the store stays valid
+        blocks_on = encode_blocks(lm, base_instruction_kv(r), prompt.doc_ids[:2], LAYER)
+    for (k0, v0), (k1, v1), (k2, v2) in zip(blocks_base, blocks_off, blocks_on):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1) and torch.equal(k0, k2) and torch.equal(v0, v2)
+    assert np.allclose(_train_scores(r, query, nf_docs[:5]), after, atol=1e-9)  # the adapter is on again
 
 
 def test_gradient_reaches_lora_only(lm, nf_docs, tmp_path) -> None:
@@ -217,3 +217,55 @@ def test_training_resumes_from_its_checkpoint(lm, nf_docs, tmp_path) -> None:
     with pytest.raises(ValidationError, match="relevant and a non-relevant"):
         train_query_adapter(_reranker(load_trainable_lm(), card), [examples[0].__class__("q", "x", (nf_docs[0],), (0,))],
                             cfg, show_progress=False)
+
+
+def _random_adapter(tmp_path, identity, *, layer=LAYER, tokens=TOKENS):
+    """A saved query adapter with non-zero LoRA B (the model it was built in is returned)."""
+    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+
+    carrier = load_trainable_lm()
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    inject_lora(carrier.model, 4, 8, targets, range(layer + 1))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in carrier.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    card = {"model": identity, "layer": layer, "max_doc_tokens": tokens, "template": CACHE_TEMPLATE_VERSION,
+            "lora": {"r": 4, "alpha": 8, "target_modules": list(targets), "layers": list(range(layer + 1))}, "step": 7}
+    save_adapter(tmp_path / "adapter", carrier.model, card)
+    return tmp_path / "adapter", carrier
+
+
+def test_served_scores_with_the_query_adapter_option(default_lm, nf_docs, tmp_path) -> None:
+    from attnrank.reranker.query_adapter import has_adapter
+
+    card = _card(tmp_path / "card.json", default_lm)
+    path, carrier = _random_adapter(tmp_path, default_lm.identity)
+    served_r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
+        "query_in_instruction": False, "layer": LAYER, "scoring": "learned", "scorer_weights": card,
+        "query_adapter": str(path)}), lm=default_lm)
+    query = "omega 3 fatty acids and depression"
+    served = _served(served_r, query, nf_docs[:5])
+    want = _train_scores(_reranker(carrier, card), query, nf_docs[:5])  # the model the adapter was built in
+    assert np.allclose(served, want, rtol=0, atol=1e-4)
+    base = _served(_reranker(default_lm, card), query, nf_docs[:5])
+    assert max(abs(a - b) for a, b in zip(served, base)) > 1e-3  # the adapter changes the query passes
+    assert not has_adapter(default_lm.model)  # the shared LM is untouched: the reranker works on a copy
+    assert served_r.describe()["query_adapter"]["step"] == 7
+    # blocks stay the base model's: the store a plain cached reranker builds serves this one
+    assert served_r.encode_block_arrays([nf_docs[0].content])[0][1].tolist() == \
+        _reranker(default_lm, card).encode_block_arrays([nf_docs[0].content])[0][1].tolist()
+
+
+def test_query_adapter_option_refuses_a_mismatch(default_lm, tmp_path) -> None:
+    path, _ = _random_adapter(tmp_path, default_lm.identity, layer=2)
+    r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
+        "query_in_instruction": False, "layer": LAYER, "query_adapter": str(path)}), lm=default_lm)
+    with pytest.raises(ValidationError, match="trained for"):
+        _ = r.lm
+    with pytest.raises(ValidationError, match="query_in_instruction=false"):
+        BlockRankReranker(RerankerConfig(method="blockrank", options={"query_adapter": "packaged"}))
+    with pytest.raises(NotFoundError, match="not a query adapter"):
+        _ = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
+            "query_in_instruction": False, "layer": LAYER, "query_adapter": str(tmp_path / "none")}), lm=default_lm).lm
