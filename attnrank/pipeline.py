@@ -412,7 +412,8 @@ class Pipeline:
             if method == NO_RERANK:
                 raise ValidationError("fusion needs reranking (it mixes first-stage and reranker scores); add rerank")
             if isinstance(options.fusion, bool) or not 0.0 <= float(options.fusion) <= 1.0:
-                raise ValidationError(f"fusion must be a number between 0 and 1, got {options.fusion!r}")
+                raise ValidationError(f"fusion (rerank.fusion, --fusion) must be a number between 0 and 1, "
+                                      f"got {options.fusion!r}")
         parsed = registry.parse_filter(options.filter)
         return options if parsed is options.filter else replace(options, filter=parsed)
 

@@ -116,10 +116,12 @@ class EvalReport:
 
     @property
     def label(self) -> str:
-        """Short human label: ``first_stage`` or ``first_stage>rerank@candidates``."""
+        """Short human label: ``first_stage`` or ``first_stage>rerank@candidates``, with
+        ``+fused(alpha)`` when the run interpolated with the first stage (``params.fusion``)."""
         if self.rerank == "none":
             return self.first_stage
-        return f"{self.first_stage}>{self.rerank}@{self.candidates}"
+        fusion = (self.params or {}).get("fusion")
+        return f"{self.first_stage}>{self.rerank}@{self.candidates}" + ("" if fusion is None else f"+fused({fusion:g})")
 
 
 def now_iso() -> str:

@@ -34,7 +34,7 @@ CASES = [
     ({"explain": True, "rerank": {"method": "fake"}}, SearchOptions(rerank="fake", candidates=4, explain=True),
      "explain is not supported by the 'fake' reranker"),
     ({"rerank": {"method": "fake", "fusion": 1.5}}, SearchOptions(rerank="fake", candidates=4, fusion=1.5),
-     "fusion must be a number between 0 and 1, got 1.5"),
+     "fusion (rerank.fusion, --fusion) must be a number between 0 and 1, got 1.5"),
 ]
 
 

@@ -164,6 +164,7 @@ def test_fusion_runs_the_served_fused_path(dl19_dir, tmp_path, fake_reranker):
     first = evaluate_trec_dl(dl19_dir, rerank="fake", fusion=1.0, **kw)
     none = evaluate_trec_dl(dl19_dir, rerank="fake", fusion=0.0, **kw)
     assert first.name.endswith("-fake-c10-f1-t64-q5-s3") and first.params["fusion"] == 1.0
+    assert first.label == "run:BM25>fake@10+fused(1)" and pure.label == "run:BM25>fake@10"
     # alpha = 1 is the first stage's order, alpha = 0 the reranker's: per query, the same nDCG@10
     for q in first.query_ids:
         assert first.per_query[q]["nDCG@10"] == pytest.approx(base.per_query[q]["nDCG@10"], abs=1e-12)
