@@ -511,7 +511,6 @@ class RayEngine:
             The typed error a worker raised (see :func:`_raise_remote`), or
             RayExecutionError: Ray gave up (retries exhausted, cluster lost).
         """
-        import ray
 
         o = self.options
         stats = RunStats(queries=len(rows), prepare_seconds=prepare_seconds)
@@ -527,7 +526,7 @@ class RayEngine:
             pending: dict[int, Mapping[str, Any]] = {}
             expected = 0
             iterator = ds.iter_rows()
-            try:
+            with _ray_failures(iterator, lambda: f"{expected} of {len(rows)} queries"):
                 for row in iterator:
                     pending[int(row["seq"])] = json.loads(row["result"])
                     while expected in pending:  # in input order, whatever order results come in
@@ -539,18 +538,6 @@ class RayEngine:
                         if record.get("load_seconds") is not None:
                             stats.load_seconds = max(stats.load_seconds or 0.0, float(record["load_seconds"]))
                         expected += 1
-            except AttnrankError:
-                raise
-            except ray.exceptions.RayError as exc:
-                hint = (" (is attnrank, with the same extras and version, installed on every Ray node?)"
-                        if "No module named" in str(exc) else "")
-                raise RayExecutionError(
-                    f"Ray gave up after {expected} of {len(rows)} queries ({type(exc).__name__}: {exc}){hint}; "
-                    "what was committed is kept, rerun to resume") from exc
-            finally:
-                close = getattr(iterator, "close", None)
-                if close is not None:
-                    close()
             stats.run_seconds = time.perf_counter() - t0
             if done_at:
                 stats.first_result_seconds = min(done_at) - t0_wall
@@ -842,6 +829,28 @@ def build_index_blocks_ray(
     return store, report
 
 
+@contextmanager
+def _ray_failures(iterator: Any, progress: Callable[[], str]) -> Iterator[None]:
+    """Around reading an actor pool's results: a typed error from a worker passes through,
+    Ray giving up becomes :class:`RayExecutionError` saying how far it got (``progress()``)
+    and that a rerun resumes, and ``iterator`` is closed in every case."""
+    import ray
+
+    try:
+        yield
+    except AttnrankError:
+        raise
+    except ray.exceptions.RayError as exc:
+        hint = (" (is attnrank, with the same extras and version, installed on every Ray node?)"
+                if "No module named" in str(exc) else "")
+        raise RayExecutionError(f"Ray gave up after {progress()} ({type(exc).__name__}: {exc}){hint}; "
+                                "what was committed is kept, rerun to resume") from exc
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
 def _run_kv_parts(o: RayOptions, rows: list[dict[str, Any]], config: Any, header: Mapping[str, Any],
                   batch_size: int, store: Any, bar: Any) -> int:
     """Build ``rows``' parts on the actor pool and adopt each as it comes back; the shards
@@ -850,7 +859,6 @@ def _run_kv_parts(o: RayOptions, rows: list[dict[str, Any]], config: Any, header
     Raises:
         The typed error a worker raised, or RayExecutionError: Ray gave up.
     """
-    import ray
 
     shards = done = 0
     with ray_session(o):
@@ -858,7 +866,7 @@ def _run_kv_parts(o: RayOptions, rows: list[dict[str, Any]], config: Any, header
             "config": config, "header": dict(header), "batch_size": batch_size, "setup": o.worker_setup,
             "threads": max(1, int(o.num_cpus))}, batch_size=1, preserve_order=False)
         iterator = ds.iter_rows()
-        try:
+        with _ray_failures(iterator, lambda: f"{done} of {len(rows)} parts of the KV store build"):
             for row in iterator:
                 record = json.loads(row["result"])
                 if "error" in record:
@@ -868,16 +876,6 @@ def _run_kv_parts(o: RayOptions, rows: list[dict[str, Any]], config: Any, header
                 shards += int(record["report"]["shards"])
                 done += 1
                 bar.update(int(record["report"]["requested"]))
-        except AttnrankError:
-            raise
-        except ray.exceptions.RayError as exc:
-            raise RayExecutionError(
-                f"Ray gave up after {done} of {len(rows)} parts of the KV store build ({type(exc).__name__}: {exc}); "
-                "what was committed is kept, rerun to resume") from exc
-        finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
     if done != len(rows):
         raise RayExecutionError(f"Ray returned {done} of {len(rows)} parts of the KV store build; rerun to resume")
     return shards
