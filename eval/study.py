@@ -65,13 +65,10 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     bounds = spans_from_lengths(lengths)
     owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     layers = list(range(layer + 1))
-    from attnrank.reranker.adapters import adapter_disabled
-
     reranker._call.store = block_store
     try:
         with lm.lock, torch.inference_mode():
-            with adapter_disabled(lm.model):  # blocks: always the base model (a query adapter keeps the store valid)
-                kv, _, cache = reranker.context(prompt)
+            kv, _, cache = reranker.context(prompt)  # blocks: the base model's, even with a query adapter
             qo, _ = block_forward(lm, prompt, layer, mode="mean", read_layers=layers, kv=kv)
             co, _ = block_forward(lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean", read_layers=layers, kv=kv)
             sig, _ = block_forward(lm, prompt, layer, read_layers=[layer], kv=kv)

@@ -9,7 +9,7 @@ arXiv 2510.05396, Section 4, ``L_aux``).
 A document KV store holds candidate blocks computed by the *base* model. An adapter that
 changes only the query block's computation keeps every stored block valid: the adapter is
 enabled for the query and ``N/A`` calibration passes and disabled while block 0 and
-candidate blocks are encoded (:func:`adapter_disabled`). Training therefore reads every
+candidate blocks are encoded (:func:`attnrank.reranker.adapters.adapter_disabled`). Training therefore reads every
 candidate block from the store (or computes it once with the base model) and back-propagates
 through the query passes alone: a step costs two query-block passes, not a prompt.
 
@@ -32,9 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.errors import ValidationError
-from attnrank.reranker.adapters import (  # noqa: F401  (re-exported: the trainer's public surface)
-    adapter_disabled, adapter_hash, adapter_state, has_adapter, inject_lora, load_adapter, resolve_adapter, save_adapter,
-)
+from attnrank.reranker.adapters import adapter_state, inject_lora, save_adapter
 from attnrank.types import Document
 
 logger = logging.getLogger(__name__)
@@ -116,18 +114,17 @@ class QueryAdapterConfig:
         return self.temperature if self.temperature is not None else (0.05 if self.objective == "signal" else 1.0)
 
 
-# ----------------------------------------------------------------------------- LoRA
 # ----------------------------------------------------------------------------- scoring
 def context_for(reranker: Any, prompt: Any, kv0: Any, *, store: Any = None) -> list[tuple[Any, Any]]:
     """Block 0's and the candidates' keys/values for layers ``0..l*`` (``assemble_kv``
-    layout), computed or read with the adapter off, as ordinary (non-inference) tensors
-    without gradient: constants of a training step."""
+    layout), computed or read by the base model (the block encoders switch a query adapter
+    off), as ordinary (non-inference) tensors without gradient: constants of a training step."""
     import torch
 
     from attnrank.reranker.doccache import assemble_kv
 
     lm = reranker.lm
-    with torch.no_grad(), adapter_disabled(lm.model):
+    with torch.no_grad():
         blocks, _ = reranker.block_source().fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
                                                   batch_size=reranker.options.doc_batch_size)
         return assemble_kv(kv0, blocks, reranker.layer)
@@ -139,7 +136,7 @@ def base_instruction_kv(reranker: Any) -> list[tuple[Any, Any]]:
 
     from attnrank.reranker.doccache import instruction_kv
 
-    with torch.no_grad(), adapter_disabled(reranker.lm.model):
+    with torch.no_grad():
         return instruction_kv(reranker.lm, reranker.layout.instruction_ids, reranker.layer)
 
 

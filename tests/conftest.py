@@ -20,6 +20,24 @@ def nfcorpus_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def nfcorpus_head(nfcorpus_dir):
+    """The first 40 NFCorpus documents (corpus file order), as :class:`attnrank.types.Document`."""
+    import gzip
+    import json
+
+    from attnrank.types import Document
+
+    docs = []
+    with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
+        for line in f:
+            d = json.loads(line)
+            docs.append(Document(d["_id"], d["text"], d.get("title", "")))
+            if len(docs) == 40:
+                break
+    return docs
+
+
+@pytest.fixture(scope="session")
 def dl19_dir() -> Path:
     if not (DL19 / "qrels.dl19-passage.txt").exists():
         pytest.skip(f"real data not found at {DL19} (set ATTNRANK_SHARED_DATA)")

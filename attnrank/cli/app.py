@@ -768,17 +768,9 @@ def eval_study_dump(
 
     config = _reranker_config("blockrank", model, max_doc_tokens, device, None).with_options(
         query_in_instruction=False, layer=layer, scoring="calibrated", kv_dtype=kv_dtype)
-    if adapter is not None:
-        from attnrank.reranker.blockrank import BlockRankReranker
-        from attnrank.reranker.lm import load_trainable_lm
-        from attnrank.reranker.adapters import adapter_hash, load_adapter
-
-        lm = load_trainable_lm(model, device=config.device)  # a private copy: LoRA is injected in place
-        load_adapter(adapter, lm.model, lm.identity)
-        lm.model.eval()
-        reranker = BlockRankReranker(config, lm=lm)
-    else:
-        reranker = build_reranker(config)
+    if adapter is not None:  # the reranker loads it on a private copy of the LM (option query_adapter)
+        config = config.with_options(query_adapter=str(adapter))
+    reranker = build_reranker(config)
     store = None
     if trec_run:
         queries, cands, scores, qrels = trec_dl_candidates(data, run_name=trec_run, candidates=candidates,
@@ -795,7 +787,7 @@ def eval_study_dump(
             store = KVStore.open(index / "kv", KVHeader.from_dict(reranker.block_store_header()), readonly=True)
     meta = {**source, "candidates": candidates, "layer": layer, "max_doc_tokens": max_doc_tokens,
             "reranker": reranker.describe(),
-            "adapter": None if adapter is None else {"path": str(adapter), "sha256": adapter_hash(adapter)}, "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}
+            "adapter": reranker.describe().get("query_adapter"), "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}
     try:
         items = dump_features(out, queries, cands, scores, qrels, reranker, block_store=store, meta=meta)
     finally:

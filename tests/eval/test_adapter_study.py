@@ -3,8 +3,6 @@ documents: grades from qrels, the store each source reads, and the dev figures."
 
 from __future__ import annotations
 
-import gzip
-import json
 
 import numpy as np
 import pytest
@@ -16,19 +14,12 @@ from attnrank.config import RerankerConfig  # noqa: E402
 from attnrank.eval.adapter_study import dev_evaluator, examples_from, source_store  # noqa: E402
 from attnrank.eval.metrics import evaluate_run  # noqa: E402
 from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
+from attnrank.types import Query  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def docs(nfcorpus_dir):
-    out = []
-    with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
-        for line in f:
-            d = json.loads(line)
-            out.append(Document(d["_id"], d["text"]))
-            if len(out) == 6:
-                break
-    return out
+def docs(nfcorpus_head):
+    return nfcorpus_head[:6]
 
 
 @pytest.fixture(scope="module")

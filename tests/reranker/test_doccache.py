@@ -3,7 +3,6 @@ the uncached linear path in the same mode, on real NFCorpus documents (oracle te
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
@@ -15,21 +14,14 @@ from attnrank.errors import KVStoreMismatchError, ValidationError  # noqa: E402
 from attnrank.index.kvstore import KVHeader, KVStore  # noqa: E402
 from attnrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
 from attnrank.reranker.doccache import block_key, build_layout, document_block  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
+from attnrank.types import Query  # noqa: E402
 
 LAYER = 6
 
 
 @pytest.fixture(scope="module")
-def nf_docs(nfcorpus_dir):
-    docs = []
-    with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
-        for line in f:
-            d = json.loads(line)
-            docs.append(Document(d["_id"], d["text"], d.get("title", "")))
-            if len(docs) == 10:
-                break
-    return docs
+def nf_docs(nfcorpus_head):
+    return nfcorpus_head[:10]
 
 
 def _reranker(lm, **options) -> BlockRankReranker:

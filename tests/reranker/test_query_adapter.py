@@ -4,7 +4,6 @@ are exact. Real NFCorpus documents, a shallow l* to keep it fast."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import random
@@ -20,18 +19,15 @@ from attnrank.errors import NotFoundError, ValidationError  # noqa: E402
 from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
 from attnrank.reranker.doccache import encode_blocks  # noqa: E402
 from attnrank.reranker.lm import load_trainable_lm  # noqa: E402
+from attnrank.reranker.adapters import adapter_disabled, has_adapter, inject_lora, load_adapter, save_adapter  # noqa: E402
 from attnrank.reranker.query_adapter import (  # noqa: E402
     QueryAdapterConfig,
     RankingExample,
-    adapter_disabled,
     base_instruction_kv,
     context_for,
     differentiable_scores,
-    inject_lora,
     listwise_loss,
-    load_adapter,
     sample_candidates,
-    save_adapter,
     train_query_adapter,
 )
 from attnrank.types import Document, Query  # noqa: E402
@@ -41,15 +37,8 @@ TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def nf_docs(nfcorpus_dir):
-    docs = []
-    with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
-        for line in f:
-            d = json.loads(line)
-            docs.append(Document(d["_id"], d["text"], d.get("title", "")))
-            if len(docs) == 8:
-                break
-    return docs
+def nf_docs(nfcorpus_head):
+    return nfcorpus_head[:8]
 
 
 @pytest.fixture()
@@ -238,8 +227,6 @@ def _random_adapter(tmp_path, identity, *, layer=LAYER, tokens=TOKENS):
 
 
 def test_served_scores_with_the_query_adapter_option(default_lm, nf_docs, tmp_path) -> None:
-    from attnrank.reranker.query_adapter import has_adapter
-
     card = _card(tmp_path / "card.json", default_lm)
     path, carrier = _random_adapter(tmp_path, default_lm.identity)
     served_r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
