@@ -11,6 +11,7 @@ collection's). Every error has the body ``{"error": str, "error_type": str}``:
 cause                             status  error_type
 ================================  ======  ======================================
 invalid body, top_k out of range  422     validation
+body not UTF-8 JSON               400     bad_request
 missing / wrong API key           401     unauthorized
 unknown collection, document      404     not_found
 update of a read-only collection  409     index_mismatch
@@ -21,16 +22,30 @@ corrupt compressed body           400     bad_request
 inference queue full              429     overloaded (with ``Retry-After``)
 models loading / load failed      503     unhealthy (with ``Retry-After``)
 model cannot be loaded            503     model_unavailable
+client closed the connection      499     client_closed (never read; logged at info)
 other ``AttnrankError``           theirs  theirs
 anything else                     500     internal (logged with traceback)
 ================================  ======  ======================================
+
+A client that hangs up is not a server error: its request is counted as ``status="499"``
+in ``/metrics`` and logged at info level without a traceback, its queued job is dropped and
+its started reranking stops at the next layer (:mod:`attnrank.api.inference`), as a passed
+``deadline_ms`` does.
+
+Every ``GET`` route also answers ``HEAD`` (the same status and headers, no body:
+:class:`attnrank.api.middleware.HeadMiddleware`), for load balancers and uptime checks. With
+``settings.cors_origins`` set, pages served from those origins may call the API (CORS, with
+preflight ``OPTIONS`` answered without the API key); it is off by default. ``/docs`` (Swagger
+UI) and ``/redoc`` load their scripts and styles from the installed ``fastapi-offline``
+package (under ``/static-offline-docs``), never from a CDN, so they work without internet.
 
 Request bodies may be sent compressed (``Content-Encoding: gzip`` or ``deflate``); the body
 limit counts their decompressed bytes (:class:`attnrank.api.middleware.BodyLimitMiddleware`).
 Every string of a request must be valid text and every document id a TREC-safe id
 (:mod:`attnrank.textrules`), else 422 naming the field.
 
-Routes: ``POST /search``, ``POST /rerank`` (Cohere v2 compatible), ``POST /documents``
+Routes: ``POST /search``, ``POST /rerank`` (Cohere v2 compatible; also at ``/v2/rerank`` and
+``/v1/rerank``, the paths Cohere's SDK posts to), ``POST /documents``
 (durable batch upsert), ``GET``/``DELETE /documents/{doc_id}``, ``GET /health``,
 ``GET /info``, ``GET /metrics`` (Prometheus), and the search page at ``GET /`` and ``GET /ui``
 (:mod:`attnrank.api.routes.ui`). With ``settings.api_key`` set, every route but ``/health``
@@ -53,9 +68,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from attnrank import __version__
-from attnrank.errors import AttnrankError
+from attnrank.errors import AttnrankError, ClientClosedError
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
 
@@ -97,7 +113,9 @@ def validation_message(exc: RequestValidationError) -> str:
 
 
 async def _attnrank_error(request: Request, exc: AttnrankError) -> JSONResponse:
-    if exc.status_code >= 500 and exc.error_type != "unhealthy":
+    if isinstance(exc, ClientClosedError):
+        logger.info("%s %s: %s", request.method, request.url.path, exc)
+    elif exc.status_code >= 500 and exc.error_type != "unhealthy":
         logger.error("%s %s failed (%s): %s", request.method, request.url.path, exc.error_type, exc)
     return error_response(exc.status_code, str(exc), exc.error_type, headers=getattr(exc, "headers", None))
 
@@ -106,9 +124,27 @@ async def _request_validation_error(request: Request, exc: RequestValidationErro
     return error_response(422, validation_message(exc), "validation")
 
 
+def _body_problem(exc: StarletteHTTPException) -> str | None:
+    """What FastAPI's generic 400 "error parsing the body" was about, or ``None``."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start:cause.start + 1].hex()
+        return (f"request body must be JSON encoded as UTF-8 (RFC 8259): byte 0x{byte} at offset {cause.start} is "
+                f"not valid {cause.encoding.upper()}; re-encode the body as UTF-8 (e.g. a Latin-1 'é' is 0xe9, in "
+                "UTF-8 it is 0xc3 0xa9)")
+    if cause is not None:
+        return f"request body could not be read as JSON ({type(cause).__name__}: {cause}); send a UTF-8 JSON object"
+    return None
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc.__cause__, ClientDisconnect):  # hung up while its body was being read
+        return await _attnrank_error(request, ClientClosedError("the client closed the connection while sending "
+                                                                "its request body"))
     error_type = _HTTP_ERROR_TYPES.get(exc.status_code, "internal" if exc.status_code >= 500 else "http_error")
     message = str(exc.detail)
+    if exc.status_code == 400 and message == "There was an error parsing the body":
+        message = _body_problem(exc) or message
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}; see /docs"
     return error_response(exc.status_code, message, error_type, headers=getattr(exc, "headers", None))
@@ -138,11 +174,20 @@ def create_app(
         server start-up), and start-up fails with the index error if one cannot; models
         then load in the background.
     """
-    from attnrank.api.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware
-    from attnrank.api.runtime import Runtime
+    from fastapi_offline import FastAPIOffline
+
+    from attnrank.api.middleware import (
+        AuthMiddleware,
+        BodyLimitMiddleware,
+        ClientGoneMiddleware,
+        HeadMiddleware,
+        MetricsMiddleware,
+    )
+    from attnrank.api.runtime import Runtime, check_model_aliases
 
     settings = settings or Settings()
     settings.collection_dirs()  # fail now on a collection named like the default one
+    check_model_aliases(settings)  # and on a model alias that maps to nothing served
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -158,11 +203,14 @@ def create_app(
             await anyio.to_thread.run_sync(runtime.close)
             app.state.runtime = None
 
-    app = FastAPI(
+    # FastAPIOffline: /docs and /redoc with the Swagger UI and ReDoc assets of the installed
+    # package (no CDN); no validator badge (it would call validator.swagger.io)
+    app: FastAPI = FastAPIOffline(
         title="attnrank",
         summary="Retrieval with attention-based in-context reranking.",
         version=__version__,
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.settings = settings
     app.state.runtime = None
@@ -170,10 +218,23 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
-    # Added innermost first: metrics see every answer, auth runs before the body is read.
+    # Added innermost first: metrics see every answer, CORS answers preflights before auth (a
+    # browser sends no key with them) and adds its headers to every answer, auth runs before
+    # the body is read, HEAD runs the GET route, a hung-up client's request ends as a 499.
+    app.add_middleware(ClientGoneMiddleware)
+    app.add_middleware(HeadMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_key is not None:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key.get_secret_value())
+    if settings.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(settings.cors_origins), allow_credentials=False,
+            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
+            expose_headers=["Retry-After", "WWW-Authenticate"], max_age=600,
+        )
     app.add_middleware(MetricsMiddleware)
 
     from attnrank.api.routes import documents, health, info, metrics, rerank, search, ui

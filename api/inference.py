@@ -5,7 +5,10 @@ A :class:`InferencePool` owns ``workers`` threads and a FIFO queue of at most
 or the queue has room, and otherwise raises :class:`~attnrank.errors.OverloadedError`
 (HTTP 429) at once, so that many clients get answers or a quick 429, never an unbounded
 wait. Jobs start in arrival order (first come, first served). A job whose caller stopped
-waiting (deadline passed, request cancelled) before it started is dropped unrun.
+waiting (deadline passed, request cancelled) before it started is dropped unrun; one that
+has started is asked to stop (:mod:`attnrank.cancel`): an attention reranker stops at its
+next layer, so the worker is free for the next job instead of finishing work nobody reads.
+A caller whose client hung up gets :class:`ClientGoneError` (the app answers 499).
 
 The service runs two pools (see :mod:`attnrank.api.runtime`): ``search`` for first-stage-only
 searches (cheap, several threads) and ``rerank`` for anything that runs the language
@@ -27,9 +30,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnrank.errors import OverloadedError, UnhealthyError
+from attnrank.cancel import CancelToken, cancel_scope
+from attnrank.errors import JobCancelledError, OverloadedError, UnhealthyError
 
 logger = logging.getLogger(__name__)
+
+
+class ClientGoneError(asyncio.CancelledError):
+    """:meth:`InferencePool.run`'s cancellation when its client went away: an
+    :class:`asyncio.CancelledError` (the job was cancelled) that says why, so that the app
+    answers it as the client's doing (499 ``client_closed``, logged at info:
+    :class:`attnrank.api.middleware.ClientGoneMiddleware`) and never as a crash. Raised only
+    for a disconnected client, never for a cancellation of the waiting task itself."""
 
 
 @dataclass(eq=False)
@@ -40,6 +52,9 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     units: float
     enqueued: float = field(default_factory=time.perf_counter)
+    token: CancelToken = field(default_factory=CancelToken)
+    started: bool = False
+    client_gone: bool = False
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -66,6 +81,9 @@ class InferencePool:
             ``"run"`` times of each job, and ``("rejected", 0.0)`` for each refusal
             (metrics); exceptions in it are logged.
         ewma_alpha: Weight of the newest job in the running mean of seconds per unit.
+        stop_abandoned: Ask a started job to stop (:mod:`attnrank.cancel`) when its caller
+            stops waiting (client gone, timeout, cancellation). ``False`` for work that must
+            finish once started (durable writes).
 
     Attributes:
         rejected: Jobs refused because the queue was full.
@@ -80,6 +98,7 @@ class InferencePool:
         max_wait: float | None = None,
         observe: Callable[[str, float], None] | None = None,
         ewma_alpha: float = 0.2,
+        stop_abandoned: bool = True,
     ) -> None:
         if workers < 1 or queue_size < 0:
             raise ValueError(f"workers must be >= 1 and queue_size >= 0, got {workers}, {queue_size}")
@@ -89,6 +108,7 @@ class InferencePool:
         self.max_wait = max_wait
         self.observe = observe
         self.ewma_alpha = ewma_alpha
+        self.stop_abandoned = stop_abandoned
         self.rejected = 0
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
@@ -168,16 +188,23 @@ class InferencePool:
     # -- submission ------------------------------------------------------------------
     def submit(self, fn: Callable[..., Any], *args: Any, units: float = 1.0) -> asyncio.Future:
         """Queue ``fn(*args)``; returns a future of the running event loop. Cancel the
-        future to drop the job if it has not started.
+        future to drop the job if it has not started, or (``stop_abandoned``) to stop it
+        at its next batch or layer boundary if it has.
 
         Raises:
             OverloadedError: every worker is busy and ``queue_size`` jobs already wait, or
                 the estimated wait exceeds ``max_wait``.
             UnhealthyError: the pool is closed.
         """
+        return self._submit(fn, args, units)[0]
+
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], units: float) -> tuple[asyncio.Future, _Job]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         job = _Job(fn, args, future, loop, float(units))
+        if self.stop_abandoned:
+            future.add_done_callback(lambda f, token=job.token: token.cancel(
+                "its caller stopped waiting (deadline passed or request cancelled)") if f.cancelled() else None)
         refusal = None
         with self._cond:
             if self._closed:
@@ -199,7 +226,7 @@ class InferencePool:
                 self._queue.append(job)
                 self._queued_units += job.units
                 self._cond.notify()
-                return future
+                return future, job
             self.rejected += 1
         self._report("rejected", 0.0)
         raise refusal
@@ -217,34 +244,44 @@ class InferencePool:
         Args:
             units: Size of the job (e.g. documents reranked) for the time estimate.
             timeout: Seconds to wait; then :class:`TimeoutError` is raised and the job is
-                dropped if it has not started (a started job runs to its end, unseen).
+                dropped if it has not started, or asked to stop if it has (see
+                ``stop_abandoned``).
             is_disconnected: Polled every ``disconnect_poll`` seconds while the job waits
-                (e.g. ``request.is_disconnected``): a job whose client went away is
-                dropped before it starts, and :class:`asyncio.CancelledError` is raised.
+                or runs (e.g. ``request.is_disconnected``): a job whose client went away is
+                dropped before it starts, or asked to stop if it has, and
+                :class:`ClientGoneError` is raised.
 
         Raises:
             OverloadedError: the queue is full.
             TimeoutError: ``timeout`` passed.
+            ClientGoneError: ``is_disconnected`` said the client went away.
         """
-        future = self.submit(fn, *args, units=units)
+        future, job = self._submit(fn, args, units)
         watcher = None
         if is_disconnected is not None:
-            watcher = asyncio.create_task(self._watch(future, is_disconnected))
+            watcher = asyncio.create_task(self._watch(future, job, is_disconnected))
         try:
             if timeout is None:
                 return await future
             return await asyncio.wait_for(future, timeout)
+        except asyncio.CancelledError:
+            if job.client_gone:
+                raise ClientGoneError(f"the client closed the connection before its {self.name} job ended") from None
+            raise
         finally:
             if watcher is not None:
                 watcher.cancel()
 
     disconnect_poll = 0.5
 
-    async def _watch(self, future: asyncio.Future, is_disconnected: Callable[[], Awaitable[bool]]) -> None:
+    async def _watch(self, future: asyncio.Future, job: _Job, is_disconnected: Callable[[], Awaitable[bool]]) -> None:
         while not future.done():
             await asyncio.sleep(self.disconnect_poll)
             if not future.done() and await is_disconnected():
-                logger.info("%s: client went away; dropping its job", self.name)
+                logger.info("%s: the client went away; %s its job", self.name,
+                            "stopping" if job.started and self.stop_abandoned else "dropping")
+                job.client_gone = True
+                job.token.cancel("the client closed the connection")
                 future.cancel()
                 return
 
@@ -264,11 +301,17 @@ class InferencePool:
                 self._queued_units -= job.units
                 if job.future.cancelled():  # the caller stopped waiting before the job started
                     continue
+                job.started = True
                 self._busy_units += job.units
             started = time.perf_counter()
             result, error = None, None
             try:
-                result = job.fn(*job.args)
+                with cancel_scope(job.token if self.stop_abandoned else None):
+                    result = job.fn(*job.args)
+            except JobCancelledError as exc:  # nobody waits for it: no error to report
+                logger.info("%s: job stopped after %.2f s (%s)", self.name, time.perf_counter() - started,
+                            job.token.reason or exc)
+                error = exc
             except BaseException as exc:  # handed to the caller, who maps it to an error body
                 error = exc
             seconds = time.perf_counter() - started

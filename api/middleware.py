@@ -1,5 +1,5 @@
 """Pure ASGI middleware: API-key auth, request body decoding (gzip, deflate) and size
-limit, request metrics.
+limit, ``HEAD`` for every ``GET`` route, request metrics.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so that bodies stream through untouched and
 errors raised by the app keep their handlers. Responses these layers produce themselves
@@ -8,8 +8,10 @@ use the service's error body ``{error, error_type}``.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import logging
 import time
 import zlib
 from typing import Any
@@ -17,7 +19,10 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from attnrank.api.inference import ClientGoneError
 from attnrank.api.routes.ui import UI_PATHS
+
+logger = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health", *UI_PATHS})
 """Paths served without an API key: readiness, and the search page and its assets (which
@@ -200,8 +205,85 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
+class ClientGoneMiddleware:
+    """Answers a request whose client hung up while its job waited or ran
+    (:class:`attnrank.api.inference.ClientGoneError`) with 499 ``client_closed`` (never read:
+    the connection is gone; counted so in the metrics) and logs it at info level without a
+    traceback: a closed connection is not a server error."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except ClientGoneError as exc:
+            logger.info("%s %s: %s", scope.get("method"), scope.get("path"), exc)
+            if not started:
+                await send_error(send, 499, str(exc), "client_closed")
+
+
+class HeadMiddleware:
+    """Answers ``HEAD`` on every ``GET`` route (RFC 9110 section 9.3.2): the request runs as a
+    ``GET`` and the answer keeps its status and headers (``Content-Length`` included) but
+    sends no body. A path without a ``GET`` route answers as it would a ``GET`` (404, or 405
+    with ``Allow``).
+
+    The app gets a copy of the scope with the method ``GET`` (the server keeps reading its
+    own, so it still knows the request was ``HEAD``); the route the router matched is copied
+    back for :class:`MetricsMiddleware`, which labels the request ``HEAD``.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        inner = {**scope, "method": "GET"}
+
+        async def no_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        try:
+            await self.app(inner, receive, no_body)
+        finally:
+            if "route" in inner:
+                scope["route"] = inner["route"]
+
+
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"})
+"""Request methods counted under their own ``method`` label (RFC 9110 and PATCH); any other
+verb a client invents is counted as ``method="other"``, so the label stays bounded."""
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label of a request method: itself when known, else ``"other"``."""
+    return method if method in KNOWN_METHODS else "other"
+
+
 class MetricsMiddleware:
-    """Counts requests by route template, method and status, and times them."""
+    """Counts requests by route template, method and status, and times them.
+
+    Every label is bounded: ``route`` is a route template or ``unmatched``, ``method`` one of
+    :data:`KNOWN_METHODS` or ``other``. A request whose client hung up is counted as
+    ``status="499"`` (also when the app was cancelled before answering), never as a 5xx.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -214,19 +296,24 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         status = 500
+        started = False
         t0 = time.perf_counter()
 
         async def send_status(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
+        except asyncio.CancelledError:  # the server cancelled the request: nobody reads an answer
+            if not started:
+                status = 499
+            raise
         finally:
             route: Any = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
             m = runtime.metrics
-            m.requests.labels(label, scope.get("method", ""), str(status)).inc()
+            m.requests.labels(label, method_label(scope.get("method", "")), str(status)).inc()
             m.request_seconds.labels(label).observe(time.perf_counter() - t0)

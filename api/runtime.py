@@ -52,8 +52,9 @@ class Runtime:
                                     observe=self.metrics.observer("search")),
             "rerank": InferencePool("rerank", settings.workers, settings.queue_size,
                                     max_wait=settings.max_queue_wait_s, observe=self.metrics.observer("rerank")),
+            # durable writes finish once started, even when their caller stops waiting
             "ingest": InferencePool("ingest", settings.ingest_workers, settings.ingest_queue_size,
-                                    observe=self.metrics.observer("ingest")),
+                                    observe=self.metrics.observer("ingest"), stop_abandoned=False),
         }
         self.metrics.watch_pools(self.pools)
         self.status: Status = "loading"
@@ -253,7 +254,35 @@ def lm_name(model: str | None) -> str:
     return Path(model).name or model
 
 
-def served_model_ids(settings: Settings) -> list[str]:
-    """The ``model`` values ``POST /rerank`` accepts: method, LM name, ``<lm>/<method>``."""
+def native_model_ids(settings: Settings) -> list[str]:
+    """The served reranker's own ids: method, LM name, ``<lm>/<method>``."""
     lm = lm_name(settings.model)
     return [settings.rerank_method, lm, f"{lm}/{settings.rerank_method}"]
+
+
+def served_model_ids(settings: Settings) -> list[str]:
+    """The ``model`` values ``POST /rerank`` accepts: method, LM name, ``<lm>/<method>``,
+    then the external ids of ``settings.model_aliases`` (``'*'``, any id, is not listed)."""
+    native = native_model_ids(settings)
+    return native + [k for k in settings.model_aliases if k != "*" and k not in native]
+
+
+def check_model_aliases(settings: Settings) -> None:
+    """Fail at start-up on an alias that maps to nothing served.
+
+    Raises:
+        ValueError: an alias whose target is not one of :func:`native_model_ids`.
+    """
+    native = native_model_ids(settings)
+    for alias, target in settings.model_aliases.items():
+        if target not in native:
+            raise ValueError(f"model alias {alias!r} maps to {target!r}, which is not served here; map it to one of "
+                             f"{native} (ATTNRANK_MODEL_ALIASES)")
+
+
+def resolve_model(settings: Settings, model: str | None) -> str | None:
+    """The served id ``model`` names: itself when native, its alias's target, or the
+    target of ``'*'``; ``None`` when nothing served matches."""
+    if model is None or model in native_model_ids(settings):
+        return model
+    return settings.model_aliases.get(model) or settings.model_aliases.get("*")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from attnrank.textrules import id_problem, json_problem, text_problem
+from attnrank.textrules import id_problem, is_blank, json_problem, text_problem
 
 MAX_QUERY_CHARS = 4096
 """Longest accepted query text, in characters."""
@@ -43,14 +43,26 @@ DocId = Annotated[str, BeforeValidator(_id_rule)]
 JsonObject = Annotated[dict[str, Any], BeforeValidator(_json_rule)]
 """A JSON object whose keys and string values, at any depth, are valid text."""
 
+# Counts and switches are strict: a JSON integer for an int (not true, "3" or 3.0), a JSON
+# boolean for a bool (not 1 or "yes"); anything else is a 422 naming the field.
+BLANK_QUERY = ("query must not be empty or only whitespace and invisible characters (zero-width spaces, soft "
+               "hyphens); send some text")
+
+
+def _non_blank(value: str) -> str:
+    """A query with text left after BM25's Unicode analysis (:func:`attnrank.textrules.is_blank`)."""
+    if is_blank(value):
+        raise ValueError(BLANK_QUERY)
+    return value
+
 
 class ReAttnOptions(BaseModel):
     """ReAttn switches (ALGORITHMS.md section 4)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    idf: bool = Field(True, description="Down-weight tokens frequent across the candidates.")
-    entropy: bool = Field(True, description="Weight documents by the normalised entropy of their attention.")
+    idf: StrictBool = Field(True, description="Down-weight tokens frequent across the candidates.")
+    entropy: StrictBool = Field(True, description="Weight documents by the normalised entropy of their attention.")
     gamma: float = Field(0.5, ge=0, description="Exponent of the normalised entropy.")
 
 
@@ -61,29 +73,31 @@ class RerankRequest(BaseModel):
 
     method: Text | None = Field(
         None,
-        description="Reranker name (e.g. 'icr'), or 'none' for first-stage order; "
-        "default: the service's reranker (ATTNRANK_RERANK_METHOD).",
-        examples=["icr"],
+        description="Reranker name: 'default' (the best measured configuration, blockrank-cached), "
+        "'blockrank-cached', 'icr', 'blockrank', or 'none' for first-stage order; "
+        "default: the service's reranker (ATTNRANK_RERANK_METHOD, 'default' unless set).",
+        examples=["default"],
     )
-    candidates: int | None = Field(
+    candidates: StrictInt | None = Field(
         None, ge=1,
         description="First-stage hits reranked (at most the service's max_candidates); "
         "default: ATTNRANK_DEFAULT_CANDIDATES.",
     )
-    fusion: float | None = Field(
-        None,
+    fusion: float | Literal["default", "none"] | None = Field(
+        "default",
         description="Order the candidates by alpha * z(first-stage score) + (1 - alpha) * z(reranker score), each "
-        "z-scored over the candidates (alpha in [0, 1]); default: the reranker's order. 0.8 was chosen on "
-        "NFCorpus dev for cached BlockRank's learned scorer (docs/RESULTS.md).",
-        examples=[0.8],
+        "z-scored over the candidates: alpha in [0, 1]; 'default' (when omitted) = the method's recorded weight "
+        "(the default method: 0.6, chosen on NFCorpus dev; icr and blockrank: none); 'none' or null = the "
+        "reranker's own order.",
+        examples=[0.6, "none"],
     )
-    heads: Literal["all", "qr", "learned"] | list[tuple[int, int]] | None = Field(
+    heads: Literal["all", "qr", "learned"] | list[tuple[StrictInt, StrictInt]] | None = Field(
         None,
         description="icr and blockrank: attention heads scored: 'all', 'qr' (the model's packaged query-focused "
         "heads), 'learned' (icr: their learned weights) or [[layer, head], ...]; default: the service's configuration.",
         examples=["qr"],
     )
-    reattn: bool | ReAttnOptions | None = Field(
+    reattn: StrictBool | ReAttnOptions | None = Field(
         None,
         description="icr and blockrank: ReAttn re-weighting of token attention (true, false or {idf, entropy, gamma}); "
         "default: the service's configuration.",
@@ -105,19 +119,22 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: Text = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
-    top_k: int = Field(10, description="Number of results (at most the service's max_top_k).",
+    top_k: StrictInt = Field(10, description="Number of results (at most the service's max_top_k).",
                        json_schema_extra={"minimum": 1})  # range checked by the pipeline, as in the library
-    retriever: Text = Field("bm25", description="First-stage retriever: bm25, dense or hybrid (as indexed).")
+    retriever: Text | None = Field(
+        None, description="First-stage retriever: bm25, dense or hybrid (as indexed); default: the service's "
+        "(ATTNRANK_DEFAULT_RETRIEVER, bm25 unless set; bm25 where the collection has no dense index).")
     rerank: RerankRequest | None = Field(
         None, description="Reranking options; omitted or null = first-stage order only."
     )
     collection: Text | None = Field(
         None, description="Collection searched (see GET /info); default: the service's default collection."
     )
-    explain: bool = Field(
+    explain: StrictBool = Field(
         False,
-        description="With rerank (icr): each reranked result carries `evidence`, the document spans that drew "
-        "the most query attention (character offsets into its text).",
+        description="With rerank (the default method and icr): each reranked result carries `evidence`, the "
+        "document spans that drew the most query attention at the heads that score (character offsets into its "
+        "text).",
     )
     filter: JsonObject | None = Field(
         None,
@@ -131,9 +148,7 @@ class SearchRequest(BaseModel):
     @field_validator("query")
     @classmethod
     def _non_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("query must not be empty or only whitespace")
-        return value
+        return _non_blank(value)
 
 
 class Evidence(BaseModel):
@@ -192,9 +207,12 @@ class RerankInfo(BaseModel):
         "windows, duplicate texts sharing one score.",
     )
     cache: dict[str, int] | None = Field(
-        None, description="Cached BlockRank (query_in_instruction=false): candidate blocks read from the document "
+        None, description="Cached BlockRank (blockrank-cached, the default): candidate blocks read from the document "
         "KV store or the RAM cache (`hits`) and computed now (`misses`)."
     )
+    fusion: float | None = Field(
+        None, description="The fusion weight alpha used (alpha z(first stage) + (1 - alpha) z(reranker)); null = the "
+        "reranker's own order.")
 
 
 class SearchResponse(BaseModel):
@@ -270,7 +288,8 @@ class CohereRerankRequest(BaseModel):
     model: Text | None = Field(
         None,
         description="Optional here. When given it must name the served reranker: its method (e.g. 'icr'), its LM "
-        "(e.g. 'smollm2-135m-instruct') or '<lm>/<method>' (GET /info lists them); anything else is a 422.",
+        "(e.g. 'smollm2-135m-instruct'), '<lm>/<method>', or an external id the operator maps to it "
+        "(ATTNRANK_MODEL_ALIASES, e.g. Cohere's 'rerank-v3.5'); GET /info lists them; anything else is a 422.",
         examples=["icr"],
     )
     query: Text = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
@@ -281,18 +300,19 @@ class CohereRerankRequest(BaseModel):
         "ranked on its beginning (listed in meta.truncated and meta.warnings); only the body size "
         "(max_body_bytes) bounds its length.",
     )
-    top_n: int | None = Field(None, ge=1, description="Results returned (best first); default: all documents.")
-    max_tokens_per_doc: int | None = Field(
+    top_n: StrictInt | None = Field(None, ge=1, description="Results returned (best first); default: all documents.")
+    max_tokens_per_doc: StrictInt | None = Field(
         None, ge=1,
         description="LM tokens read per document (longer ones are truncated and listed in meta.truncated); "
         "default and upper bound: the service's max_doc_tokens (larger values are clamped, with a warning).",
     )
-    return_documents: bool = Field(False, description="Add `document: {text}` to each result.")
+    return_documents: StrictBool = Field(False, description="Add `document: {text}` to each result.")
     rank_fields: list[Text] | None = Field(
         None, description="Cohere v1: fields of object documents to rank on; only ['text'] is supported."
     )
-    max_chunks_per_doc: int | None = Field(None, ge=1, description="Cohere v1; accepted and ignored.")
-    deadline_ms: int | None = Field(
+    max_chunks_per_doc: StrictInt | None = Field(None, ge=1, description="Cohere v1; accepted and ignored.")
+    priority: StrictInt | None = Field(None, description="Cohere v2 request priority; accepted and ignored.")
+    deadline_ms: StrictInt | None = Field(
         None, ge=1,
         description="Answer within this many milliseconds: when reranking would exceed it (estimated from recent "
         "requests and the queue, or it runs over), the answer gives the documents in their given (first-stage) "
@@ -302,9 +322,7 @@ class CohereRerankRequest(BaseModel):
     @field_validator("query")
     @classmethod
     def _non_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("query must not be empty or only whitespace")
-        return value
+        return _non_blank(value)
 
     def texts(self) -> list[str]:
         return [d.text for d in self.documents]
@@ -319,10 +337,14 @@ class CohereRerankResult(BaseModel):
 
     index: int = Field(description="Position of the document in the request's `documents` (0-based).")
     relevance_score: float = Field(
-        description="The reranker's score; higher = more relevant; compare only within one response. Its range "
-        "depends on the method (meta.method): icr = calibrated attention mass summed over layers and heads, a real "
-        "number (may be negative), unitless; blockrank = attention probability in [0, 1], summing to 1 over the "
-        "documents. When meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
+        description="Relevance in [0, 1] for the built-in methods (as Cohere's, so thresholds set on Cohere's "
+        "scores apply), higher = more relevant, in the reranker's order. The reranker's own score r "
+        "(meta.raw_scores) becomes 1 / (1 + exp(-r / s)), per document, with the method's scale s "
+        "(meta.score_scale) for icr (calibrated attention mass summed over layers and heads: 0.5 = as much "
+        "attention as a content-free query) and blockrank's calibrated and learned scoring; blockrank's "
+        "scoring='signal' scores are attention probabilities (in [0, 1], summing to 1 over the documents) and are "
+        "kept, as are a plugin reranker's own scores (unless ATTNRANK_RERANK_SCORE_SCALE is set). When "
+        "meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
     )
     document: RerankedDocument | None = Field(None, description="With return_documents: the document's text.")
 
@@ -355,6 +377,15 @@ class CohereRerankMeta(BaseModel):
         default_factory=list, description="Indices of documents cut to max_tokens_per_doc LM tokens."
     )
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds: queue, rerank, total.")
+    score_scale: float | None = Field(
+        None, description="The scale s of relevance_score = 1 / (1 + exp(-raw / s)); null when relevance_score is "
+        "the raw score (a probability, a plugin's score, or the given order's 1 / (1 + position))."
+    )
+    raw_scores: list[float] = Field(
+        default_factory=list,
+        description="The reranker's own score of each result, in the order of results (meta.method says how to "
+        "read it); compare only within one response.",
+    )
 
 
 class CohereRerankResponse(BaseModel):
@@ -368,6 +399,14 @@ class CohereRerankResponse(BaseModel):
 # ------------------------------------------------------------------ GET /info
 class RerankerInfo(BaseModel):
     method: str = Field(description="Reranker used by /rerank and by /search's default rerank.")
+    explain_methods: list[str] = Field(
+        default_factory=list, description="Methods (and aliases) whose /search results can carry evidence (explain).")
+    default_retriever: str = Field("bm25", description="First stage of a /search that names none.")
+    default: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The default configuration ('default'): the method it names, its options, fusion weight, and "
+        "the dev and test nDCG@10 recorded in its weights card.",
+    )
     model: dict[str, Any] | None = Field(None, description="The loaded reranker's describe(); null until loaded.")
     model_ids: list[str] = Field(description="Values /rerank accepts as `model`.")
     methods: list[str] = Field(description="Rerank methods /search accepts.")

@@ -10,7 +10,12 @@ from typing import Any
 from attnrank.errors import ValidationError
 
 DEFAULT_MAX_DOC_TOKENS = 160
-"""Per-document budget in LM tokens, shared by every reranking method."""
+"""Per-document budget in LM tokens of a method without one of its own (ICR, BlockRank);
+``blockrank-cached`` (the default) has 128, its weights card's."""
+
+DEFAULT_RERANK_METHOD = "default"
+"""The method name of the default reranker: an alias of the best measured configuration
+(``blockrank-cached``, :data:`attnrank.reranker.options.DEFAULT_METHOD`)."""
 
 DEFAULT_LM = "smollm2-135m-instruct"
 """Name of the packaged default reranker LM (SmolLM2-135M-Instruct, see shared/design/MODELS.md)."""
@@ -20,12 +25,20 @@ DEFAULT_LM = "smollm2-135m-instruct"
 class RerankerConfig:
     """How to build a reranker.
 
+    The method is stored as the registered method it names (``"default"`` becomes
+    ``"blockrank-cached"``; the deprecated ``blockrank`` + ``query_in_instruction=false``
+    becomes ``blockrank-cached`` with that spelling's defaults; see
+    :func:`attnrank.reranker.options.canonical`).
+
     Attributes:
-        method: Registry name (``"icr"``, ...).
+        method: Registry name (``"icr"``, ``"blockrank"``, ``"blockrank-cached"``) or
+            ``"default"``.
         model: LM to read attention from: ``None`` or ``"smollm2-135m-instruct"`` for the
             packaged default, or a local Hugging Face causal-LM directory.
         max_doc_tokens: Per-document budget in LM tokens; longer documents are truncated
-            and reported in :attr:`attnrank.protocols.RerankResult.truncated`.
+            and reported in :attr:`attnrank.protocols.RerankResult.truncated`. ``None`` =
+            the method's own (:meth:`resolved`; 128 for ``blockrank-cached``, else
+            :data:`DEFAULT_MAX_DOC_TOKENS`).
         device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
         dtype: Compute dtype (``"float32"``; ``"bfloat16"`` only on accelerators).
         cache_dir: Where converted model copies are cached; ``None`` = ``$ATTNRANK_CACHE_DIR``
@@ -38,16 +51,38 @@ class RerankerConfig:
             ``attnrank.reranker.options.parse_options(method, options)``.
     """
 
-    method: str = "icr"
+    method: str = DEFAULT_RERANK_METHOD
     model: str | None = None
-    max_doc_tokens: int = DEFAULT_MAX_DOC_TOKENS
+    max_doc_tokens: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
     cache_dir: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        from attnrank.registry import canonical_reranker
+
+        method, options = canonical_reranker(self.method, self.options)
+        if self.method == "blockrank" and method != "blockrank" and self.max_doc_tokens is None:
+            object.__setattr__(self, "max_doc_tokens", DEFAULT_MAX_DOC_TOKENS)  # the old spelling's budget
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "options", options)
+
     def with_options(self, **options: Any) -> RerankerConfig:
         return replace(self, options={**self.options, **options})
+
+    @property
+    def doc_tokens(self) -> int:
+        """``max_doc_tokens``, or the method's own budget when it is ``None``."""
+        if self.max_doc_tokens is not None:
+            return int(self.max_doc_tokens)
+        from attnrank.registry import default_max_doc_tokens
+
+        return default_max_doc_tokens(self.method)
+
+    def resolved(self) -> RerankerConfig:
+        """This configuration with ``max_doc_tokens`` filled in (:attr:`doc_tokens`)."""
+        return self if self.max_doc_tokens is not None else replace(self, max_doc_tokens=self.doc_tokens)
 
 
 def _bounded(name: str, value: Any, high: int) -> int:

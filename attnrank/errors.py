@@ -118,6 +118,24 @@ class UnhealthyError(AttnrankError):
         return {"Retry-After": "5"}
 
 
+class ClientClosedError(AttnrankError):
+    """The client closed the connection before its answer was ready (HTTP 499, the nginx
+    convention). Not a server error: the service counts it as ``status="499"`` and logs it
+    at info level; the answer is never read."""
+
+    error_type = "client_closed"
+    status_code = 499
+
+
+class JobCancelledError(AttnrankError):
+    """Work stopped at a batch or layer boundary because nobody waits for its result any
+    more (its client hung up, or its deadline passed): see :mod:`attnrank.cancel`. Raised
+    only inside a cancellation scope, i.e. in the service's inference workers."""
+
+    error_type = "cancelled"
+    status_code = 499
+
+
 class UnauthorizedError(AttnrankError):
     """A missing or wrong API key (HTTP 401)."""
 

@@ -44,9 +44,12 @@ logger = logging.getLogger(__name__)
 
 NO_RERANK = "none"
 
-HEAD_OPTION_METHODS = ("icr", "blockrank")
-"""Rerankers that take the ``heads`` and ``reattn`` options."""
 HEAD_OPTIONS = ("heads", "reattn")
+"""Options that only some rerankers take (their options classes say which)."""
+
+DEFAULT_FUSION = "default"
+"""``SearchOptions.fusion`` value: the reranker's recorded fusion weight
+(``default_fusion``, e.g. cached BlockRank's weights card), none when it records none."""
 
 RerankerFactory = Callable[..., Reranker]
 """Builds a reranker: ``factory(method)`` for the default configuration, and
@@ -115,6 +118,9 @@ class RerankerCache:
                 options the reranker rejects.
             ModelLoadError: the reranker's model cannot be loaded (factories that load eagerly).
         """
+        from attnrank import registry
+
+        method, options = registry.canonical_reranker(method, options)
         if not options and max_doc_tokens is None:
             with self._guard:
                 if method not in self._default:
@@ -162,9 +168,12 @@ class RerankerCache:
         reranker, lock = self.get(method, options, max_doc_tokens)
         explainer = check_explainer(reranker, method) if explain else None
         with lock:
-            if explainer is not None:
-                return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans)
             store = block_store_for(reranker, index) if index is not None else None
+            if explainer is not None:
+                if store is not None:
+                    return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans,
+                                                          block_store=store)
+                return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans)
             if store is not None:
                 return reranker.rerank(query, candidates, block_store=store)  # type: ignore[call-arg]
             return reranker.rerank(query, candidates)
@@ -216,10 +225,12 @@ class SearchOptions:
         explain: Ask the reranker for evidence spans (``RerankResult.details["evidence"]``);
             only rerankers with ``rerank_with_evidence`` (ICR) can.
         evidence_spans: Most evidence spans per document with ``explain``.
-        fusion: ``None`` (the reranker's order), or ``alpha`` in [0, 1]: the candidates are
+        fusion: ``None`` (the reranker's order), ``alpha`` in [0, 1]: the candidates are
             ordered by ``alpha * z(first-stage score) + (1 - alpha) * z(reranker score)``,
             each z-scored over the query's candidates (:func:`fuse_scores`; the study's
-            fused variant, docs/RESULTS.md issue #14: alpha 0.8 was chosen on NFCorpus dev).
+            fused variant, docs/RESULTS.md "Fusion"), or ``"default"``: the reranker's
+            recorded weight (cached BlockRank's card: 0.6, chosen on NFCorpus dev; none for
+            ICR and uncached BlockRank).
     """
 
     top_k: int = 10
@@ -230,7 +241,7 @@ class SearchOptions:
     rerank_options: Mapping[str, Any] | None = None
     explain: bool = False
     evidence_spans: int = 3
-    fusion: float | None = None
+    fusion: float | str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +256,7 @@ class SearchResult:
         first_stage: The first-stage ranking (top ``max(k, candidates)``), not hydrated.
         timings: Seconds per stage: ``retrieve``, ``hydrate``, ``rerank``, ``total``.
         rerank: The reranker's result, or ``None`` without reranking.
+        fusion: The fusion weight used (:func:`fuse_scores`), or ``None``.
     """
 
     query: Query
@@ -252,6 +264,7 @@ class SearchResult:
     first_stage: Ranking
     timings: Mapping[str, float]
     rerank: RerankResult | None = None
+    fusion: float | None = None
 
 
 class Pipeline:
@@ -393,25 +406,31 @@ class Pipeline:
                 f"unknown retriever {options.retriever!r}; choose one of {sorted(self.retrievers)}"
             )
         method = options.rerank
+        aliases = registry.reranker_aliases()
         if method != NO_RERANK:
             known = self._cache().known_methods()
-            if known is not None and method not in known:
-                raise UnknownNameError(f"unknown rerank method {method!r}; choose one of {[NO_RERANK, *known]}")
+            if known is not None and aliases.get(method, method) not in known:
+                raise UnknownNameError(f"unknown rerank method {method!r}; choose one of "
+                                       f"{[NO_RERANK, *sorted(aliases), *known]}")
             self.limits.check_candidates(options.candidates)
         head_options = [k for k in HEAD_OPTIONS if k in (options.rerank_options or {})]
-        if head_options and method not in HEAD_OPTION_METHODS:
+        takers = registry.methods_with_options(HEAD_OPTIONS)
+        if head_options and aliases.get(method, method) not in takers:
+            named = " and ".join(m for m in ("icr", "blockrank") if m in takers)
+            more = [m for m in takers if m not in ("icr", "blockrank")]
             raise ValidationError(
-                f"rerank.{'/'.join(head_options)} are options of the {' and '.join(HEAD_OPTION_METHODS)} rerankers, "
-                f"not of {method!r}"
+                f"rerank.{'/'.join(head_options)} are options of the {named} rerankers"
+                f"{' (also ' + ', '.join(more) + ')' if more else ''}, not of {method!r}"
             )
         if options.explain and method == NO_RERANK:
             raise ValidationError(
                 "explain needs reranking (evidence comes from the reranker's attention); add rerank"
             )
-        if options.fusion is not None:
+        if options.fusion is not None and options.fusion != DEFAULT_FUSION:
             if method == NO_RERANK:
                 raise ValidationError("fusion needs reranking (it mixes first-stage and reranker scores); add rerank")
-            if isinstance(options.fusion, bool) or not 0.0 <= float(options.fusion) <= 1.0:
+            if (isinstance(options.fusion, (bool, str)) or not isinstance(options.fusion, (int, float))
+                    or not 0.0 <= float(options.fusion) <= 1.0):
                 raise ValidationError(f"fusion (rerank.fusion, --fusion) must be a number between 0 and 1, "
                                       f"got {options.fusion!r}")
         parsed = registry.parse_filter(options.filter)
@@ -535,7 +554,7 @@ class Pipeline:
         rerank = options.rerank != NO_RERANK
         cache = self._cache() if rerank else None
         if cache is not None:
-            reranker = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
+            reranker: Any = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
             if options.explain:
                 check_explainer(reranker, options.rerank)
         k1 = max(options.top_k, options.candidates) if rerank else options.top_k
@@ -560,6 +579,7 @@ class Pipeline:
                                len(keep) - len(hydrated))
             t_hydrate = time.perf_counter() - t1
             rr: RerankResult | None = None
+            alpha: float | None = None
             t_rerank = 0.0
             final = hydrated.top(options.top_k)
             if cache is not None and len(hydrated):
@@ -569,7 +589,8 @@ class Pipeline:
                                   explain=options.explain, evidence_spans=options.evidence_spans,
                                   index=self.index)
                 t_rerank = time.perf_counter() - t2
-                reranked = rr.ranking if options.fusion is None else fuse_scores(cands, rr.ranking, options.fusion)
+                alpha = fusion_weight(options.fusion, reranker)
+                reranked = rr.ranking if alpha is None else fuse_scores(cands, rr.ranking, alpha)
                 final = merge_reranked(hydrated, reranked, options.top_k)
             timings = {
                 "retrieve": t_retrieve,
@@ -577,7 +598,7 @@ class Pipeline:
                 "rerank": t_rerank,
                 "total": t_retrieve + t_hydrate + t_rerank,
             }
-            results.append(SearchResult(q, final, ranking, timings, rr))
+            results.append(SearchResult(q, final, ranking, timings, rr, alpha))
         return results
 
 
@@ -597,6 +618,7 @@ class RegistryRerankerFactory:
         from attnrank import registry
 
         # The base options are the base method's (typed per method: another method would refuse them).
+        method, options = registry.canonical_reranker(method, options)
         inherited = self.base.options if method == self.base.method else {}
         config = replace(self.base, method=method, options={**inherited, **(options or {})})
         if max_doc_tokens is not None:
@@ -654,25 +676,31 @@ def reranker_factory(base: Any) -> RerankerFactory:
     return RegistryRerankerFactory(base)
 
 
-def fuse_scores(first_stage: Ranking, reranked: Ranking, alpha: float) -> Ranking:
-    """The reranked candidates re-scored ``alpha * z(first) + (1 - alpha) * z(reranker)``,
-    each score z-scored (mean 0, standard deviation 1; a constant list gives zeros) over
-    the candidates; candidates missing from ``first_stage`` get its lowest z-score.
-    Scores are unitless."""
-    import statistics
-
-    def z(values: dict[str, float]) -> dict[str, float]:
-        if len(values) < 2:
-            return {d: 0.0 for d in values}
-        mu, sd = statistics.fmean(values.values()), statistics.pstdev(values.values())
-        return {d: (v - mu) / sd if sd > 1e-12 else 0.0 for d, v in values.items()}
+def fuse_scores(first_stage: Ranking, reranked: Ranking, alpha: float, *, by: str = "score") -> Ranking:
+    """The reranked candidates re-scored ``alpha * z(first) + (1 - alpha) * z(reranker)``
+    (:func:`attnrank.fusion.fuse`: each z-scored over the candidates; a constant list gives
+    zeros). ``by="score"``: the first stage's scores; ``by="rank"``: the reciprocal rank of
+    its order (``/rerank``, whose documents come without scores). Candidates missing from
+    ``first_stage`` get its lowest value. Scores are unitless."""
+    from attnrank.fusion import combine, reciprocal_ranks, standardize_list
 
     ids = {h.doc_id for h in reranked.hits}
-    zf = z({h.doc_id: float(h.score) for h in first_stage.hits if h.doc_id in ids})
-    zr = z({h.doc_id: float(h.score) for h in reranked.hits})
+    present = [h for h in first_stage.hits if h.doc_id in ids]
+    values = reciprocal_ranks(len(present)) if by == "rank" else [float(h.score) for h in present]
+    zf = dict(zip((h.doc_id for h in present), standardize_list(values)))
     low = min(zf.values(), default=0.0)
+    zr = standardize_list([float(h.score) for h in reranked.hits])
     return Ranking.from_hits(reranked.query_id, (
-        replace(h, score=alpha * zf.get(h.doc_id, low) + (1.0 - alpha) * zr[h.doc_id]) for h in reranked.hits))
+        replace(h, score=combine(zf.get(h.doc_id, low), z, alpha)) for h, z in zip(reranked.hits, zr)))
+
+
+def fusion_weight(fusion: float | str | None, reranker: Any) -> float | None:
+    """The fusion weight ``alpha`` a search uses: ``fusion`` as given, or with
+    :data:`DEFAULT_FUSION` the reranker's ``default_fusion`` (``None`` when it has none)."""
+    if fusion == DEFAULT_FUSION:
+        value = getattr(reranker, "default_fusion", None)
+        return None if value is None else float(value)
+    return None if fusion is None else float(fusion)
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:

@@ -180,10 +180,11 @@ class Reranker(Protocol):
 @runtime_checkable
 class ExplainingReranker(Protocol):
     """A reranker that can also say why: ``rerank_with_evidence`` returns the same ranking
-    with ``details["evidence"] = {doc_id: [span, ...]}`` (ICR does)."""
+    with ``details["evidence"] = {doc_id: [span, ...]}`` (ICR and cached BlockRank do).
+    ``block_store``: as :meth:`Reranker.rerank`'s, for a reranker that reads stored blocks."""
 
     def rerank_with_evidence(
-        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
+        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3, block_store: Any = None
     ) -> RerankResult: ...
 
 

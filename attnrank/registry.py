@@ -22,7 +22,11 @@ _RETRIEVERS: dict[str, str | Callable[..., Any]] = {
 _RERANKERS: dict[str, str | Callable[..., Any]] = {
     "icr": "attnrank.reranker.icr:ICRReranker",
     "blockrank": "attnrank.reranker.blockrank:BlockRankReranker",
+    "blockrank-cached": "attnrank.reranker.cached:CachedBlockRankReranker",
 }
+_CANONICAL = "attnrank.reranker.options:canonical"
+_DEFAULT_BUDGET = "attnrank.reranker.options:default_max_doc_tokens"
+_ALIASES = "attnrank.reranker.options:METHOD_ALIASES"
 _INDEX_OPENER = "attnrank.index.store:Index.open"
 _FILTER_PARSER = "attnrank.index.filters:as_filter"
 
@@ -42,7 +46,41 @@ def retriever_names() -> list[str]:
 
 
 def reranker_names() -> list[str]:
+    """Registered reranker methods, sorted (aliases such as ``"default"`` not included)."""
     return sorted(_RERANKERS)
+
+
+def reranker_aliases() -> dict[str, str]:
+    """Method names that name a registered method: ``{"default": "blockrank-cached"}``."""
+    return dict(_resolve(_ALIASES))
+
+
+def canonical_reranker(method: str, options: Any = None) -> tuple[str, dict[str, Any]]:
+    """The registered method and options that ``(method, options)`` names (an alias such as
+    ``"default"`` resolved, a deprecated spelling translated; see
+    ``attnrank.reranker.options.canonical``). Other names pass through unchanged.
+
+    Raises:
+        ValidationError: options of another method (the message names it).
+    """
+    return _resolve(_CANONICAL)(method, options)
+
+
+def methods_with_options(names: Any) -> list[str]:
+    """The built-in reranker methods whose options class has every option in ``names``."""
+    classes = _resolve("attnrank.reranker.options:OPTION_CLASSES")
+    return sorted(m for m, cls in classes.items() if set(names) <= set(cls.names()))
+
+
+def recorded_fusion(config: Any) -> float | None:
+    """The fusion weight ``config``'s reranker records (``attnrank.reranker.options.recorded_fusion``),
+    read without loading a model; ``None`` when it records none."""
+    return _resolve("attnrank.reranker.options:recorded_fusion")(config)
+
+
+def default_max_doc_tokens(method: str) -> int:
+    """The per-document LM token budget of ``method`` when none is given."""
+    return int(_resolve(_DEFAULT_BUDGET)(method))
 
 
 def register_retriever(name: str, target: str | Callable[..., Any]) -> None:
@@ -69,8 +107,8 @@ def retriever_class(name: str) -> Any:
 
 
 def reranker_class(name: str) -> Any:
-    """The reranker class registered as ``name``. Raises UnknownNameError."""
-    return _lookup(_RERANKERS, "reranker", name)
+    """The reranker class registered as ``name`` (or named by an alias). Raises UnknownNameError."""
+    return _lookup(_RERANKERS, "reranker", reranker_aliases().get(name, name))
 
 
 def build_retriever(name: str, index: Any, **options: Any) -> Any:

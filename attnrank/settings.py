@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from attnrank.config import DEFAULT_MAX_DOC_TOKENS, PipelineConfig, RerankerConfig, SearchLimits
+from attnrank.config import DEFAULT_MAX_DOC_TOKENS, DEFAULT_RERANK_METHOD, PipelineConfig, RerankerConfig, SearchLimits
 
 
 class Settings(BaseSettings):
@@ -20,15 +20,26 @@ class Settings(BaseSettings):
 
     index: str = Field("indexes/nfcorpus", description="Index directory built by `attnrank index build`.")
     model: str | None = Field(None, description="Reranker LM: packaged default when unset, or a local HF directory.")
-    rerank_method: str = Field("icr", description="Reranker loaded at start-up.")
+    rerank_method: str = Field(
+        DEFAULT_RERANK_METHOD,
+        description="Reranker loaded at start-up and used by /rerank and /search's `\"rerank\": {}`: 'default' (the "
+        "best measured configuration: cached BlockRank with learned head weights, the query adapter and fusion with "
+        "the first stage, method blockrank-cached), 'icr', 'blockrank', or a registered plugin.",
+    )
     rerank_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the start-up reranker (JSON object, e.g. ATTNRANK_RERANK_OPTIONS="
-        "'{\"query_in_instruction\": false, \"scoring\": \"calibrated\"}'); GET /info lists each method's options.",
+        "'{\"scoring\": \"calibrated\"}'); GET /info lists each method's options.",
     )
-    max_doc_tokens: int = Field(DEFAULT_MAX_DOC_TOKENS, ge=8, le=4096, description="Per-document LM token budget.")
+    max_doc_tokens: int | None = Field(
+        None, ge=8, le=4096,
+        description="Per-document LM token budget of every method the service builds; unset = the start-up "
+        "method's own (128 for the default, blockrank-cached; 160 for icr and blockrank).",
+    )
     device: str = "cpu"
     dtype: str = "float32"
+    default_retriever: str = Field(
+        "bm25", description="First stage of a /search that names none (bm25 where a collection lacks it).")
     max_top_k: int = Field(100, ge=1, le=10_000)
     max_candidates: int = Field(100, ge=1, le=1_000)
     default_candidates: int = Field(20, ge=1)
@@ -77,6 +88,38 @@ class Settings(BaseSettings):
         16, ge=0, le=10_000, description="Upserts and deletes that may wait for an ingest worker (then 429)."
     )
     evidence_spans: int = Field(3, ge=1, le=20, description="Evidence spans per document with `explain`.")
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins whose web pages may call the API from a browser (CORS), e.g. ATTNRANK_CORS_ORIGINS="
+        "'[\"https://app.example.org\"]', or '[\"*\"]' for any; empty (the default) = CORS off. Preflight OPTIONS "
+        "requests are answered without the API key; the other requests still need it.",
+    )
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="External model ids POST /rerank accepts as `model`, each mapped to a served id (the method, "
+        "the LM or '<lm>/<method>'), for clients that must send one, e.g. Cohere's SDK: ATTNRANK_MODEL_ALIASES="
+        "'{\"rerank-v3.5\": \"icr\"}'; the key '*' maps any other id.",
+    )
+    rerank_score_scale: float | None = Field(
+        None, gt=0,
+        description="Scale s of /rerank's relevance_score = 1 / (1 + exp(-raw / s)) for methods whose raw score is "
+        "not a probability; unset = the method's default (attnrank.api.routes.rerank.SCORE_SCALES).",
+    )
+
+    @model_validator(mode="after")
+    def _method_budget(self) -> Settings:
+        from attnrank.registry import canonical_reranker, reranker_aliases
+
+        if self.rerank_method not in reranker_aliases():  # a deprecated spelling names its method once, here
+            method, options = canonical_reranker(self.rerank_method, self.rerank_options)
+            if method != self.rerank_method and self.max_doc_tokens is None:
+                self.max_doc_tokens = DEFAULT_MAX_DOC_TOKENS  # the old spelling's budget
+            self.rerank_method, self.rerank_options = method, options
+        if self.max_doc_tokens is None:
+            from attnrank.registry import default_max_doc_tokens
+
+            self.max_doc_tokens = default_max_doc_tokens(self.rerank_method)
+        return self
 
     @field_validator("api_key")
     @classmethod

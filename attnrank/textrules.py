@@ -14,6 +14,12 @@ every line it is written on.
 The API turns a broken rule into a 422 naming the field (``documents[3].text``); the file
 readers of :mod:`attnrank.data` raise :class:`~attnrank.errors.ValidationError` naming the
 file and line; :func:`attnrank.data.write_trec_run` refuses ids that break the rule.
+
+**Folding** (:func:`fold_text`): texts that are the same to a reader compare equal after
+it, whatever bytes spell them: NFC and NFD accents, full-width letters, ligatures ("ﬁ"),
+zero-width characters and soft hyphens, upper and lower case. It is BM25's Unicode analysis
+(:mod:`attnrank.index.bm25`, analyzer version 2), and :func:`is_blank` (a query with
+nothing left after it is empty: 422) uses it.
 """
 
 from __future__ import annotations
@@ -25,10 +31,48 @@ from typing import Any
 
 from attnrank.errors import ValidationError
 
-__all__ = ["check_id", "check_text", "id_problem", "json_problem", "text_problem"]
+__all__ = ["check_id", "check_text", "fold_text", "id_problem", "is_blank", "json_problem", "text_problem"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BAD_ID_CHAR = re.compile("[\\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # \s: every str.isspace() character
+
+
+# Unicode's Default_Ignorable_Code_Point set (DerivedCoreProperties.txt, Unicode 15): code
+# points that render as nothing, e.g. U+00AD SOFT HYPHEN, U+200B ZERO WIDTH SPACE, U+200C/D
+# ZERO WIDTH (NON-)JOINER, U+2060 WORD JOINER, U+FEFF BYTE ORDER MARK, variation selectors.
+_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+"
+)
+
+
+def fold_text(value: str, *, casefold: bool = True) -> str:
+    """``value`` as Unicode's NFKC_Casefold folds it (UAX #15 / UAX #44; Lucene's ICU
+    ``nfkc_cf`` normaliser): default-ignorable code points removed (zero-width characters,
+    soft hyphens, ...), NFKC (compatibility forms such as full-width letters and ligatures
+    become their plain letters; NFD accents compose), then full case folding
+    (:meth:`str.casefold`) and NFKC again (folding can leave a string unnormalised).
+
+    Args:
+        value: Any text.
+        casefold: Fold case too (``False``: only the removal and NFKC).
+
+    Returns:
+        The folded text; ASCII text takes a fast path (``str.lower``). Linear in ``len(value)``.
+    """
+    if value.isascii():
+        return value.lower() if casefold else value
+    text = unicodedata.normalize("NFKC", _IGNORABLE.sub("", value))
+    if casefold:
+        text = unicodedata.normalize("NFKC", text.casefold())
+    return text
+
+
+def is_blank(value: str) -> bool:
+    """Whether ``value`` holds nothing but whitespace and invisible characters (zero-width
+    spaces, soft hyphens, ...) once folded (:func:`fold_text`): an empty query."""
+    return not fold_text(value, casefold=False).strip()
 
 
 def _code(ch: str) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from attnrank.fusion import fuse
+
 from attnrank.reranker.query_adapter import RankingExample
 from attnrank.types import Document, Query
 
@@ -74,11 +76,6 @@ def source_store(reranker: Any, index: Path | None, scratch: Path | None, name: 
     return KVStore.open_or_create(scratch / safe, header)
 
 
-def _z(x: np.ndarray) -> np.ndarray:
-    sd = x.std()
-    return (x - x.mean()) / (sd if sd > 1e-12 else 1.0)
-
-
 def dev_evaluator(
     queries: Sequence[Query], candidates: Mapping[str, Sequence[Document]], first_scores: Mapping[str, Sequence[float]],
     qrels: Mapping[str, Mapping[str, int]], *, objective: str, block_store: Any = None, alpha: float = 0.8,
@@ -117,7 +114,7 @@ def dev_evaluator(
             with torch.no_grad():
                 s = differentiable_scores(reranker, prompt, kv, objective, weights).numpy()
             f = np.asarray(first_scores[q.query_id], dtype=np.float64)
-            mix = alpha * _z(f) + (1 - alpha) * _z(s)
+            mix = fuse(f, s, alpha)
             pure[q.query_id] = {d.doc_id: float(x) for d, x in zip(docs, s)}
             fused[q.query_id] = {d.doc_id: float(x) for d, x in zip(docs, mix)}
             first[q.query_id] = {d.doc_id: float(x) for d, x in zip(docs, f)}

@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from attnrank.fusion import fuse, standardize
+from attnrank.reranker.scoring import linear_head_scores
+
 from attnrank.types import Document
 
 logger = logging.getLogger(__name__)
@@ -65,15 +68,12 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     bounds = spans_from_lengths(lengths)
     owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     layers = list(range(layer + 1))
-    reranker._call.store = block_store
-    try:
-        with lm.lock, torch.inference_mode():
-            kv, _, cache = reranker.context(prompt)  # blocks: the base model's, even with a query adapter
-            qo, _ = block_forward(lm, prompt, layer, mode="mean", read_layers=layers, kv=kv)
-            co, _ = block_forward(lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean", read_layers=layers, kv=kv)
-            sig, _ = block_forward(lm, prompt, layer, read_layers=[layer], kv=kv)
-    finally:
-        reranker._call.store = None
+    with lm.lock, torch.inference_mode():
+        ctx = reranker.cached_context(prompt, block_store)  # blocks: the base model's, even with a query adapter
+        kv, cache = ctx.kv, ctx.cache
+        qo, _ = block_forward(lm, prompt, layer, mode="mean", read_layers=layers, kv=kv)
+        co, _ = block_forward(lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean", read_layers=layers, kv=kv)
+        sig, _ = block_forward(lm, prompt, layer, read_layers=[layer], kv=kv)
     n, H = len(lengths), qo[layer].shape[1]
 
     def per_doc(x: Any) -> Any:  # (H, D) -> (N, H)
@@ -136,9 +136,8 @@ def load_items(path: str | Path) -> tuple[dict[str, Any], list[QueryItem]]:
 
 # ------------------------------------------------------------------------------ variants
 def _z(x: np.ndarray) -> np.ndarray:
-    """Per-query standardisation (zero mean, unit std; constant -> zeros)."""
-    sd = x.std(axis=0, keepdims=True)
-    return (x - x.mean(axis=0, keepdims=True)) / np.where(sd > 1e-12, sd, 1.0)
+    """Per-query standardisation of each column (:func:`attnrank.fusion.standardize`)."""
+    return standardize(x)
 
 
 def design(item: QueryItem, spec: str, layers: Sequence[int] | None = None) -> np.ndarray:
@@ -256,11 +255,14 @@ def variant_scores(item: QueryItem, variant: Mapping[str, Any]) -> np.ndarray:
             cal = cal[:, list(layers)]
         return cal.sum(axis=(1, 2)).astype(np.float64)
     if kind == "linear":
+        if variant["spec"] == "heads":  # the served learned scorer (attnrank.reranker.scoring)
+            cal = item.features["calibrated"].astype(np.float64)
+            if variant.get("layers") is not None:
+                cal = cal[:, list(variant["layers"])]
+            return linear_head_scores(cal, np.asarray(variant["weights"], dtype=np.float64))
         return design(item, variant["spec"], variant.get("layers")) @ np.asarray(variant["weights"])
     if kind == "interpolate":
-        a = float(variant["alpha"])
-        inner = variant_scores(item, variant["of"])
-        return a * _z(item.first_stage[:, None].astype(np.float64))[:, 0] + (1 - a) * _z(inner[:, None])[:, 0]
+        return fuse(item.first_stage, variant_scores(item, variant["of"]), float(variant["alpha"]))
     raise ValueError(f"unknown variant kind {kind!r}")
 
 

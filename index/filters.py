@@ -3,23 +3,35 @@ and compiled to SQL over the document store's ``metadata`` JSON column.
 
 Language (every list may also be given as a single object)::
 
-    filter     := {"must": [cond, ...], "should": [cond, ...], "must_not": [cond, ...]}
+    filter     := {"must": [cond, ...], "should": [cond, ...], "must_not": [cond, ...],
+                   "min_should": {"conditions": [cond, ...], "min_count": M}}
     cond       := {"key": K, "match": {"value": V}}             K's value equals V
                 | {"key": K, "match": {"any": [V, ...]}}        K's value is one of the Vs
                 | {"key": K, "range": {"gt"|"gte"|"lt"|"lte": N, ...}}
                 | {"is_empty": {"key": K}}                       K missing, null or []
                 | {"is_null": {"key": K}}                        K present with value null
+                | {"key": K, "is_empty": true}                   the same (Qdrant's FieldCondition form;
+                | {"key": K, "is_null": true}                      false negates it)
                 | {"has_id": [doc_id, ...]}                      the document's id is listed
                 | filter                                         nested boolean filter
 
 * ``must``: every condition holds; ``should``: at least one holds (when the list is not
-  empty); ``must_not``: none holds. ``{}`` (or ``None``) is no filter.
+  empty); ``must_not``: none holds; ``min_should``: at least ``M`` (an integer >= 0) of its
+  conditions hold. ``{}`` (or ``None``) is no filter.
+* A key whose value is ``null`` is absent, in a filter and in a condition (``{"must": null}``,
+  ``{"key": K, "match": {...}, "range": null}``): filters built with ``qdrant-client``'s models
+  and dumped without ``exclude_none`` parse as they mean. A nested filter all of whose keys
+  are ``null`` matches everything, as in Qdrant.
 * ``K`` is a field name; dots address nested objects (``"journal.year"``). A field
   holding an array matches when any of its elements matches (as in Qdrant).
 * ``V`` is a string, an integer or a boolean (no floats: use ``range``); values of
   different types never equal each other (``true`` is not ``1``, ``"1"`` is not ``1``).
-  ``N`` is a finite number (integers and floats compare numerically). A ``range`` never
-  matches a non-numeric value.
+  Integers must lie in the signed 64-bit range ``[-2**63, 2**63 - 1]`` (as in Qdrant); a
+  larger one is refused naming its clause (store such numbers as strings to match them).
+  ``N`` is a finite number of any size (integers and floats compare numerically and exactly:
+  an integer bound outside 64 bits is compiled to the float bound that selects the same
+  values). A ``range`` never matches a non-numeric value. Stored integers outside 64 bits
+  are read by SQLite as the nearest float.
 * A key that no document has is not an error: its conditions match nothing (and their
   ``must_not`` matches everything).
 
@@ -45,6 +57,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -61,8 +74,11 @@ MAX_VALUES = 10_000
 """Most values in one ``match.any`` or ``has_id`` list."""
 
 _BOOL_KEYS = ("must", "should", "must_not")
+_FILTER_KEYS = (*_BOOL_KEYS, "min_should")
 _RANGE_OPS = ("gt", "gte", "lt", "lte")
 _MATCH_OPS = ("value", "any")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The integers ``match`` compares (SQLite's INTEGER)."""
 
 
 class FilterError(ValidationError):
@@ -119,15 +135,25 @@ class HasId:
 
 
 @dataclass(frozen=True)
+class MinShould:
+    """At least ``min_count`` of ``conditions`` hold (Qdrant's ``min_should``)."""
+
+    conditions: tuple[Condition, ...]
+    min_count: int
+
+
+@dataclass(frozen=True)
 class BoolFilter:
-    """``must`` (all), ``should`` (at least one, when not empty), ``must_not`` (none)."""
+    """``must`` (all), ``should`` (at least one, when not empty), ``must_not`` (none),
+    ``min_should`` (at least its ``min_count`` conditions)."""
 
     must: tuple[Condition, ...] = ()
     should: tuple[Condition, ...] = ()
     must_not: tuple[Condition, ...] = ()
+    min_should: MinShould | None = None
 
     def is_empty(self) -> bool:
-        return not (self.must or self.should or self.must_not)
+        return not (self.must or self.should or self.must_not or self.min_should is not None)
 
 
 Condition = Union[Match, Range, IsEmpty, IsNull, HasId, BoolFilter]
@@ -153,7 +179,15 @@ def _check_key(value: Any, path: str) -> str:
     return value
 
 
+def _present(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a filter or condition object whose value is not ``null`` (absent)."""
+    return {k: v for k, v in obj.items() if v is not None}
+
+
 def _check_scalar(value: Any, path: str) -> Scalar:
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        raise FilterError(path, f"the integer {value} is outside the signed 64-bit range [-2**63, 2**63 - 1] that "
+                                "match compares; store such numbers as strings and match the string, or use range")
     if isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):
@@ -182,28 +216,49 @@ class _Parser:
     def boolean(self, obj: Mapping[str, Any], path: str, depth: int) -> BoolFilter:
         if depth > MAX_DEPTH:
             raise FilterError(path, f"filters nest deeper than {MAX_DEPTH} levels")
-        unknown = sorted(set(obj) - set(_BOOL_KEYS))
+        obj = _present(obj)
+        unknown = sorted(set(obj) - set(_FILTER_KEYS))
         if unknown:
-            raise FilterError(path, f"unknown key {unknown[0]!r}; a filter has only must, should, must_not")
+            raise FilterError(path, f"unknown key {unknown[0]!r}; a filter has only must, should, must_not, min_should")
         parts: dict[str, tuple[Condition, ...]] = {}
         for name in _BOOL_KEYS:
             raw = obj.get(name)
             if raw is None:
                 parts[name] = ()
                 continue
-            items = [raw] if isinstance(raw, Mapping) else raw
-            if not isinstance(items, list):
-                raise FilterError(f"{path}.{name}", f"expected a list of conditions, got {_type_name(raw)}")
-            parts[name] = tuple(self.condition(c, f"{path}.{name}[{i}]", depth) for i, c in enumerate(items))
-        return BoolFilter(**parts)
+            parts[name] = self.conditions(raw, f"{path}.{name}", depth)
+        min_should = self.min_should(obj["min_should"], f"{path}.min_should", depth) if "min_should" in obj else None
+        return BoolFilter(**parts, min_should=min_should)
+
+    def conditions(self, raw: Any, path: str, depth: int) -> tuple[Condition, ...]:
+        items = [raw] if isinstance(raw, Mapping) else raw
+        if not isinstance(items, list):
+            raise FilterError(path, f"expected a list of conditions, got {_type_name(raw)}")
+        return tuple(self.condition(c, f"{path}[{i}]", depth) for i, c in enumerate(items))
+
+    def min_should(self, obj: Any, path: str, depth: int) -> MinShould:
+        if not isinstance(obj, Mapping):
+            raise FilterError(path, f'expected {{"conditions": [...], "min_count": N}}, got {_type_name(obj)}')
+        obj = _present(obj)
+        unknown = sorted(set(obj) - {"conditions", "min_count"})
+        if unknown:
+            raise FilterError(path, f"unknown key {unknown[0]!r}; min_should has conditions and min_count")
+        if "conditions" not in obj or "min_count" not in obj:
+            raise FilterError(path, 'expected {"conditions": [...], "min_count": N}')
+        count = obj["min_count"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise FilterError(f"{path}.min_count", f"expected an integer >= 0, got {_type_name(count)} {count!r}")
+        return MinShould(self.conditions(obj["conditions"], f"{path}.conditions", depth), count)
 
     def condition(self, obj: Any, path: str, depth: int) -> Condition:
         self._bump(path)
         if not isinstance(obj, Mapping):
             raise FilterError(path, f"a condition must be an object, got {_type_name(obj)}")
+        given = set(obj)
+        obj = _present(obj)
         keys = set(obj)
-        if keys and keys <= set(_BOOL_KEYS):
-            return self.boolean(obj, path, depth + 1)
+        if (keys and keys <= set(_FILTER_KEYS)) or (given and not keys and given <= set(_FILTER_KEYS)):
+            return self.boolean(obj, path, depth + 1)  # a nested filter (one of only nulls matches everything)
         if "has_id" in keys:
             self._only(obj, {"has_id"}, path)
             ids = obj["has_id"]
@@ -213,7 +268,7 @@ class _Parser:
                 raise FilterError(f"{path}.has_id", f"at most {MAX_VALUES} ids, got {len(ids)}")
             return HasId(tuple(dict.fromkeys(ids)))
         for name, cls in (("is_empty", IsEmpty), ("is_null", IsNull)):
-            if name in keys:
+            if name in keys and "key" not in keys:  # with "key": Qdrant's FieldCondition flag (below)
                 self._only(obj, {name}, path)
                 inner = obj[name]
                 if not isinstance(inner, Mapping) or set(inner) != {"key"}:
@@ -223,15 +278,17 @@ class _Parser:
             ops = keys - {"key"}
             if not ops:
                 raise FilterError(path, "a field condition needs 'match' or 'range' next to 'key'")
-            unknown = sorted(ops - {"match", "range"})
+            unknown = sorted(ops - {"match", "range", "is_empty", "is_null"})
             if unknown:
                 raise FilterError(path, f"unknown condition {unknown[0]!r}; use match or range")
             if len(ops) > 1:
                 raise FilterError(path, "give one of 'match' or 'range' per condition (combine them with must)")
             key = _check_key(obj["key"], f"{path}.key")
-            return self.match(key, obj["match"], f"{path}.match") if "match" in ops else self.range(
-                key, obj["range"], f"{path}.range"
-            )
+            if "match" in ops:
+                return self.match(key, obj["match"], f"{path}.match")
+            if "range" in ops:
+                return self.range(key, obj["range"], f"{path}.range")
+            return self.field_flag(key, obj, path)
         if not keys:
             raise FilterError(path, "empty condition")
         raise FilterError(
@@ -239,6 +296,17 @@ class _Parser:
             f"unknown condition {sorted(keys)[0]!r}; a condition is {{key, match}}, {{key, range}}, "
             "{is_empty: {key}}, {is_null: {key}}, {has_id: [...]} or a nested {must, should, must_not} filter",
         )
+
+    @staticmethod
+    def field_flag(key: str, obj: Mapping[str, Any], path: str) -> Condition:
+        """Qdrant's ``{"key": K, "is_empty": true}`` / ``{"key": K, "is_null": true}``
+        (``false``: the negation)."""
+        name = "is_empty" if "is_empty" in obj else "is_null"
+        flag = obj[name]
+        if not isinstance(flag, bool):
+            raise FilterError(f"{path}.{name}", f"expected true or false, got {_type_name(flag)} {flag!r}")
+        leaf: Condition = IsEmpty(key) if name == "is_empty" else IsNull(key)
+        return leaf if flag else BoolFilter(must_not=(leaf,))
 
     @staticmethod
     def _only(obj: Mapping[str, Any], allowed: set[str], path: str) -> None:
@@ -328,7 +396,11 @@ def as_filter(obj: Any, *, path: str = "filter") -> BoolFilter | None:
 def to_json(f: BoolFilter | Condition) -> dict[str, Any]:
     """The canonical JSON form (``parse_filter(to_json(f)) == f``); used as a cache key."""
     if isinstance(f, BoolFilter):
-        return {name: [to_json(c) for c in getattr(f, name)] for name in _BOOL_KEYS if getattr(f, name)}
+        out: dict[str, Any] = {name: [to_json(c) for c in getattr(f, name)] for name in _BOOL_KEYS if getattr(f, name)}
+        if f.min_should is not None:
+            out["min_should"] = {"conditions": [to_json(c) for c in f.min_should.conditions],
+                                 "min_count": f.min_should.min_count}
+        return out
     if isinstance(f, Match):
         return {"key": f.key, "match": {"any": list(f.values)} if f.any else {"value": f.values[0]}}
     if isinstance(f, Range):
@@ -398,7 +470,7 @@ class _SQL:
             for op, sym in (("gt", ">"), ("gte", ">="), ("lt", "<"), ("lte", "<=")):
                 bound = getattr(c, op)
                 if bound is not None:
-                    terms.append(f"{v} {sym} {self.bind(bound)}")
+                    terms.append(f"{v} {sym} {self.bind(sql_bound(bound, op))}")
             return "(" + " AND ".join(terms) + ")"
 
         return self.leaf(c.key, pred)
@@ -429,7 +501,33 @@ class _SQL:
         if f.should:
             terms.append("(" + " OR ".join(self.node(c) for c in f.should) + ")")
         terms.extend(f"NOT {self.node(c)}" for c in f.must_not)
+        if f.min_should is not None:  # every node is 0 or 1, never NULL: count the ones that hold
+            held = " + ".join(self.node(c) for c in f.min_should.conditions) or "0"
+            terms.append(f"(({held}) >= {int(f.min_should.min_count)})")
         return "(" + " AND ".join(terms) + ")" if terms else "1"
+
+
+def sql_bound(value: float, op: str) -> float:
+    """The value to bind for the range bound ``value`` of operator ``op`` so that SQLite's
+    comparison selects exactly the numbers Python's would: itself, unless it is an integer
+    outside SQLite's 64-bit INTEGER (which cannot be bound); then the nearest float on the
+    side that keeps the comparison exact (``gt``/``lte``: the largest float <= value,
+    ``gte``/``lt``: the smallest float >= value; SQLite compares integers and floats exactly).
+    """
+    if isinstance(value, float) or INT64_MIN <= value <= INT64_MAX:
+        return value
+    up = op in ("gte", "lt")
+    try:
+        f = float(value)
+    except OverflowError:  # beyond every finite float
+        if value > 0:
+            return math.inf if up else sys.float_info.max
+        return -sys.float_info.max if up else -math.inf
+    if up and f < value:
+        f = math.nextafter(f, math.inf)
+    elif not up and f > value:
+        f = math.nextafter(f, -math.inf)
+    return f
 
 
 def compile_sql(
@@ -522,4 +620,6 @@ def matches(f: BoolFilter | None, doc_id: str, metadata: Mapping[str, Any]) -> b
         all(_holds(c, doc_id, metadata) for c in f.must)
         and (not f.should or any(_holds(c, doc_id, metadata) for c in f.should))
         and not any(_holds(c, doc_id, metadata) for c in f.must_not)
+        and (f.min_should is None
+             or sum(_holds(c, doc_id, metadata) for c in f.min_should.conditions) >= f.min_should.min_count)
     )

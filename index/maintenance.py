@@ -253,7 +253,9 @@ def copied_from(dense: Any, group_bits: int) -> VectorSource:
 
 def compact(index: Index) -> dict[str, Any]:
     """See :meth:`attnrank.index.store.Index.compact`."""
-    from attnrank.index.bm25 import BM25Builder
+    from dataclasses import replace
+
+    from attnrank.index.bm25 import ANALYZER_VERSION, BM25Builder
 
     index._check_writable()
     t0 = time.perf_counter()
@@ -261,7 +263,8 @@ def compact(index: Index) -> dict[str, Any]:
         with index._rw.read():
             snapshot = index._live_vids()
             before = counts(index)
-        builder = BM25Builder(index.bm25.params)
+        # the current analyzer: compacting upgrades an index built with an older one
+        builder = BM25Builder(replace(index.bm25.params, analyzer_version=ANALYZER_VERSION))
         rows: list[int] = []
         for start in range(0, len(snapshot), BATCH):
             got = index.docstore.get_by_vids(snapshot[start : start + BATCH])

@@ -204,6 +204,7 @@ class Index:
         if embedder is not None and not dense_params:
             logger.warning("index at %s has no dense vectors; embedder %r is ignored", root, embedder)
         writable = version == FORMAT_VERSION
+        _warn_old_analyzer(root, bm25.params.analyzer_version, writable)
         if not writable:
             n = params.get("num_docs")
             sizes = {"params.json": n, "docs.sqlite": len(docstore), "bm25": bm25.num_docs}
@@ -539,7 +540,8 @@ class Index:
 
     def compact(self) -> dict[str, Any]:
         """Rebuild BM25 from the live documents (folding in the delta, dropping masked
-        rows, refreshing statistics) and the vector index (HNSW: without tombstones), write
+        rows, refreshing statistics; with the current analyzer, so an index built with an
+        older one is upgraded) and the vector index (HNSW: without tombstones), write
         both, and swap them in. Searches and updates continue meanwhile; updates made
         during the rebuild are replayed onto the new parts before the swap.
 
@@ -574,7 +576,7 @@ class Index:
             "created": self.params.get("created"),
             "format_version": self.params.get("format_version"),
             "corpus": self.params.get("corpus"),
-            "bm25": self.params.get("bm25"),
+            "bm25": {**(self.params.get("bm25") or {}), "analyzer_version": self.bm25.params.analyzer_version},
             "dense": (
                 {
                     "index_type": dense.get("index_type"),
@@ -633,6 +635,23 @@ class Index:
 
     def __repr__(self) -> str:
         return f"Index({str(self.path) if self.path else 'in-memory'!r}, {len(self.docstore)} docs, {self.available_retrievers()})"
+
+
+def _warn_old_analyzer(root: Path, version: int, writable: bool) -> None:
+    """Log that the index's BM25 predates the current analyzer, and how to upgrade it: its
+    queries are analysed as its documents were (so it answers as before), without the Unicode
+    folding of :data:`attnrank.index.bm25.ANALYZER_VERSION`."""
+    from attnrank.index.bm25 import ANALYZER_VERSION
+
+    if version >= ANALYZER_VERSION:
+        return
+    how = (f"`attnrank index compact {root}` (rebuilds BM25 only, keeps documents and vectors)" if writable
+           else f"`attnrank index build --corpus DATA --out {root} --overwrite`")
+    logger.warning(
+        "index at %s: its BM25 was built with analyzer version %s, before Unicode folding (version %s): NFC/NFD "
+        "accents, full-width letters, ligatures, zero-width characters and soft hyphens do not match their plain "
+        "spelling; upgrade it with %s", root, version, ANALYZER_VERSION, how,
+    )
 
 
 def _check_embedder(root: Path, dense_params: Mapping[str, Any], embedder: str | None) -> Path:

@@ -38,6 +38,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnrank.cancel import check as check_cancelled
+
 _REGISTERED = False
 
 
@@ -330,9 +332,11 @@ def attnrank_attention_forward(module, query, key, value, attention_mask, scalin
     Raises:
         StopForward: after the capture's ``stop_after`` layer (whose attention output is
             not computed).
+        JobCancelledError: the thread's cancellation token is set (:mod:`attnrank.cancel`).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    check_cancelled()  # a layer boundary: stop here when nobody waits for the result (attnrank.cancel)
     capture: AttentionCapture | None = kwargs.pop("attnrank_capture", None)
     split: ContextSplit | None = kwargs.pop("attnrank_split", None)
     if scaling is None:

@@ -21,10 +21,10 @@ import logging
 import operator
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from attnrank.config import RerankerConfig
+from attnrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
 from attnrank.errors import ValidationError
 from attnrank.protocols import RerankResult
 from attnrank.reranker.options import RerankerOptions
@@ -103,6 +103,9 @@ class AttentionReranker:
             ValidationError: ``max_doc_tokens < 1``, or options the method does not know
                 or accept (the message names the valid ones).
         """
+        if config.max_doc_tokens is None:  # the method's own budget
+            config = replace(config, max_doc_tokens=int(getattr(self.options_class, "default_max_doc_tokens",
+                                                                DEFAULT_MAX_DOC_TOKENS)))
         if config.max_doc_tokens < 1:
             raise ValidationError(f"max_doc_tokens must be >= 1, got {config.max_doc_tokens}")
         self.config = config
@@ -209,25 +212,31 @@ class AttentionReranker:
         """
         raise NotImplementedError
 
-    def score_prompt(self, prompt: Any, query: str) -> DocumentScores:  # pragma: no cover
-        """Hook: score the prompt's candidates (called under the LM's lock)."""
+    def score_prompt(self, prompt: Any, query: str, *, block_store: Any = None) -> DocumentScores:  # pragma: no cover
+        """Hook: score the prompt's candidates (called under the LM's lock); ``block_store``:
+        see :meth:`rerank` (methods that read no stored blocks ignore it)."""
         raise NotImplementedError
 
-    def score_documents(self, query: str, docs: Sequence[Document]) -> DocumentScores:
+    def score_documents(self, query: str, docs: Sequence[Document], *, block_store: Any = None) -> DocumentScores:
         """Scores of distinct ``docs`` for ``query``: :meth:`build_prompt`, then
         :meth:`score_prompt` under the LM's lock. Methods override it to split
         candidates into several prompts."""
         prompt = self.build_prompt(query, docs)
         with self.lm.lock:
-            return self.score_prompt(prompt, query)
+            return self.score_prompt(prompt, query, block_store=block_store)
 
     def finish_details(self, details: dict[str, Any], owner: Sequence[int]) -> dict[str, Any]:
         """Hook: map per-distinct-text details back to every candidate (default: as is)."""
         return details
 
     # -- the skeleton ------------------------------------------------------------------
-    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
+    def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult:
         """Rerank ``candidates`` (first-stage order) for ``query``.
+
+        ``block_store``: a collection's document KV store
+        (:class:`attnrank.protocols.BlockStore`) that a method reading stored candidate
+        blocks (``blockrank-cached``) reads, and writes the blocks it lacks to; ``None`` =
+        its RAM cache only. Other methods ignore it.
 
         Returns:
             RerankResult whose ranking holds every candidate (candidates with identical
@@ -239,9 +248,9 @@ class AttentionReranker:
             ContextOverflowError: the candidates cannot be scored within the model's
                 context (see the method).
         """
-        return self.run(query, candidates).result
+        return self.run(query, candidates, block_store=block_store).result
 
-    def run(self, query: Query, candidates: Sequence[Document]) -> RerankRun:
+    def run(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankRun:
         """:meth:`rerank`, also returning the distinct documents and their scored passes."""
         text = query.text.strip()
         if not text:
@@ -257,7 +266,7 @@ class AttentionReranker:
             )
         unique, owner = distinct_texts(candidates)
         text, warnings = self.fit_query(text, unique)
-        scored = self.score_documents(text, unique)
+        scored = self.score_documents(text, unique, block_store=block_store)
         scores = [scored.scores[o] for o in owner]
         ranking = Ranking.from_hits(
             query.query_id, (ScoredDoc(d, s, doc) for d, s, doc in zip(ids, scores, candidates))

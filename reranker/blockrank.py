@@ -50,15 +50,14 @@ scores are unitless differences of attention mass.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from attnrank.config import RerankerConfig
-from attnrank.errors import ContextOverflowError
+from attnrank.errors import ContextOverflowError, ValidationError
 from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
 from attnrank.reranker.doccache import cache_from as _cache_from
 from attnrank.reranker.doccache import neg_inf as _neg
@@ -66,8 +65,7 @@ from attnrank.reranker.doccache import query_cache as _query_cache
 from attnrank.reranker.options import BlockRankOptions
 from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
 from attnrank.reranker.scoring import CALIBRATION_QUERY, masked_document_scores, spans_from_lengths
-from attnrank.protocols import RerankResult
-from attnrank.types import Document, Query
+from attnrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +79,8 @@ FINAL = (
     "Which document is most relevant to answer the query? Print out the ID of the document.\nQuery:"
 )
 ANSWER_PREFIX = "Final Answer: ["
+_NOT_CACHED = ("document blocks are stored only by cached BlockRank: use method 'blockrank-cached' (formerly "
+               "--opt query_in_instruction=false)")
 
 
 @dataclass(frozen=True)
@@ -545,12 +545,25 @@ class BlockRankReranker(AttentionReranker):
 
     name = "blockrank"
     template_version = "v1"
+    cached: bool = False
+    """Whether candidate blocks come from a document KV store (:class:`~attnrank.reranker.cached.CachedBlockRankReranker`)."""
     options_class = BlockRankOptions
     options: BlockRankOptions
     fast_path: bool = True
     """``False``: score through the previous exact path (a fresh context per query,
     concatenating caches, SDPA under the full mask, separate query and calibration passes),
     the oracle the fast path is tested against; same scores to float32 rounding."""
+
+    def __new__(cls, config: RerankerConfig, *args: Any, **kwargs: Any) -> BlockRankReranker:
+        """A configuration that names cached BlockRank (``method="blockrank-cached"``, also
+        the deprecated ``blockrank`` + ``query_in_instruction=false`` spelling, which
+        :class:`RerankerConfig` translates) builds a
+        :class:`attnrank.reranker.cached.CachedBlockRankReranker` (for one release)."""
+        if cls is BlockRankReranker and getattr(config, "method", None) == "blockrank-cached":
+            from attnrank.registry import reranker_class
+
+            return super().__new__(reranker_class("blockrank-cached"))
+        return super().__new__(cls)
 
     def __init__(self, config: RerankerConfig, lm: Any = None) -> None:
         """
@@ -560,171 +573,7 @@ class BlockRankReranker(AttentionReranker):
         """
         super().__init__(config, lm)
         self.reattn = self.options.reattn
-        self._heads: list[tuple[int, int]] | None | bool = False
-        self._call = threading.local()  # the block store of the call in flight (per thread)
-        self._layout: Any = None
-        self._kv0: dict[int, Any] = {}
-        self._block_source: Any = None
         self._context_buffer: Any = None
-        self._adapter: dict[str, Any] | None = None
-
-    @property
-    def lm(self):
-        """The loaded LM; with option ``query_adapter``, a private copy carrying the adapter
-        (LoRA layers that :mod:`attnrank.reranker.doccache` switches off while encoding
-        blocks), so the LM other rerankers share is never modified."""
-        lm = AttentionReranker.lm.fget(self)  # type: ignore[attr-defined]
-        if self.options.query_adapter is not None and self._adapter is None:
-            self._lm = lm = self._with_adapter(lm)
-        return lm
-
-    def _with_adapter(self, base: Any) -> Any:
-        """``base`` copied, with the query adapter of option ``query_adapter`` loaded.
-
-        Raises:
-            NotFoundError: the adapter does not exist.
-            ValidationError: an adapter trained for another model, ``l*``, block length or
-                layout.
-        """
-        import copy
-
-        from attnrank.errors import ValidationError
-        from attnrank.reranker.lm import LoadedLM
-        from attnrank.reranker.adapters import adapter_hash, load_adapter, resolve_adapter
-
-        path = resolve_adapter(str(self.options.query_adapter), base.identity)
-        model = copy.deepcopy(base.model)
-        card, weights = load_adapter(path, model, base.identity)
-        model.eval()
-        layer = self.options.layer if self.options.layer is not None else round(0.6 * base.num_layers)
-        want = {"layer": layer, "max_doc_tokens": self.config.max_doc_tokens, "template": self.layout_version()}
-        got = {k: card.get(k) for k in want}
-        if got != want:
-            raise ValidationError(f"query adapter {path} was trained for {got}; this reranker is {want}: "
-                                  "use the adapter's options or retrain it")
-        self._adapter = {"path": str(path), "sha256": adapter_hash(path), "weights": weights, "step": card.get("step")}
-        return LoadedLM(model, base.tokenizer, base.identity, base.device, base.load_seconds)
-
-    # -- cached mode (query_in_instruction=false) ------------------------------------------
-    @property
-    def cached(self) -> bool:
-        """Whether candidate blocks are query-independent and can come from a document KV
-        store (option ``query_in_instruction=false``, :mod:`attnrank.reranker.doccache`)."""
-        return not self.options.query_in_instruction
-
-    @property
-    def layout(self):
-        """The cached prompt's fixed part (:class:`attnrank.reranker.doccache.BlockLayout`)."""
-        if self._layout is None:
-            from attnrank.reranker.doccache import build_layout
-
-            self._layout = build_layout(self.lm.tokenizer, self.config.max_doc_tokens,
-                                        chat_template=self.options.chat_template)
-        return self._layout
-
-    @property
-    def kv_depth(self) -> int:
-        """Deepest layer whose keys/values a pass needs: ``l*``, or the deepest selected
-        head's layer when that is deeper.
-
-        Raises:
-            ValidationError: in cached mode, a selected head deeper than ``l*`` (the store
-                holds layers ``0..l*`` only).
-        """
-        heads = self.heads
-        deepest = max([self.layer] + [l for l, _ in heads or []])
-        if self.cached and deepest > self.layer:
-            from attnrank.errors import ValidationError
-
-            raise ValidationError(
-                f"in cached mode the document KV store holds layers 0..{self.layer} (l*); the selected heads reach "
-                f"layer {deepest}: choose heads at or below l*, or a larger layer with a store built for it")
-        return deepest
-
-    def block_store_header(self) -> dict[str, Any] | None:
-        """What a document KV store must have been built with to serve this reranker (the
-        fields of :class:`attnrank.index.kvstore.KVHeader`), or ``None`` outside cached mode."""
-        if not self.cached:
-            return None
-        cfg = self.lm.model.config
-        n_heads = int(cfg.num_attention_heads)
-        return {
-            "model_hash": str(self.lm.identity.get("sha256") or self.lm.identity.get("name")),
-            "prompt_template_version": self.layout_version(),
-            "instruction_hash": self.layout.fingerprint(),
-            "layer": self.kv_depth,
-            "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or n_heads),
-            "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
-            "max_doc_tokens": self.layout.max_block_tokens,
-            "dtype": self.options.kv_dtype,
-            "adapter_hash": None,
-        }
-
-    @staticmethod
-    def layout_version() -> str:
-        from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
-
-        return CACHE_TEMPLATE_VERSION
-
-    def block_source(self):
-        """The RAM cache in front of the store (:class:`attnrank.reranker.doccache.BlockSource`),
-        sized by ``$ATTNRANK_BLOCK_CACHE_BYTES`` (default 1 GiB)."""
-        if self._block_source is None:
-            from attnrank.reranker.doccache import BlockSource
-
-            self._block_source = BlockSource(int(os.environ.get("ATTNRANK_BLOCK_CACHE_BYTES", str(1 << 30))))
-        return self._block_source
-
-    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[str, Any, Any]]:
-        """``(key, keys, values)`` per text for a document KV store (``attnrank index kv build``):
-        float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)``. Texts sharing a block
-        share a key; this never reads or writes the RAM cache.
-
-        Raises:
-            ValidationError: not in cached mode.
-        """
-        import torch
-
-        from attnrank.errors import ValidationError
-        from attnrank.reranker.doccache import block_key, document_block, encode_blocks
-
-        if not self.cached:
-            raise ValidationError("document blocks are stored only in cached mode: set query_in_instruction=false")
-        blocks = [document_block(self.lm.tokenizer, self.layout, t)[0] for t in texts]
-        with self.lm.lock, torch.inference_mode():
-            kvs = encode_blocks(self.lm, self.instruction_kv(), blocks, self.kv_depth,
-                                batch_size=self.options.doc_batch_size)
-        return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
-
-    def block_keys(self, texts: Sequence[str]) -> list[str]:
-        """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
-        from attnrank.reranker.doccache import block_key, document_block
-
-        return [block_key(document_block(self.lm.tokenizer, self.layout, t)[0]) for t in texts]
-
-    def instruction_kv(self) -> list[tuple[Any, Any]]:
-        """Block 0's keys/values for layers ``0..kv_depth`` (computed once per reranker)."""
-        depth = self.kv_depth
-        if depth not in self._kv0:
-            import torch
-
-            from attnrank.reranker.doccache import instruction_kv
-
-            with torch.inference_mode():
-                self._kv0[depth] = instruction_kv(self.lm, self.layout.instruction_ids, depth)
-        return self._kv0[depth]
-
-    def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult:
-        """:meth:`AttentionReranker.rerank`; in cached mode candidate blocks are read from
-        ``block_store`` (a collection's document KV store, see
-        :class:`attnrank.protocols.BlockStore`) and the ones it lacks are computed and written
-        back; without a store they come from the RAM cache or are computed.
-        ``details["cache"]`` counts ``hits`` and ``misses``."""
-        self._call.store = block_store
-        try:
-            return super().rerank(query, candidates)
-        finally:
-            self._call.store = None
 
     def context_buffer(self):
         """Storage for the query's context reused across queries
@@ -738,66 +587,46 @@ class BlockRankReranker(AttentionReranker):
             self._context_buffer = ContextBuffer()
         return self._context_buffer
 
-    def context(self, prompt: BlockPrompt) -> tuple[list[tuple[Any, Any]], dict[str, float], dict[str, int] | None]:
-        """Keys/values of block 0 and the candidates (:func:`context_kv`'s layout), timings in
-        seconds, and cache counts (``None`` outside cached mode).
+    def block_store_header(self) -> dict[str, Any] | None:
+        """``None``: the paper's prompt puts the query in every block, so no block can be
+        stored (cached BlockRank, method ``blockrank-cached``, reads a document KV store)."""
+        return None
 
-        On the fast path the keys/values are views into this reranker's
-        :meth:`context_buffer` with room for the query and calibration blocks after them:
-        valid until the next call (call both under the LM's lock)."""
-        import torch
+    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[str, Any, Any]]:
+        """Raises ValidationError: blocks of the paper's prompt depend on the query."""
+        raise ValidationError(_NOT_CACHED)
 
-        depth = self.kv_depth
-        reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
-        buffer = self.context_buffer()
-        with torch.inference_mode():
-            if not self.cached:
-                kv, t = context_kv(self.lm, prompt, depth, doc_batch_size=self.options.doc_batch_size,
-                                   reserve=reserve, buffer=buffer)
-                return kv, t, None
-            from attnrank.reranker.doccache import assemble_kv
-
-            kv0 = self.instruction_kv()
-            blocks, fetch = self.block_source().fetch(
-                self.lm, kv0, prompt.doc_ids, depth, store=getattr(self._call, "store", None),
-                batch_size=self.options.doc_batch_size,
-            )
-            t0 = time.perf_counter()
-            kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=buffer)
-            timings = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
-                       "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
-                       "blocks_assemble": time.perf_counter() - t0}
-            return kv, timings, {"hits": fetch.hits, "misses": fetch.misses}
-
-    def _cached_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
-        from attnrank.reranker.doccache import document_blocks, query_block
-
-        tok = self.lm.tokenizer
-        layout = self.layout
-        blocks = document_blocks(tok, layout, [doc.content for doc in candidates])
-        docs, truncated = [ids for ids, _ in blocks], [cut for _, cut in blocks]
-        prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
-                             query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
-                             layout.query_offset, query.strip(), [])
-        end = layout.query_offset + max(len(prompt.query_ids), len(prompt.calib_ids))
-        if end > self.lm.max_positions:
-            raise ContextOverflowError(
-                f"the query block would span positions up to {end} (offset {layout.query_offset}); "
-                f"the model has {self.lm.max_positions}: lower max_doc_tokens or the query length",
-                max_candidates=0,
-            )
-        return prompt
+    def block_keys(self, texts: Sequence[str]) -> list[str]:
+        """Raises ValidationError: blocks of the paper's prompt depend on the query."""
+        raise ValidationError(_NOT_CACHED)
 
     @property
-    def heads(self) -> list[tuple[int, int]] | None:
-        """Selected ``(layer, head)`` pairs, or ``None`` for all heads of ``l*``."""
-        if self._heads is False:
-            from attnrank.reranker.heads import resolve_heads
+    def kv_depth(self) -> int:
+        """Deepest layer whose keys/values a pass needs: ``l*``, or the deepest selected
+        head's layer when that is deeper."""
+        return max([self.layer] + [l for l, _ in self.heads or []])
 
-            heads, _ = resolve_heads(self.options.heads, self.lm.identity)
-            self.check_model_indices(heads=heads or [])
-            self._heads = heads
-        return self._heads  # type: ignore[return-value]
+    def context(self, prompt: BlockPrompt) -> tuple[list[tuple[Any, Any]], dict[str, float]]:
+        """Keys/values of block 0 and the candidates (:func:`context_kv`'s layout) and timings
+        in seconds. On the fast path they are views into :meth:`context_buffer` with room
+        for the query and calibration blocks after them: valid until the next call (call
+        both under the LM's lock)."""
+        import torch
+
+        reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
+        with torch.inference_mode():
+            return context_kv(self.lm, prompt, self.kv_depth, doc_batch_size=self.options.doc_batch_size,
+                              reserve=reserve, buffer=self.context_buffer())
+
+    @cached_property
+    def heads(self) -> list[tuple[int, int]] | None:
+        """Selected ``(layer, head)`` pairs (option ``heads``, resolved once the model is
+        known), or ``None`` for all heads of ``l*``."""
+        from attnrank.reranker.heads import resolve_heads
+
+        heads, _ = resolve_heads(self.options.heads, self.lm.identity)
+        self.check_model_indices(heads=heads or [])
+        return heads
 
     @property
     def layer(self) -> int:
@@ -875,8 +704,6 @@ class BlockRankReranker(AttentionReranker):
             ContextOverflowError: the query block would sit past the model's positions
                 (``max_candidates=0``: lowering the candidate count does not help).
         """
-        if self.cached:
-            return self._cached_prompt(query, candidates)
         tok = self.lm.tokenizer
         q = " " + query.strip()
         before, after, wrap = self._pieces()
@@ -904,11 +731,6 @@ class BlockRankReranker(AttentionReranker):
         so ``2 q + fixed + block length <= context`` (with ``query_offset``,
         ``offset + query block <= context``)."""
         budget = super().query_budget(candidates)
-        if self.cached:  # the query sits in the query block only, at a fixed offset
-            from attnrank.reranker.doccache import query_block
-
-            fixed = len(query_block(self.lm.tokenizer, self.layout, ""))
-            return max(1, min(budget, int(self.lm.max_positions) - self.layout.query_offset - fixed))
         before, after, wrap = self._pieces()
         b0, qb = len(before) + len(after), len(self._qblock([], wrap))
         if candidates:
@@ -924,113 +746,49 @@ class BlockRankReranker(AttentionReranker):
 
     # -- scoring -----------------------------------------------------------------------------
     def scores(self, prompt: BlockPrompt) -> tuple[list[float], dict[str, float]]:
-        """Candidate scores (first-stage order) and timings in seconds."""
-        scores, timings, _ = self.scores_and_cache(prompt)
-        return scores, timings
+        """Candidate scores (first-stage order) and timings in seconds. The context (block 0
+        and the candidate blocks) is computed once and shared by every query-block pass."""
+        kv, t_ctx = self.context(prompt)
+        scores, t = self.scores_from(prompt, kv)
+        return scores, {**t_ctx, **t}
 
-    def scores_and_cache(self, prompt: BlockPrompt) -> tuple[list[float], dict[str, float], dict[str, int] | None]:
-        """Candidate scores (first-stage order), timings in seconds and, in cached mode, the
-        block cache's ``{"hits", "misses"}``. The context (block 0 and the candidate blocks)
-        is computed, or read from the store, once and shared by every query-block pass."""
-        layer = self.layer
-        L0 = len(prompt.instruction_ids)
-        bs = self.options.doc_batch_size
-        bounds = spans_from_lengths(prompt.doc_lengths)
-        kv, t_ctx, cache = self.context(prompt)
-        scores, t = self._scores(prompt, kv, layer, L0, bs, bounds)
-        return scores, {**t_ctx, **t}, cache
-
-    def _scores(self, prompt: BlockPrompt, kv: Any, layer: int, L0: int, bs: int,
-                bounds: list[tuple[int, int]]) -> tuple[list[float], dict[str, float]]:
+    def scores_from(self, prompt: BlockPrompt, kv: Any) -> tuple[list[float], dict[str, float]]:
+        """Scores of ``scoring='signal'`` or ``'calibrated'`` from the context's keys/values,
+        and timings in seconds."""
         import torch
 
+        bounds = spans_from_lengths(prompt.doc_lengths)
         if self.options.scoring == "signal":
             mass, t = self.token_mass(prompt, kv)
             if self.reattn is not None:
-                from attnrank.reranker.reattn import reattn_scores, token_forms
-
-                tok = self.lm.tokenizer
-                forms = [token_forms(tok, d) for d in prompt.doc_ids]
-                qforms = set(token_forms(tok, encode_untrusted(tok, " " + prompt.query_text)))
-                return reattn_scores([mass[s:e].tolist() for s, e in bounds], forms, qforms, self.reattn), t
+                return self.reattn_scores(prompt, mass, bounds), t
             return [float(mass[s:e].sum()) for s, e in bounds], t
+        L0 = len(prompt.instruction_ids)
         with torch.inference_mode():
-            layers = list(range(layer + 1))
+            layers = list(range(self.layer + 1))
             D = sum(prompt.doc_lengths)
             # the query and N/A blocks in one merged pass (fast path) or two passes
-            qo, co, t = calibrated_forward(self.lm, prompt, layer, read_layers=layers, doc_batch_size=bs, kv=kv,
-                                           fast=self.fast_path)
-            if self.options.scoring == "learned":
-                return self._learned_scores(qo, co, layers, L0, prompt.doc_lengths), t
+            qo, co, t = calibrated_forward(self.lm, prompt, self.layer, read_layers=layers,
+                                           doc_batch_size=self.options.doc_batch_size, kv=kv, fast=self.fast_path)
             c = sum((qo[l][0, :, L0 : L0 + D] - co[l][0, :, L0 : L0 + D]).sum(0) for l in layers)
             return masked_document_scores(c, bounds, self.options.mask_std), t
 
-    def learned_weights(self) -> Any:
-        """The ``scoring='learned'`` weights, float64 ``(l* + 1, heads)``, from the weights card
-        (option ``scorer_weights``; else the query adapter's own weights when it carries some;
-        else the card shipped for the model), loaded once.
+    def reattn_scores(self, prompt: BlockPrompt, mass: Any, bounds: list[tuple[int, int]]) -> list[float]:
+        """ReAttn re-weighting (option ``reattn``) of the signal tokens' per-token mass."""
+        from attnrank.reranker.reattn import reattn_scores, token_forms
 
-        Raises:
-            NotFoundError: no card shipped for this model and none given.
-            ValidationError: a card for another model, ``l*``, block length or layout.
-        """
-        if getattr(self, "_learned", None) is None:
-            import json
+        tok = self.lm.tokenizer
+        forms = [token_forms(tok, d) for d in prompt.doc_ids]
+        qforms = set(token_forms(tok, encode_untrusted(tok, " " + prompt.query_text)))
+        return reattn_scores([mass[s:e].tolist() for s, e in bounds], forms, qforms, self.reattn)
 
-            import numpy as np
-
-            from attnrank.errors import NotFoundError, ValidationError
-            from attnrank.reranker.heads import packaged_data_dir
-
-            path = self.options.scorer_weights
-            adapter_w = (self._adapter or {}).get("weights") if self.lm is not None else None
-            if path is None and adapter_w is not None:
-                self._learned = np.asarray(adapter_w, dtype=np.float64).reshape(self.layer + 1, self.lm.num_heads)
-                return self._learned
-            if path is None:
-                name = str(self.lm.identity.get("name", ""))
-                default = packaged_data_dir() / f"{name}.blockrank-cached.json"
-                if not default.exists():
-                    raise NotFoundError(f"no learned BlockRank weights ship for model {name!r}; fit them with "
-                                        "`attnrank eval study-fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
-                path = str(default)
-            card = json.loads(open(path, encoding="utf-8").read())
-            want = {"layer": self.layer, "max_doc_tokens": self.config.max_doc_tokens,
-                    "template": self.layout_version(), "spec": "heads"}
-            got = {"layer": card.get("layer"), "max_doc_tokens": card.get("max_doc_tokens"),
-                   "template": card.get("template"), "spec": card.get("spec")}
-            sha = card.get("model_sha256")
-            if got != want or (sha and sha != self.lm.identity.get("sha256")):
-                raise ValidationError(f"weights card {path} was fitted for {got} (model {sha}); this reranker is "
-                                      f"{want} (model {self.lm.identity.get('sha256')}): refit or change the options")
-            w = np.asarray(card["weights"], dtype=np.float64)
-            self._learned = w.reshape(self.layer + 1, self.lm.num_heads)
-        return self._learned
-
-    def _learned_scores(self, qo: Any, co: Any, layers: Sequence[int], L0: int, lengths: Sequence[int]) -> list[float]:
-        """Learned per-(layer, head) weights over calibrated attention mass per candidate,
-        each feature z-scored over the query's candidates (the study's ``heads`` model,
-        :mod:`attnrank.eval.study`). Scores are unitless (a weighted sum of z-scores)."""
-        import torch
-
-        from attnrank.reranker.scoring import per_head_document_mass
-
-        feats = per_head_document_mass(qo, L0, lengths, layers, minus=co)  # (N, L, H)
-        x = feats.reshape(len(lengths), -1)
-        sd = x.std(dim=0, unbiased=False, keepdim=True)
-        z = (x - x.mean(dim=0, keepdim=True)) / torch.where(sd > 1e-12, sd, torch.ones_like(sd))
-        w = torch.as_tensor(self.learned_weights().reshape(-1))
-        return (z @ w).tolist()
-
-    def score_prompt(self, prompt: BlockPrompt, query: str) -> DocumentScores:
-        """Hook of the rerank skeleton: :meth:`scores` of the prompt (under the LM's lock)."""
-        scores, timings, cache = self.scores_and_cache(prompt)
-        details: dict[str, Any] = {"timings": timings, "layer": self.layer}
-        if cache is not None:
-            details["cache"] = cache
+    def score_prompt(self, prompt: BlockPrompt, query: str, *, block_store: Any = None) -> DocumentScores:
+        """Hook of the rerank skeleton: :meth:`scores` of the prompt (under the LM's lock);
+        this method reads no stored blocks (``block_store`` is ignored)."""
+        scores, timings = self.scores(prompt)
         return DocumentScores(
             scores=scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens,
-            details=details,
+            details={"timings": timings, "layer": self.layer},
             passes=(ScoredPass(prompt, None, tuple(range(len(prompt.doc_ids)))),),
         )
 
@@ -1072,6 +830,4 @@ class BlockRankReranker(AttentionReranker):
         d["scoring"] = self.options.scoring
         d["heads"] = "all" if not self.heads else [list(h) for h in self.heads]
         d["reattn"] = None if self.reattn is None else vars(self.reattn)
-        if self._adapter is not None:
-            d["query_adapter"] = {k: self._adapter[k] for k in ("path", "sha256", "step")}
         return d

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from attnrank.config import RerankerConfig
 from attnrank.errors import ContextOverflowError, ValidationError
@@ -42,7 +42,8 @@ from attnrank.protocols import RerankResult
 from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
 from attnrank.reranker.options import ICROptions
 from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
-from attnrank.reranker.scoring import CALIBRATION_QUERY, masked_document_scores
+from attnrank.reranker.scoring import CALIBRATION_QUERY, EvidenceSpan, content_offsets, masked_document_scores
+from attnrank.reranker.scoring import top_spans as _top_spans
 from attnrank.reranker.windows import align_to_anchors, plan_windows
 from attnrank.types import Document, Query
 
@@ -100,57 +101,6 @@ class TokenAttention:
     def calibrated(self):
         """``c[l,h,j] = a(q) - a(N/A)`` (or raw ``a(q)`` without calibration): ``(L_read, H, T)``."""
         return self.query - self.calib if self.calib is not None else self.query
-
-
-@dataclass(frozen=True)
-class EvidenceSpan:
-    """A span of a document that drew query attention (see :meth:`ICRReranker.evidence_from`).
-
-    Attributes:
-        field: ``"text"`` or ``"title"``: the document field the offsets index.
-        start: First character, 0-based, into that field.
-        end: One past the last character (``field_value[start:end] == text``).
-        text: The span's characters.
-        score: Sum of the calibrated attention of its tokens (attention probability mass
-            summed over the read layers and heads, minus that of the ``N/A`` query):
-            unitless, higher = more attended, comparable within one response.
-    """
-
-    field: Literal["text", "title"]
-    start: int
-    end: int
-    text: str
-    score: float
-
-
-def _top_spans(
-    doc: Document, offsets: Sequence[tuple[str, int, int]], scores: Sequence[float], max_spans: int
-) -> list[EvidenceSpan]:
-    """Words from token offsets, best ``3 * max_spans`` positive words, adjacent ones merged,
-    best ``max_spans`` spans."""
-    words: list[list[Any]] = []  # [field, start, end, score]
-    for (fld, a, b), sc in zip(offsets, scores):
-        if not fld:
-            continue
-        if words and words[-1][0] == fld and words[-1][1] <= a <= words[-1][2]:
-            words[-1][2] = max(words[-1][2], b)  # contiguous piece of the word (or the same characters)
-            words[-1][3] += sc
-        else:
-            words.append([fld, a, b, sc])
-    keep = sorted((i for i, w in enumerate(words) if w[3] > 0), key=lambda i: -words[i][3])[: 3 * max_spans]
-    spans: list[list[Any]] = []
-    for i in sorted(keep):
-        fld, a, b, sc = words[i]
-        if spans and spans[-1][4] == i - 1 and spans[-1][0] == fld:
-            spans[-1][2], spans[-1][3], spans[-1][4] = b, spans[-1][3] + sc, i
-        else:
-            spans.append([fld, a, b, sc, i])
-    spans.sort(key=lambda s: (-s[3], s[0] != "text", s[1]))
-    out = []
-    for fld, a, b, sc, _ in spans[:max_spans]:
-        value = doc.title if fld == "title" else doc.text
-        out.append(EvidenceSpan(fld, a, b, value[a:b], float(sc)))
-    return out
 
 
 class ICRReranker(AttentionReranker):
@@ -346,7 +296,7 @@ class ICRReranker(AttentionReranker):
         return masked_document_scores(self.token_scores(att), prompt.spans, self.options.mask_std)
 
     # -- the two hooks of the rerank skeleton, and windows ---------------------------------
-    def score_prompt(self, prompt: ICRPrompt, query: str) -> DocumentScores:
+    def score_prompt(self, prompt: ICRPrompt, query: str, *, block_store: Any = None) -> DocumentScores:
         """Scores of one prompt's candidates (called under the LM's lock): masked
         calibrated attention (module docstring)."""
         att = self.token_attention(prompt)
@@ -357,7 +307,7 @@ class ICRReranker(AttentionReranker):
             details=self._details(att, prompt), passes=(ScoredPass(prompt, att, tuple(range(len(prompt.spans)))),),
         )
 
-    def score_documents(self, query: str, docs: Sequence[Document]) -> DocumentScores:
+    def score_documents(self, query: str, docs: Sequence[Document], *, block_store: Any = None) -> DocumentScores:
         """One prompt when it fits :meth:`context_limit`; otherwise windows (option
         ``windows``, not with ``keep_attention``), else :class:`ContextOverflowError`."""
         windows = self.options.windows and not self.options.keep_attention
@@ -435,7 +385,7 @@ class ICRReranker(AttentionReranker):
 
     # -- public ----------------------------------------------------------------------
     def rerank_with_evidence(
-        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
+        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3, block_store: Any = None
     ) -> RerankResult:
         """:meth:`rerank` plus evidence, from the same pass(es): the result is the one
         :meth:`rerank` returns (same scores and order), with ``details["evidence"]``
@@ -484,35 +434,12 @@ class ICRReranker(AttentionReranker):
     def content_offsets(self, doc: Document) -> tuple[list[int], list[tuple[str, int, int]]]:
         """Token ids of a document's content as placed in the prompt (truncated to
         ``max_doc_tokens``), and for each token its ``(field, start, end)`` character range
-        in ``doc.title`` or ``doc.text`` (``field`` ``"title"``/``"text"``; ``("", 0, 0)`` for
-        the separating space). Ranges come from the fast tokenizer's offset mapping, with
-        leading whitespace trimmed.
+        in ``doc.title`` or ``doc.text`` (:func:`attnrank.reranker.scoring.content_offsets`).
 
         Raises:
             ValidationError: the tokenizer gives no offsets (not a "fast" tokenizer).
         """
-        tok = self.lm.tokenizer
-        text = " " + doc.content
-        try:
-            enc = tok(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
-        except NotImplementedError as exc:
-            raise ValidationError(f"evidence needs a fast tokenizer with offsets: {exc}") from None
-        ids, _ = truncate(list(enc.input_ids), self.config.max_doc_tokens)
-        title_end = 1 + len(doc.title) if doc.title else 0  # content offset of the title/text separator
-        text_start = title_end + 1 if doc.title else 1
-        spans: list[tuple[str, int, int]] = []
-        for a, b in list(enc.offset_mapping)[: len(ids)]:
-            while a < b and text[a].isspace():
-                a += 1
-            if a >= b:
-                spans.append(("", 0, 0))
-            elif doc.title and b <= title_end:
-                spans.append(("title", a - 1, b - 1))
-            elif a >= text_start:
-                spans.append(("text", a - text_start, b - text_start))
-            else:  # straddles the separator (does not happen with whitespace pre-tokenisers)
-                spans.append(("", 0, 0))
-        return ids, spans
+        return content_offsets(self.lm.tokenizer, doc, self.config.max_doc_tokens)
 
     def _doc_evidence(
         self, doc: Document, span: tuple[int, int], prompt: ICRPrompt, scores: Sequence[float], max_spans: int

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -259,25 +260,11 @@ class BlockRankOptions(RerankerOptions):
         _int(0, optional=True),
     )
     scoring: str = _option(
-        "signal", "'signal' | 'calibrated' | 'learned'",
+        "signal", "'signal' | 'calibrated'",
         "'signal': signal tokens' document-restricted attention at l* (probabilities summing to 1); "
-        "'calibrated': ICR's calibrated query attention over layers 0..l* through the block structure; "
-        "'learned' (cached mode): learned weights over the calibrated attention of every (layer, head), "
-        "each z-scored over the query's candidates (weights card: option scorer_weights)",
-        _choice("signal", "calibrated", "learned"),
-    )
-    scorer_weights: str | None = _option(
-        None, "path | null",
-        "weights card (JSON) of scoring='learned', written by `attnrank eval study-fit --export`; null = the "
-        "card shipped for the model (reranker/data/<model>.blockrank-cached.json)",
-        lambda name, v: None if v is None else str(v),
-    )
-    query_adapter: str | None = _option(
-        None, "'packaged' | path | null",
-        "query-side LoRA adapter (cached mode; `attnrank train query-adapter`) applied to the query and N/A "
-        "passes only, so stored blocks stay valid; 'packaged' = the adapter shipped for the model "
-        "(reranker/data/<model>.query-adapter); null = none",
-        lambda name, v: None if v is None else str(v),
+        "'calibrated': ICR's calibrated query attention over layers 0..l* through the block structure "
+        "(the learned scorer is method 'blockrank-cached')",
+        _choice("signal", "calibrated"),
     )
     query_offset: int | None = _option(
         None, "int >= 0 | null",
@@ -297,19 +284,6 @@ class BlockRankOptions(RerankerOptions):
         _heads(False),
     )
     reattn: ReAttnConfig | None = _option(None, "bool | {idf, entropy, gamma}", _REATTN_DOC, _reattn)
-    query_in_instruction: bool = _option(
-        True, "bool",
-        "put the query in block 0 as well as in the query block (the paper's prompt). false: block 0 is the fixed "
-        "instruction only and candidate blocks carry no id, so each block depends on the document alone and is "
-        "encoded once (document KV store, `attnrank index kv build`); only the query block runs per query",
-        _bool,
-    )
-    kv_dtype: str = _option(
-        "float16", "'float16' | 'int8'",
-        "storage of the document KV store's blocks (cached mode): float16, or int8 (per-channel keys, per-token "
-        "values; about half the bytes)",
-        _choice("float16", "int8"),
-    )
     doc_labels: str = _option(
         "sorted", "'sorted' | 'position'",
         "numbers i of the blocks 'ID: i': 'sorted' = rank of the doc id among the candidates, so that the prompt "
@@ -323,18 +297,172 @@ class BlockRankOptions(RerankerOptions):
         _int(1, optional=True),
     )
 
+    @property
+    def query_in_instruction(self) -> bool:
+        """Always true: the paper's prompt (deprecated; cached BlockRank is method
+        ``blockrank-cached``; the ``query_in_instruction`` key is translated by :func:`canonical`)."""
+        return True
+
+    def check(self) -> None:
+        _check_heads(self)
+
+
+def _check_heads(options: Any) -> None:
+    if options.heads != "all" and options.scoring != "signal":
+        raise ValidationError("heads select signal-token heads; they need scoring='signal'")
+
+
+AUTO = "auto"
+"""Option value of ``blockrank-cached``'s ``scoring`` and ``query_adapter``: what ships for the model."""
+
+
+def _path_or(*named: str) -> Coerce:
+    def coerce(name: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise _fail(name, " or ".join([*(repr(n) for n in named), "a path", "null"]), value)
+        return value
+
+    return coerce
+
+
+@dataclass(frozen=True)
+class CachedBlockRankOptions(RerankerOptions):
+    """Options of cached BlockRank (registry name ``"blockrank-cached"``; ALGORITHMS.md
+    section 3, "query_in_instruction" extension): block 0 is the fixed instruction only and
+    a candidate block carries no id, so each block's keys and values depend on the document
+    alone and come from the index's document KV store. Defaults are the best measured
+    configuration (docs/RESULTS.md, "The query adapter"): with the packaged files of the
+    default LM, learned head weights at ``l* = 15`` over 128-token blocks, the packaged
+    query adapter, and (in ``/search``) fusion with the first stage at the card's weight."""
+
+    method: ClassVar[str] = "blockrank-cached"
+    default_max_doc_tokens: ClassVar[int] = 128
+    """Per-document LM token budget when ``max_doc_tokens`` is not given (the card's)."""
+
+    layer: int | None = _option(
+        None, "int >= 0 | null",
+        "scoring layer l* and depth of the stored blocks (0-based); null = the weights card's layer with "
+        "learned scoring (15 for the packaged SmolLM2 card), else round(0.6 * layers)",
+        _int(0, optional=True),
+    )
+    scoring: str = _option(
+        AUTO, "'auto' | 'learned' | 'calibrated' | 'signal'",
+        "'learned': learned weights over the calibrated attention of every (layer, head) of 0..l*, each "
+        "z-scored over the query's candidates (weights card: scorer_weights); 'calibrated': ICR's calibrated "
+        "query attention over layers 0..l* with the mean - 2 std token mask; 'signal': the signal tokens' "
+        "attention at l* (probabilities summing to 1); 'auto' = 'learned' when a weights card ships for the "
+        "model or scorer_weights is given, else 'calibrated'",
+        _choice(AUTO, "learned", "calibrated", "signal"),
+    )
+    scorer_weights: str | None = _option(
+        None, "path | null",
+        "weights card (JSON) of scoring='learned', written by `attnrank eval study-fit --export`; null = the "
+        "card shipped for the model (reranker/data/<model>.blockrank-cached.json)",
+        _path_or(),
+    )
+    query_adapter: str | None = _option(
+        AUTO, "'auto' | 'packaged' | path | null",
+        "query-side LoRA adapter (`attnrank train query-adapter`) applied to the query and N/A passes only, so "
+        "stored blocks stay valid; 'packaged' = the adapter shipped for the model "
+        "(reranker/data/<model>.query-adapter); 'auto' = the packaged one when it ships for the model and the "
+        "reranker's l* and block length, else none; null = none",
+        _path_or(AUTO, "packaged"),
+    )
+    n_signal: int = _option(2, "int >= 1", "signal tokens at the end of the answer prefix 'Final Answer: ['", _int(1))
+    chat_template: bool = _option(True, "bool", "wrap the prompt in the model's chat template", _bool)
+    doc_batch_size: int = _option(64, "int >= 1", "candidate blocks per batched prefill (bounds memory)", _int(1))
+    mask_std: float | None = _option(
+        2.0, "float >= 0 | null", "token mask of scoring='calibrated' (as ICR's); null = no mask",
+        _float(0.0, optional=True),
+    )
+    heads: str | tuple[tuple[int, int], ...] = _option(
+        "all", "'all' | 'qr' | path | [[layer, head], ...]",
+        _HEADS_DOC.format(learned="") + "; with scoring='signal' each head is read at its own layer (at or "
+        "below l*: the store holds layers 0..l*)",
+        _heads(False),
+    )
+    reattn: ReAttnConfig | None = _option(None, "bool | {idf, entropy, gamma}", _REATTN_DOC, _reattn)
+    kv_dtype: str = _option(
+        "float16", "'float16' | 'int8'",
+        "storage of the document KV store's blocks: float16, or int8 (per-channel keys, per-token values; about "
+        "half the bytes)",
+        _choice("float16", "int8"),
+    )
+    max_query_tokens: int | None = _option(
+        None, "int >= 1 | null", _QUERY_TOKENS_DOC.format(extra=", and less when the query block would run past "
+                                                          "the context"),
+        _int(1, optional=True),
+    )
+
     def check(self) -> None:
         if self.heads != "all" and self.scoring != "signal":
             raise ValidationError("heads select signal-token heads; they need scoring='signal'")
-        if self.query_adapter is not None and self.query_in_instruction:
-            raise ValidationError("query_adapter runs on the cached prompt: add --opt query_in_instruction=false")
-        if self.scoring == "learned" and self.query_in_instruction:
-            raise ValidationError("scoring='learned' reads weights fitted on the cached prompt: add "
-                                  "--opt query_in_instruction=false (and the card's --opt layer=15 --max-doc-tokens 128)")
 
 
-OPTION_CLASSES: dict[str, type[RerankerOptions]] = {"icr": ICROptions, "blockrank": BlockRankOptions}
+OPTION_CLASSES: dict[str, type[RerankerOptions]] = {
+    "icr": ICROptions, "blockrank": BlockRankOptions, "blockrank-cached": CachedBlockRankOptions,
+}
 """The built-in methods' option classes by registry name."""
+
+DEFAULT_METHOD = "blockrank-cached"
+"""What ``"default"`` names: the best measured configuration (docs/RESULTS.md)."""
+METHOD_ALIASES: dict[str, str] = {"default": DEFAULT_METHOD}
+"""Method names that name another method (accepted wherever a method is named)."""
+
+_CACHED_ONLY = ("scorer_weights", "query_adapter", "kv_dtype")
+
+
+def canonical(method: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """The registered method and options that ``(method, options)`` names.
+
+    ``"default"`` names :data:`DEFAULT_METHOD`. The old spelling of cached BlockRank,
+    ``blockrank`` with ``query_in_instruction=false``, names ``blockrank-cached`` with that
+    spelling's defaults made explicit (``scoring='signal'``, no query adapter, ``l*`` =
+    ``round(0.6 L)``) and a DeprecationWarning; ``query_in_instruction=true`` is dropped.
+    Both spellings go in the next release.
+
+    Raises:
+        ValidationError: a ``blockrank`` option that only cached BlockRank has, without the
+            old spelling (the message names ``blockrank-cached``).
+    """
+    method = METHOD_ALIASES.get(method, method)
+    opts = dict(options or {})
+    if method != "blockrank":
+        return method, opts
+    if "query_in_instruction" not in opts:
+        moved = [k for k in _CACHED_ONLY if k in opts] + (["scoring"] if opts.get("scoring") == "learned" else [])
+        if moved:
+            raise ValidationError(f"{moved[0]}{'=learned' if moved[0] == 'scoring' else ''} is an option of cached "
+                                  "BlockRank: use method 'blockrank-cached' (--rerank blockrank-cached; formerly "
+                                  "--opt query_in_instruction=false)")
+        return method, opts
+    qii = opts.pop("query_in_instruction")
+    if qii is True:
+        return method, opts
+    if qii is not False:
+        raise _fail("query_in_instruction", "true or false", qii)
+    import warnings
+
+    message = ("method 'blockrank' with query_in_instruction=false is deprecated: use method 'blockrank-cached' "
+               "(its defaults are the best measured configuration; this spelling keeps the old ones)")
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    logging.getLogger(__name__).warning(message)
+    for dropped in ("query_offset", "doc_labels"):  # no meaning without ids in the blocks
+        opts.pop(dropped, None)
+    opts.setdefault("scoring", "signal")
+    opts.setdefault("query_adapter", None)
+    return "blockrank-cached", opts
+
+
+def default_max_doc_tokens(method: str) -> int:
+    """Per-document LM token budget of ``method`` when none is given: the method's own
+    (``blockrank-cached``: 128, its card's) or :data:`attnrank.config.DEFAULT_MAX_DOC_TOKENS`."""
+    from attnrank.config import DEFAULT_MAX_DOC_TOKENS
+
+    cls = OPTION_CLASSES.get(METHOD_ALIASES.get(method, method))
+    return int(getattr(cls, "default_max_doc_tokens", DEFAULT_MAX_DOC_TOKENS))
 
 
 def options_class(method: str) -> type[RerankerOptions] | None:
@@ -346,7 +474,8 @@ def parse_options(method: str, mapping: Mapping[str, Any] | None) -> RerankerOpt
     """Validate ``RerankerConfig.options`` for ``method`` without loading any model.
 
     Args:
-        method: Reranker registry name (``"icr"``, ``"blockrank"``), or ``"none"``.
+        method: Reranker registry name (``"icr"``, ``"blockrank"``, ``"blockrank-cached"``), an alias
+            (``"default"``), or ``"none"``; the old cached spelling is translated (:func:`canonical`).
         mapping: ``{option: value}``.
 
     Returns:
@@ -357,6 +486,7 @@ def parse_options(method: str, mapping: Mapping[str, Any] | None) -> RerankerOpt
         ValidationError: unknown option (the message lists the valid ones), bad value, or
             options for ``"none"``.
     """
+    method, mapping = canonical(method, mapping)
     cls = OPTION_CLASSES.get(method)
     if cls is not None:
         return cls.parse(mapping)
@@ -370,3 +500,43 @@ def parse_options(method: str, mapping: Mapping[str, Any] | None) -> RerankerOpt
 def describe_options(methods: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """``{method: [{name, type, default, doc}, ...]}`` for the built-in methods (or ``methods``)."""
     return {m: OPTION_CLASSES[m].describe() for m in (methods or sorted(OPTION_CLASSES)) if m in OPTION_CLASSES}
+
+
+def packaged_card(model: str | None) -> dict[str, Any] | None:
+    """The weights card shipped for the packaged LM ``model`` (``None`` = the default LM),
+    parsed, or ``None`` (a local model directory, or no card ships)."""
+    import json
+
+    from attnrank.config import DEFAULT_LM
+    from attnrank.reranker.heads import packaged_data_dir
+
+    name = DEFAULT_LM if model is None else model
+    path = packaged_data_dir() / f"{name}.blockrank-cached.json"
+    return json.loads(path.read_text(encoding="utf-8")) if "/" not in name and path.is_file() else None
+
+
+def recorded_fusion(config: Any) -> float | None:
+    """The fusion weight with the first stage that ``config``'s reranker records, read
+    without loading a model: cached BlockRank with learned scoring, its weights card's
+    ``fusion.alpha`` (0.6 for the packaged SmolLM2 card); ``None`` for other methods or
+    scorers (the reranker's :attr:`default_fusion` says the same once built).
+
+    Raises:
+        ValidationError: invalid options.
+    """
+    import json
+    from pathlib import Path
+
+    method, mapping = canonical(config.method, config.options)
+    if method != "blockrank-cached":
+        return None
+    opts = CachedBlockRankOptions.parse(mapping)
+    if opts.scoring not in (AUTO, "learned"):
+        return None
+    if opts.scorer_weights is not None:
+        path = Path(opts.scorer_weights)
+        card = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    else:
+        card = packaged_card(config.model)
+    alpha = ((card or {}).get("fusion") or {}).get("alpha")
+    return None if alpha is None else float(alpha)

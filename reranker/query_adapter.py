@@ -2,7 +2,7 @@
 
 Source: the issue-#14 study (docs/RESULTS.md, "Training and fusion study"); LoRA is Hu et
 al. 2021 (arXiv 2106.09685); the scorer trained through it is the learned per-(layer,
-head) calibrated attention mass of :meth:`attnrank.reranker.blockrank.BlockRankReranker._learned_scores`
+head) calibrated attention mass of :func:`attnrank.reranker.scoring.linear_head_scores`
 (QRRanker-style head weights), or BlockRank's signal-token attention (Gupta et al. 2025,
 arXiv 2510.05396, Section 4, ``L_aux``).
 
@@ -148,11 +148,10 @@ def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, w
     (``((l* + 1) * heads,)``); unitless. ``"signal"``: the signal tokens' attention mass per
     candidate at ``l*`` (probabilities summing to 1, :func:`attnrank.reranker.blockrank.signal_scores`).
     """
-    import torch
 
     from attnrank.reranker.attention import AttentionCapture
     from attnrank.reranker.blockrank import query_pass, signal_scores
-    from attnrank.reranker.scoring import per_head_document_mass
+    from attnrank.reranker.scoring import linear_head_scores, per_head_document_mass
 
     lm = reranker.lm
     layer = reranker.layer
@@ -173,10 +172,7 @@ def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, w
 
     feats = per_head_document_mass(mean_attention(prompt.query_ids), L0, lengths, layers,
                                    minus=mean_attention(prompt.calib_ids))
-    x = feats.reshape(len(lengths), -1)
-    sd = x.std(dim=0, unbiased=False, keepdim=True)
-    z = (x - x.mean(dim=0, keepdim=True)) / torch.where(sd > 1e-12, sd, torch.ones_like(sd))
-    return z @ weights.double()
+    return linear_head_scores(feats, weights.double())
 
 
 def listwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
@@ -232,7 +228,7 @@ def train_query_adapter(
     every ``cfg.eval_every`` steps; the best dev adapter is saved to ``out/best``.
 
     Args:
-        reranker: A cached :class:`attnrank.reranker.blockrank.BlockRankReranker`
+        reranker: A :class:`attnrank.reranker.cached.CachedBlockRankReranker`
             (``query_in_instruction=false``); its LM gets the LoRA layers in place.
         examples: Training queries (those without a positive or a negative are skipped).
         block_stores: Document KV store per example ``source`` (read-only is fine; a writable
@@ -249,7 +245,8 @@ def train_query_adapter(
     import torch
 
     if not getattr(reranker, "cached", False):
-        raise ValidationError("query adapters train on cached BlockRank: pass --opt query_in_instruction=false")
+        raise ValidationError("query adapters train on cached BlockRank: use method 'blockrank-cached' (formerly "
+                              "--opt query_in_instruction=false)")
     usable = [ex for ex in examples if any(g > 0 for g in ex.grades) and any(g <= 0 for g in ex.grades)]
     if not usable:
         raise ValidationError("no training query has both a relevant and a non-relevant candidate")

@@ -6,17 +6,28 @@
   ``mean - 2 std`` token mask (ALGORITHMS.md sections 1-2).
 - :func:`spans_from_lengths`: ``[start, end)`` token ranges of consecutive documents.
 - :func:`distinct_texts`: candidates grouped by identical text, so that each distinct text
-  is scored once and its duplicates share its score (issue #11.3).
+  is scored once and its duplicates share its score (docs/RESULTS.md, "Duplicates").
+- :func:`per_head_document_mass`, :func:`linear_head_scores`, :func:`linear_head_token_scores`:
+  the learned head scorer of cached BlockRank, the one implementation serving, the
+  query-adapter training and the study use (standardisation: :mod:`attnrank.fusion`).
+- :class:`EvidenceSpan`, :func:`content_offsets`, :func:`top_spans`: evidence spans from
+  token scores, in character offsets.
 
 Torch is imported only by the functions that take tensors.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from attnrank.errors import ValidationError
+from attnrank.fusion import standardize
 from attnrank.types import Document
+
+logger = logging.getLogger(__name__)
 
 CALIBRATION_QUERY = "N/A"
 """Content-free query whose attention is subtracted from the real query's."""
@@ -125,3 +136,142 @@ def per_head_document_mass(attn: Any, L0: int, lengths: Sequence[int], layers: S
             x = x - minus[l][0, :, L0 : L0 + D]
         out.append(torch.zeros(len(lengths), x.shape[0], dtype=torch.float64).index_add(0, owner, x.T.double()))
     return torch.stack(out, dim=1)
+
+
+def linear_head_scores(features: Any, weights: Any) -> Any:
+    """The learned head scorer: each ``(layer, head)`` feature z-scored over the query's
+    candidates (:func:`attnrank.fusion.standardize`), times its weight, summed.
+
+    Args:
+        features: ``(N, L, H)`` per-candidate calibrated attention mass
+            (:func:`per_head_document_mass`), or ``(N, F)`` already flattened; torch or numpy.
+        weights: ``(L * H,)`` or ``(L, H)`` weights (a weights card's), same library.
+
+    Returns:
+        ``(N,)`` scores (unitless, a weighted sum of z-scores), float64 for float64 input.
+    """
+    x = features.reshape(features.shape[0], -1)
+    return standardize(x) @ weights.reshape(-1)
+
+
+def linear_head_token_scores(qo: Any, co: Any, L0: int, D: int, layers: Sequence[int], features: Any,
+                             weights: Any) -> Any:
+    """Each candidate token's share of :func:`linear_head_scores`: ``t_j = sum_{l,h} w_lh
+    (a_q - a_N/A)[l,h,j] / sd_lh``, ``sd`` the features' standard deviation over the
+    candidates (constant features weigh 0), so that a document's score is the sum of its
+    tokens' ``t_j`` minus a per-query constant.
+
+    Args:
+        qo, co: ``{layer: (1, heads, K)}`` mean attention of the query and ``N/A`` rows.
+        L0: Block 0 length (the candidates' tokens are keys ``L0..L0 + D``).
+        D: Candidate tokens.
+        layers: Layers of ``features``, in order.
+        features: ``(N, L, H)`` (:func:`per_head_document_mass`), float64.
+        weights: ``(L * H,)`` or ``(L, H)``, float64.
+
+    Returns:
+        float64 tensor ``(D,)``.
+    """
+    import torch
+
+    x = features.reshape(features.shape[0], -1)
+    sd = x.std(dim=0, unbiased=False)
+    scale = torch.where(sd > 1e-12, weights.reshape(-1) / torch.where(sd > 1e-12, sd, torch.ones_like(sd)),
+                        torch.zeros_like(sd)).reshape(len(layers), -1)
+    out = torch.zeros(D, dtype=torch.float64)
+    for i, l in enumerate(layers):
+        c = (qo[l][0, :, L0: L0 + D] - co[l][0, :, L0: L0 + D]).double()  # (H, D)
+        out += scale[i] @ c
+    return out
+
+
+@dataclass(frozen=True)
+class EvidenceSpan:
+    """A span of a document that drew query attention (``explain``).
+
+    Attributes:
+        field: ``"text"`` or ``"title"``: the document field the offsets index.
+        start: First character, 0-based, into that field.
+        end: One past the last character (``field_value[start:end] == text``).
+        text: The span's characters.
+        score: Sum of its tokens' scores (the method's token attention: unitless, higher =
+            more attended, comparable within one response).
+    """
+
+    field: Literal["text", "title"]
+    start: int
+    end: int
+    text: str
+    score: float
+
+
+def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bool = False
+                    ) -> tuple[list[int], list[tuple[str, int, int]]]:
+    """Token ids of a document's content as a prompt places it (``" " + content``, with
+    ``strip`` the content stripped first; truncated to ``max_tokens``), and per token its
+    ``(field, start, end)`` character range in ``doc.title`` or ``doc.text`` (``("", 0, 0)``
+    for whitespace and the separator). Ranges come from the fast tokenizer's offset mapping,
+    leading whitespace trimmed.
+
+    Raises:
+        ValidationError: the tokenizer gives no offsets (not a "fast" tokenizer).
+    """
+    from attnrank.reranker.prompt import truncate
+
+    content = doc.content
+    lead = len(content) - len(content.lstrip()) if strip else 0
+    body = content.strip() if strip else content
+    text = " " + body
+    try:
+        enc = tokenizer(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    except NotImplementedError as exc:
+        raise ValidationError(f"evidence needs a fast tokenizer with offsets: {exc}") from None
+    ids, _ = truncate(list(enc.input_ids), max_tokens)
+    # offsets into `content`: character i of `text` (i >= 1) is content[i - 1 + lead]
+    title_end = len(doc.title) if doc.title else -1  # content = title + " " + text when there is a title
+    text_start = len(doc.title) + 1 if doc.title else 0
+    spans: list[tuple[str, int, int]] = []
+    for a, b in list(enc.offset_mapping)[: len(ids)]:
+        while a < b and text[a].isspace():
+            a += 1
+        if a >= b:
+            spans.append(("", 0, 0))
+            continue
+        ca, cb = a - 1 + lead, b - 1 + lead
+        if doc.title and cb <= title_end:
+            spans.append(("title", ca, cb))
+        elif ca >= text_start:
+            spans.append(("text", ca - text_start, cb - text_start))
+        else:  # straddles the separator (does not happen with whitespace pre-tokenisers)
+            spans.append(("", 0, 0))
+    return ids, spans
+
+
+def top_spans(doc: Document, offsets: Sequence[tuple[str, int, int]], scores: Sequence[float],
+              max_spans: int) -> list[EvidenceSpan]:
+    """Words from token offsets (a word's score is the sum of its tokens'), the best
+    ``3 * max_spans`` positive words, adjacent ones merged, the best ``max_spans`` spans,
+    best first."""
+    words: list[list[Any]] = []  # [field, start, end, score]
+    for (fld, a, b), sc in zip(offsets, scores):
+        if not fld:
+            continue
+        if words and words[-1][0] == fld and words[-1][1] <= a <= words[-1][2]:
+            words[-1][2] = max(words[-1][2], b)  # contiguous piece of the word (or the same characters)
+            words[-1][3] += sc
+        else:
+            words.append([fld, a, b, sc])
+    keep = sorted((i for i, w in enumerate(words) if w[3] > 0), key=lambda i: -words[i][3])[: 3 * max_spans]
+    spans: list[list[Any]] = []
+    for i in sorted(keep):
+        fld, a, b, sc = words[i]
+        if spans and spans[-1][4] == i - 1 and spans[-1][0] == fld:
+            spans[-1][2], spans[-1][3], spans[-1][4] = b, spans[-1][3] + sc, i
+        else:
+            spans.append([fld, a, b, sc, i])
+    spans.sort(key=lambda s: (-s[3], s[0] != "text", s[1]))
+    out = []
+    for fld, a, b, sc, _ in spans[:max_spans]:
+        value = doc.title if fld == "title" else doc.text
+        out.append(EvidenceSpan(fld, a, b, value[a:b], float(sc)))
+    return out

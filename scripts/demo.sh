@@ -10,12 +10,15 @@ bash scripts/setup.sh
 if [ ! -f "$INDEX/params.json" ]; then
   .venv/bin/attnrank index build --corpus "$DATA/beir-nfcorpus" --out "$INDEX"
 fi
-# The best measured configuration (README, "Where it stands"): cached BlockRank with the learned
-# head weights and the query adapter shipped for SmolLM2. Candidate blocks go to the index's
-# document KV store on first use (`attnrank index kv build --index $INDEX --layer 15
-# --max-doc-tokens 128` fills it ahead, ~11 min); `"method": "icr"` in a request picks ICR.
-.venv/bin/attnrank serve --index "$INDEX" --port "$PORT" --rerank-method blockrank --max-doc-tokens 128 \
-    --opt query_in_instruction=false --opt layer=15 --opt scoring=learned --opt query_adapter=packaged &
+# Fill the index's document KV store before serving (progress bar; resumable, a rerun skips what is
+# stored): ~10 min on 2 cores, after which a reranked /search takes ~0.3 s instead of ~2.4 s with
+# cold blocks (docs/RESULTS.md, "A first run that is fast").
+.venv/bin/attnrank index kv build --index "$INDEX"
+# The default configuration is the best measured one (README, "Where it stands"): cached BlockRank with
+# the learned head weights and the query adapter shipped for SmolLM2, fused with the first stage
+# (hybrid here). `"method": "icr"` in a request picks ICR, `"fusion": "none"` the reranker's own order.
+ATTNRANK_DEFAULT_RETRIEVER=${ATTNRANK_DEFAULT_RETRIEVER:-hybrid} \
+    .venv/bin/attnrank serve --index "$INDEX" --port "$PORT" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT INT TERM
 for _ in $(seq 1 600); do
@@ -28,7 +31,7 @@ cat <<MSG
 attnrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Try:
 
   curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
-    -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "retriever": "hybrid", "rerank": {"method": "blockrank", "candidates": 20, "fusion": 0.6}}'
+    -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "rerank": {}, "explain": true}'
   curl -s http://127.0.0.1:$PORT/documents -H 'Content-Type: application/json' \\
     -d '{"documents": [{"id": "my-note-1", "title": "Note", "text": "Vitamin D3 with calcium lowered hip fractures.", "metadata": {"year": 2026}}]}'
   curl -s http://127.0.0.1:$PORT/documents/my-note-1

@@ -52,15 +52,56 @@ def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]
     return out
 
 
+def default_configuration(settings: Settings) -> dict[str, Any]:
+    """What ``"default"`` names, read without loading a model: the method, its options, the
+    fusion weight, and the dev and test nDCG@10 of its weights card (``configuration``: the
+    shipped configuration with the query adapter, fused; ``pure``/``fused``: the card's own
+    weights without the adapter)."""
+    from attnrank.reranker.options import DEFAULT_METHOD, describe_options, packaged_card
+
+    options = {o["name"]: o["default"] for o in describe_options([DEFAULT_METHOD])[DEFAULT_METHOD]}
+    out: dict[str, Any] = {"name": "default", "method": DEFAULT_METHOD, "options": options,
+                           "max_doc_tokens": registry.default_max_doc_tokens(DEFAULT_METHOD),
+                           "fusion": registry.recorded_fusion(registry_config(settings))}
+    card = packaged_card(settings.model)
+    if card is not None:
+        out["card"] = {k: card[k] for k in ("model", "layer", "max_doc_tokens", "configuration", "fusion",
+                                             "dev_ndcg@10", "test_ndcg@10", "train") if k in card}
+    return jsonable(out)
+
+
+def explain_methods(methods: list[str]) -> list[str]:
+    """The methods among ``methods`` (and the aliases naming them) whose reranker can explain
+    (``rerank_with_evidence``), sorted; classes are imported, no model is loaded."""
+    from attnrank.errors import AttnrankError
+
+    able = set()
+    for m in methods:
+        try:
+            if hasattr(registry.reranker_class(m), "rerank_with_evidence"):
+                able.add(m)
+        except (AttnrankError, ImportError):
+            continue
+    able |= {alias for alias, target in registry.reranker_aliases().items() if target in able}
+    return sorted(able)
+
+
+def registry_config(settings: Settings) -> Any:
+    from attnrank.config import RerankerConfig
+
+    return RerankerConfig(method="default", model=settings.model)
+
+
 def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
     from attnrank.reranker.options import describe_options
 
     model = None
-    methods = sorted(set(registry.reranker_names()) | {settings.rerank_method})
+    methods = sorted(set(registry.reranker_names()) | set(registry.reranker_aliases()) | {settings.rerank_method})
     limits: dict[str, dict[str, Any]] = {}
+    served, _ = registry.canonical_reranker(settings.rerank_method, None)
     if runtime.status == "ok" and runtime.rerankers is not None:
         built = runtime.rerankers.loaded()
-        loaded = built.get(settings.rerank_method)
+        loaded = built.get(served)
         if loaded is not None:  # describe() of a built reranker; never loads a model here
             model = jsonable(dict(loaded.describe()))
         limits = method_limits(built, settings, methods)
@@ -70,6 +111,9 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
         uptime_seconds=time.time() - runtime.started,
         reranker=RerankerInfo(
             method=settings.rerank_method,
+            default=default_configuration(settings),
+            explain_methods=explain_methods(methods),
+            default_retriever=settings.default_retriever,
             model=model,
             model_ids=served_model_ids(settings),
             methods=methods,

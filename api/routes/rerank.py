@@ -2,8 +2,17 @@
 
 Request: ``{model?, query, documents: [str | {text}], top_n?, max_tokens_per_doc?,
 return_documents?, deadline_ms?}``; response: ``{id, results: [{index, relevance_score,
-document?}], meta}`` with results best first (see :class:`attnrank.api.schemas.CohereRerankResponse`
-for the meaning and range of ``relevance_score``).
+raw_score, document?}], meta}`` with results best first (see
+:class:`attnrank.api.schemas.CohereRerankResponse`).
+
+Cohere's clients: the same route answers at ``/v2/rerank`` (``cohere.ClientV2``) and
+``/v1/rerank`` (``cohere.Client``, the v1 request with ``return_documents`` and
+``rank_fields``), the paths Cohere's SDK posts to, so the SDK and the LangChain and
+LlamaIndex Cohere rerankers can be pointed at this service with ``base_url``. Their
+required ``model`` (a Cohere id such as ``rerank-v3.5``) is accepted when the operator maps
+it to the served reranker (``ATTNRANK_MODEL_ALIASES``). ``relevance_score`` lies in [0, 1],
+where Cohere's does and where users set thresholds (:func:`relevance_scores`); the
+reranker's own score is ``raw_score``.
 
 With ``deadline_ms``, a request whose reranking would finish too late (estimated from
 the running mean of seconds per document and the work queued ahead, or noticed when the
@@ -20,6 +29,7 @@ in ``meta.warnings``. Only the body size (``max_body_bytes``) bounds a document'
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 
@@ -28,8 +38,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from attnrank.api.deps import ReadyRuntimeDep, SettingsDep
-from attnrank.api.runtime import Runtime, lm_name, served_model_ids
+from attnrank.api.runtime import Runtime, lm_name, resolve_model, served_model_ids
 from attnrank.api.schemas import (
+    ApiVersion,
     CohereRerankMeta,
     CohereRerankRequest,
     CohereRerankResponse,
@@ -90,9 +101,10 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
     """
     if settings.rerank_method == NO_RERANK:
         raise ModelLoadError("this service has no reranker (ATTNRANK_RERANK_METHOD=none)")
-    if body.model is not None and body.model not in served_model_ids(settings):
+    if body.model is not None and resolve_model(settings, body.model) is None:
         raise ValidationError(
-            f"model {body.model!r} is not served here; omit it or use one of {served_model_ids(settings)}"
+            f"model {body.model!r} is not served here; omit it or use one of {served_model_ids(settings)}, or map it "
+            f"to the served reranker with ATTNRANK_MODEL_ALIASES='{{\"{body.model}\": \"{settings.rerank_method}\"}}'"
         )
     if body.rank_fields is not None and body.rank_fields != ["text"]:
         raise ValidationError(f"rank_fields {body.rank_fields} is not supported; documents are ranked on 'text'")
@@ -111,6 +123,60 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
     if body.top_n is not None and body.top_n > len(texts):
         warnings.append(f"top_n {body.top_n} is more than the {len(texts)} documents; all are returned")
     return texts, max_doc_tokens, warnings
+
+
+SCORE_SCALES: dict[str, float] = {"icr": 1.0, "blockrank/calibrated": 1.0, "blockrank/learned": 1.0}
+"""Scale ``s`` of ``relevance_score = 1 / (1 + exp(-raw / s))`` by the kind of raw score
+(``method`` or ``method/scoring``): ``icr`` (calibrated attention mass over every layer and
+head), ``blockrank/calibrated`` (the same over layers 0..l*), ``blockrank/learned`` (cached
+BlockRank's learned weights over z-scored calibrated attention). ``blockrank/signal`` scores
+are probabilities (kept); any other method's scores are its own (kept).
+``ATTNRANK_RERANK_SCORE_SCALE`` sets the scale for every method but the probabilities."""
+
+
+def score_scale(described: dict[str, Any], settings: Settings) -> float | None:
+    """The scale of :func:`relevance_scores` for the reranker that ``described`` (its
+    ``describe()``), or ``None`` when its raw scores are kept: probabilities in [0, 1]
+    (``scoring='signal'``), or a method this service knows no scale for."""
+    options = described.get("options") or {}
+    scoring = options.get("scoring") if isinstance(options, dict) else None
+    if scoring == "signal":
+        return None
+    if settings.rerank_score_scale is not None:
+        return float(settings.rerank_score_scale)
+    method = str(described.get("method") or settings.rerank_method)
+    return SCORE_SCALES.get(method if scoring is None else f"{method}/{scoring}")
+
+
+def relevance_scores(raw: list[float], scale: float | None) -> list[float]:
+    """Scores in [0, 1] in the order of ``raw``, each from its own raw score (not from the
+    others': a document's score does not move with the list it came in).
+
+    Args:
+        raw: The reranker's scores.
+        scale: ``None``: ``raw`` are kept (probabilities, or a plugin's own scores); else the
+            logistic ``1 / (1 + exp(-raw / scale))``: 0.5 at a raw score of 0 (for calibrated
+            attention: as much attention as a content-free query), monotone, so the order is
+            the reranker's.
+    """
+    if scale is None:
+        return [float(r) for r in raw]
+    out = []
+    for r in raw:
+        z = float(r) / scale
+        out.append(1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z)))
+    return out
+
+
+def _describe(runtime: Runtime, settings: Settings, max_doc_tokens: int | None) -> dict[str, Any]:
+    """``describe()`` of the reranker /rerank just used (``{}`` when it cannot say)."""
+    if runtime.rerankers is None:
+        return {}
+    try:
+        described = runtime.rerankers.get(settings.rerank_method, None, max_doc_tokens)[0].describe()
+    except Exception:  # a plugin whose describe() fails: the default scale
+        return {}
+    return dict(described) if isinstance(described, dict) else {}
 
 
 def _doc_ids(n: int) -> list[str]:
@@ -143,6 +209,11 @@ async def _rerank(runtime: Runtime, settings: Settings, query: Query, docs: list
     return result, None
 
 
+# decorators register bottom-up: /rerank first, then the paths of Cohere's SDK
+@router.post("/v1/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
+             responses=_ERRORS, summary="Rerank documents (Cohere v1 path, for Cohere's SDK: Client)")
+@router.post("/v2/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
+             responses=_ERRORS, summary="Rerank documents (Cohere v2 path, for Cohere's SDK: ClientV2)")
 @router.post("/rerank", response_model=CohereRerankResponse, response_model_exclude_none=True,
              responses=_ERRORS, summary="Rerank documents (Cohere v2 compatible)")
 async def rerank(
@@ -166,6 +237,7 @@ async def rerank(
                                    request.is_disconnected)
     position = {doc_id: i for i, doc_id in enumerate(ids)}
     total = time.perf_counter() - t0
+    scale: float | None = None
     if result is None:
         runtime.metrics.deadline_fallbacks.labels(reason).inc()
         warnings.append(
@@ -176,6 +248,7 @@ async def rerank(
         tokens, truncated = 0, []
     else:
         order = [(position[h.doc_id], float(h.score)) for h in result.ranking.hits]
+        scale = score_scale(_describe(runtime, settings, max_doc_tokens), settings)
         rerank_seconds = float(result.seconds)
         runtime.metrics.stage_seconds.labels("rerank").observe(rerank_seconds)
         runtime.metrics.observe_block_cache(result.details.get("cache"))
@@ -191,12 +264,14 @@ async def rerank(
             )
     if body.top_n is not None:
         order = order[: body.top_n]
+    relevance = relevance_scores([raw for _, raw in order], scale)
     results = [
-        CohereRerankResult(index=i, relevance_score=score,
+        CohereRerankResult(index=i, relevance_score=rel,
                            document=RerankedDocument(text=texts[i]) if body.return_documents else None)
-        for i, score in order
+        for (i, raw), rel in zip(order, relevance)
     ]
     meta = CohereRerankMeta(
+        api_version=ApiVersion(version="1" if request.url.path.endswith("/v1/rerank") else "2"),
         tokens=TokenCounts(input_tokens=tokens),
         warnings=warnings,
         model=f"{lm_name(settings.model)}/{settings.rerank_method}",
@@ -205,5 +280,7 @@ async def rerank(
         deadline_exceeded=result is None,
         truncated=truncated,
         timings=timings,
+        score_scale=scale,
+        raw_scores=[raw for _, raw in order],
     )
     return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)

@@ -45,11 +45,19 @@ def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) 
         method = body.rerank.method or settings.rerank_method
         candidates = body.rerank.candidates or settings.default_candidates
         rerank_options = body.rerank.reranker_options()
+    retriever = body.retriever
+    if retriever is None:
+        retriever = settings.default_retriever if settings.default_retriever in pipeline.retrievers else "bm25"
     return pipeline.validate(SearchOptions(
-        top_k=body.top_k, retriever=body.retriever, rerank=method, candidates=candidates, filter=body.filter,
+        top_k=body.top_k, retriever=retriever, rerank=method, candidates=candidates, filter=body.filter,
         rerank_options=rerank_options or None, explain=body.explain, evidence_spans=settings.evidence_spans,
-        fusion=body.rerank.fusion if body.rerank is not None else None,
+        fusion=_fusion(body.rerank.fusion) if body.rerank is not None else None,
     ))
+
+
+def _fusion(value: float | str | None) -> float | str | None:
+    """A request's ``rerank.fusion`` as the pipeline takes it (``"none"`` = ``None``)."""
+    return None if value == "none" else value
 
 
 def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -> SearchResponse:
@@ -78,7 +86,7 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
     if rr is not None:
         info = RerankInfo(method=method, candidates=len(rr.ranking), truncated=list(rr.truncated),
                           prompt_tokens=int(rr.prompt_tokens), warnings=list(getattr(rr, "warnings", ())),
-                          cache=rr.details.get("cache"))
+                          cache=rr.details.get("cache"), fusion=result.fusion)
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},
                       queue=queue_seconds)
     return SearchResponse(results=hits, timings=timings, rerank=info)

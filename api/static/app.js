@@ -11,6 +11,7 @@
   const $ = (id) => document.getElementById(id);
 
   let info = null;          // last GET /info body
+  let retrieverChosen = false;  // the user picked a first stage: /info no longer sets it
   let searchSeq = 0;        // answers of superseded searches are dropped
   let infoTimer = null;
 
@@ -149,7 +150,10 @@
     const coll = info && info.collections ? info.collections[$("collection").value] : null;
     const names = coll && Array.isArray(coll.retrievers) && coll.retrievers.length ? coll.retrievers : ["bm25"];
     sel.replaceChildren(...names.map((n) => option(n, n, n === current)));
-    if (!names.includes(current)) sel.value = names.includes("bm25") ? "bm25" : names[0];
+    const dflt = info && info.reranker && info.reranker.default_retriever;
+    if (!names.includes(current) || (!retrieverChosen && names.includes(dflt))) {
+      sel.value = names.includes(dflt) ? dflt : (names.includes("bm25") ? "bm25" : names[0]);
+    }
   }
 
   function collectionLabel(name, c) {
@@ -209,9 +213,14 @@
   }
 
   function syncMethod() {
-    const none = $("method").value === "none";
+    const method = $("method").value;
+    const none = method === "none";
+    const able = new Set((info && info.reranker && info.reranker.explain_methods) || []);
     $("candidates").disabled = none;
-    $("explain").disabled = none;
+    $("fusion").disabled = none;
+    // Explain is ticked (and can be) only for a method that gives evidence
+    $("explain").disabled = none || !able.has(method);
+    $("explain").checked = !$("explain").disabled;
   }
 
   // ------------------------------------------------------------------ search
@@ -226,7 +235,9 @@
       body.rerank = { method };
       const c = parseInt($("candidates").value, 10);
       if (!Number.isNaN(c)) body.rerank.candidates = c;
-      if ($("explain").checked) body.explain = true;
+      const fusion = $("fusion").value;
+      if (fusion && fusion !== "default") body.rerank.fusion = fusion === "none" ? "none" : parseFloat(fusion);
+      if ($("explain").checked && !$("explain").disabled) body.explain = true;
     }
     const filter = parseJsonObject($("filter").value, "the filter");
     if (filter !== null) body.filter = filter;
@@ -485,6 +496,7 @@
     $("filter").addEventListener("input", () => clearFieldError($("filter"), $("filter-error")));
     $("collection").addEventListener("change", fillRetrievers);
     $("method").addEventListener("change", syncMethod);
+    $("retriever").addEventListener("change", () => { retrieverChosen = true; });
 
     $("doc-form").addEventListener("submit", (e) => { e.preventDefault(); docAction("save"); });
     $("doc-open").addEventListener("click", () => docAction("open"));

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from attnrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
+from attnrank.config import RerankerConfig
 
 app = typer.Typer(help="attnrank: retrieval and attention-based in-context reranking.", no_args_is_help=True)
 index_app = typer.Typer(help="Build and inspect index directories.", no_args_is_help=True)
@@ -34,7 +34,8 @@ ModelOpt = Annotated[
     typer.Option("--model", help="Reranker LM: a local HF causal-LM directory; default: packaged SmolLM2-135M-Instruct."),
 ]
 MaxDocTokensOpt = Annotated[
-    int, typer.Option("--max-doc-tokens", help="Per-document budget in LM tokens (truncation is reported).")
+    Optional[int], typer.Option("--max-doc-tokens", help="Per-document budget in LM tokens (truncation is reported); "
+                                "default: the method's (128 for the default method, blockrank-cached; else 160).")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:N.")]
 OptsOpt = Annotated[
@@ -117,7 +118,7 @@ def _parse_opts(opts: list[str] | None) -> dict:
 
 
 def _reranker_config(
-    method: str, model: str | None, max_doc_tokens: int, device: str, opts: list[str] | None = None
+    method: str, model: str | None, max_doc_tokens: int | None, device: str, opts: list[str] | None = None
 ) -> RerankerConfig:
     """The reranker config of a command, its ``--opt`` options checked before any model loads.
 
@@ -133,7 +134,7 @@ def _reranker_config(
 
 
 def _eval_reranker_config(
-    rerank: str, model: str | None, max_doc_tokens: int, device: str, opts: list[str] | None, dump: Path | None
+    rerank: str, model: str | None, max_doc_tokens: int | None, device: str, opts: list[str] | None, dump: Path | None
 ) -> RerankerConfig:
     """Reranker config of an eval command; ``--dump`` makes ICR keep its attention.
 
@@ -206,7 +207,8 @@ def index_build(
 @index_app.command("compact")
 def index_compact(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
     """Rebuild BM25 and the vector index from the live documents (fold in added documents,
-    drop deleted ones and HNSW tombstones) and write them."""
+    drop deleted ones and HNSW tombstones) and write them. BM25 is rebuilt with the current
+    analyzer: this upgrades an index built with an older one without re-encoding vectors."""
     typer.echo(json.dumps(_on_index(path, lambda index: index.compact()), indent=2))
 
 
@@ -254,8 +256,9 @@ def index_kv_build(
     index: Annotated[Path, typer.Option("--index", help="Index directory (the store goes to INDEX/kv).")],
     model: ModelOpt = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Scoring layer l*: layers 0..l* are stored; "
-                                                 "default round(0.6 L).")] = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+                                                 "default: the default method's (15, its weights card's, for the "
+                                                 "packaged SmolLM2; else round(0.6 L)).")] = None,
+    max_doc_tokens: MaxDocTokensOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="float16 or int8 (about half the bytes).")] = "float16",
     device: DeviceOpt = "cpu",
     opts: OptsOpt = None,
@@ -271,8 +274,8 @@ def index_kv_build(
     actor_cpus: ActorCpusOpt = None,
     actor_gpus: ActorGpusOpt = None,
 ) -> None:
-    """Encode every document's BlockRank block once (query_in_instruction=false) into the
-    index's document KV store, so that reranking runs only the query block per query.
+    """Encode every document's cached-BlockRank block once (method blockrank-cached, the
+    default) into the index's document KV store, so that reranking runs only the query block per query.
     Resumable: a rerun (also after kill -9) skips finished shards. With --engine ray the
     blocks are encoded by Ray actors, each writing its own part of the store, committed into
     it by this process; an interrupted build resumes with either engine."""
@@ -282,8 +285,9 @@ def index_kv_build(
     from attnrank.registry import build_reranker
 
     ray_engine = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
-    extra = {"query_in_instruction": False, "kv_dtype": dtype, **({"layer": layer} if layer is not None else {})}
-    config = _reranker_config("blockrank", model, max_doc_tokens, device, opts)
+    # blocks never use a query adapter: the store serves the reranker with or without one
+    extra = {"kv_dtype": dtype, "query_adapter": None, **({"layer": layer} if layer is not None else {})}
+    config = _reranker_config("blockrank-cached", model, max_doc_tokens, device, opts)
     config = config.with_options(**extra)
     # with Ray this process only tokenises and reads the header: its LM stays on the CPU
     reranker = build_reranker(config if ray_engine is None else replace(config, device="cpu"))
@@ -320,9 +324,10 @@ def serve(
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8000,
     model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    max_doc_tokens: MaxDocTokensOpt = None,
     device: DeviceOpt = "cpu",
-    rerank_method: Annotated[str, typer.Option("--rerank-method", help="Reranker loaded at start-up.")] = "icr",
+    rerank_method: Annotated[str, typer.Option("--rerank-method", help="Reranker loaded at start-up: default "
+                                               "(blockrank-cached, the best measured), icr, blockrank.")] = "default",
     collection: Annotated[
         Optional[list[str]], typer.Option("--collection", help="More collections as NAME=INDEX_DIR (repeatable).")
     ] = None,
@@ -357,7 +362,8 @@ def rerank_batch_cmd(
     run: Annotated[Path, typer.Option("--run", help="First-stage TREC run (qid Q0 docid rank score tag), .gz ok.")],
     docs: Annotated[Path, typer.Option("--docs", help="Index directory, or a rank_llm run JSON with the passages.")],
     out: Annotated[Path, typer.Option("--out", help="Output TREC run (appended per query; OUT.progress beside it).")],
-    method: Annotated[str, typer.Option("--method", help="Reranker: icr or blockrank.")] = "blockrank",
+    method: Annotated[str, typer.Option("--method", help="Reranker: default (blockrank-cached, the best measured), "
+                                        "icr, blockrank.")] = "default",
     candidates: Annotated[int, typer.Option("--candidates", help="Top first-stage hits reranked per query.")] = 20,
     depth: Annotated[Optional[int], typer.Option("--depth", help="Hits written per query; default: all of the run's.")] = None,
     tag: Annotated[Optional[str], typer.Option("--tag", help="Run tag; default attnrank-METHOD-cN.")] = None,
@@ -365,7 +371,7 @@ def rerank_batch_cmd(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Start afresh instead of resuming.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")] = True,
     model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    max_doc_tokens: MaxDocTokensOpt = None,
     device: DeviceOpt = "cpu",
     engine: EngineOpt = "local",
     ray_address: RayAddressOpt = None,
@@ -373,8 +379,10 @@ def rerank_batch_cmd(
     actor_cpus: ActorCpusOpt = None,
     actor_gpus: ActorGpusOpt = None,
     opt: OptsOpt = None,
-    fusion: Annotated[Optional[float], typer.Option(
-        "--fusion", help="Rank by ALPHA z(first stage) + (1 - ALPHA) z(reranker); default: the reranker's order.")] = None,
+    fusion: Annotated[str, typer.Option(
+        "--fusion", help="Rank by ALPHA z(first stage) + (1 - ALPHA) z(reranker) (z of the run's scores): a number, "
+        "'default' (the method's recorded weight: 0.6 for the default method, none for icr/blockrank) or 'none'.")
+    ] = "default",
 ) -> None:
     """Rerank a TREC run query by query, appending each query's ranking as it finishes.
 
@@ -392,7 +400,8 @@ def rerank_batch_cmd(
             topics, run, docs, out, method=method, candidates=candidates, depth=depth, tag=tag,
             max_queries=max_queries, overwrite=overwrite, show_progress=progress,
             reranker_config=_reranker_config(method, model, max_doc_tokens, device, opt),
-            runner=runner.run_batch if runner is not None else None, fusion=fusion,
+            runner=runner.run_batch if runner is not None else None,
+            fusion=_fusion(fusion, _reranker_config(method, model, max_doc_tokens, device, opt)),
         )
     except KeyboardInterrupt:
         typer.secho(f"interrupted; rerun the same command to resume {out}", fg="yellow", err=True)
@@ -401,9 +410,34 @@ def rerank_batch_cmd(
 
 
 # ---------------------------------------------------------------------------- eval
-FusionOpt = Annotated[Optional[float], typer.Option(
+FusionOpt = Annotated[str, typer.Option(
     "--fusion", help="Rank by ALPHA z(first stage) + (1 - ALPHA) z(reranker) (the served fused path, "
-    "/search rerank.fusion); default: the reranker's order.")]
+    "/search rerank.fusion): a number in [0, 1], 'default' (the method's recorded weight: 0.6 for the default "
+    "method, none for icr/blockrank) or 'none' (the reranker's order).")]
+
+
+def _fusion(value: str, config: RerankerConfig | None) -> float | None:
+    """``--fusion``'s value: a number, ``None`` for ``none``, or for ``default`` the weight the
+    method records (:func:`attnrank.registry.recorded_fusion`; read without loading a model).
+
+    Raises:
+        ValidationError: anything else, or a number outside [0, 1].
+    """
+    from attnrank.errors import ValidationError
+    from attnrank.registry import recorded_fusion
+
+    text = value.strip().lower()
+    if text == "none":
+        return None
+    if text == "default":
+        return recorded_fusion(config) if config is not None else None
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = -1.0
+    if not 0.0 <= alpha <= 1.0:
+        raise ValidationError(f"--fusion must be a number in [0, 1], 'default' or 'none', got {value!r}")
+    return alpha
 
 
 @eval_app.command("beir")
@@ -418,7 +452,7 @@ def eval_beir(
     index: Annotated[Optional[Path], typer.Option("--index", help="Index directory; default: built once and cached.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for the run file and JSON report.")] = Path("runs"),
     model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    max_doc_tokens: MaxDocTokensOpt = None,
     device: DeviceOpt = "cpu",
     opt: OptsOpt = None,
     dump: Annotated[Optional[Path], typer.Option("--dump", help="Also save an ICR attention dump (for heads/ablation).")] = None,
@@ -430,7 +464,7 @@ def eval_beir(
     actors: ActorsOpt = None,
     actor_cpus: ActorCpusOpt = None,
     actor_gpus: ActorGpusOpt = None,
-    fusion: FusionOpt = None,
+    fusion: FusionOpt = "default",
 ) -> None:
     """nDCG@10, Recall@100, MRR@10 of the pipeline on a BEIR dataset; writes a TREC run and a JSON report."""
     from attnrank.eval.beir import evaluate_beir
@@ -467,7 +501,7 @@ def eval_trec_dl(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     out: Annotated[Path, typer.Option("--out", help="Folder for the run file and JSON report.")] = Path("runs"),
     model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    max_doc_tokens: MaxDocTokensOpt = None,
     device: DeviceOpt = "cpu",
     opt: OptsOpt = None,
     dump: Annotated[Optional[Path], typer.Option("--dump", help="Also save an ICR attention dump (for heads/ablation).")] = None,
@@ -476,7 +510,7 @@ def eval_trec_dl(
     actors: ActorsOpt = None,
     actor_cpus: ActorCpusOpt = None,
     actor_gpus: ActorGpusOpt = None,
-    fusion: FusionOpt = None,
+    fusion: FusionOpt = "default",
 ) -> None:
     """nDCG@10, Recall@100, MRR@10, Judged@10 of reranking a TREC DL first-stage run (any year).
 
@@ -506,7 +540,7 @@ def eval_layer_sweep(
     index: Annotated[Optional[Path], typer.Option("--index", help="Index directory; default: built once and cached.")] = None,
     out: Annotated[Path, typer.Option("--out")] = Path("runs"),
     model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    max_doc_tokens: MaxDocTokensOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """BlockRank nDCG@10 read at every layer from one pass per query, to choose the scoring layer l*."""
@@ -548,7 +582,7 @@ def heads_dump(
     run: Annotated[str, typer.Option("--run", help="TREC DL first-stage run.")] = "BM25",
     shuffle: Annotated[bool, typer.Option("--shuffle/--first-stage-order")] = False,
     model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    max_doc_tokens: MaxDocTokensOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Save one ICR pass per query (per-head calibrated token attention) for detection and ablations."""
@@ -570,7 +604,7 @@ def heads_detect(
     index: Annotated[Optional[Path], typer.Option("--index")] = None,
     dump: Annotated[Optional[Path], typer.Option("--dump", help="Dump directory (default: next to --out).")] = None,
     model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = DEFAULT_MAX_DOC_TOKENS,
+    max_doc_tokens: MaxDocTokensOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Detect query-focused heads: BM25 candidates shuffled with the gold always included, per-head scores, top-k."""
@@ -708,8 +742,8 @@ def train_query_adapter_cmd(
     cfg = QueryAdapterConfig(out_dir=str(out), objective=objective, lora_r=lora_r, lora_alpha=2 * lora_r,
                              train_weights=train_weights, lr=lr, steps=steps, batch_queries=batch_queries,
                              max_candidates=max_candidates, eval_every=eval_every, seed=seed)
-    config = _reranker_config("blockrank", model, max_doc_tokens, _auto_device(device), None).with_options(
-        query_in_instruction=False, layer=layer, scoring="learned" if objective == "learned" else "signal")
+    config = _reranker_config("blockrank-cached", model, max_doc_tokens, _auto_device(device), None).with_options(
+        layer=layer, scoring="learned" if objective == "learned" else "signal", query_adapter=None)
     reranker = build_reranker(config)
     examples, stores = [], {}
     for spec in train:
@@ -766,8 +800,8 @@ def eval_study_dump(
     from attnrank.eval.study import dump_features
     from attnrank.registry import build_reranker
 
-    config = _reranker_config("blockrank", model, max_doc_tokens, device, None).with_options(
-        query_in_instruction=False, layer=layer, scoring="calibrated", kv_dtype=kv_dtype)
+    config = _reranker_config("blockrank-cached", model, max_doc_tokens, device, None).with_options(
+        layer=layer, scoring="calibrated", kv_dtype=kv_dtype, query_adapter=None)
     if adapter is not None:  # the reranker loads it on a private copy of the LM (option query_adapter)
         config = config.with_options(query_adapter=str(adapter))
     reranker = build_reranker(config)

@@ -159,3 +159,28 @@ class ExplainingReranker(FakeReranker):
             word = d.text.split()[0]
             ev[d.doc_id] = [EvidenceSpan("text", 0, len(word), word, 1.0)][:max_spans]
         return replace(rr, details={**rr.details, "evidence": ev})
+
+
+class BatchedReranker(FakeReranker):
+    """A fake that scores its candidates in batches of ``batch_size``, sleeping ``batch_seconds``
+    per batch and calling :func:`attnrank.cancel.check` between batches, as the attention
+    rerankers do at each layer: a job whose caller stopped waiting stops at its next batch.
+    Registered as ``"batched"``; ``calls`` counts the rerankings started, ``batches`` the
+    batches scored."""
+
+    name = "batched"
+    batch_size = 10
+    batch_seconds = 0.4
+    calls = 0
+    batches = 0
+
+    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
+        from attnrank.cancel import check
+
+        t0 = time.perf_counter()
+        BatchedReranker.calls += 1
+        for _ in range(0, len(candidates), BatchedReranker.batch_size):
+            check()
+            time.sleep(BatchedReranker.batch_seconds)
+            BatchedReranker.batches += 1
+        return replace(super().rerank(query, candidates), seconds=time.perf_counter() - t0)

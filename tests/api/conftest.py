@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from api_fakes import BlockingLoadReranker, ExplainingReranker, FakeReranker, SlowReranker, make_pipeline
+from api_fakes import (
+    BatchedReranker,
+    BlockingLoadReranker,
+    ExplainingReranker,
+    FakeReranker,
+    SlowReranker,
+    make_pipeline,
+)
 from attnrank import registry
 from attnrank.pipeline import Pipeline
 from attnrank.settings import Settings
@@ -17,6 +24,9 @@ def fake_reranker(monkeypatch):
     monkeypatch.setitem(registry._RERANKERS, "slow", SlowReranker)
     monkeypatch.setitem(registry._RERANKERS, "blockload", BlockingLoadReranker)
     monkeypatch.setitem(registry._RERANKERS, "explain", ExplainingReranker)
+    monkeypatch.setitem(registry._RERANKERS, "batched", BatchedReranker)
+    BatchedReranker.calls, BatchedReranker.batches = 0, 0
+    BatchedReranker.batch_size, BatchedReranker.batch_seconds = 10, 0.4
     FakeReranker.loads = 0
     SlowReranker.gate, SlowReranker.delay, SlowReranker.started = None, 0.0, 0
     BlockingLoadReranker.gate, BlockingLoadReranker.fail = None, None

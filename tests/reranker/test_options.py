@@ -50,7 +50,10 @@ def test_defaults_are_the_former_ones():
     ("blockrank", {"heads": "learned"}, "ICR only"),
     ("blockrank", {"heads": "qr", "scoring": "calibrated"}, "need scoring='signal'"),
     ("blockrank", {"doc_labels": "random"}, "doc_labels must be"),
-    ("blockrank", {"kv_dtype": "float32"}, "kv_dtype must be"),
+    ("blockrank-cached", {"kv_dtype": "float32"}, "kv_dtype must be"),
+    ("blockrank", {"kv_dtype": "int8"}, "use method 'blockrank-cached'"),
+    ("blockrank-cached", {"scoring": "max"}, "scoring must be 'auto' or 'learned'"),
+    ("blockrank-cached", {"query_adapter": ""}, "query_adapter must be"),
     ("icr", {"mask_std": -1}, "mask_std must be a number >= 0"),
     ("icr", {"calibration": "yes"}, "calibration must be true or false"),
     ("icr", {"instruction": "chat"}, "instruction must be 'ie' or 'qa'"),
@@ -90,12 +93,14 @@ def test_none_takes_no_options_and_plugins_pass_through():
 
 def test_describe_lists_name_type_default_doc():
     info = describe_options()
-    assert sorted(info) == ["blockrank", "icr"]
+    assert sorted(info) == ["blockrank", "blockrank-cached", "icr"]
     by_name = {o["name"]: o for o in info["blockrank"]}
     assert by_name["layer"] == {"name": "layer", "type": "int >= 0 | null", "default": None,
                                 "doc": by_name["layer"]["doc"]}
     assert "round(0.6" in by_name["layer"]["doc"]
-    assert by_name["query_in_instruction"]["default"] is True
+    cached = {o["name"]: o for o in info["blockrank-cached"]}
+    assert cached["scoring"]["default"] == "auto" and cached["query_adapter"]["default"] == "auto"
+    assert "query_in_instruction" not in by_name and "kv_dtype" not in by_name
     assert {o["name"] for o in info["icr"]} == set(ICROptions.names())
     assert all(o["doc"] and o["type"] for m in info.values() for o in m)
 
@@ -119,6 +124,11 @@ def test_learned_scoring_needs_the_cached_prompt():
     from attnrank.errors import ValidationError
     from attnrank.reranker.options import parse_options
 
-    with pytest.raises(ValidationError, match="query_in_instruction=false"):
+    with pytest.raises(ValidationError, match="use method 'blockrank-cached'"):
         parse_options("blockrank", {"scoring": "learned"})
-    assert parse_options("blockrank", {"scoring": "learned", "query_in_instruction": False}).scoring == "learned"
+    assert parse_options("blockrank-cached", {"scoring": "learned"}).scoring == "learned"
+    # the old spelling names cached BlockRank for one release, with its old defaults
+    with pytest.warns(DeprecationWarning, match="blockrank-cached"):
+        old = parse_options("blockrank", {"scoring": "learned", "query_in_instruction": False})
+    assert type(old).__name__ == "CachedBlockRankOptions" and old.scoring == "learned" and old.query_adapter is None
+    assert parse_options("default", {}) == parse_options("blockrank-cached", {})

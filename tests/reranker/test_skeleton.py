@@ -82,7 +82,7 @@ def test_options_are_parsed_at_construction_and_reported(default_lm):
     r = BlockRankReranker(RerankerConfig(method="blockrank", options={"layer": 12}), lm=default_lm)
     d = r.describe()
     assert d["layer"] == 12 and d["options"]["layer"] == 12
-    assert d["options"]["query_in_instruction"] is True and d["options"]["n_signal"] == 2  # defaults filled in
+    assert d["options"]["doc_labels"] == "sorted" and d["options"]["n_signal"] == 2  # defaults filled in
     icr = ICRReranker(RerankerConfig(options={"heads": [[3, 1]]}), lm=default_lm).describe()
     assert icr["options"]["heads"] == [[3, 1]] and icr["options"]["mask_std"] == 2.0 and icr["heads_spec"] == "list"
 

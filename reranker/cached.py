@@ -1,0 +1,546 @@
+"""Cached BlockRank: BlockRank whose candidate blocks come from a document KV store.
+
+Source: BlockRank (Gupta et al. 2025, arXiv 2510.05396, Sections 3-4) with the
+``query_in_instruction`` extension of ``shared/design/ALGORITHMS.md`` section 3: block 0 is
+the fixed instruction only and a candidate block carries no id, so each block's keys and
+values (layers ``0..l*``) depend on the document alone. They are encoded once, at index
+time, into the index's document KV store (``attnrank index kv build``), and a query runs
+only its query block (about 40 tokens) against them
+(:mod:`attnrank.reranker.doccache`: layout, encoding, context assembly, the RAM tier).
+
+Scorers (option ``scoring``): ``learned`` (learned weights over the calibrated attention of
+every (layer, head) of ``0..l*``, each z-scored over the query's candidates: a weights card,
+``reranker/data/<model>.blockrank-cached.json``), ``calibrated`` (ICR's calibrated query
+attention with the mean - 2 std token mask), ``signal`` (BlockRank's signal tokens). A
+query-side LoRA adapter (option ``query_adapter``) changes the query and ``N/A`` passes
+only, so stored blocks stay valid. The defaults (``scoring='auto'``,
+``query_adapter='auto'``, ``layer=null``, 128-token blocks) are the best measured
+configuration when its files ship for the model (docs/RESULTS.md, "The query adapter"); the
+card also records the fusion weight with the first stage (:attr:`default_fusion`).
+
+Evidence (:meth:`CachedBlockRankReranker.rerank_with_evidence`): each candidate token's
+share of the document score, mapped back to character offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from attnrank.config import RerankerConfig
+from attnrank.errors import ContextOverflowError, NotFoundError, ValidationError
+from attnrank.protocols import RerankResult
+from attnrank.reranker.base import DocumentScores, ScoredPass
+from attnrank.reranker.blockrank import BlockPrompt, BlockRankReranker, calibrated_forward
+from attnrank.reranker.doccache import (
+    CACHE_TEMPLATE_VERSION,
+    BlockSource,
+    ContextBuffer,
+    assemble_kv,
+    block_key,
+    build_layout,
+    document_block,
+    document_blocks,
+    encode_blocks,
+    instruction_kv,
+    query_block,
+)
+from attnrank.reranker.options import AUTO, CachedBlockRankOptions
+from attnrank.reranker.scoring import (
+    CALIBRATION_QUERY,
+    content_offsets,
+    linear_head_scores,
+    linear_head_token_scores,
+    masked_document_scores,
+    per_head_document_mass,
+    spans_from_lengths,
+    top_spans,
+)
+from attnrank.types import Document, Query
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_CACHE_BYTES = 1 << 30
+"""RAM cache of ad-hoc candidate blocks (``/rerank``), bytes, unless ``block_cache_bytes`` is given."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """The keys/values a query block reads, with what producing them cost.
+
+    Attributes:
+        kv: Per layer ``0..kv_depth``, ``(keys, values)`` float32 ``(1, kv_heads, K, head_dim)``:
+            block 0 then the candidates' tokens (no padding); on the fast path views into the
+            reranker's context buffer, valid until its next call (use under the LM's lock).
+        seconds: ``blocks_fetch``, ``blocks_encode``, ``blocks_assemble``, seconds.
+        cache: ``{"hits", "misses"}`` of the candidate blocks (store and RAM tiers).
+    """
+
+    kv: list[tuple[Any, Any]]
+    seconds: dict[str, float]
+    cache: dict[str, int]
+
+
+class CachedBlockRankReranker(BlockRankReranker):
+    """Cached BlockRank (registry name ``"blockrank-cached"``; ``"default"`` names it).
+
+    Options: :class:`attnrank.reranker.options.CachedBlockRankOptions`. :meth:`rerank`
+    takes the collection's document KV store as ``block_store``; blocks it lacks are
+    computed and written back, and without a store they come from the RAM cache
+    (``block_cache_bytes``) or are computed. Scores: ``learned`` a weighted sum of z-scores
+    (unitless), ``calibrated`` attention-mass differences (unitless), ``signal``
+    probabilities summing to 1 over the distinct candidate texts. ``details["cache"]`` counts
+    block ``hits`` and ``misses``.
+
+    Args:
+        config: Its ``max_doc_tokens`` is the block's content budget (``None``: 128).
+        lm: A loaded LM to share (else loaded on first use).
+        block_cache_bytes: RAM cache of blocks not in a store, bytes (``None``:
+            ``$ATTNRANK_BLOCK_CACHE_BYTES`` or 1 GiB).
+    """
+
+    name = "blockrank-cached"
+    cached = True
+    options_class = CachedBlockRankOptions
+    options: CachedBlockRankOptions  # type: ignore[assignment]
+
+    def __init__(self, config: RerankerConfig, lm: Any = None, *, block_cache_bytes: int | None = None) -> None:
+        super().__init__(config, lm)
+        if block_cache_bytes is None:
+            block_cache_bytes = _env_bytes("ATTNRANK_BLOCK_CACHE_BYTES", DEFAULT_BLOCK_CACHE_BYTES)
+        self._block_source = BlockSource(block_cache_bytes)
+        self.adapter: dict[str, Any] | None = None
+        """The loaded query adapter (``path``, ``sha256``, ``weights``, ``step``), or ``None``."""
+        self._adapter_lm: Any = None
+        self._context_buffer: ContextBuffer | None = None
+        self._kv0: dict[int, Any] = {}
+
+    def block_source(self) -> BlockSource:
+        """The RAM tier in front of the store (:class:`attnrank.reranker.doccache.BlockSource`),
+        sized at construction."""
+        return self._block_source
+
+    # -- what ships for the model ------------------------------------------------------------
+    @property
+    def base_lm(self) -> Any:
+        """The shared LM (never carries the adapter): blocks are always encoded with it."""
+        return BlockRankReranker.lm.fget(self)  # type: ignore[attr-defined]
+
+    @property
+    def lm(self) -> Any:
+        """The LM the query passes run on: with a query adapter, a private copy carrying it
+        (LoRA layers that the block encoders switch off), so the shared LM is never changed;
+        else :attr:`base_lm`. The copy is made by :meth:`load` or on first use."""
+        if self._adapter_lm is not None:
+            return self._adapter_lm
+        base = self.base_lm
+        path = self.adapter_path
+        if path is None:
+            return base
+        self._adapter_lm = self._with_adapter(base, path)
+        return self._adapter_lm
+
+    @cached_property
+    def card(self) -> dict[str, Any] | None:
+        """The weights card of ``scoring='learned'`` (option ``scorer_weights``, else the one
+        shipped for the model), parsed; ``None`` when none ships and none is given.
+
+        Raises:
+            NotFoundError: ``scorer_weights`` names a missing file.
+        """
+        path = self.options.scorer_weights
+        if path is None:
+            from attnrank.reranker.heads import packaged_data_dir
+
+            shipped = packaged_data_dir() / f"{self.base_lm.identity.get('name', '')}.blockrank-cached.json"
+            if not shipped.exists():
+                return None
+            path = str(shipped)
+        if not Path(path).is_file():
+            raise NotFoundError(f"weights card {path} not found; write one with `attnrank eval study-fit --export`")
+        card = json.loads(Path(path).read_text(encoding="utf-8"))
+        card["_path"] = str(path)
+        return card
+
+    @cached_property
+    def scoring(self) -> str:
+        """The scorer in use: option ``scoring``, with ``'auto'`` = ``'learned'`` when a weights
+        card ships for the model (or ``scorer_weights`` is given), else ``'calibrated'``."""
+        if self.options.scoring != AUTO:
+            return self.options.scoring
+        return "learned" if self.card is not None else "calibrated"
+
+    @cached_property
+    def layer(self) -> int:  # type: ignore[override]
+        """Scoring layer ``l*`` and depth of the stored blocks: option ``layer``; else the
+        weights card's layer with learned scoring; else ``round(0.6 * L)``.
+
+        Raises:
+            ValidationError: the layer is not below the model's depth.
+        """
+        layer = self.options.layer
+        if layer is None and self.scoring == "learned" and self.card is not None:
+            layer = int(self.card["layer"])
+        n = self.base_lm.num_layers
+        if layer is None:
+            layer = round(0.6 * n)
+        if not 0 <= layer < n:
+            raise ValidationError(f"layer must be in [0, {n - 1}] for this model, got {layer!r}")
+        return layer
+
+    @cached_property
+    def adapter_path(self) -> Path | None:
+        """Folder of the query adapter in use (option ``query_adapter``; ``'auto'`` = the
+        packaged one when it ships for the model and was trained for this ``l*`` and block
+        length), or ``None``.
+
+        Raises:
+            NotFoundError: ``'packaged'`` for a model without one, or a path that is not an adapter.
+        """
+        from attnrank.reranker.adapters import resolve_adapter
+
+        value = self.options.query_adapter
+        if value is None:
+            return None
+        identity = self.base_lm.identity
+        if value != AUTO:
+            return resolve_adapter(str(value), identity)
+        try:
+            path = resolve_adapter("packaged", identity)
+        except NotFoundError:
+            return None
+        card = json.loads((path / "adapter.json").read_text(encoding="utf-8"))
+        return path if self._adapter_mismatch(card) is None else None
+
+    @property
+    def default_fusion(self) -> float | None:
+        """Fusion weight ``alpha`` with the first stage recorded in the weights card
+        (``alpha z(first stage) + (1 - alpha) z(reranker)``, chosen on dev), or ``None``
+        (no card, or another scorer than ``learned``)."""
+        if self.scoring != "learned" or self.card is None:
+            return None
+        alpha = (self.card.get("fusion") or {}).get("alpha")
+        return None if alpha is None else float(alpha)
+
+    def _adapter_mismatch(self, card: dict[str, Any]) -> str | None:
+        want = {"layer": self.layer, "max_doc_tokens": self.config.max_doc_tokens, "template": self.layout_version()}
+        got = {k: card.get(k) for k in want}
+        return None if got == want else f"was trained for {got}; this reranker is {want}"
+
+    def _with_adapter(self, base: Any, path: Path) -> Any:
+        """``base`` copied, with the query adapter at ``path`` loaded.
+
+        Raises:
+            ValidationError: an adapter trained for another model, ``l*``, block length or layout.
+        """
+        import copy
+
+        from attnrank.reranker.adapters import adapter_hash, load_adapter
+        from attnrank.reranker.lm import LoadedLM
+
+        model = copy.deepcopy(base.model)
+        card, weights = load_adapter(path, model, base.identity)
+        model.eval()
+        problem = self._adapter_mismatch(card)
+        if problem is not None:
+            raise ValidationError(f"query adapter {path} {problem}: use the adapter's options or retrain it")
+        self.adapter = {"path": str(path), "sha256": adapter_hash(path), "weights": weights, "step": card.get("step")}
+        return LoadedLM(model, base.tokenizer, base.identity, base.device, base.load_seconds)
+
+    # -- the cached prompt ------------------------------------------------------------------
+    @cached_property
+    def layout(self) -> Any:
+        """The cached prompt's fixed part (:class:`attnrank.reranker.doccache.BlockLayout`)."""
+        return build_layout(self.base_lm.tokenizer, self.config.max_doc_tokens, chat_template=self.options.chat_template)
+
+    @staticmethod
+    def layout_version() -> str:
+        return CACHE_TEMPLATE_VERSION
+
+    @property
+    def kv_depth(self) -> int:
+        """Deepest layer whose keys/values a pass needs: ``l*``.
+
+        Raises:
+            ValidationError: a selected head deeper than ``l*`` (the store holds layers
+                ``0..l*`` only).
+        """
+        heads = self.heads
+        deepest = max([self.layer] + [l for l, _ in heads or []])
+        if deepest > self.layer:
+            raise ValidationError(
+                f"the document KV store holds layers 0..{self.layer} (l*); the selected heads reach "
+                f"layer {deepest}: choose heads at or below l*, or a larger layer with a store built for it")
+        return deepest
+
+    def block_store_header(self) -> dict[str, Any]:
+        """What a document KV store must have been built with to serve this reranker (the
+        fields of :class:`attnrank.index.kvstore.KVHeader`)."""
+        cfg = self.base_lm.model.config
+        n_heads = int(cfg.num_attention_heads)
+        return {
+            "model_hash": str(self.base_lm.identity.get("sha256") or self.base_lm.identity.get("name")),
+            "prompt_template_version": self.layout_version(),
+            "instruction_hash": self.layout.fingerprint(),
+            "layer": self.kv_depth,
+            "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+            "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
+            "max_doc_tokens": self.layout.max_block_tokens,
+            "dtype": self.options.kv_dtype,
+            "adapter_hash": None,
+        }
+
+    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[str, Any, Any]]:
+        """``(key, keys, values)`` per text for a document KV store (``attnrank index kv build``):
+        float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)``, always from the base
+        model (the block encoders switch a query adapter off). Texts sharing a block share a key; this never reads or writes the RAM cache."""
+        import torch
+
+        lm = self.lm  # the block encoders switch a query adapter off
+        blocks = [document_block(lm.tokenizer, self.layout, t)[0] for t in texts]
+        with lm.lock, torch.inference_mode():
+            kvs = encode_blocks(lm, self.instruction_kv(), blocks, self.kv_depth, batch_size=self.options.doc_batch_size)
+        return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
+
+    def block_keys(self, texts: Sequence[str]) -> list[str]:
+        """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
+        return [block_key(document_block(self.base_lm.tokenizer, self.layout, t)[0]) for t in texts]
+
+    def instruction_kv(self) -> list[tuple[Any, Any]]:
+        """Block 0's keys/values for layers ``0..kv_depth`` (computed once per reranker)."""
+        depth = self.kv_depth
+        if depth not in self._kv0:
+            import torch
+
+            with torch.inference_mode():
+                self._kv0[depth] = instruction_kv(self.lm, self.layout.instruction_ids, depth)
+        return self._kv0[depth]
+
+    def context_buffer(self) -> ContextBuffer | None:
+        """Storage for the query's context reused across queries, or ``None`` when
+        :attr:`fast_path` is off. Used under the LM's lock only."""
+        if not self.fast_path:
+            return None
+        if self._context_buffer is None:
+            self._context_buffer = ContextBuffer()
+        return self._context_buffer
+
+    def cached_context(self, prompt: BlockPrompt, block_store: Any = None) -> Context:
+        """Block 0's and the candidates' keys/values (blocks from ``block_store``, the RAM
+        tier, or computed and written back), with room reserved for the query and ``N/A``
+        blocks on the fast path."""
+        import torch
+
+        depth = self.kv_depth
+        reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
+        with torch.inference_mode():
+            kv0 = self.instruction_kv()
+            blocks, fetch = self.block_source().fetch(self.lm, kv0, prompt.doc_ids, depth, store=block_store,
+                                                    batch_size=self.options.doc_batch_size)
+            t0 = time.perf_counter()
+            kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=self.context_buffer())
+        seconds = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
+                   "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
+                   "blocks_assemble": time.perf_counter() - t0}
+        return Context(kv, seconds, {"hits": fetch.hits, "misses": fetch.misses})
+
+    def build_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
+        """The cached prompt: the fixed block 0, one block per candidate (no id), the query
+        block at the layout's fixed offset.
+
+        Raises:
+            ContextOverflowError: the query block would sit past the model's positions.
+        """
+        tok = self.base_lm.tokenizer
+        layout = self.layout
+        blocks = document_blocks(tok, layout, [doc.content for doc in candidates])
+        docs, truncated = [ids for ids, _ in blocks], [cut for _, cut in blocks]
+        prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
+                             query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
+                             layout.query_offset, query.strip(), [])
+        end = layout.query_offset + max(len(prompt.query_ids), len(prompt.calib_ids))
+        if end > self.base_lm.max_positions:
+            raise ContextOverflowError(
+                f"the query block would span positions up to {end} (offset {layout.query_offset}); "
+                f"the model has {self.base_lm.max_positions}: lower max_doc_tokens or the query length",
+                max_candidates=0,
+            )
+        return prompt
+
+    def query_budget(self, candidates: Sequence[Document]) -> int:
+        """The base budget, lowered so that the query block (at its fixed offset) stays
+        inside the model's positions."""
+        budget = super(BlockRankReranker, self).query_budget(candidates)
+        fixed = len(query_block(self.base_lm.tokenizer, self.layout, ""))
+        return max(1, min(budget, int(self.base_lm.max_positions) - self.layout.query_offset - fixed))
+
+    # -- scoring ------------------------------------------------------------------------------
+    def learned_weights(self) -> Any:
+        """The ``scoring='learned'`` weights, float64 ``(l* + 1, heads)``: the query adapter's
+        own when it carries some and no ``scorer_weights`` is given, else the weights card's.
+
+        Raises:
+            NotFoundError: no card ships for this model and none is given.
+            ValidationError: a card for another model, ``l*``, block length or layout.
+        """
+        import numpy as np
+
+        shape = (self.layer + 1, self.lm.num_heads)
+        adapter_w = (self.adapter or {}).get("weights")
+        if self.options.scorer_weights is None and adapter_w is not None:
+            return np.asarray(adapter_w, dtype=np.float64).reshape(shape)
+        card = self.card
+        if card is None:
+            name = self.base_lm.identity.get("name", "")
+            raise NotFoundError(f"no learned BlockRank weights ship for model {name!r}; fit them with "
+                                "`attnrank eval study-fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
+        want = {"layer": self.layer, "max_doc_tokens": self.config.max_doc_tokens,
+                "template": self.layout_version(), "spec": "heads"}
+        got = {k: card.get(k) for k in want}
+        sha = card.get("model_sha256")
+        if got != want or (sha and sha != self.base_lm.identity.get("sha256")):
+            raise ValidationError(f"weights card {card['_path']} was fitted for {got} (model {sha}); this reranker is "
+                                  f"{want} (model {self.base_lm.identity.get('sha256')}): refit or change the options")
+        return np.asarray(card["weights"], dtype=np.float64).reshape(shape)
+
+    def score_prompt(self, prompt: BlockPrompt, query: str, *, block_store: Any = None) -> DocumentScores:
+        """Hook of the rerank skeleton (under the LM's lock): the context from the store,
+        then the scorer. The pass keeps each candidate token's share of the score (for
+        evidence)."""
+        import torch
+
+        ctx = self.cached_context(prompt, block_store)
+        L0 = len(prompt.instruction_ids)
+        bounds = spans_from_lengths(prompt.doc_lengths)
+        tokens = None
+        if self.scoring == "signal":
+            scores, t = self._signal_scores(prompt, ctx.kv, bounds)
+        else:
+            with torch.inference_mode():
+                layers = list(range(self.layer + 1))
+                D = sum(prompt.doc_lengths)
+                qo, co, t = calibrated_forward(self.lm, prompt, self.layer, read_layers=layers,
+                                               doc_batch_size=self.options.doc_batch_size, kv=ctx.kv,
+                                               fast=self.fast_path)
+                if self.scoring == "learned":
+                    feats = per_head_document_mass(qo, L0, prompt.doc_lengths, layers, minus=co)
+                    w = torch.as_tensor(self.learned_weights())
+                    scores = linear_head_scores(feats, w).tolist()
+                    tokens = linear_head_token_scores(qo, co, L0, D, layers, feats, w)
+                else:
+                    c = sum((qo[l][0, :, L0: L0 + D] - co[l][0, :, L0: L0 + D]).sum(0) for l in layers)
+                    scores = masked_document_scores(c, bounds, self.options.mask_std)
+                    tokens = c
+        details: dict[str, Any] = {"timings": {**ctx.seconds, **t}, "layer": self.layer, "cache": ctx.cache}
+        return DocumentScores(
+            scores=scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens, details=details,
+            passes=(ScoredPass(prompt, None if tokens is None else tokens.double().tolist(),
+                               tuple(range(len(prompt.doc_ids)))),),
+        )
+
+    def _signal_scores(self, prompt: BlockPrompt, kv: Any, bounds: list[tuple[int, int]]) -> tuple[list[float], dict]:
+        mass, t = self.token_mass(prompt, kv)
+        if self.reattn is not None:
+            return self.reattn_scores(prompt, mass, bounds), t
+        return [float(mass[s:e].sum()) for s, e in bounds], t
+
+    def scores_and_cache(self, prompt: BlockPrompt, block_store: Any = None) -> tuple[list[float], dict[str, float], dict[str, int]]:
+        """Candidate scores (first-stage order), timings in seconds and the block cache's
+        ``{"hits", "misses"}`` (studies and benchmarks)."""
+        out = self.score_prompt(prompt, prompt.query_text, block_store=block_store)
+        return out.scores, out.details["timings"], out.details["cache"]
+
+    # -- evidence -------------------------------------------------------------------------------
+    def rerank_with_evidence(
+        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3, block_store: Any = None
+    ) -> RerankResult:
+        """:meth:`rerank` plus evidence from the same pass: the same scores and order, with
+        ``details["evidence"] = {doc_id: [EvidenceSpan, ...]}``.
+
+        A token's evidence score is its share of the document's score: with ``learned``
+        scoring ``t_j = sum_{l,h} w_lh c_lh,j / sd_lh`` (``c``: calibrated attention of the
+        query rows to token ``j`` at layer ``l``, head ``h``; ``sd``: the feature's standard
+        deviation over the candidates, as in the z-score), so that a document's score is the
+        sum of its tokens' up to a per-query constant; with ``calibrated`` the calibrated
+        attention summed over layers and heads; with ``signal`` the signal tokens' attention.
+        Tokens group into words, the best positive words merge into spans (as ICR's
+        :meth:`~attnrank.reranker.icr.ICRReranker.evidence_from`); offsets are characters
+        into ``doc.text`` (or ``doc.title``): ``text[start:end] == span.text``.
+
+        Raises:
+            ValidationError: empty query, ``max_spans < 1``, a tokenizer without offsets.
+        """
+        if max_spans < 1:
+            raise ValidationError(f"max_spans must be >= 1, got {max_spans}")
+        run = self.run(query, candidates, block_store=block_store)
+        evidence: dict[str, list[Any]] = {d.doc_id: [] for d in candidates}
+        if run.scored is not None and run.scored.passes:
+            p = run.scored.passes[0]
+            prompt: BlockPrompt = p.prompt
+            tokens = p.state
+            if tokens is None:  # signal scoring: read the signal tokens' attention again
+                import torch
+
+                with self.lm.lock, torch.inference_mode():
+                    tokens = self.token_mass(prompt, self.cached_context(prompt, block_store).kv)[0].double().tolist()
+            bounds = spans_from_lengths(prompt.doc_lengths)
+            tok = self.base_lm.tokenizer
+            n_open = len(self.layout.open_ids)
+            for doc, o in zip(candidates, run.owner):
+                start, end = bounds[o]
+                ids, offsets = content_offsets(tok, doc, self.config.max_doc_tokens, strip=True)
+                first = start + n_open
+                if prompt.doc_ids[o][n_open: n_open + len(ids)] != ids:
+                    logger.debug("no evidence for %s: its tokens could not be aligned with the block", doc.doc_id)
+                    continue
+                evidence[doc.doc_id] = top_spans(doc, offsets, tokens[first: first + len(ids)], max_spans)
+        return replace(run.result, details={**run.result.details, "evidence": evidence})
+
+    # -- reports ---------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["scoring"] = self.scoring
+        d["kv_dtype"] = self.options.kv_dtype
+        if self.adapter is not None:
+            d["query_adapter"] = {k: self.adapter[k] for k in ("path", "sha256", "step")}
+        if self.scoring == "learned" and self.card is not None:
+            d["scorer_weights"] = self.card["_path"]
+        if self.default_fusion is not None:
+            d["fusion"] = self.default_fusion
+        return d
+
+    def card_figures(self) -> dict[str, Any] | None:
+        """The dev and test nDCG@10 recorded in the weights card for the configuration it
+        ships (``configuration``: with the query adapter and fusion), or ``None``."""
+        if self.card is None:
+            return None
+        return {k: self.card[k] for k in ("configuration", "fusion", "dev_ndcg@10", "test_ndcg@10") if k in self.card}
+
+
+def _env_bytes(name: str, default: int) -> int:
+    """A byte count from the environment (``default`` when unset).
+
+    Raises:
+        ValidationError: not a non-negative integer.
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValidationError(f"{name} must be a non-negative number of bytes, got {raw!r}")
+    return value
+
+
+def from_config(config: RerankerConfig) -> CachedBlockRankReranker:
+    return CachedBlockRankReranker(config)

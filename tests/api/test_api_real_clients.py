@@ -1,0 +1,285 @@
+"""Requests that real clients make, against a real server (uvicorn on a loopback port,
+:mod:`live_server`): clients that hang up (issue #20.1), HEAD and CORS (#20.4), invented
+methods in the metrics (#20.6), and the official Cohere SDK, v2 and v1 (#20.7)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from api_fakes import DOCS, BatchedReranker, FakeReranker
+from attnrank.api.app import create_app
+from live_server import serve
+
+httpx = pytest.importorskip("httpx")
+
+
+def _metric_lines(base: str) -> list[str]:
+    return [line for line in httpx.get(f"{base}/metrics", trust_env=False).text.splitlines()
+            if line.startswith("attnrank_requests_total{")]
+
+
+def _count(lines: list[str], **labels: str) -> float:
+    total = 0.0
+    for line in lines:
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# -------------------------------------------------------------------- #20.1 hang-ups
+def test_clients_that_hang_up_are_499_and_free_the_worker_at_the_next_batch(settings, pipeline, caplog):
+    """Four /rerank clients give up after 1 s (40 new documents each, 8 batches of 0.4 s): the
+    queued jobs are dropped, the started one stops at its next batch, /metrics holds no 5xx,
+    the log has no traceback, and the next request waits less than one batch."""
+    BatchedReranker.batch_size, BatchedReranker.batch_seconds = 5, 0.4
+    settings = settings.model_copy(update={"rerank_method": "batched", "workers": 1, "queue_size": 8})
+    docs = [f"new document number {i} about apples and orchards" for i in range(40)]
+    with caplog.at_level(logging.INFO), serve(create_app(settings, pipeline=pipeline)) as base:
+
+        def hang_up(i: int) -> str:
+            try:
+                httpx.post(f"{base}/rerank", json={"query": f"apples {i}", "documents": docs}, timeout=1.0,
+                           trust_env=False)
+            except httpx.TimeoutException:
+                return "gave up"
+            return "answered"
+
+        with ThreadPoolExecutor(4) as ex:
+            assert list(ex.map(hang_up, range(4))) == ["gave up"] * 4
+        deadline = time.monotonic() + 10
+        while _count(_metric_lines(base), route="/rerank", status="499") < 4:
+            assert time.monotonic() < deadline, _metric_lines(base)
+            time.sleep(0.05)
+
+        r = httpx.post(f"{base}/rerank", json={"query": "apples", "documents": ["short", "a longer one"]},
+                       timeout=30, trust_env=False)
+        assert r.status_code == 200, r.text
+        waited = r.json()["meta"]["timings"]["queue"]
+        assert waited < BatchedReranker.batch_seconds, f"the next request waited {waited:.2f} s"
+
+        lines = _metric_lines(base)
+        assert _count(lines, route="/rerank", status="499") == 4
+        assert not [line for line in lines if re.search(r'status="5\d\d"', line)], lines
+    assert BatchedReranker.calls == 2  # the first hung-up job and the last request: the 3 queued ones never ran
+    # the started job stopped at the batch after its client was seen gone (1 s + at most one
+    # 0.5 s poll: by its 5th batch of 0.4 s) instead of running its 8; the last request: 1 batch
+    print(f"batches scored: {BatchedReranker.batches}")
+    assert BatchedReranker.batches <= 5 + 1
+    assert not [rec for rec in caplog.records if "Exception in ASGI application" in rec.getMessage()]
+    gone = [rec for rec in caplog.records if "client closed the connection" in rec.getMessage()]
+    assert len([rec for rec in gone if rec.name == "attnrank.api.middleware"]) == 4
+    assert all(rec.levelno == logging.INFO and rec.exc_info is None for rec in gone)
+    assert any("job stopped after" in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_search_client_that_hangs_up_is_499(settings, pipeline):
+    settings = settings.model_copy(update={"rerank_method": "batched", "workers": 1})
+    BatchedReranker.batch_size, BatchedReranker.batch_seconds = 1, 0.5  # 4 candidates: 2 s
+    with serve(create_app(settings, pipeline=pipeline)) as base:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{base}/search", json={"query": "apples", "rerank": {"method": "batched"}}, timeout=0.6,
+                       trust_env=False)
+        deadline = time.monotonic() + 10
+        while _count(_metric_lines(base), route="/search", status="499") < 1:
+            assert time.monotonic() < deadline, _metric_lines(base)
+            time.sleep(0.05)
+        assert not [line for line in _metric_lines(base) if re.search(r'status="5\d\d"', line)]
+    assert BatchedReranker.batches < 4
+
+
+# -------------------------------------------------------------------- #20.4 HEAD, CORS
+@pytest.mark.parametrize("path", ["/health", "/", "/ui", "/info", "/metrics", "/docs", "/redoc", "/openapi.json",
+                                  "/documents/d01", "/ui/app.js", "/ui/app.css", "/docs/oauth2-redirect",
+                                  "/static-offline-docs/swagger-ui.css"])
+def test_every_get_route_answers_head(client, path):
+    get, head = client.get(path), client.head(path)
+    assert get.status_code == 200, get.text
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    if path not in ("/metrics", "/info"):  # their bodies change between two requests
+        assert head.headers["content-length"] == get.headers["content-length"]
+
+
+def _get_paths(routes) -> set[str]:
+    out: set[str] = set()
+    for r in routes:
+        inner = getattr(r, "original_router", None)  # an included router (FastAPI >= 0.16x keeps them nested)
+        if inner is not None:
+            out |= _get_paths(inner.routes)
+        elif "GET" in (getattr(r, "methods", None) or ()):
+            out.add(r.path)
+    return out
+
+
+def test_every_get_route_of_the_app_is_covered_by_the_head_test(client):
+    tested = {"/health", "/", "/ui", "/info", "/metrics", "/docs", "/redoc", "/openapi.json",
+              "/documents/{doc_id:path}", "/ui/app.js", "/ui/app.css", "/docs/oauth2-redirect"}
+    gets = _get_paths(client.app.routes)
+    assert "/health" in gets and "/documents/{doc_id:path}" in gets
+    assert gets <= tested, gets - tested
+
+
+def test_head_keeps_errors_and_metrics_label_it_head(client):
+    r = client.head("/search")  # a POST route: 405 as for GET, with Allow
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.content == b""
+    assert client.head("/nope").status_code == 404
+    assert client.head("/documents/nope").status_code == 404
+    metrics = client.get("/metrics").text
+    assert 'attnrank_requests_total{method="HEAD",route="/documents/{doc_id:path}",status="404"} 1.0' in metrics
+
+
+def test_head_through_a_real_server(settings, pipeline):
+    with serve(create_app(settings, pipeline=pipeline)) as base:
+        for path in ("/health", "/", "/info"):
+            r = httpx.head(f"{base}{path}", trust_env=False)
+            assert r.status_code == 200 and r.content == b"", (path, r.status_code)
+            assert int(r.headers["content-length"]) > 0
+
+
+def test_cors_is_off_by_default(client):
+    r = client.options("/search", headers={"Origin": "https://app.example.org", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in r.headers
+    assert "access-control-allow-origin" not in client.get("/health", headers={"Origin": "https://x.org"}).headers
+
+
+def test_cors_preflight_and_answers_for_allowed_origins(settings, pipeline):
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    settings = settings.model_copy(update={"cors_origins": ["https://app.example.org"], "api_key": SecretStr("k")})
+    with TestClient(create_app(settings, pipeline=pipeline)) as c:
+        assert c.app.state.runtime.wait_ready(10)
+        pre = c.options("/search", headers={"Origin": "https://app.example.org", "Access-Control-Request-Method": "POST",
+                                            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert pre.status_code == 200, pre.text  # no API key on a preflight
+        assert pre.headers["access-control-allow-origin"] == "https://app.example.org"
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert {"authorization", "content-type"} <= {h.strip().lower() for h in
+                                                     pre.headers["access-control-allow-headers"].split(",")}
+        ok = c.post("/search", json={"query": "apples"},
+                    headers={"Origin": "https://app.example.org", "Authorization": "Bearer k"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example.org"
+        denied = c.post("/search", json={"query": "apples"}, headers={"Origin": "https://app.example.org"})
+        assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "https://app.example.org"
+        other = c.options("/search", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+# -------------------------------------------------------------------- #20.6 bounded method label
+def test_invented_methods_fold_into_one_label(settings, pipeline):
+    with serve(create_app(settings, pipeline=pipeline)) as base:
+        before = _metric_lines(base)
+        with httpx.Client(base_url=base, trust_env=False) as http:
+            for i in range(20):
+                r = http.request(f"BREW{i}", "/search")
+                assert r.status_code == 405
+        after = _metric_lines(base)
+    new = [line for line in after if line.split(" ")[0] not in {b.split(" ")[0] for b in before}]
+    methods = {re.search(r'method="([^"]*)"', line).group(1) for line in after}
+    assert not [m for m in methods if m.startswith("BREW")]
+    assert len(new) <= 2, new  # one series for the 20 invented methods (+ the first /metrics itself)
+    assert _count(after, method="other", route="/search", status="405") == 20
+
+
+def test_method_label_function():
+    from attnrank.api.middleware import method_label
+
+    assert [method_label(m) for m in ("GET", "HEAD", "POST", "DELETE", "OPTIONS", "PATCH")] == [
+        "GET", "HEAD", "POST", "DELETE", "OPTIONS", "PATCH"]
+    assert {method_label(m) for m in ("BREW", "get", "PROPFIND", "X" * 1000)} == {"other"}
+
+
+# -------------------------------------------------------------------- #20.7 the Cohere SDK
+class UnboundedReranker(FakeReranker):
+    """Scores like ICR's calibrated attention mass (real numbers around 0, from -0.9 to 1.4
+    for DOCS' texts: longer = lower) and describes itself as ``icr``, so that /rerank maps its
+    scores to [0, 1]. Registered as ``"unbounded"``."""
+
+    name = "unbounded"
+
+    def rerank(self, query, candidates):
+        from dataclasses import replace
+
+        from attnrank.types import Ranking
+
+        rr = super().rerank(query, candidates)
+        scores = {d.doc_id: 1.4 - len(d.content) / 25 for d in candidates}
+        return replace(rr, ranking=Ranking.from_scores(query.query_id, scores))
+
+    def describe(self):
+        return {"method": "icr", "model": "none", "options": {}}
+
+
+@pytest.fixture
+def cohere_server(settings, pipeline, monkeypatch):
+    pytest.importorskip("cohere")
+    from pydantic import SecretStr
+
+    from attnrank import registry
+
+    monkeypatch.setitem(registry._RERANKERS, "unbounded", UnboundedReranker)
+    settings = settings.model_copy(update={"rerank_method": "unbounded", "api_key": SecretStr("co-key"),
+                                           "model_aliases": {"rerank-v3.5": "unbounded"}})
+    with serve(create_app(settings, pipeline=pipeline), ready=False) as base:
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{base}/health", trust_env=False).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        yield base
+
+
+TEXTS = [d.text for d in DOCS[:6]]
+ORDER = sorted(range(len(TEXTS)), key=lambda i: (len(TEXTS[i]), i))  # shorter first: UnboundedReranker's order
+
+
+def _expected(i: int) -> float:
+    from attnrank.api.routes.rerank import SCORE_SCALES
+
+    raw = 1.4 - len(TEXTS[i]) / 25
+    return 1 / (1 + math.exp(-raw / SCORE_SCALES["icr"]))
+
+
+def test_cohere_sdk_v2_client(cohere_server):
+    import cohere
+
+    co = cohere.ClientV2(api_key="co-key", base_url=cohere_server)
+    res = co.rerank(model="rerank-v3.5", query="apples", documents=TEXTS, top_n=4)
+    assert [r.index for r in res.results] == ORDER[:4]
+    scores = [r.relevance_score for r in res.results]
+    assert all(0.0 <= s <= 1.0 for s in scores) and scores == sorted(scores, reverse=True)
+    assert scores == pytest.approx([_expected(i) for i in ORDER[:4]])
+    raw = res.meta.model_extra["raw_scores"] if res.meta.model_extra else None  # our extension, kept by the SDK
+    assert raw == pytest.approx([1.4 - len(TEXTS[i]) / 25 for i in ORDER[:4]])
+    assert min(raw) < 0 < max(raw)  # raw scores outside [0, 1] ...
+    assert res.meta.api_version.version == "2"
+
+
+def test_cohere_sdk_v1_client(cohere_server):
+    import cohere
+
+    co = cohere.Client(api_key="co-key", base_url=cohere_server)
+    res = co.rerank(model="rerank-v3.5", query="apples", documents=TEXTS, return_documents=True)
+    assert [r.index for r in res.results] == ORDER
+    assert [r.document.text for r in res.results] == [TEXTS[i] for i in ORDER]
+    assert all(0.0 <= r.relevance_score <= 1.0 for r in res.results)
+    assert res.meta.api_version.version == "1"
+
+
+def test_cohere_sdk_errors_are_its_own(cohere_server):
+    import cohere
+    from cohere.core.api_error import ApiError
+
+    with pytest.raises(ApiError) as err:
+        cohere.ClientV2(api_key="co-key", base_url=cohere_server).rerank(
+            model="rerank-english-v2.0", query="apples", documents=TEXTS)
+    assert err.value.status_code == 422 and "ATTNRANK_MODEL_ALIASES" in err.value.body["error"]
+    with pytest.raises(ApiError) as err:
+        cohere.ClientV2(api_key="wrong", base_url=cohere_server).rerank(
+            model="rerank-v3.5", query="apples", documents=TEXTS)
+    assert err.value.status_code == 401
