@@ -46,8 +46,13 @@ def main() -> None:
     ap.add_argument("--index", default=None)
     ap.add_argument("--max-queries", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch threads (1: many times faster than the default on a machine shared with other jobs)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
 
     if args.trec_run:
         queries, cands, scores, qrels = trec_dl_candidates(args.data, run_name=args.trec_run,

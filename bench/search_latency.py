@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = {
+    "default": ("default", {}),  # cached BlockRank, learned heads, packaged query adapter, fusion 0.6
     "cached-calibrated": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "calibrated"}),
     "cached-signal": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "signal"}),
     "cached-learned": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "learned"}),
