@@ -21,7 +21,7 @@ ALLOWED = {
     "retriever": {"core", "index"},
     "reranker": {"core"},
     "eval": {"core", "index", "retriever", "reranker"},
-    "api": {"core", "index", "retriever", "reranker", "eval"},
+    "api": {"core", "index", "retriever", "reranker"},
     "cli": {"core", "index", "retriever", "reranker", "eval", "api"},
 }
 
