@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.config import PipelineConfig, RerankerConfig
+from attnrank.engine import Engine
 from attnrank.errors import UnknownNameError
 from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
 from attnrank.protocols import FilterArg, Retriever
 from attnrank.types import Query, Ranking
 from attnrank.eval.harness import (
     EVAL_TOP_K,
-    SearchEngine,
     check_rerank_name,
     config_dict,
     file_sha256,
@@ -141,7 +141,7 @@ def evaluate_beir(
     show_progress: bool = True,
     dump_dir: str | Path | None = None,
     keep_identical_ids: bool = False,
-    engine: SearchEngine | None = None,
+    engine: Engine | None = None,
     fusion: float | None = None,
 ) -> EvalReport:
     """Evaluate the pipeline on a BEIR dataset and write a TREC run and a JSON report.
@@ -174,7 +174,7 @@ def evaluate_beir(
             z(reranker)`` (:attr:`attnrank.pipeline.SearchOptions.fusion`, the served fused
             path); ``None`` = the reranker's order. Named ``-f<alpha>`` in the report.
         engine: Run the searches elsewhere, e.g. on Ray
-            (:class:`attnrank.eval.distributed.RayEngine`; the first stage still runs here);
+            (:class:`attnrank.engine.ray.RayEngine`; the first stage still runs here);
             default: this process. The report is the same apart from timings and ``params.engine``.
 
     Returns:

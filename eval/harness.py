@@ -11,19 +11,21 @@ import logging
 import random
 import re
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from attnrank.engine import Engine, EngineSearch, LocalEngine
 from attnrank.errors import UnknownNameError, ValidationError
 from attnrank.files import file_sha256 as file_sha256  # re-exported for the evaluators
-from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
-from attnrank.protocols import Preloadable
+from attnrank.jsonable import jsonable
+from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
 from attnrank.types import Qrels, Query
 from attnrank.eval.metrics import evaluate_run
-from attnrank.eval.report import EvalReport, jsonable, latency_summary, now_iso, save_report
+from attnrank.eval.report import EvalReport, latency_summary, now_iso, save_report
+
+__all__ = ["EVAL_TOP_K", "EngineSearch", "check_rerank_name", "config_dict", "config_suffix", "file_sha256",
+           "report_name", "run_evaluation", "select_queries", "subset_suffix"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,40 +121,6 @@ def check_rerank_name(rerank: str) -> None:
         raise UnknownNameError(f"unknown reranker {rerank!r}; choose one of {[NO_RERANK, *registry.reranker_names()]}")
 
 
-def preload_reranker(pipeline: Pipeline, method: str) -> None:
-    """Build reranker ``method`` and load its model now, so that model loading is not
-    counted in the first query's latency (rerankers with ``load()`` load lazily otherwise)."""
-    reranker = pipeline.reranker(method)
-    if isinstance(reranker, Preloadable):
-        reranker.load()
-
-
-@dataclass
-class EngineSearch:
-    """What a :class:`SearchEngine` hands back to :func:`run_evaluation`.
-
-    Attributes:
-        results: One :class:`~attnrank.pipeline.SearchResult` per query, in query order, as
-            :meth:`Pipeline.search_batch` would return them.
-        load_seconds: Reranker load time (the slowest worker's), ``None`` without reranking.
-        reranker: The reranker's ``describe()``, as a worker built it (``None`` without reranking).
-        engine: How the search ran (recorded as ``params.engine`` of the report).
-    """
-
-    results: list[SearchResult]
-    load_seconds: float | None = None
-    reranker: Mapping[str, Any] | None = None
-    engine: Mapping[str, Any] = field(default_factory=dict)
-
-
-class SearchEngine(Protocol):
-    """Runs an evaluation's searches somewhere other than this process (e.g.
-    :class:`attnrank.eval.distributed.RayEngine`); the rest of :func:`run_evaluation` is unchanged."""
-
-    def search(self, pipeline: Pipeline, queries: Sequence[Query], options: SearchOptions, *,
-               show_progress: bool = True) -> EngineSearch: ...
-
-
 def run_evaluation(
     pipeline: Pipeline,
     queries: Sequence[Query],
@@ -170,7 +138,7 @@ def run_evaluation(
     missing: Sequence[str] = (),
     show_progress: bool = True,
     dump_dir: str | Path | None = None,
-    engine: SearchEngine | None = None,
+    engine: Engine | None = None,
 ) -> EvalReport:
     """Search ``queries`` with ``pipeline``, evaluate, write ``<out_dir>/<name>.trec`` and
     ``<out_dir>/<name>.json``.
@@ -183,9 +151,10 @@ def run_evaluation(
     model is loaded before the first query and its load time reported apart. When reranking,
     the first-stage ranking (top ``options.top_k``) is evaluated too.
 
-    With ``engine``, the searches run there (the reranker loads there, not here); the report
-    is the same apart from timings, with ``params.engine`` saying how it ran. ``dump_dir``
-    needs the local engine.
+    ``engine`` runs the searches (:meth:`attnrank.engine.Engine.search`; default: the local
+    engine). On another engine (Ray) the reranker loads there, not here; the report is the
+    same apart from timings, with ``params.engine`` saying how it ran. ``dump_dir`` needs
+    the local engine.
 
     Returns:
         The saved :class:`~eval.report.EvalReport`.
@@ -197,23 +166,15 @@ def run_evaluation(
 
     options = pipeline.validate(options)  # every check (and the filter parse) before a model loads
     reranking = options.rerank != NO_RERANK
-    load_seconds = None
-    remote: EngineSearch | None = None
-    if engine is not None:
-        if dump_dir is not None:
-            raise ValidationError("an attention dump (--dump) needs the local engine; drop --engine ray")
-        logger.info("evaluating %s on %d queries (engine %s)", name, len(queries), type(engine).__name__)
-        remote = engine.search(pipeline, list(queries), options, show_progress=show_progress)
-        results, load_seconds = remote.results, remote.load_seconds
-        params = {**(params or {}), "engine": dict(remote.engine)}
-    else:
-        if reranking:
-            t0 = time.perf_counter()
-            preload_reranker(pipeline, options.rerank)
-            load_seconds = time.perf_counter() - t0
-            logger.info("reranker %r ready in %.1f s", options.rerank, load_seconds)
-        logger.info("evaluating %s on %d queries", name, len(queries))
-        results = pipeline.search_batch(list(queries), options, show_progress=show_progress)
+    engine = engine if engine is not None else LocalEngine()
+    local = isinstance(engine, LocalEngine)
+    if dump_dir is not None and not local:
+        raise ValidationError("an attention dump (--dump) needs the local engine; drop --engine ray")
+    logger.info("evaluating %s on %d queries%s", name, len(queries), "" if local else f" (engine {type(engine).__name__})")
+    searched = engine.search(pipeline, list(queries), options, show_progress=show_progress)
+    results, load_seconds = searched.results, searched.load_seconds
+    if not local:  # a local run's report stays as it was (no params.engine)
+        params = {**(params or {}), "engine": dict(searched.engine)}
     qids = [r.query.query_id for r in results]
     run = {r.query.query_id: r.ranking.to_dict() for r in results}
     if dump_dir is not None and reranking:
@@ -242,7 +203,7 @@ def run_evaluation(
         }
         total_tokens = sum(int(rr.prompt_tokens) for rr in rrs)
         prompt_tokens = {"total": total_tokens, "mean": total_tokens / len(rrs) if rrs else 0.0}
-        described = remote.reranker if remote is not None else None
+        described = searched.reranker
         reranker_info = jsonable(dict(described if described is not None else pipeline.reranker(options.rerank).describe()))
         if truncation["docs_truncated"]:
             logger.info("%d of %d reranked documents were truncated to the token budget",

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.config import RerankerConfig
+from attnrank.engine import Engine
 from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
 from attnrank.eval.harness import (
     EVAL_TOP_K,
-    SearchEngine,
     check_rerank_name,
     config_dict,
     file_sha256,
@@ -61,7 +61,7 @@ def evaluate_trec_dl(
     topics: str | Path | None = None,
     qrels: str | Path | None = None,
     run_file: str | Path | None = None,
-    engine: SearchEngine | None = None,
+    engine: Engine | None = None,
     fusion: float | None = None,
 ) -> EvalReport:
     """Rerank a TREC DL first-stage run and evaluate it; writes a TREC run and a JSON report.
@@ -91,7 +91,7 @@ def evaluate_trec_dl(
             z(reranker)`` (:attr:`attnrank.pipeline.SearchOptions.fusion`, the served fused
             path); ``None`` = the reranker's order. Named ``-f<alpha>`` in the report.
         engine: Run the searches elsewhere, e.g. on Ray
-            (:class:`attnrank.eval.distributed.RayEngine`); default: this process. The report
+            (:class:`attnrank.engine.ray.RayEngine`); default: this process. The report
             is the same apart from timings and ``params.engine``.
 
     Returns:

@@ -64,29 +64,24 @@ ActorGpusOpt = Annotated[
 
 def _engine(engine: str, ray_address: str | None, actors: int | None, actor_cpus: float | None,
             actor_gpus: float | None):
-    """``None`` for the local engine, else a :class:`attnrank.eval.distributed.RayEngine`.
+    """The :class:`attnrank.engine.Engine` of the engine flags.
 
     Raises:
         ValidationError: an unknown engine, or Ray options without ``--engine ray``.
         MissingDependencyError: ``--engine ray`` without Ray installed.
     """
+    from attnrank.engine import EngineOptions, check_engine_name, make_engine
     from attnrank.errors import ValidationError
-    from attnrank.eval.distributed import ENGINES
 
-    if engine not in ENGINES:
-        raise ValidationError(f"unknown engine {engine!r}; choose one of {list(ENGINES)}")
+    name = check_engine_name(engine)
     given = [flag for flag, value in (("--ray-address", ray_address), ("--actors", actors),
                                       ("--actor-cpus", actor_cpus), ("--actor-gpus", actor_gpus)) if value is not None]
-    if engine == "local":
-        if given:
-            raise ValidationError(f"{', '.join(given)} only apply with --engine ray")
-        return None
-    from attnrank.eval.distributed import RayEngine, RayOptions
-
-    options = RayOptions(address=ray_address, actors=1 if actors is None else actors,
-                         num_cpus=1.0 if actor_cpus is None else actor_cpus,
-                         num_gpus=0.0 if actor_gpus is None else actor_gpus)
-    return RayEngine(options)
+    if name == "local" and given:
+        raise ValidationError(f"{', '.join(given)} only apply with --engine ray")
+    options = EngineOptions(engine=name, address=ray_address, actors=1 if actors is None else actors,
+                            num_cpus=1.0 if actor_cpus is None else actor_cpus,
+                            num_gpus=0.0 if actor_gpus is None else actor_gpus)
+    return make_engine(options)
 
 
 @app.callback()
@@ -284,25 +279,19 @@ def index_kv_build(
     from attnrank.index.store import Index
     from attnrank.registry import build_reranker
 
-    ray_engine = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
+    from attnrank.index.kvstore import build_index_blocks
+
+    block_engine = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
     # blocks never use a query adapter: the store serves the reranker with or without one
     extra = {"kv_dtype": dtype, "query_adapter": None, **({"layer": layer} if layer is not None else {})}
     config = _reranker_config("blockrank-cached", model, max_doc_tokens, device, opts)
     config = config.with_options(**extra)
     # with Ray this process only tokenises and reads the header: its LM stays on the CPU
-    reranker = build_reranker(config if ray_engine is None else replace(config, device="cpu"))
+    reranker = build_reranker(config if block_engine.in_process else replace(config, device="cpu"))
     ix = Index.open(index)
     try:
-        if ray_engine is None:
-            from attnrank.index.kvstore import build_index_blocks
-
-            store, report = build_index_blocks(ix, reranker, batch_size=batch_size, show_progress=True,
-                                               verify_existing=verify, prune=prune)
-        else:
-            from attnrank.eval.distributed import build_index_blocks_ray
-
-            store, report = build_index_blocks_ray(ix, reranker, config, ray_engine.options, batch_size=batch_size,
-                                                   show_progress=True, verify_existing=verify, prune=prune)
+        store, report = build_index_blocks(ix, reranker, engine=block_engine, config=config, batch_size=batch_size,
+                                           show_progress=True, verify_existing=verify, prune=prune)
         stats = store.stats()
     except KeyboardInterrupt:
         typer.secho(f"interrupted; rerun the same command to resume {index / 'kv'}", fg="yellow", err=True)
@@ -395,12 +384,12 @@ def rerank_batch_cmd(
     from attnrank.eval.batch import rerank_batch
 
     try:
-        runner = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
+        batch_engine = _engine(engine, ray_address, actors, actor_cpus, actor_gpus)
         summary = rerank_batch(
             topics, run, docs, out, method=method, candidates=candidates, depth=depth, tag=tag,
             max_queries=max_queries, overwrite=overwrite, show_progress=progress,
             reranker_config=_reranker_config(method, model, max_doc_tokens, device, opt),
-            runner=runner.run_batch if runner is not None else None,
+            engine=batch_engine,
             fusion=_fusion(fusion, _reranker_config(method, model, max_doc_tokens, device, opt)),
         )
     except KeyboardInterrupt:
