@@ -62,8 +62,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from attnrank import errors, registry
 from attnrank.engine import EngineName, EngineOptions, EngineSearch, QueryWork, RecordSink
-from attnrank.errors import AttnrankError, ValidationError, require
+from attnrank.errors import AttnrankError, KVStoreError, KVStoreMismatchError, ValidationError, require
 from attnrank.jsonable import jsonable
 from attnrank.pipeline import NO_RERANK, FirstStageRow, Pipeline, RerankerCache, SearchOptions, SearchResult, check_query_texts
 from attnrank.protocols import Preloadable, RerankResult
@@ -237,8 +238,6 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
 def _raise_remote(error: Mapping[str, Any]) -> NoReturn:
     """Raise a worker's error on the driver: the same typed error when it is one of
     :mod:`attnrank.errors`, else :class:`RayExecutionError` with the worker's traceback."""
-    from attnrank import errors
-
     cls = getattr(errors, error["type"], None) if error.get("module") == errors.__name__ else None
     if isinstance(cls, type) and issubclass(cls, AttnrankError):
         exc = cls.__new__(cls)
@@ -376,13 +375,10 @@ class _BlockEncoder(_ActorUDF):
         super().__init__(setup, threads)
 
     def build(self) -> Any:
-        from attnrank import registry
-
         self.encoder = registry.build_reranker(self.config)
         return self.encoder
 
     def ready(self, model: Any) -> None:
-        from attnrank.errors import KVStoreMismatchError
         from attnrank.index.kvstore import KVHeader
 
         header = self.driver_header
@@ -406,7 +402,6 @@ class _BlockEncoder(_ActorUDF):
         return out
 
     def _build(self, part: Path, keys: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
-        from attnrank.errors import KVStoreError
         from attnrank.index.kvstore import build_part
 
         if not part.parent.is_dir():
