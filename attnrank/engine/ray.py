@@ -226,6 +226,7 @@ def search_record(pipeline: Pipeline, q: Query, options: SearchOptions) -> dict[
             "prompt_tokens": int(rr.prompt_tokens), "seconds": float(rr.seconds), "warnings": list(rr.warnings),
         },
         "rerank_seconds": float(r.timings.get("rerank", 0.0)),
+        "fusion": r.fusion,
     }
 
 
@@ -518,7 +519,7 @@ class RayEngine:
             t_rerank = float(done["rerank_seconds"])
             timings = {"retrieve": row.retrieve_seconds, "hydrate": row.hydrate_seconds, "rerank": t_rerank,
                        "total": row.retrieve_seconds + row.hydrate_seconds + t_rerank}
-            results[seq] = SearchResult(q, final, row.ranking, timings, rr)
+            results[seq] = SearchResult(q, final, row.ranking, timings, rr, done.get("fusion"))
             if record.get("describe") is not None:
                 info["describe"] = record["describe"]
             if record.get("load_seconds") is not None:
