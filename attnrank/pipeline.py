@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -265,6 +265,38 @@ class SearchResult:
     timings: Mapping[str, float]
     rerank: RerankResult | None = None
     fusion: float | None = None
+
+
+@dataclass(frozen=True)
+class FirstStageRow:
+    """One query's first stage, hydrated: what reranking starts from
+    (:meth:`Pipeline.first_stage_rows`, shared by :meth:`Pipeline.search_batch` and the
+    engines in :mod:`attnrank.engine`).
+
+    Attributes:
+        query: The query.
+        ranking: The retriever's ranking (``SearchResult.first_stage``), not hydrated.
+        top: Its top ``k1`` hits (``k1 = max(top_k, candidates)`` when reranking, else ``top_k``).
+        docs: The documents of ``top`` found in the document store, by id.
+        hydrated: ``top`` with documents; hits missing from the store are dropped (logged).
+        retrieve_seconds: The batch's retrieval time divided by its number of queries.
+        hydrate_seconds: Seconds spent hydrating this query.
+    """
+
+    query: Query
+    ranking: Ranking
+    top: Ranking
+    docs: Mapping[str, Document]
+    hydrated: Ranking
+    retrieve_seconds: float
+    hydrate_seconds: float
+
+
+def check_query_texts(queries: Sequence[Query]) -> None:
+    """Refuse a query without text. Raises ValidationError (naming the query)."""
+    for q in queries:
+        if not q.text or not q.text.strip():
+            raise ValidationError(f"query {q.query_id!r} is empty; send a non-empty query text")
 
 
 class Pipeline:
@@ -530,6 +562,43 @@ class Pipeline:
         return result
 
     # -- search ----------------------------------------------------------------------
+    def first_stage_rows(self, queries: Sequence[Query], options: SearchOptions) -> Iterator[FirstStageRow]:
+        """The first stage of a search: every query retrieved at once, then each query's top
+        ``k1`` hits hydrated from the document store as the iterator reaches it.
+
+        ``k1`` is ``max(top_k, candidates)`` when reranking, else ``top_k``. The one copy of
+        this step: :meth:`search_batch` reranks each row here, and the Ray engine ships the
+        rows to its actors (:mod:`attnrank.engine.ray`).
+
+        Args:
+            queries: Queries with text (see :func:`check_query_texts`).
+            options: Options checked by :meth:`validate` (the filter parsed).
+
+        Returns:
+            One :class:`FirstStageRow` per query, in query order. Retrieval has run when this
+            returns; hydration runs per row.
+
+        Raises:
+            Whatever the retriever raises (e.g. ValidationError: a filter it cannot apply).
+        """
+        k1 = max(options.top_k, options.candidates) if options.rerank != NO_RERANK else options.top_k
+        t0 = time.perf_counter()
+        first = self.retrievers[options.retriever].retrieve(queries, k1, filter=options.filter)
+        t_retrieve = (time.perf_counter() - t0) / max(1, len(queries))
+        return self._hydrated_rows(queries, first, k1, t_retrieve)
+
+    def _hydrated_rows(self, queries: Sequence[Query], first: Sequence[Ranking], k1: int,
+                       t_retrieve: float) -> Iterator[FirstStageRow]:
+        for q, ranking in zip(queries, first):
+            t1 = time.perf_counter()
+            top = ranking.top(k1)
+            docs = self.docstore.get_many(top.doc_ids)
+            hydrated = top.with_documents(docs)
+            if len(hydrated) < len(top):
+                logger.warning("query %s: %d hits missing from the document store", q.query_id,
+                               len(top) - len(hydrated))
+            yield FirstStageRow(q, ranking, top, docs, hydrated, t_retrieve, time.perf_counter() - t1)
+
     def search(self, query: Query | str, options: SearchOptions = SearchOptions()) -> SearchResult:
         """Search one query. See :meth:`search_batch`."""
         q = query if isinstance(query, Query) else Query("q", query)
@@ -548,36 +617,23 @@ class Pipeline:
             ContextOverflowError: the reranking prompt does not fit the model's context.
         """
         options = self.validate(options)
-        for q in queries:
-            if not q.text or not q.text.strip():
-                raise ValidationError(f"query {q.query_id!r} is empty; send a non-empty query text")
+        check_query_texts(queries)
         rerank = options.rerank != NO_RERANK
         cache = self._cache() if rerank else None
         if cache is not None:
             reranker: Any = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
             if options.explain:
                 check_explainer(reranker, options.rerank)
-        k1 = max(options.top_k, options.candidates) if rerank else options.top_k
-
-        t0 = time.perf_counter()
-        first = self.retrievers[options.retriever].retrieve(queries, k1, filter=options.filter)
-        t_retrieve = (time.perf_counter() - t0) / max(1, len(queries))
 
         results = []
-        iterator: Any = zip(queries, first)
+        iterator: Any = self.first_stage_rows(queries, options)
         if show_progress:
             from tqdm.auto import tqdm
 
             iterator = tqdm(iterator, total=len(queries), desc=f"search ({options.rerank})", unit="query")
-        for q, ranking in iterator:
-            t1 = time.perf_counter()
-            keep = ranking.top(k1)
-            docs = self.docstore.get_many(keep.doc_ids)
-            hydrated = keep.with_documents(docs)
-            if len(hydrated) < len(keep):
-                logger.warning("query %s: %d hits missing from the document store", q.query_id,
-                               len(keep) - len(hydrated))
-            t_hydrate = time.perf_counter() - t1
+        for row in iterator:
+            q, ranking, hydrated = row.query, row.ranking, row.hydrated
+            t_retrieve, t_hydrate = row.retrieve_seconds, row.hydrate_seconds
             rr: RerankResult | None = None
             alpha: float | None = None
             t_rerank = 0.0

@@ -48,20 +48,19 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     out_dir = Path(args.out)
     topics, run, docs = _inputs(out_dir, args.queries, args.depth)
     out = out_dir / f"{name}.trec"
-    runner = None
     eng = None
     if engine == "local":
         import torch
 
         torch.set_num_threads(n)
     else:
-        from attnrank.eval.distributed import RayEngine, RayOptions
+        from attnrank.engine import EngineOptions
+        from attnrank.engine.ray import RayEngine
 
-        eng = RayEngine(RayOptions(actors=n, num_cpus=cpus))
-        runner = eng.run_batch
+        eng = RayEngine(EngineOptions(engine="ray", actors=n, num_cpus=cpus))
     t0 = time.perf_counter()
     summary = rerank_batch(topics, run, docs, out, method=args.method, candidates=args.candidates, overwrite=True,
-                           show_progress=False, runner=runner, reranker_config=RerankerConfig(method=args.method))
+                           show_progress=False, engine=eng, reranker_config=RerankerConfig(method=args.method))
     wall = time.perf_counter() - t0
     recs = [json.loads(line) for line in (out_dir / f"{name}.trec.progress").read_text().splitlines()[1:]]
     per_query = [r["seconds"] for r in recs]

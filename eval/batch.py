@@ -28,20 +28,21 @@ of the first stage below), scores printed with ``repr``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from attnrank.config import RerankerConfig, SearchLimits
+from attnrank.engine import Engine, LocalEngine
 from attnrank.files import file_sha256
 from attnrank.errors import ContextOverflowError, MissingDependencyError, ModelLoadError, ValidationError
 from attnrank.pipeline import NO_RERANK, Pipeline, RerankerFactory, SearchOptions, merge_reranked, reranker_factory
-from attnrank.protocols import Preloadable
 from attnrank.types import Query, Ranking
 
 logger = logging.getLogger(__name__)
@@ -301,6 +302,7 @@ def rerank_batch(
     show_progress: bool = True,
     runner: BatchRunner | None = None,
     fusion: float | None = None,
+    engine: Engine | None = None,
 ) -> BatchSummary:
     """Rerank every query of a TREC run, appending each query's ranking to ``out`` (resumable).
 
@@ -320,18 +322,23 @@ def rerank_batch(
             (:attr:`attnrank.pipeline.SearchOptions.fusion`); ``None`` = the reranker's order.
         overwrite: Start afresh instead of resuming.
         show_progress: Progress bar with queries/s and documents/s.
-        runner: Reranks the queries still to do and commits each one in order (see
-            :data:`BatchRunner`); default: this process, one query at a time. The Ray engine
-            (:class:`attnrank.eval.distributed.RayEngine`) is one; the output and the resume
-            rules are the same whichever runs, so a batch may be resumed on another engine.
+        engine: Where the queries are reranked (:class:`attnrank.engine.Engine`; default:
+            :class:`~attnrank.engine.LocalEngine`, this process, one query at a time). The
+            output and the resume rules are the same whichever runs (:func:`run_on_engine`),
+            so a batch may be resumed on another engine.
+        runner: Instead of ``engine``, a :data:`BatchRunner` (the seam before the engines;
+            ``RayEngine(...).run_batch`` from :mod:`attnrank.eval.distributed` is one).
 
     Returns:
         The :class:`BatchSummary` of this call.
 
     Raises:
-        ValidationError: bad parameters, or an output/sidecar that does not match (see :class:`Progress`).
+        ValidationError: bad parameters (also both ``engine`` and ``runner``), or an
+            output/sidecar that does not match (see :class:`Progress`).
         NotFoundError: missing input files.
         UnknownNameError: unknown reranker.
+        Whatever the engine raises (a typed worker error, RayExecutionError; the queries
+        committed before it stay, a rerun resumes).
     """
     from attnrank.data import load_trec_run, load_trec_topics
     from attnrank.registry import reranker_class
@@ -340,6 +347,8 @@ def rerank_batch(
     t_start = time.perf_counter()
     if method == NO_RERANK:
         raise ValidationError("rerank-batch needs a reranker method")
+    if engine is not None and runner is not None:
+        raise ValidationError("give rerank_batch an engine or a runner, not both")
     if factory is None:
         reranker_class(method)  # fail on an unknown name before loading anything
     SearchLimits(max_candidates=max(candidates, 1)).check_candidates(candidates)  # the pipeline's check, early
@@ -374,7 +383,10 @@ def rerank_batch(
             summary.skipped = len(queries) - len(todo)
             if summary.skipped:
                 logger.info("resuming %s: %d of %d queries already done", out, summary.skipped, len(queries))
-            (runner or _run)(pipeline, options, todo, progress, tag, summary, show_progress)
+            if runner is not None:
+                runner(pipeline, options, todo, progress, tag, summary, show_progress)
+            else:
+                run_on_engine(engine or LocalEngine(), pipeline, options, todo, progress, tag, summary, show_progress)
     finally:
         if closer is not None:
             closer.close()
@@ -393,7 +405,8 @@ BatchRunner = Callable[[Pipeline, SearchOptions, Sequence[Query], Progress, str,
 """Runs a batch's remaining queries: ``runner(pipeline, options, todo, progress, tag, summary,
 show_progress)`` reranks each query of ``todo`` (as :func:`rerank_query` does) and hands each
 outcome, in ``todo`` order, to :func:`commit_outcome`. :func:`rerank_batch` has already
-validated ``options`` and opened ``progress``; the runner loads the reranker itself."""
+validated ``options`` and opened ``progress``; the runner loads the reranker itself.
+``functools.partial(run_on_engine, engine)`` is one."""
 
 
 @dataclass
@@ -461,21 +474,40 @@ def commit_outcome(progress: Progress, summary: BatchSummary, outcome: QueryOutc
     summary.documents += outcome.documents
 
 
-def _run(pipeline: Pipeline, options: SearchOptions, todo: Sequence[Query], progress: Progress, tag: str,
-         summary: BatchSummary, show_progress: bool) -> None:
-    """The local :data:`BatchRunner`: this process, one query at a time."""
+def batch_record(pipeline: Pipeline, q: Query, options: SearchOptions, *, tag: str) -> dict[str, Any]:
+    """One query's work in a batch (:data:`attnrank.engine.QueryWork`): :func:`rerank_query`
+    as a JSON-ready :class:`QueryOutcome` dict."""
+    return rerank_query(pipeline, q, options, tag).to_dict()
+
+
+def run_on_engine(engine: Engine, pipeline: Pipeline, options: SearchOptions, todo: Sequence[Query],
+                  progress: Progress, tag: str, summary: BatchSummary, show_progress: bool) -> None:
+    """The batch's driver on any engine (a :data:`BatchRunner` once ``engine`` is bound):
+    ``engine`` reranks each query of ``todo`` (:func:`batch_record`, where it runs the work)
+    and each outcome, in ``todo`` order, is committed here (:func:`commit_outcome`) under one
+    progress bar (queries/s, documents/s, failed documents).
+
+    Raises:
+        ModelLoadError, MissingDependencyError: nothing can be reranked (the queries
+            committed before it stay).
+        Whatever else the engine raises (e.g. RayExecutionError).
+    """
     from tqdm.auto import tqdm
 
-    if todo:
-        reranker = pipeline.reranker(options.rerank)
-        if isinstance(reranker, Preloadable):
-            reranker.load()
-    bar: Iterator[Query] | Any = tqdm(todo, desc=f"rerank-batch ({options.rerank})", unit="query",
-                                      disable=not show_progress, total=len(todo))
+    where = f", {engine.label}" if engine.label else ""
+    bar: Any = tqdm(total=len(todo), desc=f"rerank-batch ({options.rerank}{where})", unit="query",
+                    disable=not show_progress)
     t0 = time.perf_counter()
-    for q in bar:
-        commit_outcome(progress, summary, rerank_query(pipeline, q, options, tag))
+
+    def commit(record: Mapping[str, Any]) -> None:
+        commit_outcome(progress, summary, QueryOutcome(**record))
+        bar.update(1)
         elapsed = time.perf_counter() - t0
         if show_progress and elapsed > 0:
             bar.set_postfix(qps=f"{summary.done / elapsed:.2f}", docs_s=f"{summary.documents / elapsed:.1f}",
                             failed=sum(len(v) for v in summary.failed_documents.values()))
+
+    try:
+        engine.map_queries(pipeline, options, todo, functools.partial(batch_record, tag=tag), commit)
+    finally:
+        bar.close()

@@ -11,8 +11,8 @@ first stage already (:class:`IgnoreIdenticalIds` retrieves one more hit and remo
 so it takes no reranking candidate slot either; ``keep_identical_ids=True`` keeps it.
 
 Example:
-    >>> report = evaluate_beir("data/beir-nfcorpus", retriever="bm25", rerank="icr",
-    ...                        candidates=20, max_queries=50)          # doctest: +SKIP
+    >>> spec = EvalSpec("data/beir-nfcorpus", retriever="bm25", rerank="icr", candidates=20, max_queries=50)
+    >>> report = evaluate_beir(spec)                                   # doctest: +SKIP
     >>> print(format_table([report]))                                  # doctest: +SKIP
 """
 
@@ -20,28 +20,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from attnrank.config import PipelineConfig, RerankerConfig
-from attnrank.errors import UnknownNameError
-from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
+from attnrank.errors import UnknownNameError, ValidationError
+from attnrank.pipeline import Pipeline
 from attnrank.protocols import FilterArg, Retriever
 from attnrank.types import Query, Ranking
 from attnrank.eval.harness import (
-    EVAL_TOP_K,
-    SearchEngine,
+    EvalTarget,
     check_rerank_name,
     config_dict,
     file_sha256,
-    report_name,
     run_evaluation,
     select_queries,
-    subset_suffix,
-    config_suffix,
+    spec_report_name,
 )
 from attnrank.eval.metrics import BEIR_METRICS
 from attnrank.eval.report import EvalReport
+from attnrank.eval.spec import EvalSpec, as_spec
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +100,6 @@ def ensure_index(data_dir: str | Path, *, dense: bool = True, corpus_sha256: str
         ModelLoadError: the embedder cannot be loaded (with ``dense``).
     """
     from attnrank.data import find_beir_corpus
-    from attnrank.errors import ValidationError
     from attnrank.index.builder import PARAMS_FILE, build_index, read_params
 
     corpus = find_beir_corpus(data_dir)
@@ -124,129 +122,81 @@ def ensure_index(data_dir: str | Path, *, dense: bool = True, corpus_sha256: str
     return target
 
 
-def evaluate_beir(
-    data_dir: str | Path,
-    *,
-    split: str = "test",
-    retriever: str = "bm25",
-    rerank: str = NO_RERANK,
-    candidates: int = 20,
-    max_queries: int | None = None,
-    seed: int = 0,
-    index_dir: str | Path | None = None,
-    out_dir: str | Path = "runs",
-    reranker_config: RerankerConfig | None = None,
-    metrics: tuple[str, ...] = BEIR_METRICS,
-    build_dense: bool = True,
-    show_progress: bool = True,
-    dump_dir: str | Path | None = None,
-    keep_identical_ids: bool = False,
-    engine: SearchEngine | None = None,
-    fusion: float | None = None,
-) -> EvalReport:
+def evaluate_beir(spec: EvalSpec | str | Path | None = None, /, **fields: Any) -> EvalReport:
     """Evaluate the pipeline on a BEIR dataset and write a TREC run and a JSON report.
 
     Args:
-        data_dir: BEIR-layout folder (``corpus.jsonl[.gz]``, ``queries.jsonl[.gz]``,
-            ``qrels/<split>.tsv``).
-        split: Qrels split (``"test"``, ``"dev"``, ``"train"``).
-        retriever: First-stage retriever (``"bm25"``, ``"dense"``, ``"hybrid"``).
-        rerank: Reranker name, or ``"none"`` for first-stage order.
-        candidates: First-stage hits reranked per query.
-        max_queries: Evaluate a fixed seeded subset of this many judged queries.
-        seed: Seed of the subset.
-        index_dir: Index directory; ``None`` = build once into the cache
-            (:func:`ensure_index`) and reuse it.
-        out_dir: Folder of ``<name>.trec`` (top-100 run) and ``<name>.json`` (report).
-        reranker_config: Model, ``max_doc_tokens``, device...; its ``method`` is replaced
-            by ``rerank``. Default: ``RerankerConfig()``.
-        metrics: Metric names (see :mod:`attnrank.eval.metrics`).
-        build_dense: When building the cached index, also compute dense vectors (always
-            done for the ``dense`` and ``hybrid`` retrievers).
-        show_progress: Progress bars.
-        dump_dir: Also save an attention dump of the reranked queries (ICR with option
-            ``keep_attention``), for head detection and ablations.
-        keep_identical_ids: Keep a retrieved document whose id equals the query id. Default
-            ``False`` follows BEIR (``ignore_identical_ids=True``), dropping it before
-            reranking (see :class:`IgnoreIdenticalIds`). Recorded as
-            ``params.keep_identical_ids``.
-        fusion: ``alpha`` in [0, 1]: rank by ``alpha * z(first stage) + (1 - alpha) *
-            z(reranker)`` (:attr:`attnrank.pipeline.SearchOptions.fusion`, the served fused
-            path); ``None`` = the reranker's order. Named ``-f<alpha>`` in the report.
-        engine: Run the searches elsewhere, e.g. on Ray
-            (:class:`attnrank.eval.distributed.RayEngine`; the first stage still runs here);
-            default: this process. The report is the same apart from timings and ``params.engine``.
+        spec: The evaluation (:class:`~attnrank.eval.spec.EvalSpec`: ``data_dir``, its BEIR
+            fields ``split``, ``retriever``, ``index_dir``, ``build_dense``,
+            ``keep_identical_ids``, and the shared ones). Also callable as before the spec,
+            ``evaluate_beir(data_dir, **fields)`` with the spec's field names.
 
     Returns:
-        The saved report; ``name`` is ``<dataset>-<split>-<retriever>-<rerank>[-c<candidates>][-keepids][-q<n>-s<seed>]``.
+        The saved report; ``name`` is ``<dataset>-<split>-<retriever>-<rerank>[-c<candidates>][-f<alpha>][-<config>][-keepids][-q<n>-s<seed>]``.
+        ``params.keep_identical_ids`` records the BEIR self-hit rule (see :class:`IgnoreIdenticalIds`).
 
     Raises:
         NotFoundError: missing dataset files or index.
         UnknownNameError: unknown retriever, reranker or metric.
-        ValidationError: bad ``candidates``/``max_queries``.
+        ValidationError: bad ``candidates``/``max_queries``; no ``data_dir``; TREC DL fields set.
+        TypeError: an unknown field, or a spec and fields both.
     """
     from attnrank import registry
     from attnrank.data import find_beir_corpus, load_beir_qrels, load_beir_queries
 
-    check_rerank_name(rerank)
+    spec = as_spec(spec, fields)
+    spec.check_for("beir")
+    if spec.data_dir is None:
+        raise ValidationError("a BEIR evaluation needs data_dir, the dataset folder (--data)")
+    spec = replace(spec, metrics=spec.metrics or BEIR_METRICS)
+    check_rerank_name(spec.rerank)
+    retriever, split = spec.retriever, spec.split
     if retriever not in registry.retriever_names():
         raise UnknownNameError(f"unknown retriever {retriever!r}; choose one of {registry.retriever_names()}")
-    data_dir = Path(data_dir)
+    data_dir = Path(spec.data_dir)
     dataset = data_dir.resolve().name
     queries = load_beir_queries(data_dir)
     qrels = load_beir_qrels(data_dir, split)
-    selected, missing = select_queries(queries, qrels, max_queries, seed)
+    selected, missing = select_queries(queries, qrels, spec.max_queries, spec.seed)
 
     inputs: dict[str, Any] = {"data_dir": str(data_dir)}
     for qrels_file in sorted((data_dir / "qrels").glob(f"{split}.tsv*"))[:1]:
         inputs["qrels"] = {"path": str(qrels_file), "sha256": file_sha256(qrels_file)}
+    index_dir = spec.index_dir
     if index_dir is None:
         corpus = find_beir_corpus(data_dir)
         digest = file_sha256(corpus)
         inputs["corpus"] = {"path": str(corpus), "sha256": digest}
-        dense = build_dense or retriever != "bm25"
+        dense = spec.build_dense or retriever != "bm25"
         index_dir = ensure_index(data_dir, dense=dense, corpus_sha256=digest)
     inputs["index_dir"] = str(index_dir)
 
     config = PipelineConfig(
         index_dir=str(index_dir),
-        reranker=reranker_config or RerankerConfig(),
+        reranker=spec.reranker_config or RerankerConfig(),
         max_top_k=1000,
         max_candidates=1000,
-        show_progress=show_progress,
+        show_progress=spec.show_progress,
     )
     pipeline = Pipeline.from_config(config)
     dropper = None
-    if not keep_identical_ids and retriever in pipeline.retrievers:
+    if not spec.keep_identical_ids and retriever in pipeline.retrievers:
         dropper = IgnoreIdenticalIds(pipeline.retrievers[retriever])
         pipeline.retrievers = {**pipeline.retrievers, retriever: dropper}
-    options = SearchOptions(top_k=EVAL_TOP_K, retriever=retriever, rerank=rerank, candidates=candidates,
-                            fusion=fusion)
-    reranking = rerank != NO_RERANK
-    name = report_name(
-        dataset, split, retriever, rerank,
-        f"c{candidates}" if reranking else None,
-        f"f{fusion:g}" if reranking and fusion is not None else None,
-        config_suffix(reranker_config, reranking),
-        "keepids" if keep_identical_ids else None,
-        subset_suffix(len(selected), max_queries, seed),
-    )
+    name = spec_report_name(spec, (dataset, split, retriever), len(selected),
+                            ("keepids" if spec.keep_identical_ids else None,))
     params = {
-        "data_dir": str(data_dir), "split": split, "retriever": retriever, "rerank": rerank,
-        "candidates": candidates, "max_queries": max_queries, "seed": seed,
-        "index_dir": str(index_dir), "out_dir": str(out_dir),
-        "reranker_config": config_dict(config.reranker) if reranking else None,
-        "metrics": list(metrics), "fusion": fusion,
-        "keep_identical_ids": keep_identical_ids,
+        "data_dir": str(data_dir), "split": split, "retriever": retriever, "rerank": spec.rerank,
+        "candidates": spec.candidates, "max_queries": spec.max_queries, "seed": spec.seed,
+        "index_dir": str(index_dir), "out_dir": str(spec.out_dir),
+        "reranker_config": config_dict(config.reranker) if spec.reranking else None,
+        "metrics": list(spec.metrics or ()), "fusion": spec.fusion,
+        "keep_identical_ids": spec.keep_identical_ids,
     }
-    report = run_evaluation(
-        pipeline, selected, qrels, options, metrics,
-        name=name, dataset=dataset, split=split, first_stage=retriever, out_dir=out_dir,
-        inputs=inputs, params=params, missing=missing, show_progress=show_progress, dump_dir=dump_dir,
-        engine=engine,
-    )
+    target = EvalTarget(name=name, dataset=dataset, split=split, first_stage=retriever, retriever=retriever,
+                        inputs=inputs, params=params, missing=missing)
+    report = run_evaluation(pipeline, selected, qrels, spec, target)
     if dropper is not None and dropper.dropped:
         logger.info("dropped %d retrieved documents whose id equals their query's (BEIR's ignore_identical_ids; "
                     "--keep-identical-ids keeps them)", dropper.dropped)
     return report
-

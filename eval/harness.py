@@ -11,19 +11,23 @@ import logging
 import random
 import re
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from attnrank.engine import EngineSearch, LocalEngine
 from attnrank.errors import UnknownNameError, ValidationError
 from attnrank.files import file_sha256 as file_sha256  # re-exported for the evaluators
-from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
-from attnrank.protocols import Preloadable
+from attnrank.jsonable import jsonable
+from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
 from attnrank.types import Qrels, Query
 from attnrank.eval.metrics import evaluate_run
-from attnrank.eval.report import EvalReport, jsonable, latency_summary, now_iso, save_report
+from attnrank.eval.report import EvalReport, latency_summary, now_iso, save_report
+from attnrank.eval.spec import EvalSpec
+
+__all__ = ["EVAL_TOP_K", "EngineSearch", "EvalSpec", "EvalTarget", "check_rerank_name", "config_dict", "config_suffix",
+           "file_sha256", "report_name", "run_evaluation", "select_queries", "spec_report_name", "subset_suffix"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,101 +123,104 @@ def check_rerank_name(rerank: str) -> None:
         raise UnknownNameError(f"unknown reranker {rerank!r}; choose one of {[NO_RERANK, *registry.reranker_names()]}")
 
 
-def preload_reranker(pipeline: Pipeline, method: str) -> None:
-    """Build reranker ``method`` and load its model now, so that model loading is not
-    counted in the first query's latency (rerankers with ``load()`` load lazily otherwise)."""
-    reranker = pipeline.reranker(method)
-    if isinstance(reranker, Preloadable):
-        reranker.load()
-
-
-@dataclass
-class EngineSearch:
-    """What a :class:`SearchEngine` hands back to :func:`run_evaluation`.
+@dataclass(frozen=True)
+class EvalTarget:
+    """What an evaluator resolved from its :class:`~attnrank.eval.spec.EvalSpec`, for
+    :func:`run_evaluation`: which first stage to search and how the report is named and
+    recorded.
 
     Attributes:
-        results: One :class:`~attnrank.pipeline.SearchResult` per query, in query order, as
-            :meth:`Pipeline.search_batch` would return them.
-        load_seconds: Reranker load time (the slowest worker's), ``None`` without reranking.
-        reranker: The reranker's ``describe()``, as a worker built it (``None`` without reranking).
-        engine: How the search ran (recorded as ``params.engine`` of the report).
+        name: Report name (:func:`spec_report_name`): ``<name>.trec`` and ``<name>.json``.
+        dataset: Dataset label of the report (the folder's name).
+        split: Qrels split of the report.
+        first_stage: First-stage label of the report (``"bm25"``, ``"run:BM25"``).
+        retriever: The pipeline retriever searched.
+        inputs: Input files and their sha256 (the report's ``inputs``).
+        params: The evaluator's parameters (the report's ``params``).
+        missing: Judged query ids without a query text (left out, reported).
     """
 
-    results: list[SearchResult]
-    load_seconds: float | None = None
-    reranker: Mapping[str, Any] | None = None
-    engine: Mapping[str, Any] = field(default_factory=dict)
+    name: str
+    dataset: str
+    split: str
+    first_stage: str
+    retriever: str
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    missing: Sequence[str] = ()
 
 
-class SearchEngine(Protocol):
-    """Runs an evaluation's searches somewhere other than this process (e.g.
-    :class:`attnrank.eval.distributed.RayEngine`); the rest of :func:`run_evaluation` is unchanged."""
-
-    def search(self, pipeline: Pipeline, queries: Sequence[Query], options: SearchOptions, *,
-               show_progress: bool = True) -> EngineSearch: ...
+def spec_report_name(spec: EvalSpec, head: Sequence[object], n_selected: int, extra: Sequence[object] = ()) -> str:
+    """``<head...>-<rerank>[-c<candidates>][-f<fusion>][-<reranker config>][-<extra...>][-q<n>-s<seed>]``
+    (:func:`report_name`): the name parts every evaluator shares around its own ``head``
+    (dataset and first stage) and ``extra``."""
+    reranking = spec.reranking
+    return report_name(
+        *head, spec.rerank,
+        f"c{spec.candidates}" if reranking else None,
+        f"f{spec.fusion:g}" if reranking and spec.fusion is not None else None,
+        config_suffix(spec.reranker_config, reranking),
+        *extra,
+        subset_suffix(n_selected, spec.max_queries, spec.seed),
+    )
 
 
 def run_evaluation(
     pipeline: Pipeline,
     queries: Sequence[Query],
     qrels: Qrels,
-    options: SearchOptions,
-    metrics: Sequence[str],
-    *,
-    name: str,
-    dataset: str,
-    split: str,
-    first_stage: str,
-    out_dir: str | Path,
-    inputs: Mapping[str, Any] | None = None,
-    params: Mapping[str, Any] | None = None,
-    missing: Sequence[str] = (),
-    show_progress: bool = True,
-    dump_dir: str | Path | None = None,
-    engine: SearchEngine | None = None,
+    spec: EvalSpec,
+    target: EvalTarget,
 ) -> EvalReport:
-    """Search ``queries`` with ``pipeline``, evaluate, write ``<out_dir>/<name>.trec`` and
-    ``<out_dir>/<name>.json``.
+    """Search ``queries`` with ``pipeline`` (``spec``'s reranking of ``target.retriever``'s
+    top ``EVAL_TOP_K``), evaluate with ``spec.metrics``, write ``<out_dir>/<name>.trec``
+    and ``<out_dir>/<name>.json``.
 
-    With ``dump_dir`` (ICR with option ``keep_attention``), each query's per-head
+    With ``spec.dump_dir`` (ICR with option ``keep_attention``), each query's per-head
     attention is also saved as an attention dump (:mod:`attnrank.eval.heads`) from the same pass.
 
     Queries are reranked one at a time (a progress bar counts queries); per-query
     latencies come from :attr:`attnrank.pipeline.SearchResult.timings`. The reranker's
     model is loaded before the first query and its load time reported apart. When reranking,
-    the first-stage ranking (top ``options.top_k``) is evaluated too.
+    the first-stage ranking (top ``EVAL_TOP_K``) is evaluated too.
 
-    With ``engine``, the searches run there (the reranker loads there, not here); the report
-    is the same apart from timings, with ``params.engine`` saying how it ran. ``dump_dir``
-    needs the local engine.
+    ``spec.engine`` runs the searches (:meth:`attnrank.engine.Engine.search`; default: the
+    local engine). On another engine (Ray) the reranker loads there, not here; the report is
+    the same apart from timings, with ``params.engine`` saying how it ran. ``dump_dir`` needs
+    the local engine.
+
+    Args:
+        pipeline: The pipeline to search (its retriever ``target.retriever``).
+        queries: The selected queries (:func:`select_queries`).
+        qrels: Judgements of the evaluated split.
+        spec: The evaluation, its dataset defaults resolved (``metrics`` set).
+        target: What the evaluator resolved (:class:`EvalTarget`).
 
     Returns:
         The saved :class:`~eval.report.EvalReport`.
 
     Raises:
         ValidationError, UnknownNameError, ContextOverflowError: from the pipeline.
+        ValidationError: ``dump_dir`` with an engine other than the local one.
     """
+    name, dataset, split, first_stage = target.name, target.dataset, target.split, target.first_stage
+    metrics = list(spec.metrics or ())
+    dump_dir, show_progress, params = spec.dump_dir, spec.show_progress, target.params
+    options = SearchOptions(top_k=EVAL_TOP_K, retriever=target.retriever, rerank=spec.rerank,
+                            candidates=spec.candidates, fusion=spec.fusion)
     from attnrank.data import write_trec_run
 
     options = pipeline.validate(options)  # every check (and the filter parse) before a model loads
     reranking = options.rerank != NO_RERANK
-    load_seconds = None
-    remote: EngineSearch | None = None
-    if engine is not None:
-        if dump_dir is not None:
-            raise ValidationError("an attention dump (--dump) needs the local engine; drop --engine ray")
-        logger.info("evaluating %s on %d queries (engine %s)", name, len(queries), type(engine).__name__)
-        remote = engine.search(pipeline, list(queries), options, show_progress=show_progress)
-        results, load_seconds = remote.results, remote.load_seconds
-        params = {**(params or {}), "engine": dict(remote.engine)}
-    else:
-        if reranking:
-            t0 = time.perf_counter()
-            preload_reranker(pipeline, options.rerank)
-            load_seconds = time.perf_counter() - t0
-            logger.info("reranker %r ready in %.1f s", options.rerank, load_seconds)
-        logger.info("evaluating %s on %d queries", name, len(queries))
-        results = pipeline.search_batch(list(queries), options, show_progress=show_progress)
+    engine = spec.engine if spec.engine is not None else LocalEngine()
+    local = isinstance(engine, LocalEngine)
+    if dump_dir is not None and not local:
+        raise ValidationError("an attention dump (--dump) needs the local engine; drop --engine ray")
+    logger.info("evaluating %s on %d queries%s", name, len(queries), "" if local else f" (engine {type(engine).__name__})")
+    searched = engine.search(pipeline, list(queries), options, show_progress=show_progress)
+    results, load_seconds = searched.results, searched.load_seconds
+    if not local:  # a local run's report stays as it was (no params.engine)
+        params = {**params, "engine": dict(searched.engine)}
     qids = [r.query.query_id for r in results]
     run = {r.query.query_id: r.ranking.to_dict() for r in results}
     if dump_dir is not None and reranking:
@@ -242,13 +249,13 @@ def run_evaluation(
         }
         total_tokens = sum(int(rr.prompt_tokens) for rr in rrs)
         prompt_tokens = {"total": total_tokens, "mean": total_tokens / len(rrs) if rrs else 0.0}
-        described = remote.reranker if remote is not None else None
+        described = searched.reranker
         reranker_info = jsonable(dict(described if described is not None else pipeline.reranker(options.rerank).describe()))
         if truncation["docs_truncated"]:
             logger.info("%d of %d reranked documents were truncated to the token budget",
                         truncation["docs_truncated"], truncation["docs_reranked"])
 
-    out_dir = Path(out_dir)
+    out_dir = Path(spec.out_dir)
     run_path = out_dir / f"{name}.trec"
     write_trec_run(run, run_path, tag=name)
     logger.info("wrote run %s", run_path)
@@ -272,9 +279,9 @@ def run_evaluation(
         index=jsonable(dict(pipeline.describe_index)) if pipeline.describe_index else None,
         truncation=truncation,
         prompt_tokens=prompt_tokens,
-        excluded_query_ids=sorted(set(missing) | set(ev.excluded)),
-        inputs=jsonable(dict(inputs or {})),
-        params=jsonable(dict(params or {})),
+        excluded_query_ids=sorted(set(target.missing) | set(ev.excluded)),
+        inputs=jsonable(dict(target.inputs)),
+        params=jsonable(dict(params)),
         argv=list(sys.argv),
         timestamp=now_iso(),
         run_file=str(run_path),

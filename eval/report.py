@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.errors import NotFoundError, ValidationError
+from attnrank.jsonable import jsonable as jsonable  # re-exported: the reports' conversion
 
 logger = logging.getLogger(__name__)
 
@@ -127,27 +128,6 @@ class EvalReport:
 def now_iso() -> str:
     """Current UTC time as ISO 8601 with seconds, e.g. ``2025-01-31T12:00:00+00:00``."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def jsonable(value: Any) -> Any:
-    """Convert to JSON-compatible values: mappings -> dict, sequences -> list, paths -> str,
-    numpy scalars -> Python numbers, non-finite floats -> ``None``."""
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value) if isinstance(value, (set, frozenset)) else value
-        return [jsonable(v) for v in items]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if hasattr(value, "item") and callable(value.item):  # numpy scalar
-        value = value.item()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, int):
-        return value
-    return str(value)
 
 
 def summarize_latency(values: Iterable[float]) -> dict[str, float]:

@@ -59,13 +59,17 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import numpy as np
 from attnrank.index.rwlock import RWLock
 
 from attnrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
 from attnrank.lru import ByteLRU, CacheStats
+
+if TYPE_CHECKING:
+    from attnrank.config import RerankerConfig
+    from attnrank.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +86,15 @@ __all__ = [
     "KVHeader",
     "KVStore",
     "KVStoreStats",
+    "BlockBuildPlan",
     "TextKVCache",
     "build_index_blocks",
     "build_missing",
+    "build_part",
     "dequantize_int8",
     "index_block_texts",
     "open_index_store",
+    "plan_build",
     "prune_blocks",
     "quantize_int8",
 ]
@@ -999,7 +1006,7 @@ class KVStore:
 
     def adopt(self, source: str | os.PathLike[str], *, verify: bool = False, remove: bool = True) -> int:
         """Commit the blocks of another store directory built for the same header (a Ray
-        actor's part of a distributed build, :func:`attnrank.eval.distributed.build_index_blocks_ray`)
+        actor's part of a distributed build, :meth:`attnrank.engine.ray.RayEngine.build_blocks`)
         into this store, in ONE manifest commit, without rewriting their bytes.
 
         Only what ``source``'s own manifest commits is taken (its shards are fsynced before it
@@ -1328,32 +1335,97 @@ def build_missing(
     """
     from tqdm.auto import tqdm
 
-    if batch_size < 1:
-        raise ValidationError(f"batch_size must be >= 1, got {batch_size}")
+    _check_batch_size(batch_size)
     t0 = time.perf_counter()
     ids = list(dict.fromkeys(doc_ids))
+    todo = _missing(store, ids, verify_existing=verify_existing, show_progress=show_progress)
+    skipped = len(ids) - len(todo)
+    with tqdm(total=len(todo), desc="kv build", unit="doc", disable=not show_progress, dynamic_ncols=True) as bar:
+        bar.set_postfix(skipped=skipped)
+        shards = put_batches(store, todo, compute_fn, batch_size=batch_size, progress=bar.update)
+    return BuildReport(len(ids), skipped, len(todo), shards, time.perf_counter() - t0)
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValidationError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+
+
+def _missing(store: KVStore, ids: list[str], *, verify_existing: bool, show_progress: bool) -> list[str]:
+    """The ids of ``ids`` (distinct) not stored yet, after an optional crc32 check of the
+    stored ones (:meth:`KVStore.verify`: bad entries are dropped, so they count as missing)."""
     if verify_existing:
         store.verify(ids, show_progress=show_progress)
     todo = [d for d in ids if not store.contains(d)]
-    skipped = len(ids) - len(todo)
-    if skipped:
-        logger.info("kv build: %d of %d documents already stored, computing %d", skipped, len(ids), len(todo))
+    if len(ids) > len(todo):
+        logger.info("kv build: %d of %d documents already stored, computing %d", len(ids) - len(todo), len(ids),
+                    len(todo))
+    return todo
+
+
+def put_batches(
+    store: KVStore,
+    todo: Sequence[str],
+    compute_fn: Callable[[list[str]], Mapping[str, tuple[Any, Any]]],
+    *,
+    batch_size: int,
+    progress: Callable[[int], Any] | None = None,
+) -> int:
+    """Compute ``todo`` in batches of ``batch_size`` and commit each batch as one shard
+    (:meth:`KVStore.put_many`); ``progress(n)`` after each. Returns the shards committed.
+
+    Raises:
+        KVStoreError: ``compute_fn`` left out requested ids, or the store cannot be written.
+        Whatever ``compute_fn`` raises (the batches committed before it stay).
+    """
     shards = 0
-    with tqdm(total=len(todo), desc="kv build", unit="doc", disable=not show_progress, dynamic_ncols=True) as bar:
-        bar.set_postfix(skipped=skipped)
-        for b in range(0, len(todo), batch_size):
-            batch = todo[b : b + batch_size]
-            out = compute_fn(list(batch))
-            absent = [d for d in batch if d not in out]
-            if absent:
-                raise KVStoreError(f"compute_fn returned no keys/values for {len(absent)} requested documents, e.g. {absent[:3]}")
-            extra = len(out) - len(batch)
-            if extra:
-                logger.warning("kv build: compute_fn returned %d documents that were not asked for; ignored", extra)
-            store.put_many({d: out[d] for d in batch})
-            shards += 1
-            bar.update(len(batch))
-    return BuildReport(len(ids), skipped, len(todo), shards, time.perf_counter() - t0)
+    for b in range(0, len(todo), batch_size):
+        batch = list(todo[b : b + batch_size])
+        out = compute_fn(list(batch))
+        absent = [d for d in batch if d not in out]
+        if absent:
+            raise KVStoreError(f"compute_fn returned no keys/values for {len(absent)} requested documents, e.g. {absent[:3]}")
+        extra = len(out) - len(batch)
+        if extra:
+            logger.warning("kv build: compute_fn returned %d documents that were not asked for; ignored", extra)
+        store.put_many({d: out[d] for d in batch})
+        shards += 1
+        if progress is not None:
+            progress(len(batch))
+    return shards
+
+
+def build_part(
+    store_dir: str | Path,
+    header: KVHeader,
+    keys: Sequence[str],
+    compute_fn: Callable[[list[str]], Mapping[str, tuple[Any, Any]]],
+    *,
+    batch_size: int = 32,
+) -> dict[str, Any]:
+    """One part of a distributed document KV store build (``attnrank index kv build
+    --engine ray``, :meth:`attnrank.engine.ray.RayEngine.build_blocks`): compute and store
+    one part's blocks in a store of its own.
+
+    Opens (or creates) the KV store at ``store_dir`` for ``header`` and runs
+    :func:`build_missing` over ``keys`` with ``compute_fn`` (the BlockRank block encoder:
+    ``compute_fn([key, ...]) -> {key: (keys, values)}``). It is resumable (a rerun skips what
+    was committed). A store has one writer, so each part writes its own directory
+    (``<kv>/parts/part-00000``, ...; :meth:`BlockBuildPlan.part_dirs`); each actor runs this
+    per part, and the driver adopts the part into the index's store (:meth:`KVStore.adopt`).
+
+    Returns:
+        The :class:`BuildReport` as a dict, with ``store``.
+
+    Raises:
+        KVStoreError, KVStoreMismatchError: from the store (another header, a held lock).
+    """
+    store = KVStore.open_or_create(store_dir, header)
+    try:
+        report = build_missing(store, list(keys), compute_fn, batch_size=batch_size)
+    finally:
+        store.close()
+    return {**asdict(report), "store": str(Path(store_dir))}
 
 
 # --------------------------------------------------------------------------- text cache
@@ -1465,48 +1537,144 @@ def prune_blocks(store: KVStore, keep: Iterable[str], *, show_progress: bool = F
     return len(stale)
 
 
+@dataclass
+class BlockBuildPlan:
+    """What a build of an index's document KV store has left to do (:func:`plan_build`),
+    the same for either engine: the engine encodes :attr:`todo` (:meth:`encode_here` in this
+    process, or parts on Ray: :meth:`part_dirs`, :meth:`adopt`).
+
+    Attributes:
+        store: The index's store, writable (its lock keeps other builders out); parts an
+            interrupted distributed build left are already adopted.
+        encoder: The cached-mode reranker the plan was made with (its header; tokenisation;
+            the LM that :meth:`encode_here` runs).
+        texts: ``{block key: text}`` of every live document, in document order; documents
+            whose blocks have the same tokens share one key.
+        todo: The keys of :attr:`texts` not stored yet, in order.
+        started: ``time.perf_counter()`` when planning began (:meth:`report` counts from it).
+    """
+
+    store: KVStore
+    encoder: Any
+    texts: dict[str, str]
+    todo: list[str]
+    started: float
+
+    @property
+    def skipped(self) -> int:
+        """Blocks stored before this build (adopted leftover parts included)."""
+        return len(self.texts) - len(self.todo)
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The encoder's store header (what every encoded block must match)."""
+        return dict(self.encoder.block_store_header())
+
+    def encode_here(self, *, batch_size: int, progress: Callable[[int], Any] | None = None) -> int:
+        """Encode :attr:`todo` with :attr:`encoder` in this process, one committed shard per
+        batch (:func:`put_batches`); returns the shards committed."""
+        texts, encoder = self.texts, self.encoder
+
+        def compute(keys: list[str]) -> dict[str, tuple[Any, Any]]:
+            return {k: (kk, vv) for k, kk, vv in encoder.encode_block_arrays([texts[k] for k in keys])}
+
+        return put_batches(self.store, self.todo, compute, batch_size=batch_size, progress=progress)
+
+    def part_dirs(self, n: int) -> list[Path]:
+        """``n`` part store directories under :meth:`KVStore.parts_dir` for a distributed
+        build (not created), numbered after every part already there: a part left behind by
+        an earlier run (still locked by a dying actor) never has its name reused."""
+        parts_dir = self.store.parts_dir()
+        parts_dir.mkdir(exist_ok=True)
+        first = 1 + max((int(p.name[5:]) for p in parts_dir.glob("part-*") if p.name[5:].isdigit()), default=-1)
+        return [parts_dir / f"part-{first + i:05d}" for i in range(n)]
+
+    def adopt(self, part: str | Path) -> None:
+        """Commit a finished part store into :attr:`store` (:meth:`KVStore.adopt`: one atomic
+        manifest commit, hard links, the part removed after it)."""
+        self.store.adopt(part)
+
+    def report(self, shards: int) -> BuildReport:
+        """The build's :class:`BuildReport` (``seconds`` since planning began)."""
+        return BuildReport(len(self.texts), self.skipped, len(self.todo), shards, time.perf_counter() - self.started)
+
+
+def plan_build(index: Any, encoder: Any, *, verify_existing: bool = False, show_progress: bool = False) -> BlockBuildPlan:
+    """Plan the build of ``index``'s document KV store (the one planner of both engines):
+    open the store writable for ``encoder``'s header, adopt the parts an interrupted
+    distributed build left (:meth:`KVStore.adopt_parts`), key every live document's block
+    (:func:`index_block_texts`), crc32-check the stored blocks with ``verify_existing``, and
+    leave out the committed ones.
+
+    Raises:
+        ValidationError: the encoder is not in cached mode, or the index is in memory.
+        KVStoreMismatchError: the index's store was built for another configuration.
+        KVStoreError: another process writes the store.
+    """
+    started = time.perf_counter()
+    store = open_index_store(index, encoder)
+    store.adopt_parts(verify=verify_existing, show_progress=show_progress)
+    texts = index_block_texts(index, encoder, show_progress=show_progress)
+    todo = _missing(store, list(texts), verify_existing=verify_existing, show_progress=show_progress)
+    return BlockBuildPlan(store, encoder, texts, todo, started)
+
+
 def build_index_blocks(
-    index: Any, encoder: Any, *, batch_size: int = 32, show_progress: bool = False, verify_existing: bool = False,
-    prune: bool = False,
+    index: Any, encoder: Any, *, engine: Engine | None = None, config: RerankerConfig | None = None,
+    batch_size: int = 32, show_progress: bool = False, verify_existing: bool = False, prune: bool = False,
 ) -> tuple[KVStore, BuildReport]:
     """Fill an index's document KV store (``attnrank index kv build``) with every live
-    document's block, resumably (:func:`build_missing`: one shard per batch; a rerun after
-    ``kill -9`` skips finished shards; a corrupt entry is recomputed, never read). Parts left
-    by an interrupted distributed build (``--engine ray``) are adopted first
-    (:meth:`KVStore.adopt_parts`), so either engine resumes the other's build.
+    document's block, resumably: :func:`plan_build`, then the engine encodes what is missing
+    (one committed shard per batch; a rerun after ``kill -9`` skips finished shards; a
+    corrupt entry is recomputed, never read), then the optional prune. Parts left by an
+    interrupted distributed build (``--engine ray``) are adopted first, so either engine
+    resumes the other's build.
 
     Args:
-        index: :class:`attnrank.index.store.Index` opened from a directory.
+        index: :class:`attnrank.index.store.Index` opened from a directory (with the Ray
+            engine: a directory every Ray node sees at the same path, e.g. a shared
+            filesystem; always true of a local Ray).
         encoder: A cached-mode reranker (:class:`attnrank.protocols.BlockCachingReranker`
             that also offers ``block_keys(texts)`` and ``encode_block_arrays(texts)``, e.g.
-            BlockRank with ``query_in_instruction=false``).
+            BlockRank with ``query_in_instruction=false``). With an engine that encodes
+            elsewhere it only gives the header and tokenises.
+        engine: Where the blocks are encoded (:class:`attnrank.engine.Engine`); default:
+            this process, with ``encoder``.
+        config: The encoder's :class:`~attnrank.config.RerankerConfig`: an engine that encodes
+            elsewhere builds its encoders from it (the Ray engine needs it).
         batch_size: Blocks per LM batch and per shard.
-        show_progress: tqdm bars (tokenising, encoding: docs/s and ETA).
-        verify_existing: crc32-check stored blocks first.
+        show_progress: tqdm bars (tokenising; blocks committed).
+        verify_existing: crc32-check stored blocks first (and adopted parts), recompute bad ones.
         prune: Afterwards delete the blocks no live document has any more (deleted or
             replaced documents) and compact the store, reclaiming their bytes.
 
     Returns:
         ``(store, report)``; blocks are keyed by the hash of their token ids, so documents
-        with the same text share one block.
+        with the same text share one block. ``report.skipped`` counts blocks stored before
+        this build (adopted leftover parts included), ``report.seconds`` the whole build.
 
     Raises:
-        ValidationError: the encoder is not in cached mode, or the index is in memory.
-        KVStoreMismatchError: the index's store was built for another configuration.
-        KVStoreError: a full disk or another writer.
+        ValidationError: the encoder is not in cached mode, the index is in memory, or bad sizes.
+        KVStoreMismatchError: the index's store (or a Ray worker's reranker) is for another configuration.
+        KVStoreError: a full disk, another writer, or Ray workers that cannot see the index directory.
+        Whatever the engine raises (e.g. RayExecutionError; what was committed stays, rerun to resume).
     """
-    store = open_index_store(index, encoder)
-    store.adopt_parts(verify=verify_existing, show_progress=show_progress)
-    texts = index_block_texts(index, encoder, show_progress=show_progress)
+    from tqdm.auto import tqdm
 
-    def compute(keys: list[str]) -> dict[str, tuple[Any, Any]]:
-        return {k: (kk, vv) for k, kk, vv in encoder.encode_block_arrays([texts[k] for k in keys])}
-
-    report = build_missing(store, list(texts), compute, batch_size=batch_size, show_progress=show_progress,
-                           verify_existing=verify_existing)
+    _check_batch_size(batch_size)
+    plan = plan_build(index, encoder, verify_existing=verify_existing, show_progress=show_progress)
+    label = f" ({engine.label})" if engine is not None and engine.label else ""
+    with tqdm(total=len(plan.todo), desc=f"kv build{label}", unit="block", disable=not show_progress,
+              dynamic_ncols=True) as bar:
+        bar.set_postfix(skipped=plan.skipped)
+        if engine is None:
+            shards = plan.encode_here(batch_size=batch_size, progress=bar.update)
+        else:
+            shards = engine.build_blocks(plan, config, batch_size=batch_size, progress=bar.update)
+    report = plan.report(shards)
     if prune:
-        prune_blocks(store, texts, show_progress=show_progress)
-    return store, report
+        prune_blocks(plan.store, plan.texts, show_progress=show_progress)
+    return plan.store, report
 
 
 def open_index_store(index: Any, encoder: Any) -> KVStore:

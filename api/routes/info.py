@@ -14,7 +14,7 @@ from attnrank.api.deps import RuntimeDep, SettingsDep
 from attnrank.api.runtime import Runtime, served_model_ids
 from attnrank.api.schemas import InfoResponse, RerankerInfo
 from attnrank import registry
-from attnrank.eval.report import jsonable
+from attnrank.jsonable import jsonable
 from attnrank.settings import Settings
 
 router = APIRouter(tags=["info"])

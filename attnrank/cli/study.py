@@ -1,0 +1,153 @@
+"""``attnrank eval study-dump`` and ``eval study-fit``: per-candidate attention features of
+cached BlockRank from one pass per query, and the fit and comparison of scorers on them
+(learned head weights, fusion with the first stage). Registered in the ``eval`` group
+(:mod:`attnrank.cli.eval`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from attnrank.cli.options import DeviceOpt, MaxDocTokensOpt, ModelOpt, SeedOpt, reranker_config
+
+
+def eval_study_dump(
+    out: Annotated[Path, typer.Option("--out", help="Feature dump to write (.npz); a rerun resumes it.")],
+    data: Annotated[Path, typer.Option("--data", help="BEIR folder, or a TREC DL folder with --trec-run.")],
+    split: Annotated[str, typer.Option("--split", help="BEIR split.")] = "test",
+    retriever: Annotated[str, typer.Option("--retriever", help="BEIR first stage: bm25, dense or hybrid.")] = "hybrid",
+    trec_run: Annotated[Optional[str], typer.Option("--trec-run", help="TREC DL run name (e.g. BM25): "
+                                                    "candidates from its top-100 JSON.")] = None,
+    candidates: Annotated[int, typer.Option("--candidates")] = 50,
+    max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Seeded subset of queries.")] = None,
+    seed: SeedOpt = 0,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Index directory (BEIR); its document KV store "
+                                                  "serves the blocks.")] = None,
+    layer: Annotated[int, typer.Option("--layer", help="l*: layers 0..l* are read.")] = 15,
+    max_doc_tokens: MaxDocTokensOpt = 128,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "float16",
+    model: ModelOpt = None,
+    device: DeviceOpt = "cpu",
+    adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (attnrank train query-adapter "
+                                                    "output, e.g. OUT/best) applied to the query passes.")] = None,
+) -> None:
+    """Per-candidate attention features of cached BlockRank (calibrated per layer and head,
+    signal per head, the served calibrated score), first-stage scores and qrels, from ONE
+    pass per query: the input of `attnrank eval study-fit` (issue #14's study)."""
+    from attnrank.eval.heads import beir_candidates, trec_dl_candidates
+    from attnrank.eval.study import dump_features
+    from attnrank.registry import build_reranker
+
+    config = reranker_config("blockrank-cached", model, max_doc_tokens, device, None).with_options(
+        layer=layer, scoring="calibrated", kv_dtype=kv_dtype, query_adapter=None)
+    if adapter is not None:  # the reranker loads it on a private copy of the LM (option query_adapter)
+        config = config.with_options(query_adapter=str(adapter))
+    reranker = build_reranker(config)
+    store = None
+    if trec_run:
+        queries, cands, scores, qrels = trec_dl_candidates(data, run_name=trec_run, candidates=candidates,
+                                                           queries=max_queries, seed=seed)
+        source = {"data": str(data), "run": trec_run}
+    else:
+        queries, cands, scores, qrels = beir_candidates(data, split, queries=max_queries, candidates=candidates,
+                                                        seed=seed, index_dir=index, retriever=retriever)
+        source = {"data": str(data), "split": split, "retriever": retriever}
+        if index is not None and (index / "kv" / "header.json").exists():
+            from attnrank.index.kvstore import KVHeader, KVStore
+
+            # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
+            store = KVStore.open(index / "kv", KVHeader.from_dict(reranker.block_store_header()), readonly=True)
+    meta = {**source, "candidates": candidates, "layer": layer, "max_doc_tokens": max_doc_tokens,
+            "reranker": reranker.describe(),
+            "adapter": reranker.describe().get("query_adapter"), "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}
+    try:
+        items = dump_features(out, queries, cands, scores, qrels, reranker, block_store=store, meta=meta)
+    finally:
+        if store is not None:
+            store.close()
+    typer.echo(json.dumps({"out": str(out), "queries": len(items)}))
+
+
+def eval_study_fit(
+    dev: Annotated[Path, typer.Option("--dev", help="Dev dump: every choice is made on it.")],
+    test: Annotated[list[str], typer.Option("--test", help="NAME=DUMP test sets (repeatable).")],
+    train: Annotated[Optional[list[Path]], typer.Option("--train", help="Training feature dumps (repeatable); "
+                                                        "none: only zero-shot and --fixed-weights variants.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
+    epochs: Annotated[int, typer.Option("--epochs")] = 150,
+    export: Annotated[Optional[Path], typer.Option("--export", help="Write the learned head weights (pure reranker) "
+                                                   "as a weights card for --opt scoring=learned.")] = None,
+    loss: Annotated[str, typer.Option("--loss", help="listwise (softmax, every positive), pairwise (RankNet) or "
+                                      "lambdarank (pairs weighted by |delta nDCG@10|).")] = "listwise",
+    temperature: Annotated[float, typer.Option("--temperature", help="Scores are divided by it in the loss.")] = 1.0,
+    max_layer: Annotated[Optional[int], typer.Option("--max-layer", help="Use layers 0..N only: the model a store "
+                                                     "with l* = N serves (exact: the query pass is causal in depth).")] = None,
+    fixed_weights: Annotated[Optional[list[str]], typer.Option(
+        "--fixed-weights", help="NAME=PATH head weights scored as given (repeatable): a weights card (.json) or a "
+        "query adapter folder (its trained weights, else the model's shipped card).")] = None,
+) -> None:
+    """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
+    with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
+    against the first stage on each test set."""
+    from attnrank.eval.study import format_study, load_items, run_study
+
+    train = train or []
+    train_items = [it for path in train for it in load_items(path)[1]]
+    fixed = {}
+    for item in fixed_weights or []:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"expected NAME=PATH, got {item!r}", param_hint="--fixed-weights")
+        fixed[name] = _fixed_weights(Path(path))
+    dev_meta, dev_items = load_items(dev)
+    tests = {}
+    for item in test:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"expected NAME=DUMP, got {item!r}", param_hint="--test")
+        meta, items = load_items(path)
+        tests[name] = (items, meta["qrels"])
+    if loss not in ("listwise", "pairwise", "lambdarank"):
+        raise typer.BadParameter(f"expected listwise, pairwise or lambdarank, got {loss!r}", param_hint="--loss")
+    layers = list(range(max_layer + 1)) if max_layer is not None else None
+    report = run_study(train_items, dev_items, dev_meta["qrels"], tests, epochs=epochs, loss=loss,
+                       temperature=temperature, layers=layers, fixed=fixed)
+    report["fit"] = {"loss": loss, "temperature": temperature, "layers": layers}
+    report["train"] = {"dumps": [str(p) for p in train], "queries": len(train_items)}
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1))
+    if export is not None:
+        from attnrank.eval.study import weights_card
+
+        if not train:
+            raise typer.BadParameter("--export writes the learned head weights: give --train dumps", param_hint="--export")
+        card = weights_card(report, dev_meta, command="attnrank eval study-fit " + " ".join(
+            [f"--train {p}" for p in train] + [f"--dev {dev}"] + [f"--test {t}" for t in test]
+            + [f"--loss {loss}", f"--temperature {temperature:g}"]
+            + ([f"--max-layer {max_layer}"] if max_layer is not None else []) + [f"--export {export}"]))
+        card["fit"] = report["fit"]
+        export.write_text(json.dumps(card, indent=1))
+    typer.echo(format_study(report))
+
+
+def _fixed_weights(path: Path) -> list[float]:
+    """Head weights of a weights card (``.json``) or of a query adapter folder (its trained
+    ``scorer.weights``, else the shipped card of its model)."""
+    from attnrank.errors import NotFoundError
+
+    if path.is_dir():
+        from safetensors.numpy import load_file
+
+        tensors = load_file(str(path / "adapter.safetensors"))
+        if "scorer.weights" in tensors:
+            return tensors["scorer.weights"].astype(float).tolist()
+        from attnrank.reranker.heads import packaged_data_dir
+
+        card = json.loads((path / "adapter.json").read_text())
+        path = packaged_data_dir() / f"{card['model']['name']}.blockrank-cached.json"
+    if not path.is_file():
+        raise NotFoundError(f"no weights at {path}: pass a weights card (.json) or a query adapter folder")
+    return [float(x) for x in json.loads(path.read_text())["weights"]]
