@@ -55,6 +55,7 @@ class _Job:
     token: CancelToken = field(default_factory=CancelToken)
     started: bool = False
     client_gone: bool = False
+    is_disconnected: Callable[[], Awaitable[bool]] | None = None
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -198,10 +199,11 @@ class InferencePool:
         """
         return self._submit(fn, args, units)[0]
 
-    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], units: float) -> tuple[asyncio.Future, _Job]:
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], units: float,
+                is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> tuple[asyncio.Future, _Job]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        job = _Job(fn, args, future, loop, float(units))
+        job = _Job(fn, args, future, loop, float(units), is_disconnected=is_disconnected)
         if self.stop_abandoned:
             future.add_done_callback(lambda f, token=job.token: token.cancel(
                 "its caller stopped waiting (deadline passed or request cancelled)") if f.cancelled() else None)
@@ -247,16 +249,16 @@ class InferencePool:
                 dropped if it has not started, or asked to stop if it has (see
                 ``stop_abandoned``).
             is_disconnected: Polled every ``disconnect_poll`` seconds while the job waits
-                or runs (e.g. ``request.is_disconnected``): a job whose client went away is
-                dropped before it starts, or asked to stop if it has, and
-                :class:`ClientGoneError` is raised.
+                or runs, and once more just before a worker starts it (e.g.
+                ``request.is_disconnected``): a job whose client went away is dropped before it
+                starts, or asked to stop if it has, and :class:`ClientGoneError` is raised.
 
         Raises:
             OverloadedError: the queue is full.
             TimeoutError: ``timeout`` passed.
             ClientGoneError: ``is_disconnected`` said the client went away.
         """
-        future, job = self._submit(fn, args, units)
+        future, job = self._submit(fn, args, units, is_disconnected)
         watcher = None
         if is_disconnected is not None:
             watcher = asyncio.create_task(self._watch(future, job, is_disconnected))
@@ -301,6 +303,9 @@ class InferencePool:
                 self._queued_units -= job.units
                 if job.future.cancelled():  # the caller stopped waiting before the job started
                     continue
+            if self._client_gone(job):  # its client hung up since the watcher last looked
+                continue
+            with self._cond:
                 job.started = True
                 self._busy_units += job.units
             started = time.perf_counter()
@@ -324,6 +329,36 @@ class InferencePool:
             self._report("queue_wait", started - job.enqueued)
             self._report("run", seconds)
             self._resolve(job, result, error)
+
+    start_check_timeout = 0.2
+    """Seconds a worker waits for the event loop to say whether a job's client is still there."""
+
+    def _client_gone(self, job: _Job) -> bool:
+        """Ask the job's client (on its event loop) just before the job starts: jobs of
+        clients that hung up together, e.g. on one client-side timeout, are all dropped
+        instead of each running until its own watcher looks. A busy loop (no answer within
+        :attr:`start_check_timeout`) or a failing check lets the job run."""
+        if job.is_disconnected is None:
+            return False
+        if job.loop.is_closed():
+            return False
+        check = None
+        try:
+            check = asyncio.run_coroutine_threadsafe(job.is_disconnected(), job.loop)
+            gone = bool(check.result(timeout=self.start_check_timeout))
+        except Exception:  # noqa: BLE001 - no answer: run the job, the watcher still looks
+            if check is not None:
+                check.cancel()
+            return False
+        if gone:
+            logger.info("%s: the client went away; dropping its job", self.name)
+            job.client_gone = True
+            job.token.cancel("the client closed the connection")
+            try:
+                job.loop.call_soon_threadsafe(job.future.cancel)
+            except RuntimeError:  # the event loop is closed: nobody is waiting any more
+                pass
+        return gone
 
     def _report(self, stage: str, seconds: float) -> None:
         if self.observe is None:

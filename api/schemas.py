@@ -312,6 +312,16 @@ class CohereRerankRequest(BaseModel):
     )
     max_chunks_per_doc: StrictInt | None = Field(None, ge=1, description="Cohere v1; accepted and ignored.")
     priority: StrictInt | None = Field(None, description="Cohere v2 request priority; accepted and ignored.")
+    fusion: float | Literal["default", "none"] | None = Field(
+        "default",
+        description="attnrank extension: fuse the reranker with the order the documents come in, taken as a first "
+        "stage (score 1 / rank): alpha * z(1 / rank) + (1 - alpha) * z(reranker), z-scored over the documents. "
+        "'default' (when omitted): the method's recorded weight (the default method: 0.6; icr, blockrank: none); "
+        "a number in [0, 1]; 'none' or null: the reranker's own order. Send documents in first-stage order (best "
+        "first), or 'none' when their order means nothing. Measured: docs/RESULTS.md, '/rerank without a first "
+        "stage'.",
+        examples=["default", "none", 0.6],
+    )
     deadline_ms: StrictInt | None = Field(
         None, ge=1,
         description="Answer within this many milliseconds: when reranking would exceed it (estimated from recent "
@@ -343,8 +353,9 @@ class CohereRerankResult(BaseModel):
         "(meta.score_scale) for icr (calibrated attention mass summed over layers and heads: 0.5 = as much "
         "attention as a content-free query) and blockrank's calibrated and learned scoring; blockrank's "
         "scoring='signal' scores are attention probabilities (in [0, 1], summing to 1 over the documents) and are "
-        "kept, as are a plugin reranker's own scores (unless ATTNRANK_RERANK_SCORE_SCALE is set). When "
-        "meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
+        "kept, as are a plugin reranker's own scores (unless ATTNRANK_RERANK_SCORE_SCALE is set). With fusion "
+        "(meta.fusion, on by default for the default method): 1 / (1 + exp(-f)) of the fused score f (z-score "
+        "units). When meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
     )
     document: RerankedDocument | None = Field(None, description="With return_documents: the document's text.")
 
@@ -386,6 +397,9 @@ class CohereRerankMeta(BaseModel):
         description="The reranker's own score of each result, in the order of results (meta.method says how to "
         "read it); compare only within one response.",
     )
+    fusion: float | None = Field(
+        None, description="The weight alpha of the given order in the results' order (request field `fusion`); null "
+        "= the reranker's own order.")
 
 
 class CohereRerankResponse(BaseModel):

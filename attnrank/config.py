@@ -58,13 +58,18 @@ class RerankerConfig:
     dtype: str = "float32"
     cache_dir: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    spelled: str | None = field(default=None, compare=False, repr=False)
+    """The name this configuration was given when that names another method (a deprecated
+    spelling): a pipeline built from it still answers to that name for one release."""
 
     def __post_init__(self) -> None:
-        from attnrank.registry import canonical_reranker
+        from attnrank.registry import canonical_reranker, reranker_aliases
 
         method, options = canonical_reranker(self.method, self.options)
-        if self.method == "blockrank" and method != "blockrank" and self.max_doc_tokens is None:
-            object.__setattr__(self, "max_doc_tokens", DEFAULT_MAX_DOC_TOKENS)  # the old spelling's budget
+        if method != self.method and self.method not in reranker_aliases():  # a deprecated spelling
+            object.__setattr__(self, "spelled", self.method)
+            if self.max_doc_tokens is None:
+                object.__setattr__(self, "max_doc_tokens", DEFAULT_MAX_DOC_TOKENS)  # the old spelling's budget
         object.__setattr__(self, "method", method)
         object.__setattr__(self, "options", options)
 

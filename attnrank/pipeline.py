@@ -120,6 +120,9 @@ class RerankerCache:
         """
         from attnrank import registry
 
+        base = getattr(self.factory, "base", None)
+        if not options and base is not None and method == getattr(base, "spelled", None):
+            method = base.method  # the base configuration's deprecated name (one release)
         method, options = registry.canonical_reranker(method, options)
         if not options and max_doc_tokens is None:
             with self._guard:

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from attnrank.config import DEFAULT_MAX_DOC_TOKENS, DEFAULT_RERANK_METHOD, PipelineConfig, RerankerConfig, SearchLimits
+from attnrank.config import DEFAULT_RERANK_METHOD, PipelineConfig, RerankerConfig, SearchLimits
 
 
 class Settings(BaseSettings):
@@ -108,13 +108,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _method_budget(self) -> Settings:
-        from attnrank.registry import canonical_reranker, reranker_aliases
-
-        if self.rerank_method not in reranker_aliases():  # a deprecated spelling names its method once, here
-            method, options = canonical_reranker(self.rerank_method, self.rerank_options)
-            if method != self.rerank_method and self.max_doc_tokens is None:
-                self.max_doc_tokens = DEFAULT_MAX_DOC_TOKENS  # the old spelling's budget
-            self.rerank_method, self.rerank_options = method, options
         if self.max_doc_tokens is None:
             from attnrank.registry import default_max_doc_tokens
 

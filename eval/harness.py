@@ -77,6 +77,20 @@ def report_name(*parts: object) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9._=+-]+", "_", str(p)) for p in parts if p not in (None, ""))
 
 
+def _for_method(config: Any, method: str) -> Any:
+    """``config`` for ``method`` (the evaluated one): its budget is that method's when unset."""
+    from dataclasses import replace
+
+    from attnrank.config import RerankerConfig
+
+    if config is None:
+        config = RerankerConfig()
+    if getattr(config, "max_doc_tokens", 0) is not None:
+        return config
+
+    return replace(config, max_doc_tokens=replace(config, method=method).doc_tokens)
+
+
 def config_suffix(config: Any, reranking: bool) -> str | None:
     """``t<max_doc_tokens>`` plus ``key=value`` of the reranker options, so that runs of
     different reranker configurations get different report names."""
@@ -86,7 +100,7 @@ def config_suffix(config: Any, reranking: bool) -> str | None:
         from attnrank.config import RerankerConfig
 
         config = RerankerConfig()
-    parts = [f"t{config.max_doc_tokens}"]
+    parts = [f"t{config.doc_tokens}"]
     for key in sorted(k for k in config.options if k != "keep_attention"):
         value = config.options[key]
         text = value if isinstance(value, (str, int, float, bool)) else hashlib.sha256(
@@ -159,7 +173,7 @@ def spec_report_name(spec: EvalSpec, head: Sequence[object], n_selected: int, ex
         *head, spec.rerank,
         f"c{spec.candidates}" if reranking else None,
         f"f{spec.fusion:g}" if reranking and spec.fusion is not None else None,
-        config_suffix(spec.reranker_config, reranking),
+        config_suffix(_for_method(spec.reranker_config, spec.rerank), reranking),
         *extra,
         subset_suffix(n_selected, spec.max_queries, spec.seed),
     )

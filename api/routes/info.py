@@ -98,7 +98,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
     model = None
     methods = sorted(set(registry.reranker_names()) | set(registry.reranker_aliases()) | {settings.rerank_method})
     limits: dict[str, dict[str, Any]] = {}
-    served, _ = registry.canonical_reranker(settings.rerank_method, None)
+    served, _ = registry.canonical_reranker(settings.rerank_method, settings.rerank_options)
     if runtime.status == "ok" and runtime.rerankers is not None:
         built = runtime.rerankers.loaded()
         loaded = built.get(served)

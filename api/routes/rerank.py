@@ -50,10 +50,10 @@ from attnrank.api.schemas import (
     TokenCounts,
 )
 from attnrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
-from attnrank.pipeline import NO_RERANK
+from attnrank.pipeline import NO_RERANK, fuse_scores
 from attnrank.protocols import RerankResult
 from attnrank.settings import Settings
-from attnrank.types import Document, Query
+from attnrank.types import Document, Query, Ranking, ScoredDoc
 
 router = APIRouter(tags=["rerank"])
 
@@ -125,27 +125,37 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
     return texts, max_doc_tokens, warnings
 
 
-SCORE_SCALES: dict[str, float] = {"icr": 1.0, "blockrank/calibrated": 1.0, "blockrank/learned": 1.0}
-"""Scale ``s`` of ``relevance_score = 1 / (1 + exp(-raw / s))`` by the kind of raw score
-(``method`` or ``method/scoring``): ``icr`` (calibrated attention mass over every layer and
-head), ``blockrank/calibrated`` (the same over layers 0..l*), ``blockrank/learned`` (cached
-BlockRank's learned weights over z-scored calibrated attention). ``blockrank/signal`` scores
-are probabilities (kept); any other method's scores are its own (kept).
+SCORE_SCALES: dict[str, float] = {"icr": 0.3, "calibrated": 0.03, "learned": 1.0}
+"""Scale ``s`` of ``relevance_score = 1 / (1 + exp(-raw / s))`` by the kind of raw score:
+``icr`` (ICR's calibrated attention mass over every layer and head), ``calibrated``
+(BlockRank's calibrated attention over layers 0..l*), ``learned`` (cached BlockRank's
+learned weights over z-scored calibrated attention). Each is the typical spread of the raw
+scores within one query, so that it is one unit of the logistic: the median, over NFCorpus
+dev queries, of the standard deviation of the scores of BM25's top 20 (SmolLM2-135M:
+icr 0.29 over 18 queries; blockrank-cached calibrated 0.029 and learned 1.05 over 10).
+The zero stays at 0.5: for calibrated attention, as much attention as the content-free
+query draws; for learned scores, the candidates' mean. BlockRank's ``scoring='signal'``
+scores are probabilities (kept); another method's scores are its own (kept).
 ``ATTNRANK_RERANK_SCORE_SCALE`` sets the scale for every method but the probabilities."""
 
 
 def score_scale(described: dict[str, Any], settings: Settings) -> float | None:
     """The scale of :func:`relevance_scores` for the reranker that ``described`` (its
-    ``describe()``), or ``None`` when its raw scores are kept: probabilities in [0, 1]
-    (``scoring='signal'``), or a method this service knows no scale for."""
+    ``describe()``: ``method``, and ``scoring`` at the top or among ``options``), or ``None``
+    when its raw scores are kept: probabilities in [0, 1] (``scoring='signal'``), or a method
+    this service knows no scale for (a plugin's own scores)."""
     options = described.get("options") or {}
-    scoring = options.get("scoring") if isinstance(options, dict) else None
+    scoring = described.get("scoring") or (options.get("scoring") if isinstance(options, dict) else None)
     if scoring == "signal":
         return None
     if settings.rerank_score_scale is not None:
         return float(settings.rerank_score_scale)
     method = str(described.get("method") or settings.rerank_method)
-    return SCORE_SCALES.get(method if scoring is None else f"{method}/{scoring}")
+    if method == "icr":
+        return SCORE_SCALES["icr"]
+    if method.startswith("blockrank") and scoring in ("calibrated", "learned"):
+        return SCORE_SCALES[str(scoring)]
+    return None
 
 
 def relevance_scores(raw: list[float], scale: float | None) -> list[float]:
@@ -177,6 +187,23 @@ def _describe(runtime: Runtime, settings: Settings, max_doc_tokens: int | None) 
     except Exception:  # a plugin whose describe() fails: the default scale
         return {}
     return dict(described) if isinstance(described, dict) else {}
+
+
+def _fusion_weight(value: float | str | None, settings: Settings, described: dict[str, Any]) -> float | None:
+    """``fusion``'s weight: ``None`` for ``"none"``/null, the method's recorded weight for
+    ``"default"`` (``describe()["fusion"]``; none when it records none), else the number.
+
+    Raises:
+        ValidationError: a number outside [0, 1].
+    """
+    if value is None or value == "none":
+        return None
+    if value == "default":
+        recorded = described.get("fusion")
+        return float(recorded) if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) else None
+    if isinstance(value, bool) or not 0.0 <= float(value) <= 1.0:
+        raise ValidationError(f"fusion must be a number between 0 and 1, 'default' or 'none', got {value!r}")
+    return float(value)
 
 
 def _doc_ids(n: int) -> list[str]:
@@ -238,6 +265,8 @@ async def rerank(
     position = {doc_id: i for i, doc_id in enumerate(ids)}
     total = time.perf_counter() - t0
     scale: float | None = None
+    alpha: float | None = None
+    raw: dict[int, float] = {}
     if result is None:
         runtime.metrics.deadline_fallbacks.labels(reason).inc()
         warnings.append(
@@ -247,8 +276,17 @@ async def rerank(
         timings = {"queue": 0.0, "rerank": 0.0, "total": total}
         tokens, truncated = 0, []
     else:
-        order = [(position[h.doc_id], float(h.score)) for h in result.ranking.hits]
-        scale = score_scale(_describe(runtime, settings, max_doc_tokens), settings)
+        described = _describe(runtime, settings, max_doc_tokens)
+        raw = {position[h.doc_id]: float(h.score) for h in result.ranking.hits}
+        alpha = _fusion_weight(body.fusion, settings, described)
+        if alpha is None:
+            order = [(position[h.doc_id], float(h.score)) for h in result.ranking.hits]
+            scale = score_scale(described, settings)
+        else:  # the given order as the first stage (reciprocal rank)
+            given = Ranking("rerank", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(ids)))
+            fused = fuse_scores(given, result.ranking, alpha, by="rank")
+            order = [(position[h.doc_id], float(h.score)) for h in fused.hits]
+            scale = 1.0
         rerank_seconds = float(result.seconds)
         runtime.metrics.stage_seconds.labels("rerank").observe(rerank_seconds)
         runtime.metrics.observe_block_cache(result.details.get("cache"))
@@ -264,7 +302,7 @@ async def rerank(
             )
     if body.top_n is not None:
         order = order[: body.top_n]
-    relevance = relevance_scores([raw for _, raw in order], scale)
+    relevance = relevance_scores([score for _, score in order], scale)
     results = [
         CohereRerankResult(index=i, relevance_score=rel,
                            document=RerankedDocument(text=texts[i]) if body.return_documents else None)
@@ -281,6 +319,7 @@ async def rerank(
         truncated=truncated,
         timings=timings,
         score_scale=scale,
-        raw_scores=[raw for _, raw in order],
+        raw_scores=[raw.get(i, s) for i, s in order],
+        fusion=alpha,
     )
     return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)

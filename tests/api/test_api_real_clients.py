@@ -283,3 +283,92 @@ def test_cohere_sdk_errors_are_its_own(cohere_server):
         cohere.ClientV2(api_key="wrong", base_url=cohere_server).rerank(
             model="rerank-v3.5", query="apples", documents=TEXTS)
     assert err.value.status_code == 401
+
+
+def test_cohere_sdk_against_the_real_icr_reranker(tmp_path):
+    """The SDK against the packaged LM's ICR: relevance_score in [0, 1], in ICR's order, the
+    logistic of the raw score (which lies outside [0, 1])."""
+    cohere = pytest.importorskip("cohere")
+    pytest.importorskip("torch")
+    import json
+
+    from attnrank.api.routes.rerank import SCORE_SCALES
+    from attnrank.index.builder import build_index
+    from attnrank.settings import Settings
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "unused"}) + "\n", encoding="utf-8")
+    build_index(corpus, tmp_path / "index", dense=False, show_progress=False)
+    settings = Settings(index=str(tmp_path / "index"), rerank_method="icr", warmup=False, max_doc_tokens=48,
+                        model_aliases={"rerank-v3.5": "icr"})
+    docs = ["At sea level, pure water boils at 100 degrees Celsius.",
+            "Cats are small domesticated carnivorous mammals kept as pets.",
+            "Tea is brewed by pouring hot or boiling water over leaves.",
+            "Rome is the capital city of Italy."]
+    with serve(create_app(settings)) as base:
+        res = cohere.ClientV2(api_key="unused", base_url=base, timeout=300).rerank(
+            model="rerank-v3.5", query="What is the boiling point of water?", documents=docs)
+    scores = [r.relevance_score for r in res.results]
+    raw = res.meta.model_extra["raw_scores"]
+    assert sorted(r.index for r in res.results) == [0, 1, 2, 3] and res.results[0].index == 0
+    assert all(0.0 < s < 1.0 for s in scores) and scores == sorted(scores, reverse=True)
+    assert raw == sorted(raw, reverse=True) and not all(0.0 <= r <= 1.0 for r in raw)
+    assert scores == pytest.approx([1 / (1 + math.exp(-r / SCORE_SCALES["icr"])) for r in raw])
+    assert res.meta.model_extra["score_scale"] == SCORE_SCALES["icr"]
+
+
+@pytest.mark.parametrize(
+    ("described", "scale"),
+    [
+        ({"method": "icr", "options": {}}, 0.3),
+        ({"method": "blockrank-cached", "scoring": "learned", "options": {"scoring": "auto"}}, 1.0),
+        ({"method": "blockrank-cached", "options": {"scoring": "calibrated"}}, 0.03),
+        ({"method": "blockrank", "options": {"scoring": "calibrated"}}, 0.03),
+        ({"method": "blockrank", "options": {"scoring": "signal"}}, None),  # probabilities: kept
+        ({"method": "blockrank-cached", "scoring": "signal", "options": {"scoring": "signal"}}, None),
+        ({"method": "fake", "model": "none"}, None),  # a plugin's own scores: kept
+        ({}, None),
+    ],
+)
+def test_score_scale_by_kind(settings, described, scale):
+    from attnrank.api.routes.rerank import score_scale
+
+    assert score_scale(described, settings.model_copy(update={"rerank_method": "x"})) == scale
+    override = settings.model_copy(update={"rerank_score_scale": 2.0})
+    assert score_scale(described, override) == (None if scale is None and "signal" in str(described) else 2.0)
+
+
+def test_relevance_scores_are_in_0_1_monotone_and_per_document():
+    from attnrank.api.routes.rerank import relevance_scores
+
+    raw = [1e6, 3.1, 1.36, 0.2, 0.0, -0.91, -1e6]
+    rel = relevance_scores(raw, 0.3)
+    assert all(0.0 <= r <= 1.0 for r in rel) and rel == sorted(rel, reverse=True)
+    assert rel[4] == 0.5 and rel[0] == 1.0 and rel[-1] == 0.0
+    assert relevance_scores([1.36], 0.3) == [rel[2]]  # a document's score does not depend on the others
+    assert relevance_scores([0.7, 0.2], None) == [0.7, 0.2]
+
+
+def test_a_client_that_hangs_up_while_sending_its_body_is_499(client, caplog):
+    """A disconnect in the middle of the body (FastAPI's generic 400 otherwise) is the client's doing."""
+    sent: list[dict] = []
+    incoming = iter([{"type": "http.request", "body": b'{"query": "app', "more_body": True},
+                     {"type": "http.disconnect"}])
+
+    async def receive():
+        return next(incoming)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/search", "raw_path": b"/search", "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80), "app": client.app}
+    with caplog.at_level(logging.INFO, logger="attnrank.api.app"):
+        client.portal.call(client.app, scope, receive, send)
+    assert sent[0]["status"] == 499
+    assert b'"error_type":"client_closed"' in sent[1]["body"]
+    assert any("client closed the connection while sending" in r.getMessage() and r.levelno == logging.INFO
+               for r in caplog.records)
+    assert 'method="POST",route="/search",status="499"' in client.get("/metrics").text

@@ -204,3 +204,29 @@ def test_body_over_the_byte_limit_is_still_413(settings, pipeline):
     with TestClient(create_app(settings, pipeline=pipeline)) as c:
         r = c.post("/rerank", json={"query": "q", "documents": ["w" * 125_000]})
         assert "over the limit of 100000 bytes" in _error(r, 413, "payload_too_large")
+
+
+def test_fusion_with_the_given_order_is_an_extension_field(client, monkeypatch):
+    """``fusion`` fuses the reranker with the given order (score 1 / rank): the method's
+    recorded weight by default (none for the fake), a number, or ``"none"``."""
+    import math
+
+    from attnrank.fusion import fuse, reciprocal_ranks
+
+    pure = client.post("/rerank", json={"query": "apples", "documents": DOCS}).json()
+    assert pure["meta"].get("fusion") is None and [x["index"] for x in pure["results"]] == BY_LENGTH
+    fused = client.post("/rerank", json={"query": "apples", "documents": DOCS, "fusion": 0.9}).json()
+    want = fuse(reciprocal_ranks(len(DOCS)), [1.0 / len(t) for t in DOCS], 0.9)
+    order = sorted(range(len(DOCS)), key=lambda i: (-want[i], f"{i}"))
+    assert fused["meta"]["fusion"] == 0.9 and [x["index"] for x in fused["results"]] == order
+    assert [x["relevance_score"] for x in fused["results"]] == pytest.approx(
+        [1 / (1 + math.exp(-want[i])) for i in order])
+    assert fused["meta"]["raw_scores"] == pytest.approx([1.0 / len(DOCS[i]) for i in order])
+    # a method that records a weight fuses by default; "none" turns it off
+    monkeypatch.setattr(FakeReranker, "describe", lambda self: {"method": "fake", "fusion": 0.9})
+    default = client.post("/rerank", json={"query": "apples", "documents": DOCS}).json()
+    assert default["meta"]["fusion"] == 0.9 and [x["index"] for x in default["results"]] == order
+    off = client.post("/rerank", json={"query": "apples", "documents": DOCS, "fusion": "none"}).json()
+    assert off["meta"].get("fusion") is None and [x["index"] for x in off["results"]] == BY_LENGTH
+    assert _error(client.post("/rerank", json={"query": "apples", "documents": DOCS, "fusion": 1.5}),
+                  422, "validation").startswith("fusion must be")

@@ -155,3 +155,73 @@ def test_max_wait_refuses_when_the_estimated_wait_is_too_long():
             pool.close()
 
     _run(main())
+
+
+def _stepping_job(steps: list[int], n: int = 100, seconds: float = 0.02):
+    """A job of ``n`` steps that checks its cancellation token before each (attnrank.cancel)."""
+    from attnrank.cancel import check
+
+    def job():
+        for i in range(n):
+            check()
+            time.sleep(seconds)
+            steps.append(i)
+        return "done"
+
+    return job
+
+
+def test_a_started_job_stops_at_its_next_step_when_the_deadline_passes():
+    steps: list[int] = []
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4).start()
+        try:
+            with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+                await pool.run(_stepping_job(steps), timeout=0.1)
+            t0 = time.perf_counter()
+            assert await pool.run(lambda: "next") == "next"  # the worker is free within a step
+            assert time.perf_counter() - t0 < 0.5
+            assert 1 <= len(steps) < 20  # stopped long before its 100 steps
+        finally:
+            pool.close()
+
+    _run(main())
+
+
+def test_a_started_job_of_a_client_that_went_away_stops_and_says_why():
+    from attnrank.api.inference import ClientGoneError
+
+    steps: list[int] = []
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4).start()
+        pool.disconnect_poll = 0.05
+        try:
+            async def gone():
+                return len(steps) >= 3
+
+            with pytest.raises(ClientGoneError, match="closed the connection"):
+                await pool.run(_stepping_job(steps), is_disconnected=gone)
+            await pool.run(lambda: None)
+            assert 3 <= len(steps) < 20
+        finally:
+            pool.close()
+
+    _run(main())
+
+
+def test_a_pool_for_durable_writes_lets_started_jobs_finish():
+    steps: list[int] = []
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4, stop_abandoned=False).start()
+        try:
+            with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+                await pool.run(_stepping_job(steps, n=10), timeout=0.05)
+            await pool.run(lambda: None)  # waits for the write to end
+            assert steps == list(range(10))
+        finally:
+            pool.close()
+
+    _run(main())

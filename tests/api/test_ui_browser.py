@@ -469,8 +469,8 @@ def test_keyboard_only_in_a_narrow_window(ui):
             return out
 
         assert walk("Shift+Tab", 4) == ["key-forget", "key-save", "api-key", "skip"]
-        assert walk("Tab", 13) == ["api-key", "key-save", "key-forget", "q", "search-btn", "collection", "retriever",
-                                   "method", "candidates", "top-k", "explain", "filter", "doc-id"]
+        assert walk("Tab", 14) == ["api-key", "key-save", "key-forget", "q", "search-btn", "collection", "retriever",
+                                   "method", "candidates", "fusion", "top-k", "explain", "filter", "doc-id"]
         # focus is visible
         page.focus("#q")
         page.keyboard.press("Shift+Tab")

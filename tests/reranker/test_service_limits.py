@@ -62,7 +62,8 @@ def test_rerank_and_search_at_the_limits_succeed_in_windows(client):
     assert limits["icr"]["window_tokens"] == 256 and limits["icr"]["max_query_tokens"] == 64
     assert limits["icr"]["max_documents"] == 10 and limits["icr"]["max_candidates"] == 10
     assert limits["icr"]["candidates_per_window"] < 10  # one prompt cannot hold them: windows must
-    assert {o["name"] for o in info["reranker"]["options"]["blockrank"]} >= {"layer", "query_in_instruction"}
+    assert {o["name"] for o in info["reranker"]["options"]["blockrank"]} >= {"layer", "doc_labels"}
+    assert {o["name"] for o in info["reranker"]["options"]["blockrank-cached"]} >= {"layer", "kv_dtype", "query_adapter"}
     long_query = "what temperature does water boil at " * 110  # ~4,000 characters
     r = client.post("/rerank", json={"query": long_query[:4000], "documents": [d.text for d in DOCS]})
     assert r.status_code == 200, r.text
