@@ -87,7 +87,7 @@ def verify(store: KVStore, keys: Iterable[BlockKey] | None = None, *, show_progr
         index = store._index
         targets = list(index.items()) if keys is None else [(k, index[k]) for k in dict.fromkeys(keys) if k in index]
     bad: list[tuple[BlockKey, Loc, str]] = []
-    with tqdm(total=len(targets), desc="verify kv", unit="doc", disable=not show_progress) as bar:
+    with tqdm(total=len(targets), desc="verify kv", unit="block", disable=not show_progress) as bar:
         for key, loc in targets:
             with store._rw.read():
                 if store._index.get(key) == loc:
@@ -145,7 +145,7 @@ def compact(store: KVStore, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES, s
                 yield key, loc.tokens, [buf]
 
         try:
-            with tqdm(total=len(live), desc="compact kv", unit="doc", disable=not show_progress) as bar:
+            with tqdm(total=len(live), desc="compact kv", unit="block", disable=not show_progress) as bar:
                 for group in groups:
                     ready = list(payloads(group))  # mmap views of verified entries: cheap
                     if ready:

@@ -1,11 +1,11 @@
 """The document KV store: a persistent, append-only, checksummed store of blocks.
 
 With cached BlockRank (method ``blockrank-cached``) a candidate block depends only on the
-fixed instruction (block 0) and the document itself (docs/RESULTS.md, "Cached BlockRank"),
-so its keys and values for layers ``0..l*`` can be computed once per distinct block at
-index time and reused by every query. This module is the *storage* for them; the LM code
-that fills it calls :meth:`KVStore.put_many` / :func:`attnrank.index.kv.build.build_missing`
-with numpy arrays.
+fixed instruction (block 0) and the document itself (docs/RESULTS.md, "Document KV store
+and cached BlockRank"), so its keys and values for layers ``0..l*`` can be computed once per
+distinct block at index time and reused by every query. This module is the *storage* for
+them; the LM code that fills it calls :meth:`KVStore.put_many` /
+:func:`attnrank.index.kv.build.build_missing` with numpy arrays.
 
 Per block the payload is ``keys`` and ``values``, each ``(n_layers, kv_heads, T, head_dim)``
 with ``n_layers = l* + 1`` and ``1 <= T <= max_doc_tokens`` (``T`` varies per block), keyed
