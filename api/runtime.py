@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from attnrank.api.inference import InferencePool
 from attnrank.api.metrics import Metrics
-from attnrank.errors import KVStoreError, KVStoreMismatchError, NotFoundError, UnhealthyError
-from attnrank.pipeline import NO_RERANK, Pipeline, RerankerCache, block_store_for, reranker_factory
+from attnrank.errors import NotFoundError, UnhealthyError
+from attnrank.pipeline import NO_RERANK, Pipeline, RerankerCache, reranker_factory
 from attnrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,8 @@ class Runtime:
         dirs = settings.collection_dirs()
         shared = next((p.rerankers for p in given.values() if p.rerankers is not None), None)
         if shared is None:
-            shared = RerankerCache(reranker_factory(settings.pipeline_config().reranker))
+            shared = RerankerCache(reranker_factory(settings.pipeline_config().reranker,
+                                                    block_cache_bytes=settings.block_cache_bytes))
         opened: dict[str, Pipeline] = {}
         try:
             for name, path in dirs.items():
@@ -150,29 +151,16 @@ class Runtime:
         self._set_status("ok")
 
     def _check_block_stores(self, reranker: Any) -> None:
-        """Open each collection's document KV store for the start-up reranker when its index
-        has one (``<index>/kv/header.json``) and the reranker reads stored blocks (cached
-        BlockRank), so that a store built for another configuration fails start-up (status
-        ``failed``, the message naming the rebuild command) instead of the first search.
-        A store that cannot be opened for another reason (e.g. a running ``index kv build``
-        holds it) is only logged: the first search tries again.
+        """Open each collection's document KV store for the start-up reranker
+        (:meth:`attnrank.blocks.BlockSync.check_at_startup`), so that a store built for
+        another configuration fails start-up (status ``failed``, the message naming the
+        rebuild command) instead of the first search.
 
         Raises:
             KVStoreMismatchError: a collection's store was built for another configuration.
         """
         for name, p in self.collections.items():
-            if p.index is None:
-                continue
-            try:
-                store = block_store_for(reranker, p.index, create=False)
-            except KVStoreMismatchError as exc:
-                raise KVStoreMismatchError(f"collection {name!r}: {exc}", exc.fields) from exc
-            except KVStoreError as exc:
-                logger.warning("collection %r: document KV store not opened at start-up (%s); the first search "
-                               "tries again", name, exc)
-                continue
-            if store is not None:
-                logger.info("collection %r: document KV store opened for reranker %s", name, type(reranker).__name__)
+            p.blocks.check_at_startup(reranker, collection=name)
 
     WARMUP_DOCUMENTS = 4
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,6 +20,79 @@ DEFAULT_RERANK_METHOD = "default"
 
 DEFAULT_LM = "smollm2-135m-instruct"
 """Name of the packaged default reranker LM (SmolLM2-135M-Instruct, see shared/design/MODELS.md)."""
+
+ENV_PREFIX = "ATTNRANK_"
+"""Prefix of every setting's environment variable (:class:`attnrank.settings.Settings`)."""
+
+
+@dataclass(frozen=True)
+class ByteBudget:
+    """One RAM budget in bytes: the single definition of its :class:`attnrank.settings.Settings`
+    field, environment variable, default and meaning.
+
+    The service reads it through ``Settings`` and hands the number down (to
+    :meth:`attnrank.index.store.Index.open`, to the reranker factory). Code that builds a
+    store or a reranker without a number (a script, a test, a CLI command without the
+    setting) gets :meth:`from_env`: the same variable, default and checks.
+
+    Attributes:
+        name: The ``Settings`` field (``kv_cache_bytes``).
+        default: Bytes when unset.
+        description: What the budget bounds.
+    """
+
+    name: str
+    default: int
+    description: str
+
+    @property
+    def env(self) -> str:
+        """The environment variable: ``ATTNRANK_`` + the upper-cased field name."""
+        return ENV_PREFIX + self.name.upper()
+
+    def parse(self, raw: Any) -> int:
+        """``raw`` as a byte count: an int ``>= 0``, or a string of one (spaces around and
+        ``_`` separators allowed, ``"1_073_741_824"``); ``None`` or a blank string is the default.
+
+        Raises:
+            ValidationError: not a whole number, or negative (the message names :attr:`env`).
+        """
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return self.default
+        try:
+            if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+                raise ValueError(raw)
+            value = raw if isinstance(raw, int) else int(raw.strip().replace("_", ""))
+        except ValueError:
+            raise ValidationError(f"{self.env}={raw!r} must be a whole number of bytes (e.g. {self.default})") from None
+        if value < 0:
+            raise ValidationError(f"{self.env}={raw!r} must be >= 0 bytes")
+        return value
+
+    def from_env(self) -> int:
+        """The budget from :attr:`env` (:meth:`parse`), else :attr:`default`.
+
+        Raises:
+            ValidationError: an invalid value.
+        """
+        return self.parse(os.environ.get(self.env))
+
+
+KV_CACHE_BUDGET = ByteBudget(
+    "kv_cache_bytes", 512 * 2**20,
+    "RAM LRU of each document KV store, in bytes: blocks decoded from disk (float16 in the service), "
+    "so that candidates repeated across queries skip the read; 0 disables it.",
+)
+"""``ATTNRANK_KV_CACHE_BYTES`` (512 MiB): the RAM LRU in front of each document KV store
+(:class:`attnrank.index.kv.KVStore`)."""
+
+BLOCK_CACHE_BUDGET = ByteBudget(
+    "block_cache_bytes", 1 << 30,
+    "RAM cache of cached BlockRank's candidate blocks that come from no store (documents sent to /rerank), "
+    "in bytes, keyed by the hash of their tokens; 0 disables it.",
+)
+"""``ATTNRANK_BLOCK_CACHE_BYTES`` (1 GiB): cached BlockRank's RAM tier of blocks not in a
+store (:class:`attnrank.reranker.doccache.BlockSource`)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +219,10 @@ class PipelineConfig:
         max_top_k: Largest ``top_k`` a search may ask for.
         max_candidates: Largest number of candidates a search may send to the reranker.
         show_progress: Progress bars on long loops.
+        kv_cache_bytes: RAM LRU of the index's document KV store, bytes
+            (:data:`KV_CACHE_BUDGET`; ``None``: its environment variable or default).
+        block_cache_bytes: RAM tier of cached BlockRank's blocks outside a store, bytes
+            (:data:`BLOCK_CACHE_BUDGET`; ``None``: its environment variable or default).
     """
 
     index_dir: str
@@ -152,6 +230,8 @@ class PipelineConfig:
     max_top_k: int = 100
     max_candidates: int = 100
     show_progress: bool = False
+    kv_cache_bytes: int | None = None
+    block_cache_bytes: int | None = None
 
     @property
     def limits(self) -> SearchLimits:

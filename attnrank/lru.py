@@ -1,5 +1,5 @@
 """A thread-safe LRU map bounded by a byte budget, shared by the document KV store's RAM
-cache (:mod:`attnrank.index.kvstore`) and the reranker's cache of ad-hoc document blocks
+cache (:mod:`attnrank.index.kv`) and the reranker's cache of ad-hoc document blocks
 (:mod:`attnrank.reranker.doccache`)."""
 
 from __future__ import annotations

@@ -24,12 +24,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from attnrank.blocks import BlockSync, block_store_for
 from attnrank.config import PipelineConfig, SearchLimits
-from attnrank.errors import KVStoreMismatchError, UnknownNameError, ValidationError
+from attnrank.errors import UnknownNameError, ValidationError
 from attnrank.protocols import (
-    BlockCachingReranker,
-    BlockStore,
-    BlockStoreOwner,
     DocStore,
     ExplainingReranker,
     FilterArg,
@@ -372,7 +370,8 @@ class Pipeline:
         """
         from attnrank import registry
 
-        index = registry.open_index(config.index_dir, show_progress=config.show_progress)
+        extra = {} if config.kv_cache_bytes is None else {"kv_cache_bytes": config.kv_cache_bytes}
+        index = registry.open_index(config.index_dir, show_progress=config.show_progress, **extra)
         retrievers = {}
         for name in index.available_retrievers():
             retrievers[name] = registry.build_retriever(name, index)
@@ -380,7 +379,7 @@ class Pipeline:
         return cls(
             retrievers=retrievers,
             docstore=index.docstore,
-            reranker_factory=reranker_factory(config.reranker),
+            reranker_factory=reranker_factory(config.reranker, block_cache_bytes=config.block_cache_bytes),
             limits=config.limits,
             describe_index=index.describe(),
             rerankers=rerankers,
@@ -471,73 +470,24 @@ class Pipeline:
         parsed = registry.parse_filter(options.filter)
         return options if parsed is options.filter else replace(options, filter=parsed)
 
+    # -- documents -------------------------------------------------------------------
+    @property
+    def blocks(self) -> BlockSync:
+        """The upkeep of this pipeline's index's document KV store for its built rerankers
+        (:class:`attnrank.blocks.BlockSync`)."""
+        return BlockSync(self.index, self.rerankers)
+
     def encode_blocks(self, documents: Sequence[Document]) -> int:
-        """Compute and store the blocks of ``documents`` for every built reranker in cached
-        mode (:class:`~attnrank.protocols.BlockCachingReranker`) in this pipeline's index's
-        document KV store, skipping blocks it holds. The API runs this in its ingest pool
-        after a ``POST /documents`` commit, so new documents are hits on their first search;
-        a document whose block is missing still gets it on first use.
-
-        Returns:
-            Blocks written.
-
-        Raises:
-            KVStoreMismatchError: the index's store was built for another configuration.
-            KVStoreError: the store cannot be written (e.g. a full disk).
-        """
-        if not documents or self.rerankers is None or not isinstance(self.index, BlockStoreOwner):
-            return 0
-        written = 0
-        for reranker, lock in self.rerankers.entries():
-            store = block_store_for(reranker, self.index)
-            if store is None or not isinstance(reranker, BlockCachingReranker):
-                continue
-            texts = {k: d.content for k, d in zip(reranker.block_keys([d.content for d in documents]), documents)}
-            todo = [k for k in texts if not store.contains(k)]
-            if not todo:
-                continue
-            with lock:
-                arrays = reranker.encode_block_arrays([texts[k] for k in todo])
-            written += store.put_many({k: (kk, vv) for k, kk, vv in arrays})
-        return written
-
-    def drop_blocks(self, documents: Sequence[Document]) -> int:
-        """Delete the blocks of ``documents`` (deleted ones) from this pipeline's index's
-        document KV store, for every built reranker in cached mode (keys from its
-        ``block_keys``: the hash of each text's block tokens). Nothing is loaded or created:
-        a reranker not built yet, or an index without a store, drops nothing (``attnrank
-        index kv build --prune`` removes such stale blocks later).
-
-        Blocks are keyed by their tokens, so a block shared with a live document of the same
-        text is dropped too; that document's block is then a miss, computed on its next
-        search and written back, so scores stay correct (only that one search pays for it).
-
-        Returns:
-            Blocks deleted.
-
-        Raises:
-            KVStoreMismatchError: the index's store was built for another configuration.
-            KVStoreError: the store cannot be written.
-        """
-        if not documents or self.rerankers is None or not isinstance(self.index, BlockStoreOwner):
-            return 0
-        dropped = 0
-        for reranker, _lock in self.rerankers.entries():
-            store = block_store_for(reranker, self.index, create=False)
-            delete = getattr(store, "delete", None)
-            if store is None or not callable(delete) or not isinstance(reranker, BlockCachingReranker):
-                continue
-            keys = reranker.block_keys([d.content for d in documents])
-            dropped += int(delete(keys))
-        return dropped
+        """:meth:`attnrank.blocks.BlockSync.encode_new` of :attr:`blocks`: the blocks of
+        ``documents`` the index's store lacks, computed and stored. Returns the blocks written."""
+        return self.blocks.encode_new(documents)
 
     def delete_documents(self, doc_ids: Sequence[str]) -> dict[str, Any]:
         """Delete documents from this pipeline's index, durably, then drop their blocks from
-        the index's document KV store (:meth:`drop_blocks`) right after the delete is
-        committed. The API's ``DELETE /documents/{id}`` runs this in its ingest pool.
-
-        A failure to drop the blocks does not undo or fail the delete (it is committed); it is
-        logged, and the stale blocks only take disk until ``attnrank index kv build --prune``.
+        the index's document KV store right after the delete is committed
+        (:meth:`attnrank.blocks.BlockSync.after_delete`: a failure there is logged and does
+        not undo or fail the delete). The API's ``DELETE /documents/{id}`` runs this in its
+        ingest pool.
 
         Returns:
             The index's answer, ``{"deleted": [doc ids], "missing": [doc ids]}``, plus
@@ -546,7 +496,7 @@ class Pipeline:
         Raises:
             IndexMismatchError: the pipeline has no writable index (in memory, or read-only).
         """
-        from attnrank.errors import AttnrankError, IndexMismatchError
+        from attnrank.errors import IndexMismatchError
 
         index = self.index
         if index is None or not hasattr(index, "delete_documents"):
@@ -555,13 +505,7 @@ class Pipeline:
         wanted = list(dict.fromkeys(doc_ids))
         before = self.docstore.get_many(wanted)  # the texts give the block keys
         result = dict(index.delete_documents(wanted))
-        gone = [before[d] for d in result["deleted"] if d in before]
-        try:
-            result["blocks_dropped"] = self.drop_blocks(gone)
-        except (AttnrankError, OSError) as exc:
-            logger.warning("deleted %d documents but not their KV store blocks (%s); `attnrank index kv build "
-                           "--prune` removes them", len(gone), exc)
-            result["blocks_dropped"] = 0
+        result["blocks_dropped"] = self.blocks.after_delete([before[d] for d in result["deleted"] if d in before])
         return result
 
     # -- search ----------------------------------------------------------------------
@@ -670,6 +614,9 @@ class RegistryRerankerFactory:
     (:meth:`methods`), so :meth:`Pipeline.validate` can refuse an unknown one up front."""
 
     base: Any
+    block_cache_bytes: int | None = None
+    """RAM tier of a cached reranker's blocks outside a store, bytes (``None``: the library
+    default, :data:`attnrank.config.BLOCK_CACHE_BUDGET`)."""
 
     def __call__(
         self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
@@ -682,7 +629,7 @@ class RegistryRerankerFactory:
         config = replace(self.base, method=method, options={**inherited, **(options or {})})
         if max_doc_tokens is not None:
             config = replace(config, max_doc_tokens=max_doc_tokens)
-        return registry.build_reranker(config)
+        return registry.build_reranker(config, block_cache_bytes=self.block_cache_bytes)
 
     @staticmethod
     def methods() -> list[str]:
@@ -692,47 +639,10 @@ class RegistryRerankerFactory:
         return registry.reranker_names()
 
 
-def block_store_for(reranker: Any, index: Any, *, create: bool = True) -> BlockStore | None:
-    """The document KV store ``index`` keeps for ``reranker``'s blocks, or ``None`` when the
-    reranker does not read stored blocks (not in cached mode), the index keeps none
-    (in memory), or ``create`` is false and the index has no store yet.
-
-    Raises:
-        KVStoreMismatchError: the index's store was built for another configuration.
-        KVStoreError: the store cannot be opened (e.g. another process writes it).
-    """
-    if not isinstance(reranker, BlockCachingReranker) or not isinstance(index, BlockStoreOwner):
-        return None
-    header = reranker.block_store_header()
-    if header is None:
-        return None
-    try:
-        return index.block_store(header, create=create)
-    except KVStoreMismatchError as exc:
-        raise KVStoreMismatchError(_store_hint(reranker, header, exc.stored) + str(exc), exc.fields, exc.stored) from None
-
-
-def _store_hint(reranker: Any, expected: Mapping[str, Any], stored: Mapping[str, Any]) -> str:
-    """The reranker options that would read a mismatched store as it is (no rebuild), when
-    only ``l*``, the block length or the dtype differ: ``--opt layer=15 --max-doc-tokens 128``."""
-    differ = {k for k in expected if stored.get(k) != expected.get(k)}
-    if not stored or differ - {"layer", "max_doc_tokens", "dtype", "instruction_hash"}:
-        return ""
-    parts = []
-    if "layer" in differ:
-        parts.append(f"--opt layer={stored['layer']}")
-    if "max_doc_tokens" in differ:  # block length = content budget + the block's marker tokens
-        budget = getattr(getattr(reranker, "config", None), "max_doc_tokens", None)
-        if budget is not None:
-            parts.append(f"--max-doc-tokens {int(budget) + int(stored['max_doc_tokens']) - int(expected['max_doc_tokens'])}")
-    if "dtype" in differ:
-        parts.append(f"--opt kv_dtype={stored['dtype']}")
-    return f"To read this store as built, run the reranker with {' '.join(parts)} (no rebuild). " if parts else ""
-
-
-def reranker_factory(base: Any) -> RerankerFactory:
-    """A :class:`RegistryRerankerFactory` over a base :class:`~attnrank.config.RerankerConfig`."""
-    return RegistryRerankerFactory(base)
+def reranker_factory(base: Any, *, block_cache_bytes: int | None = None) -> RerankerFactory:
+    """A :class:`RegistryRerankerFactory` over a base :class:`~attnrank.config.RerankerConfig`
+    (``block_cache_bytes``: see :attr:`RegistryRerankerFactory.block_cache_bytes`)."""
+    return RegistryRerankerFactory(base, block_cache_bytes)
 
 
 def fuse_scores(first_stage: Ranking, reranked: Ranking, alpha: float, *, by: str = "score") -> Ranking:

@@ -1,5 +1,9 @@
 """One interface per stage. Implementations live in ``retriever/``, ``reranker/`` and
-``index/``; the pipeline and the API are written against these protocols only."""
+``index/``; the pipeline and the API are written against these protocols only.
+
+The block protocols of cached BlockRank (:class:`BlockStore`, :class:`BlockCachingReranker`,
+:class:`BlockStoreOwner`) live with the header and the block key in :mod:`attnrank.blocks`;
+they are re-exported here."""
 
 from __future__ import annotations
 
@@ -7,12 +11,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
+from attnrank.blocks import BlockCachingReranker, BlockStore, BlockStoreOwner
 from attnrank.types import Document, Query, Ranking
 
 if TYPE_CHECKING:  # type-only: the core never imports the index layer
     import numpy as np
 
     from attnrank.index.filters import BoolFilter
+
+__all__ = [
+    "BlockCachingReranker",
+    "BlockStore",
+    "BlockStoreOwner",
+    "DocStore",
+    "Encoder",
+    "ExplainingReranker",
+    "Filter",
+    "FilterArg",
+    "Preloadable",
+    "Reranker",
+    "RerankResult",
+    "Retriever",
+    "SupportsClose",
+    "WritableDocStore",
+]
 
 Filter = Mapping[str, Any]
 """A metadata filter (Qdrant-style JSON: ``must`` / ``should`` / ``must_not``); ``None`` = no filter."""
@@ -206,51 +228,3 @@ class Encoder(Protocol):
     def encode_documents(self, texts: Iterable[str], *, show_progress: bool = False): ...
 
     def describe(self) -> Mapping[str, Any]: ...
-
-
-@runtime_checkable
-class BlockStore(Protocol):
-    """A persistent store of document blocks' keys/values (a collection's document KV
-    store, :class:`attnrank.index.kvstore.KVStore`), keyed by block hash.
-
-    ``get_many`` returns ``({key: (keys, values)}, missing_keys)`` with float arrays
-    ``(n_layers, kv_heads, T, head_dim)``; a corrupt entry is a miss, never returned.
-    ``put_many`` stores ``{key: (keys, values)}`` all or nothing.
-    """
-
-    def get_many(self, doc_ids: Iterable[str]) -> tuple[dict[str, tuple[Any, Any]], list[str]]: ...
-
-    def put_many(self, items: Mapping[str, tuple[Any, Any]]) -> int: ...
-
-    def contains(self, doc_id: str) -> bool: ...
-
-
-@runtime_checkable
-class BlockCachingReranker(Protocol):
-    """A reranker whose candidate blocks can come from a :class:`BlockStore` (cached
-    BlockRank, ``query_in_instruction=false``).
-
-    ``block_store_header()`` is what a store must have been built with (model hash,
-    template version, instruction hash, ``l*``, block length, dtype, adapter hash), or
-    ``None`` when this configuration does not use a store; ``rerank(..., block_store=)``
-    reads blocks from the store and writes the ones it had to compute back.
-    """
-
-    def block_store_header(self) -> Mapping[str, Any] | None: ...
-
-    def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult: ...
-
-    def block_keys(self, texts: Sequence[str]) -> list[str]:
-        """Store keys of these document texts' blocks (tokenisation only)."""
-        ...
-
-    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[str, Any, Any]]:
-        """``(key, keys, values)`` per text: float arrays ``(n_layers, kv_heads, T, head_dim)``."""
-        ...
-
-
-@runtime_checkable
-class BlockStoreOwner(Protocol):
-    """An index that keeps a document KV store for its documents (``<index>/kv``)."""
-
-    def block_store(self, header: Mapping[str, Any], *, create: bool = True) -> BlockStore | None: ...

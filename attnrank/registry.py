@@ -29,6 +29,7 @@ _DEFAULT_BUDGET = "attnrank.reranker.options:default_max_doc_tokens"
 _ALIASES = "attnrank.reranker.options:METHOD_ALIASES"
 _INDEX_OPENER = "attnrank.index.store:Index.open"
 _FILTER_PARSER = "attnrank.index.filters:as_filter"
+_KV_CODEC = "attnrank.index.kv.codec:codec_for"
 
 
 def _resolve(target: str | Callable[..., Any]) -> Any:
@@ -116,14 +117,35 @@ def build_retriever(name: str, index: Any, **options: Any) -> Any:
     return retriever_class(name).from_index(index, **options)
 
 
-def build_reranker(config: Any) -> Any:
-    """Build the reranker named by ``config.method`` from a RerankerConfig. Raises UnknownNameError."""
-    return reranker_class(config.method).from_config(config)
+def build_reranker(config: Any, *, block_cache_bytes: int | None = None) -> Any:
+    """Build the reranker named by ``config.method`` from a RerankerConfig. Raises UnknownNameError.
+
+    Args:
+        config: The reranker configuration.
+        block_cache_bytes: RAM budget of the reranker's tier of blocks outside a store, in
+            bytes, for a class that keeps one (it lists ``"block_cache_bytes"`` in its
+            ``build_resources`` and its ``from_config`` takes it); ``None``: the class's default
+            (:data:`attnrank.config.BLOCK_CACHE_BUDGET`). Other classes ignore it.
+    """
+    cls = reranker_class(config.method)
+    if block_cache_bytes is not None and "block_cache_bytes" in getattr(cls, "build_resources", ()):
+        return cls.from_config(config, block_cache_bytes=block_cache_bytes)
+    return cls.from_config(config)
 
 
 def open_index(path: str, **options: Any) -> Any:
     """Open an index directory (``attnrank.index.store.Index.open``)."""
     return _resolve(_INDEX_OPENER)(path, **options)
+
+
+def kv_codec(header: Any) -> Any:
+    """The codec of a document KV store's dtype for ``header`` (``attnrank.index.kv.codec.codec_for``:
+    byte counts, encoding and decoding of one block).
+
+    Raises:
+        ValidationError: a dtype without a codec.
+    """
+    return _resolve(_KV_CODEC)(header)
 
 
 def parse_filter(filter: Any) -> Any:

@@ -7,7 +7,15 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from attnrank.config import DEFAULT_RERANK_METHOD, PipelineConfig, RerankerConfig, SearchLimits
+from attnrank.config import (
+    BLOCK_CACHE_BUDGET,
+    DEFAULT_RERANK_METHOD,
+    ENV_PREFIX,
+    KV_CACHE_BUDGET,
+    PipelineConfig,
+    RerankerConfig,
+    SearchLimits,
+)
 
 
 class Settings(BaseSettings):
@@ -16,7 +24,7 @@ class Settings(BaseSettings):
     Every field can be set from the environment, e.g. ``ATTNRANK_INDEX=indexes/nfcorpus``.
     """
 
-    model_config = SettingsConfigDict(env_prefix="ATTNRANK_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     index: str = Field("indexes/nfcorpus", description="Index directory built by `attnrank index build`.")
     model: str | None = Field(None, description="Reranker LM: packaged default when unset, or a local HF directory.")
@@ -106,6 +114,15 @@ class Settings(BaseSettings):
         "not a probability; unset = the method's default (attnrank.api.routes.rerank.SCORE_SCALES).",
     )
 
+    kv_cache_bytes: int = Field(KV_CACHE_BUDGET.default, ge=0, description=KV_CACHE_BUDGET.description)
+    block_cache_bytes: int = Field(BLOCK_CACHE_BUDGET.default, ge=0, description=BLOCK_CACHE_BUDGET.description)
+
+    @field_validator("kv_cache_bytes", "block_cache_bytes", mode="before")
+    @classmethod
+    def _byte_budget(cls, value: Any, info: Any) -> int:
+        # one parser for the service and for code built without Settings (attnrank.config.ByteBudget)
+        return {b.name: b for b in (KV_CACHE_BUDGET, BLOCK_CACHE_BUDGET)}[info.field_name].parse(value)
+
     @model_validator(mode="after")
     def _method_budget(self) -> Settings:
         if self.max_doc_tokens is None:
@@ -151,4 +168,6 @@ class Settings(BaseSettings):
             ),
             max_top_k=limits.max_top_k,
             max_candidates=limits.max_candidates,
+            kv_cache_bytes=self.kv_cache_bytes,
+            block_cache_bytes=self.block_cache_bytes,
         )

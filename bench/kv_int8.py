@@ -25,7 +25,7 @@ def convert(src_index: Path, dst_index: Path) -> dict:
     """Copy ``src_index`` without its store and write an int8 copy of the store into it."""
     from tqdm import tqdm
 
-    from attnrank.index.kvstore import KVHeader, KVStore
+    from attnrank.index.kv import KVHeader, KVStore
 
     if not dst_index.exists():
         shutil.copytree(src_index, dst_index, ignore=shutil.ignore_patterns("kv"))

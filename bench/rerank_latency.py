@@ -2,7 +2,7 @@
 candidate count grows.
 
 ``cached`` is BlockRank with ``query_in_instruction=false`` whose candidate blocks are already
-in a document KV store (float16, :mod:`attnrank.index.kvstore`, the store's RAM LRU large
+in a document KV store (float16, :mod:`attnrank.index.kv`, the store's RAM LRU large
 enough to hold them, the reranker's own RAM cache off): per query only the query block runs
 against the stored keys/values. Filling the store is not timed (that is index time, see
 ``attnrank index kv build``).
@@ -102,7 +102,7 @@ def worker(args) -> None:
         import os
         import tempfile
 
-        from attnrank.index.kvstore import KVHeader, KVStore
+        from attnrank.index.kv import KVHeader, KVStore
         from attnrank.types import Query
 
         os.environ["ATTNRANK_BLOCK_CACHE_BYTES"] = "0"

@@ -62,7 +62,7 @@ def source_store(reranker: Any, index: Path | None, scratch: Path | None, name: 
     header matches the reranker (read-only), else a writable scratch store
     ``scratch/<name>`` (created on first use; blocks computed once are kept), else ``None``."""
     from attnrank.errors import KVStoreMismatchError
-    from attnrank.index.kvstore import KVHeader, KVStore
+    from attnrank.index.kv import KVHeader, KVStore
 
     header = KVHeader.from_dict(reranker.block_store_header())
     if index is not None and (index / "kv" / "header.json").is_file():

@@ -40,7 +40,7 @@ from typing import Any
 
 from attnrank.config import RerankerConfig, SearchLimits
 from attnrank.engine import Engine, LocalEngine
-from attnrank.files import file_sha256
+from attnrank.files import file_sha256, fsync_dir
 from attnrank.errors import ContextOverflowError, MissingDependencyError, ModelLoadError, ValidationError
 from attnrank.pipeline import NO_RERANK, Pipeline, RerankerFactory, SearchOptions, merge_reranked, reranker_factory
 from attnrank.types import Query, Ranking
@@ -87,17 +87,6 @@ class BatchSummary:
 
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def trec_lines(ranking: Ranking, tag: str) -> str:
     """TREC run lines of one ranking (ranks from 1, scores with ``repr``)."""
     return "".join(
@@ -136,7 +125,7 @@ class Progress:
         self._progress = open(self.path, "ab")
         if not self.completed and self._progress.tell() == 0:
             self._append({"header": self.header})
-        _fsync_dir(self.out.parent)
+        fsync_dir(self.out.parent)
 
     def _recover(self) -> int:
         """Read the sidecar; returns the output length to keep."""

@@ -7,10 +7,10 @@ module keeps the old import paths working:
 
 * :class:`RayEngine` is the engine plus :meth:`RayEngine.run_batch`, the
   ``rerank_batch(runner=...)`` form (``rerank_batch(engine=...)`` does the same).
-* :func:`build_index_blocks_ray` is :func:`attnrank.index.kvstore.build_index_blocks` with a
+* :func:`build_index_blocks_ray` is :func:`attnrank.index.kv.build_index_blocks` with a
   Ray engine.
 * ``kv_shards`` and ``build_kv_shard`` are :func:`attnrank.engine.ray.split_parts` and
-  :func:`attnrank.index.kvstore.build_part`.
+  :func:`attnrank.index.kv.build_part`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from attnrank.engine.ray import (
     split_parts,
 )
 from attnrank.engine.ray import RayEngine as _RayEngine
-from attnrank.index.kvstore import build_part
+from attnrank.index.kv import build_part
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from attnrank.config import RerankerConfig
     from attnrank.eval.batch import BatchSummary, Progress
-    from attnrank.index.kvstore import BuildReport, KVStore
+    from attnrank.index.kv import BuildReport, KVStore
     from attnrank.pipeline import Pipeline, SearchOptions
     from attnrank.types import Query
 
@@ -69,16 +69,16 @@ def build_index_blocks_ray(
     verify_existing: bool = False,
     prune: bool = False,
 ) -> tuple[KVStore, BuildReport]:
-    """:func:`attnrank.index.kvstore.build_index_blocks` with the LM work spread over a Ray
+    """:func:`attnrank.index.kv.build_index_blocks` with the LM work spread over a Ray
     actor pool (:meth:`attnrank.engine.ray.RayEngine.build_blocks`, ``part_batches`` batches
     per part). Same store, same keys, same blocks.
 
     Raises:
-        See :func:`~attnrank.index.kvstore.build_index_blocks` and
+        See :func:`~attnrank.index.kv.build_index_blocks` and
         :meth:`~attnrank.engine.ray.RayEngine.build_blocks`; MissingDependencyError: Ray is
         not installed.
     """
-    from attnrank.index.kvstore import build_index_blocks
+    from attnrank.index.kv import build_index_blocks
 
     engine = _RayEngine(options or RayOptions(), part_batches=part_batches)
     return build_index_blocks(index, encoder, engine=engine, config=config, batch_size=batch_size,

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from attnrank.errors import NotFoundError, ValidationError, require
+from attnrank.files import write_atomic
 from attnrank.index.rwlock import RWLock
 
 logger = logging.getLogger(__name__)
@@ -572,13 +572,19 @@ class DenseIndex:
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Write the faiss index to ``path`` atomically (temporary file, then rename).
-        Tombstones are not written: the owner re-derives them (see :class:`attnrank.index.store.Index`)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with self._lock.read():
-            self.faiss.write_index(self.index, str(tmp))
-        os.replace(tmp, path)
+        """Write the faiss index to ``path`` atomically and durably
+        (:func:`attnrank.files.write_atomic`: a temporary file, fsynced, renamed, directory
+        fsynced). Tombstones are not written: the owner re-derives them (see
+        :class:`attnrank.index.store.Index`).
+
+        Raises:
+            OSError: the file could not be written (``path`` is unchanged).
+        """
+        def write(tmp: Path) -> None:
+            with self._lock.read():
+                self.faiss.write_index(self.index, str(tmp))
+
+        write_atomic(path, write)
 
     @classmethod
     def load(cls, path: str | Path, params: DenseParams | None = None) -> DenseIndex:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnrank.errors import ValidationError
+from attnrank.files import write_atomic
 from attnrank.protocols import WritableDocStore
 
 if TYPE_CHECKING:
@@ -354,7 +355,10 @@ def recover_swapped_dir(root: Path, name: str) -> None:
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Replace a JSON file atomically."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Replace a JSON file (indent 2, a final newline) atomically and durably
+    (:func:`attnrank.files.write_atomic`: fsynced, renamed, directory fsynced).
+
+    Raises:
+        OSError: the file could not be written (``path`` is unchanged).
+    """
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())

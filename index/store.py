@@ -53,7 +53,9 @@ from attnrank.protocols import Encoder, WritableDocStore
 from attnrank.types import Document
 
 if TYPE_CHECKING:
+    from attnrank.blocks import KVHeader
     from attnrank.index.filters import BoolFilter
+    from attnrank.index.kv import KVStore
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class Index:
         show_progress: bool = False,
         planner: Any = None,
         writable: bool = True,
+        kv_cache_bytes: int | None = None,
     ) -> None:
         from attnrank.index.passages import PassageParams
         from attnrank.index.planner import PlannerParams
@@ -110,13 +113,14 @@ class Index:
         self.planner = planner or PlannerParams.from_dict((self.params.get("dense") or {}).get("planner") or {})
         self.passages = PassageParams.from_dict((self.params.get("dense") or {}).get("passages"))
         self.writable = writable
+        self.kv_cache_bytes = kv_cache_bytes
         self._encoder = encoder
         self._embedder_dir = embedder_dir
         self._lock = threading.Lock()  # lazy encoder / doc ids
         self._rw = RWLock()
         self._maintenance = threading.Lock()  # flush / compact, one at a time
         self._kv_lock = threading.Lock()  # opening the document KV store
-        self._block_stores: dict[str, Any] = {}
+        self._block_stores: dict[str, KVStore] = {}
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._dirty = False  # the vector file lags behind memory
@@ -138,7 +142,7 @@ class Index:
     @classmethod
     def open(
         cls, path: str | Path, *, embedder: str | None = None, encoder: Encoder | None = None,
-        show_progress: bool = False,
+        show_progress: bool = False, kv_cache_bytes: int | None = None,
     ) -> Index:
         """Open an index directory written by :func:`attnrank.index.builder.build_index`.
 
@@ -153,6 +157,9 @@ class Index:
             encoder: A ready encoder object instead (its ``describe()["sha256"]`` must
                 equal the recorded one), e.g. the one given to ``build_index``.
             show_progress: Progress bars in the retrievers built over this index.
+            kv_cache_bytes: RAM LRU of the document KV store, bytes (``None``: the library
+                default, :data:`attnrank.config.KV_CACHE_BUDGET`; the service passes
+                ``Settings.kv_cache_bytes``).
 
         Raises:
             NotFoundError: missing or corrupt index (run ``attnrank index build``).
@@ -215,7 +222,7 @@ class Index:
                 raise NotFoundError(f"index at {root} is corrupt: document counts disagree {sizes}{hint}")
         index = cls(
             path=root, params=params, docstore=docstore, bm25=bm25, dense=dense, encoder=encoder,
-            embedder_dir=embedder_dir, show_progress=show_progress, writable=writable,
+            embedder_dir=embedder_dir, show_progress=show_progress, writable=writable, kv_cache_bytes=kv_cache_bytes,
         )
         if writable:
             maintenance.catch_up(index)
@@ -593,11 +600,12 @@ class Index:
     KV_DIR = "kv"
     """Folder of the document KV store inside an index directory."""
 
-    def block_store(self, header: Mapping[str, Any], *, create: bool = True) -> Any:
-        """The index's document KV store (:class:`attnrank.index.kvstore.KVStore` at
-        ``<index>/kv``) for a reranker whose blocks were computed as ``header`` says, opened
-        once and kept until :meth:`close`; ``None`` for an in-memory index, or when the store
-        does not exist and ``create`` is false.
+    def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True) -> KVStore | None:
+        """The index's document KV store (:class:`attnrank.index.kv.KVStore` at
+        ``<index>/kv``) for a reranker whose blocks were computed as ``header`` says (a
+        :class:`attnrank.blocks.KVHeader`, or its fields), opened once, with this index's
+        ``kv_cache_bytes``, and kept until :meth:`close`; ``None`` for an in-memory index, or
+        when the store does not exist and ``create`` is false.
 
         Raises:
             KVStoreMismatchError: the store was built with another model, layout, layer,
@@ -606,9 +614,10 @@ class Index:
         """
         if self.path is None:
             return None
-        from attnrank.index.kvstore import KVHeader, KVStore
+        from attnrank.blocks import as_header
+        from attnrank.index.kv import KVStore
 
-        want = KVHeader.from_dict(header)
+        want = as_header(header)
         stores = self._block_stores
         key = want.fingerprint()
         with self._kv_lock:
@@ -618,7 +627,7 @@ class Index:
                     return None
                 # float16 out: the RAM cache holds half the bytes; blocks are widened while
                 # copied into a query's context
-                stores[key] = KVStore.open_or_create(path, want, out_dtype="float16")
+                stores[key] = KVStore.open_or_create(path, want, out_dtype="float16", cache_bytes=self.kv_cache_bytes)
             return stores[key]
 
     def close(self) -> None:

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from attnrank.blocks import KVHeader
 from attnrank.config import RerankerConfig
 from attnrank.errors import ContextOverflowError, ValidationError
 from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
@@ -587,7 +588,7 @@ class BlockRankReranker(AttentionReranker):
             self._context_buffer = ContextBuffer()
         return self._context_buffer
 
-    def block_store_header(self) -> dict[str, Any] | None:
+    def block_store_header(self) -> KVHeader | None:
         """``None``: the paper's prompt puts the query in every block, so no block can be
         stored (cached BlockRank, method ``blockrank-cached``, reads a document KV store)."""
         return None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -34,7 +33,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import RerankerConfig
+from attnrank.blocks import BlockKey, KVHeader
+from attnrank.config import BLOCK_CACHE_BUDGET, RerankerConfig
 from attnrank.errors import ContextOverflowError, NotFoundError, ValidationError
 from attnrank.protocols import RerankResult
 from attnrank.reranker.base import DocumentScores, ScoredPass
@@ -67,8 +67,9 @@ from attnrank.types import Document, Query
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BLOCK_CACHE_BYTES = 1 << 30
-"""RAM cache of ad-hoc candidate blocks (``/rerank``), bytes, unless ``block_cache_bytes`` is given."""
+DEFAULT_BLOCK_CACHE_BYTES = BLOCK_CACHE_BUDGET.default
+"""RAM cache of ad-hoc candidate blocks (``/rerank``), bytes (1 GiB), unless ``block_cache_bytes``
+or ``$ATTNRANK_BLOCK_CACHE_BYTES`` says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -103,24 +104,36 @@ class CachedBlockRankReranker(BlockRankReranker):
         config: Its ``max_doc_tokens`` is the block's content budget (``None``: 128).
         lm: A loaded LM to share (else loaded on first use).
         block_cache_bytes: RAM cache of blocks not in a store, bytes (``None``:
-            ``$ATTNRANK_BLOCK_CACHE_BYTES`` or 1 GiB).
+            :data:`attnrank.config.BLOCK_CACHE_BUDGET`, i.e. ``$ATTNRANK_BLOCK_CACHE_BYTES`` or
+            1 GiB; the service passes its ``Settings.block_cache_bytes`` through the reranker
+            factory, :func:`attnrank.registry.build_reranker`).
+
+    Raises:
+        ValidationError: bad options, or ``$ATTNRANK_BLOCK_CACHE_BYTES`` is not a byte count.
     """
 
     name = "blockrank-cached"
     cached = True
     options_class = CachedBlockRankOptions
     options: CachedBlockRankOptions  # type: ignore[assignment]
+    build_resources = ("block_cache_bytes",)
+    """What :func:`attnrank.registry.build_reranker` may pass to :meth:`from_config`."""
 
     def __init__(self, config: RerankerConfig, lm: Any = None, *, block_cache_bytes: int | None = None) -> None:
         super().__init__(config, lm)
         if block_cache_bytes is None:
-            block_cache_bytes = _env_bytes("ATTNRANK_BLOCK_CACHE_BYTES", DEFAULT_BLOCK_CACHE_BYTES)
+            block_cache_bytes = BLOCK_CACHE_BUDGET.from_env()
         self._block_source = BlockSource(block_cache_bytes)
         self.adapter: dict[str, Any] | None = None
         """The loaded query adapter (``path``, ``sha256``, ``weights``, ``step``), or ``None``."""
         self._adapter_lm: Any = None
         self._context_buffer: ContextBuffer | None = None
         self._kv0: dict[int, Any] = {}
+
+    @classmethod
+    def from_config(cls, config: RerankerConfig, *, block_cache_bytes: int | None = None) -> CachedBlockRankReranker:
+        """The reranker of ``config``, its RAM tier sized ``block_cache_bytes`` (see the class)."""
+        return cls(config, block_cache_bytes=block_cache_bytes)
 
     def block_source(self) -> BlockSource:
         """The RAM tier in front of the store (:class:`attnrank.reranker.doccache.BlockSource`),
@@ -280,24 +293,30 @@ class CachedBlockRankReranker(BlockRankReranker):
                 f"layer {deepest}: choose heads at or below l*, or a larger layer with a store built for it")
         return deepest
 
-    def block_store_header(self) -> dict[str, Any]:
-        """What a document KV store must have been built with to serve this reranker (the
-        fields of :class:`attnrank.index.kvstore.KVHeader`)."""
+    def block_store_header(self) -> KVHeader:
+        """What a document KV store must have been built with to serve this reranker: the
+        base model's hash, the cached layout's version and instruction, ``l*``, the model's
+        key/value heads and head dimension, the block length and ``kv_dtype``; no adapter
+        (blocks never use the query adapter).
+
+        Raises:
+            ValidationError: see :attr:`kv_depth`.
+        """
         cfg = self.base_lm.model.config
         n_heads = int(cfg.num_attention_heads)
-        return {
-            "model_hash": str(self.base_lm.identity.get("sha256") or self.base_lm.identity.get("name")),
-            "prompt_template_version": self.layout_version(),
-            "instruction_hash": self.layout.fingerprint(),
-            "layer": self.kv_depth,
-            "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or n_heads),
-            "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
-            "max_doc_tokens": self.layout.max_block_tokens,
-            "dtype": self.options.kv_dtype,
-            "adapter_hash": None,
-        }
+        return KVHeader(
+            model_hash=str(self.base_lm.identity.get("sha256") or self.base_lm.identity.get("name")),
+            prompt_template_version=self.layout_version(),
+            instruction_hash=self.layout.fingerprint(),
+            layer=self.kv_depth,
+            kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
+            max_doc_tokens=self.layout.max_block_tokens,
+            dtype=self.options.kv_dtype,
+            adapter_hash=None,
+        )
 
-    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[str, Any, Any]]:
+    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[BlockKey, Any, Any]]:
         """``(key, keys, values)`` per text for a document KV store (``attnrank index kv build``):
         float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)``, always from the base
         model (the block encoders switch a query adapter off). Texts sharing a block share a key; this never reads or writes the RAM cache."""
@@ -309,7 +328,7 @@ class CachedBlockRankReranker(BlockRankReranker):
             kvs = encode_blocks(lm, self.instruction_kv(), blocks, self.kv_depth, batch_size=self.options.doc_batch_size)
         return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
 
-    def block_keys(self, texts: Sequence[str]) -> list[str]:
+    def block_keys(self, texts: Sequence[str]) -> list[BlockKey]:
         """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
         return [block_key(document_block(self.base_lm.tokenizer, self.layout, t)[0]) for t in texts]
 
@@ -522,24 +541,6 @@ class CachedBlockRankReranker(BlockRankReranker):
         if self.card is None:
             return None
         return {k: self.card[k] for k in ("configuration", "fusion", "dev_ndcg@10", "test_ndcg@10") if k in self.card}
-
-
-def _env_bytes(name: str, default: int) -> int:
-    """A byte count from the environment (``default`` when unset).
-
-    Raises:
-        ValidationError: not a non-negative integer.
-    """
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValidationError(f"{name} must be a non-negative number of bytes, got {raw!r}")
-    return value
 
 
 def from_config(config: RerankerConfig) -> CachedBlockRankReranker:

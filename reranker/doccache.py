@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from attnrank.blocks import BlockKey
 from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
 
 INSTRUCTION = (
@@ -129,10 +130,10 @@ def query_block(tokenizer: Any, layout: BlockLayout, query: str, answer_prefix: 
             + encode_trusted(tokenizer, ANSWER + wrap.suffix + answer_prefix))
 
 
-def block_key(block_ids: Sequence[int]) -> str:
-    """Store key of a block: hex sha256 of its token ids. A replaced document's new text
-    gets a new key, so a stale block is never served for it."""
-    return hashlib.sha256(",".join(map(str, block_ids)).encode()).hexdigest()
+def block_key(block_ids: Sequence[int]) -> BlockKey:
+    """Store key of a block: hex sha256 of its token ids (64 characters). A replaced
+    document's new text gets a new key, so a stale block is never served for it."""
+    return BlockKey(hashlib.sha256(",".join(map(str, block_ids)).encode()).hexdigest())
 
 
 def full_cache(config: Any):

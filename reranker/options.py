@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from attnrank.blocks import KV_DTYPES
 from attnrank.errors import ValidationError
 from attnrank.reranker.reattn import ReAttnConfig
 
@@ -388,7 +389,7 @@ class CachedBlockRankOptions(RerankerOptions):
         "float16", "'float16' | 'int8'",
         "storage of the document KV store's blocks: float16, or int8 (per-channel keys, per-token values; about "
         "half the bytes)",
-        _choice("float16", "int8"),
+        _choice(*KV_DTYPES),
     )
     max_query_tokens: int | None = _option(
         None, "int >= 1 | null", _QUERY_TOKENS_DOC.format(extra=", and less when the query block would run past "

@@ -61,12 +61,12 @@ def _writable_index(pipeline: Pipeline, name: str):
 def _encode_blocks_later(runtime: Any, pipeline: Pipeline, docs: list[Document]) -> None:
     """After the commit (the acknowledgement does not wait), compute the new documents'
     blocks for the collection's document KV store in the ingest pool
-    (:meth:`attnrank.pipeline.Pipeline.encode_blocks`); a full pool or a failure only
+    (:meth:`attnrank.blocks.BlockSync.encode_new`); a full pool or a failure only
     leaves them to be computed on first use, and is logged."""
 
     async def run() -> None:
         try:
-            n = await runtime.pools["ingest"].run(pipeline.encode_blocks, docs, units=len(docs))
+            n = await runtime.pools["ingest"].run(pipeline.blocks.encode_new, docs, units=len(docs))
             if n:
                 logger.info("stored %d document blocks for %d new documents", n, len(docs))
         except Exception as exc:  # noqa: BLE001 - best effort: first use computes the block

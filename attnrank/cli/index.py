@@ -103,15 +103,15 @@ def index_info(path: Annotated[Path, typer.Argument(help="Index directory.")]) -
     params = json.loads((path / "params.json").read_text())
     kv_dir = path / "kv"
     if (kv_dir / "header.json").exists():
-        from attnrank.index.kvstore import KVHeader, KVStore
+        from attnrank.index.kv import KVHeader, KVStore
 
         header = KVHeader.from_dict(json.loads((kv_dir / "header.json").read_text()))
         with KVStore.open(kv_dir, header, readonly=True) as store:
             stats = store.stats()
         n_docs = _on_index(path, lambda index: len(index.docstore))
         params["kv_store"] = {
-            "path": str(kv_dir), "header": header.to_dict(), "blocks": stats.documents,
-            "documents": n_docs, "blocks_per_document": round(stats.documents / max(1, n_docs), 4),
+            "path": str(kv_dir), "header": header.to_dict(), "blocks": stats.blocks,
+            "documents": n_docs, "blocks_per_document": round(stats.blocks / max(1, n_docs), 4),
             "note": "documents with identical text share one block, so a complete store can hold fewer blocks "
                     "than documents; `attnrank index kv build` computes only the missing ones",
             "bytes_on_disk": stats.bytes_on_disk, "live_bytes": stats.live_bytes, "shards": stats.shards,

@@ -49,7 +49,7 @@ def index_kv_build(
     it by this process; an interrupted build resumes with either engine."""
     from dataclasses import replace
 
-    from attnrank.index.kvstore import build_index_blocks
+    from attnrank.index.kv import build_index_blocks
     from attnrank.index.store import Index
     from attnrank.registry import build_reranker
 
@@ -70,8 +70,8 @@ def index_kv_build(
     finally:
         ix.close()
     typer.echo(json.dumps({
-        "blocks": stats.documents, "computed": report.computed, "skipped": report.skipped, "seconds": round(report.seconds, 1),
+        "blocks": stats.blocks, "computed": report.computed, "skipped": report.skipped, "seconds": round(report.seconds, 1),
         "blocks_per_second": round(report.computed / report.seconds, 2) if report.seconds and report.computed else None,
-        "bytes_on_disk": stats.bytes_on_disk, "bytes_per_block": stats.live_bytes // max(1, stats.documents),
-        "header": reranker.block_store_header(),
+        "bytes_on_disk": stats.bytes_on_disk, "bytes_per_block": stats.live_bytes // max(1, stats.blocks),
+        "header": dict(reranker.block_store_header()),
     }, indent=2))

@@ -56,10 +56,10 @@ def eval_study_dump(
                                                         seed=seed, index_dir=index, retriever=retriever)
         source = {"data": str(data), "split": split, "retriever": retriever}
         if index is not None and (index / "kv" / "header.json").exists():
-            from attnrank.index.kvstore import KVHeader, KVStore
+            from attnrank.index.kv import KVStore
 
             # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
-            store = KVStore.open(index / "kv", KVHeader.from_dict(reranker.block_store_header()), readonly=True)
+            store = KVStore.open(index / "kv", reranker.block_store_header(), readonly=True)
     meta = {**source, "candidates": candidates, "layer": layer, "max_doc_tokens": max_doc_tokens,
             "reranker": reranker.describe(),
             "adapter": reranker.describe().get("query_adapter"), "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}

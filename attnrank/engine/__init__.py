@@ -8,8 +8,8 @@ either engine:
 * **Batch reranking** (``rerank-batch``): :func:`attnrank.eval.batch.rerank_batch` plans,
   resumes and commits; :meth:`Engine.map_queries` runs one query's work per query and
   hands each record back in order.
-* **Document KV store builds** (``index kv build``): :func:`attnrank.index.kvstore.build_index_blocks`
-  plans the build (:func:`attnrank.index.kvstore.plan_build`: open the store, adopt parts,
+* **Document KV store builds** (``index kv build``): :func:`attnrank.index.kv.build_index_blocks`
+  plans the build (:func:`attnrank.index.kv.plan_build`: open the store, adopt parts,
   key the texts, skip stored blocks) and prunes; :meth:`Engine.build_blocks` encodes and
   commits what the plan says is missing.
 
@@ -159,8 +159,8 @@ class EngineSearch:
 
 class BlockPlan(Protocol):
     """What a document KV store build has left to do, as :meth:`Engine.build_blocks` reads
-    it (:class:`attnrank.index.kvstore.BlockBuildPlan`, made by
-    :func:`attnrank.index.kvstore.plan_build`)."""
+    it (:class:`attnrank.index.kv.BlockBuildPlan`, made by
+    :func:`attnrank.index.kv.plan_build`)."""
 
     texts: Mapping[str, str]
     """``{block key: text}`` of every live document."""

@@ -39,12 +39,12 @@ a bad option) is sent back as a typed error and raised on the driver, so the CLI
 line and exits 2, with everything committed so far kept for a rerun.
 
 The document KV store is built the same way (``attnrank index kv build --engine ray``,
-:meth:`RayEngine.build_blocks`): the driver plans (:func:`attnrank.index.kvstore.plan_build`:
+:meth:`RayEngine.build_blocks`): the driver plans (:func:`attnrank.index.kv.plan_build`:
 keys the blocks, skips the stored ones) and commits, actors encode and write; each actor
-writes its own part store (:func:`attnrank.index.kvstore.build_part`) into the index
+writes its own part store (:func:`attnrank.index.kv.build_part`) into the index
 directory, which therefore must be on a filesystem every node mounts at the same path, and
 the driver adopts each part into the store's manifest atomically
-(:meth:`attnrank.index.kvstore.KVStore.adopt`).
+(:meth:`attnrank.index.kv.KVStore.adopt`).
 """
 
 from __future__ import annotations
@@ -358,12 +358,12 @@ class _QueryWorker(_ActorUDF):
 class _BlockEncoder(_ActorUDF):
     """An actor of a distributed KV store build: builds the cached-mode reranker once from
     the frozen :class:`~attnrank.config.RerankerConfig`, checks that its store header equals
-    the driver's, then writes each row's part store (:func:`attnrank.index.kvstore.build_part`)
+    the driver's, then writes each row's part store (:func:`attnrank.index.kv.build_part`)
     and reports what it did.
 
     Args:
         config: The reranker config (``query_in_instruction=false``).
-        header: The driver's :class:`~attnrank.index.kvstore.KVHeader` (as a dict).
+        header: The driver's :class:`~attnrank.index.kv.KVHeader` (as a dict).
         batch_size: Blocks per LM batch and per committed shard of a part.
         setup, threads: See :class:`_ActorUDF`.
     """
@@ -380,7 +380,7 @@ class _BlockEncoder(_ActorUDF):
         return self.encoder
 
     def ready(self, model: Any) -> None:
-        from attnrank.index.kvstore import KVHeader
+        from attnrank.index.kv import KVHeader
 
         header = self.driver_header
         mine = model.block_store_header()
@@ -403,7 +403,7 @@ class _BlockEncoder(_ActorUDF):
         return out
 
     def _build(self, part: Path, keys: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
-        from attnrank.index.kvstore import build_part
+        from attnrank.index.kv import build_part
 
         if not part.parent.is_dir():
             raise KVStoreError(
@@ -549,7 +549,7 @@ class RayEngine:
         next one (either engine).
 
         Args:
-            plan: The build's plan (:func:`attnrank.index.kvstore.plan_build`).
+            plan: The build's plan (:func:`attnrank.index.kv.plan_build`).
             config: The frozen reranker config the actors build their encoder from
                 (``query_in_instruction=false``), shipped by value.
             batch_size: Blocks per LM batch and per committed shard.

@@ -94,7 +94,7 @@ def index_dir(tmp_path):
 
 def _build_store(index_dir, reranker) -> list[str]:
     """``index kv build`` with ``reranker``; the stored block keys."""
-    from attnrank.index.kvstore import build_index_blocks
+    from attnrank.index.kv import build_index_blocks
     from attnrank.index.store import Index
 
     ix = Index.open(index_dir)
@@ -141,7 +141,7 @@ def test_delete_drops_the_documents_block(cached_fake, index_dir):
         assert body["results"][0]["doc_id"] == "a4" and body["rerank"]["cache"]["misses"] == 1
         assert _stored(c) == {key["a3"], key["a4"]}
         assert c.delete("/documents/a2").status_code == 404  # already gone: nothing else changes
-    from attnrank.index.kvstore import KVHeader, KVStore
+    from attnrank.index.kv import KVHeader, KVStore
 
     with KVStore.open(index_dir / "kv", KVHeader.from_dict(fake.block_store_header()), readonly=True) as store:
         assert set(store.doc_ids()) == {key["a3"], key["a4"]}  # durable
@@ -157,7 +157,7 @@ def test_delete_without_a_store_or_a_cached_reranker(cached_fake, index_dir):
     assert len(keys) == 2  # a1 and a4 share one block, a3
     with _client(index_dir, method="none") as c:  # no cached reranker built: the store is left alone
         assert c.delete("/documents/a3").status_code == 200
-    from attnrank.index.kvstore import KVHeader, KVStore
+    from attnrank.index.kv import KVHeader, KVStore
 
     with KVStore.open(index_dir / "kv", KVHeader.from_dict(fake.block_store_header()), readonly=True) as store:
         assert sorted(store.doc_ids()) == keys  # a3's block is stale until `index kv build --prune`

@@ -28,7 +28,7 @@ def demo(tmp_path_factory, nfcorpus_head):
     from attnrank.api.app import create_app
     from attnrank.config import RerankerConfig
     from attnrank.index.builder import build_index
-    from attnrank.index.kvstore import build_index_blocks
+    from attnrank.index.kv import build_index_blocks
     from attnrank.index.store import Index
     from attnrank.registry import build_reranker
     from attnrank.settings import Settings

@@ -103,6 +103,21 @@ def test_graph_is_read() -> None:
     assert "attnrank.eval.dump" in GRAPH["attnrank.eval.harness"]  # a deferred import counts
 
 
+def test_the_block_contract_and_the_store_package() -> None:
+    # the reranker and the index speak the core's header, key and protocols, never each other
+    assert _layer("attnrank.blocks") == "core"
+    assert "attnrank.blocks" in GRAPH["attnrank.index.kv.store"] and "attnrank.blocks" in GRAPH["attnrank.reranker.cached"]
+    kv = {m for m in GRAPH if m.startswith("attnrank.index.kv.")}
+    assert kv == {f"attnrank.index.kv.{m}" for m in ("format", "codec", "store", "maintenance", "build")}
+    # inside the package: the format at the bottom, maintenance below the store that calls it, the build on top
+    assert not GRAPH["attnrank.index.kv.format"] & kv
+    assert GRAPH["attnrank.index.kv.maintenance"] & kv == {"attnrank.index.kv.format"}
+    assert "attnrank.index.kv.maintenance" in GRAPH["attnrank.index.kv.store"]
+    assert not GRAPH["attnrank.index.kv.store"] & {"attnrank.index.kv.build"}
+    # the old module only re-exports the package
+    assert GRAPH["attnrank.index.kvstore"] <= {"attnrank.index.kv", "attnrank.lru"}
+
+
 def test_a_forbidden_edge_is_caught() -> None:
     tree = ast.parse("def f():\n    from attnrank.api.app import create_app\n")
     assert _imports(tree, "attnrank.reranker.icr", False) >= {"attnrank.api.app"}
@@ -125,8 +140,8 @@ def test_deferred_imports_stay_deferred(module: str) -> None:
 
 def test_the_engine_layer_is_read() -> None:
     assert _layer("attnrank.engine.ray") == "engine" and "attnrank.engine.ray" in GRAPH
-    assert "attnrank.index.kvstore" in GRAPH["attnrank.engine.ray"]  # deferred: counted here...
-    assert "attnrank.index.kvstore" not in AT_IMPORT_GRAPH["attnrank.engine.ray"]  # ...not at import
+    assert "attnrank.index.kv" in GRAPH["attnrank.engine.ray"]  # deferred: counted here...
+    assert "attnrank.index.kv" not in AT_IMPORT_GRAPH["attnrank.engine.ray"]  # ...not at import
 
 
 def test_no_import_cycles() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from attnrank.pipeline import _store_hint
+from attnrank.blocks import store_hint as _store_hint
 
 BASE = {"model_hash": "m", "prompt_template_version": "v1", "instruction_hash": "a", "layer": 15, "kv_heads": 3,
         "head_dim": 64, "max_doc_tokens": 133, "dtype": "float16", "adapter_hash": None}

@@ -145,7 +145,7 @@ class StopAfterFirstShard:
 
     def __call__(self) -> None:
         from attnrank.errors import KVStoreError
-        from attnrank.index import kvstore
+        from attnrank.index import kv as kvstore
 
         original = kvstore.KVStore.put_many
         flag, mode = self.flag, self.mode

@@ -67,7 +67,7 @@ def _blocks(store):
 @pytest.fixture(scope="module")
 def local_blocks(corpus, encoder, tmp_path_factory):
     """The local engine's store of the corpus, as float32 arrays by block key."""
-    from attnrank.index.kvstore import build_index_blocks
+    from attnrank.index.kv import build_index_blocks
 
     ix = _index(corpus, tmp_path_factory.mktemp("local") / "ix")
     try:
@@ -114,7 +114,7 @@ def test_ray_build_equals_local_and_a_killed_actor_resumes(corpus, encoder, loca
 @pytest.mark.usefixtures("ray_local")
 def test_ray_build_stopped_after_one_shard_resumes(corpus, encoder, local_blocks, tmp_path):
     from attnrank.eval.distributed import RayOptions, build_index_blocks_ray
-    from attnrank.index.kvstore import KVHeader, KVStore, build_index_blocks
+    from attnrank.index.kv import KVHeader, KVStore, build_index_blocks
 
     ix = _index(corpus, tmp_path / "ix")
     try:

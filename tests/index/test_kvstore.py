@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from attnrank.index import kvstore as kv
-from attnrank.index.kvstore import KVHeader, KVStore, TextKVCache, build_missing
+from attnrank.index.kv import KVHeader, KVStore, build_missing
+from attnrank.index.kv import store as kv
 
 from attnrank.errors import (
     IndexMismatchError,
@@ -407,26 +407,6 @@ def test_lru_budget_and_counters(tmp_path, monkeypatch):
         KVStore.open(tmp_path / "kv", H)
 
 
-def test_text_kv_cache_eviction_and_keys():
-    k, v = arrays("x", tokens=4)
-    size = k.nbytes + v.nbytes
-    cache = TextKVCache(H, max_bytes=2 * size)
-    assert cache.put("alpha", k, v) and cache.put("beta", k, v)
-    assert cache.get("alpha") is not None  # alpha is now most recent
-    assert cache.put("gamma", k, v)  # evicts beta
-    assert cache.get("beta") is None
-    got = cache.get("gamma")
-    np.testing.assert_array_equal(got[0], k)
-    st = cache.stats()
-    assert (st.hits, st.misses, st.evictions, st.entries, st.bytes) == (2, 1, 1, 2, 2 * size)
-    # the key binds the header: another model's cache never matches the same text
-    other = TextKVCache(H8, max_bytes=2 * size)
-    assert cache.key("alpha") != other.key("alpha") and cache.key("alpha") != cache.key("alpha ")
-    assert not TextKVCache(H, max_bytes=size - 1).put("big", k, v)
-    with pytest.raises(ValidationError):
-        cache.put("bad", k[:, :1], v[:, :1])
-
-
 # ----------------------------------------------------------------------------- threads
 
 
@@ -518,7 +498,7 @@ def test_resumable_build(tmp_path):
 
 _CHILD = GEN_SRC + '''
 import json, sys, time
-from attnrank.index import kvstore as kv
+from attnrank.index.kv import store as kv
 path, slow_from, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 h = kv.KVHeader(**json.loads(sys.argv[4]))
 store = kv.KVStore.open_or_create(path, h, cache_bytes=0)

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.index.kvstore import KVHeader, KVStore  # noqa: E402
+from attnrank.index.kv import KVHeader, KVStore  # noqa: E402
 from attnrank.reranker import attention  # noqa: E402
 from attnrank.reranker.attention import AttentionCapture  # noqa: E402
 from attnrank.reranker.blockrank import (  # noqa: E402

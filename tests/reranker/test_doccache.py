@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from attnrank.config import RerankerConfig  # noqa: E402
 from attnrank.errors import KVStoreMismatchError, ValidationError  # noqa: E402
-from attnrank.index.kvstore import KVHeader, KVStore  # noqa: E402
+from attnrank.index.kv import KVHeader, KVStore  # noqa: E402
 from attnrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
 from attnrank.reranker.doccache import block_key, build_layout, document_block  # noqa: E402
 from attnrank.types import Query  # noqa: E402

@@ -143,7 +143,7 @@ def test_gemma_loads_with_its_shapes(gemma_lm) -> None:
 def test_gemma_cached_blocks_equal_the_uncached_linear_path(gemma_lm, long_docs, tmp_path) -> None:
     import torch
 
-    from attnrank.index.kvstore import KVHeader, KVStore
+    from attnrank.index.kv import KVHeader, KVStore
     from attnrank.reranker.blockrank import block_forward, signal_scores
     from attnrank.types import Query
 

@@ -1,0 +1,61 @@
+"""The document KV store of an index (``<index>/kv``): cached BlockRank's blocks, computed
+once per distinct document text and read by every query.
+
+* :mod:`~attnrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
+* :mod:`~attnrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`).
+* :mod:`~attnrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh).
+* :mod:`~attnrank.index.kv.maintenance`: verify, compact, adopt a distributed build's parts.
+* :mod:`~attnrank.index.kv.build`: the resumable build driver (``attnrank index kv build``).
+
+The header (:class:`KVHeader`) and the block key (:data:`BlockKey`) are the core package's
+(:mod:`attnrank.blocks`), which the reranker speaks too.
+"""
+
+from __future__ import annotations
+
+from attnrank.blocks import BlockKey, KVHeader
+from attnrank.index.kv.build import (
+    BlockBuildPlan,
+    BuildReport,
+    build_index_blocks,
+    build_missing,
+    build_part,
+    index_block_texts,
+    open_index_store,
+    plan_build,
+    prune_blocks,
+    put_batches,
+)
+from attnrank.index.kv.codec import CODECS, Codec, Float16Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
+from attnrank.index.kv.format import FORMAT_VERSION
+from attnrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
+from attnrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_CACHE_BYTES",
+    "DEFAULT_SHARD_MAX_BYTES",
+    "ENV_CACHE_BYTES",
+    "FORMAT_VERSION",
+    "BlockBuildPlan",
+    "BlockKey",
+    "BuildReport",
+    "Codec",
+    "CompactReport",
+    "Float16Codec",
+    "Int8Codec",
+    "KVHeader",
+    "KVStore",
+    "KVStoreStats",
+    "build_index_blocks",
+    "build_missing",
+    "build_part",
+    "codec_for",
+    "dequantize_int8",
+    "index_block_texts",
+    "open_index_store",
+    "plan_build",
+    "prune_blocks",
+    "put_batches",
+    "quantize_int8",
+]

@@ -1,0 +1,685 @@
+"""The document KV store: a persistent, append-only, checksummed store of blocks.
+
+With cached BlockRank (method ``blockrank-cached``) a candidate block depends only on the
+fixed instruction (block 0) and the document itself (docs/RESULTS.md, "Document KV store
+and cached BlockRank"), so its keys and values for layers ``0..l*`` can be computed once per
+distinct block at index time and reused by every query. This module is the *storage* for
+them; the LM code that fills it calls :meth:`KVStore.put_many` /
+:func:`attnrank.index.kv.build.build_missing` with numpy arrays.
+
+Per block the payload is ``keys`` and ``values``, each ``(n_layers, kv_heads, T, head_dim)``
+with ``n_layers = l* + 1`` and ``1 <= T <= max_doc_tokens`` (``T`` varies per block), keyed
+by :data:`attnrank.blocks.BlockKey` (the hash of its token ids). The files and the commit
+rule are :mod:`attnrank.index.kv.format`'s, the payload bytes its dtype's codec's
+(:mod:`attnrank.index.kv.codec`); compaction, verification and the adoption of a
+distributed build's parts are :mod:`attnrank.index.kv.maintenance`'s.
+
+Integrity: every read from disk verifies the entry's crc32 (zlib.crc32, ~6 GB/s on one
+core: ~0.2 ms for a 1.2 MB entry, small next to decoding it to float32; LRU hits skip it).
+A bad entry (checksum, truncated file, wrong length) is logged, dropped from the in-memory
+index and reported as missing, so a build recomputes it; it is never returned. Reads
+memory-map each shard (``numpy.memmap``), lazily, and keep it mapped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+
+from attnrank.blocks import BlockKey, KVHeader
+from attnrank.config import KV_CACHE_BUDGET
+from attnrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
+from attnrank.files import fsync_dir, write_all, write_atomic, write_new
+from attnrank.index.kv import maintenance
+from attnrank.index.kv.codec import codec_for
+from attnrank.index.kv.format import (
+    ALIGN,
+    FORMAT_VERSION,
+    HEADER_FILE,
+    LOCK_FILE,
+    MANIFEST_FILE,
+    PARTS_DIR,
+    BadEntry,
+    Loc,
+    header_bytes,
+    io_error,
+    is_orphan,
+    manifest_bytes,
+    new_manifest,
+    read_manifest,
+    read_shard_index,
+    shard_index_bytes,
+    shard_meta,
+    shard_names,
+    unlink_quiet,
+)
+from attnrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
+from attnrank.index.rwlock import RWLock
+from attnrank.lru import ByteLRU, CacheStats
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_CACHE_BYTES", "ENV_CACHE_BYTES", "FORMAT_VERSION", "KVHeader", "KVStore", "KVStoreStats"]
+
+ENV_CACHE_BYTES = KV_CACHE_BUDGET.env
+"""``ATTNRANK_KV_CACHE_BYTES``: the RAM LRU budget of a store opened without ``cache_bytes``."""
+DEFAULT_CACHE_BYTES = KV_CACHE_BUDGET.default
+"""512 MiB: that budget when the variable is unset."""
+
+_write = write_all
+"""The one writer of a store's bytes (shards, shard indexes, manifest, header): ``_write(fd, data)``.
+Looked up at each call, so a test can make it fail like a full disk."""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else text[:20] + "...'"
+
+
+def _mismatch(path: Path, stored: KVHeader, expected: KVHeader) -> KVStoreMismatchError:
+    a, b = stored.to_dict(), expected.to_dict()
+    fields = stored.diff(expected)
+    diffs = "; ".join(f"{k}: stored {_short(a.get(k))}, expected {_short(b.get(k))}" for k in fields)
+    return KVStoreMismatchError(
+        f"the document KV store at {path} was built with other parameters ({diffs}); it is not "
+        f"served, as its keys/values belong to another model, adapter, prompt, layer or dtype. "
+        f"Rebuild it with `attnrank index kv build --index {path.parent} --layer {expected.layer} "
+        f"--dtype {expected.dtype}` and the reranker's --model and --max-doc-tokens (block length "
+        f"{expected.max_doc_tokens} tokens with its markers), or delete {path}; or serve the reranker "
+        f"with the store's parameters (layer {stored.layer}, dtype {stored.dtype}).",
+        fields, a,
+    )
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True)
+class KVStoreStats:
+    """What :meth:`KVStore.stats` reports.
+
+    Attributes:
+        blocks: Live blocks (documents with the same text share one).
+        shards: Committed shards.
+        bytes_on_disk: Bytes of every file in the store directory.
+        live_bytes: Payload bytes of the live blocks.
+        tombstones: Deletions not yet compacted away.
+        dropped_entries: Entries found corrupt or truncated since open (served as misses).
+        cache: The RAM LRU's counters.
+    """
+
+    blocks: int
+    shards: int
+    bytes_on_disk: int
+    live_bytes: int
+    tombstones: int
+    dropped_entries: int
+    cache: CacheStats
+
+    @property
+    def documents(self) -> int:
+        """Deprecated name of :attr:`blocks` (it counts blocks, not documents)."""
+        return self.blocks
+
+
+class KVStore:
+    """A persistent, append-only, checksummed store of BlockRank document blocks
+    (an :class:`attnrank.blocks.BlockStore`).
+
+    Open it with :meth:`create`, :meth:`open` or :meth:`open_or_create`. One process at a
+    time may open a store writable (an ``flock`` on ``LOCK``); any number may open it
+    ``readonly=True`` and pick up new commits with :meth:`refresh`. Within a process all
+    methods are thread-safe: reads run concurrently, writers are serialised and only block
+    readers for the in-memory swap after their files are durable.
+
+    Args (of the constructors):
+        cache_bytes: RAM LRU budget in bytes for decoded blocks (0 disables it; ``None``:
+            :data:`attnrank.config.KV_CACHE_BUDGET`, i.e. ``$ATTNRANK_KV_CACHE_BYTES`` or
+            512 MiB; the service passes its ``Settings.kv_cache_bytes``).
+        out_dtype: What reads return: ``"float32"`` (default) or ``"float16"`` (half the RAM
+            in the LRU, and for a float16 store a plain copy instead of a conversion: ~3x
+            faster reads; what a fp16/bf16 model consumes anyway).
+        readonly: Open without the writer lock; writes raise :class:`KVStoreError`.
+
+    Raises (of the constructors):
+        ValidationError: a bad ``out_dtype``, or ``$ATTNRANK_KV_CACHE_BYTES`` is not a byte count.
+    """
+
+    def __init__(
+        self, path: Path, header: KVHeader, *, readonly: bool, cache_bytes: int | None, lock_fd: int | None,
+        out_dtype: str = "float32",
+    ) -> None:
+        try:
+            if out_dtype not in ("float32", "float16"):
+                raise ValidationError(f"out_dtype must be 'float32' or 'float16', got {out_dtype!r}")
+            budget = KV_CACHE_BUDGET.from_env() if cache_bytes is None else int(cache_bytes)
+            codec = codec_for(header)
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+        self.out_dtype = out_dtype
+        self.path = path
+        self.header = header
+        self.codec = codec
+        """The payload layout of :attr:`header`'s dtype (:mod:`attnrank.index.kv.codec`)."""
+        self.readonly = readonly
+        self._lock_fd = lock_fd
+        self._cache = ByteLRU(budget)
+        self._rw = RWLock()  # guards _index, _manifest, _maps swaps
+        self._writer = threading.Lock()  # serialises put/delete/compact/adopt
+        self._map_lock = threading.Lock()  # lazy memmap opens
+        self._maps: dict[int, np.memmap] = {}
+        self._index: dict[BlockKey, Loc] = {}
+        self._manifest: dict[str, Any] = {}
+        self._next_shard = 0
+        self._dropped = 0
+        self._closed = False
+
+    # ---- constructors
+
+    @classmethod
+    def create(
+        cls, path: str | os.PathLike[str], header: KVHeader, *, cache_bytes: int | None = None, out_dtype: str = "float32"
+    ) -> KVStore:
+        """Create an empty store at ``path`` (a new or empty directory).
+
+        Raises:
+            KVStoreError: ``path`` exists and is not empty, or cannot be written.
+        """
+        path = Path(path).expanduser().absolute()
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise KVStoreError(f"cannot create a KV store at {path}: it exists and is not an empty directory; open it instead")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise io_error("creating the directory", path, exc) from exc
+        lock_fd = cls._acquire_lock(path)
+        store = cls(path, header, readonly=False, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype)
+        try:
+            write_atomic(path / HEADER_FILE, header_bytes(header), write=_write)
+            store._manifest = store._new_manifest([], {})
+            store._commit(store._manifest)
+        except OSError as exc:
+            store.close()
+            raise io_error("writing the header", path, exc) from exc
+        logger.info("created KV store at %s (%s, layers 0..%d, block %d tokens)", path, header.dtype, header.layer, header.max_doc_tokens)
+        return store
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], expected_header: KVHeader, *, readonly: bool = False,
+        cache_bytes: int | None = None, out_dtype: str = "float32",
+    ) -> KVStore:
+        """Open an existing store, checking it was built for ``expected_header``.
+
+        A writable open also removes uncommitted files (shards of a writer that died, tmp files).
+
+        Raises:
+            KVStoreMismatchError: the stored header differs (the message names the fields and
+                the rebuild command).
+            KVStoreError: no store at ``path``, damaged header/manifest, or another process
+                holds the writer lock.
+        """
+        path = Path(path).expanduser().absolute()
+        header_file = path / HEADER_FILE
+        if not header_file.is_file():
+            raise KVStoreError(
+                f"no document KV store at {path} (no {HEADER_FILE}); build one with "
+                f"`attnrank index kv build --index {path.parent} ...`"
+            )
+        try:
+            stored = KVHeader.from_dict(json.loads(header_file.read_text()))
+        except (OSError, ValueError) as exc:
+            raise KVStoreError(f"unreadable KV store header {header_file}: {exc}; delete {path} and rebuild it") from exc
+        if stored != expected_header:
+            raise _mismatch(path, stored, expected_header)
+        lock_fd = None if readonly else cls._acquire_lock(path)
+        store = cls(path, stored, readonly=readonly, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype)
+        try:
+            store._load()
+            if not readonly:
+                store._remove_orphans()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @classmethod
+    def open_or_create(cls, path: str | os.PathLike[str], header: KVHeader, **kwargs: Any) -> KVStore:
+        """:meth:`open` when ``path`` holds a store, else :meth:`create` (writable)."""
+        p = Path(path).expanduser()
+        if (p / HEADER_FILE).is_file():
+            return cls.open(p, header, **kwargs)
+        kwargs.pop("readonly", None)
+        return cls.create(p, header, **kwargs)
+
+    @staticmethod
+    def _acquire_lock(path: Path) -> int:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise KVStoreError(
+                f"the KV store at {path} is open for writing by another process (or object); "
+                f"open it with readonly=True, or wait for that writer to finish"
+            ) from exc
+        return fd
+
+    def close(self) -> None:
+        """Release the mmaps, the RAM cache and the writer lock. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._rw.write():
+            self._maps.clear()
+            self._index = {}
+        self._cache.clear()
+        if self._lock_fd is not None:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - depends on GC
+        try:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+        except (OSError, AttributeError):
+            return
+
+    # ---- manifest / load
+
+    def _new_manifest(self, shards: list[dict[str, Any]], tombstones: Mapping[str, int]) -> dict[str, Any]:
+        return new_manifest(self.header, self._next_shard, shards, tombstones)
+
+    def _commit(self, manifest: dict[str, Any]) -> None:
+        """Durably replace MANIFEST.json (the commit point). Raises OSError unchanged."""
+        write_atomic(self.path / MANIFEST_FILE, manifest_bytes(manifest), write=_write)
+
+    def _write_new(self, path: Path, data: bytes) -> None:
+        """Create and fsync one file of the store (a shard index). Raises OSError."""
+        write_new(path, data, write=_write)
+
+    def _load(self) -> None:
+        manifest = read_manifest(self.path, self.header, self._next_shard)
+        index: dict[BlockKey, Loc] = {}
+        tombstones: dict[str, int] = manifest["tombstones"]
+        dropped = 0
+        for meta in sorted(manifest["shards"], key=lambda m: m["id"]):
+            sid = meta["id"]
+            entries = read_shard_index(self.path, meta)
+            if entries is None:  # whole shard unusable: its blocks become misses
+                for row in read_shard_index(self.path, meta, trust=True) or []:
+                    index.pop(row[0], None)
+                dropped += meta["entries"]
+                continue
+            try:
+                size = (self.path / meta["bin"]).stat().st_size
+            except OSError as exc:
+                logger.warning("KV shard %s is missing (%s): its %d blocks will be recomputed", meta["bin"], exc, len(entries))
+                size = 0
+            bad = 0
+            for key, offset, length, tokens, crc in entries:
+                if tombstones.get(key, -1) > sid:
+                    continue
+                if offset + length > size or length != self.codec.nbytes(tokens) or not 1 <= tokens <= self.header.max_doc_tokens:
+                    index.pop(key, None)  # never fall back to an older version
+                    bad += 1
+                    continue
+                index[key] = Loc(sid, offset, length, tokens, crc)
+            if bad:
+                dropped += bad
+                logger.warning(
+                    "KV shard %s is truncated or damaged (%d of %d bytes): %d entries dropped, they will be recomputed",
+                    meta["bin"], size, meta["bin_bytes"], bad,
+                )
+        with self._rw.write():
+            self._manifest = manifest
+            self._next_shard = max(self._next_shard, int(manifest["next_shard"]))
+            self._index = index
+            self._maps.clear()
+            self._dropped += dropped
+        self._cache.clear()
+
+    def _remove_orphans(self) -> None:
+        committed = {name for m in self._manifest["shards"] for name in (m["bin"], m["idx"])}
+        for entry in os.scandir(self.path):
+            if is_orphan(entry.name, committed):
+                logger.warning("removing uncommitted KV store file %s (a writer stopped before committing it)", entry.path)
+                unlink_quiet(Path(entry.path))
+
+    def refresh(self) -> None:
+        """Reload the committed manifest (for ``readonly`` openers; another process writes)."""
+        with self._writer:
+            self._load()
+
+    # ---- reads
+
+    def _map(self, shard: int) -> np.memmap:
+        mm = self._maps.get(shard)
+        if mm is not None:
+            return mm
+        with self._map_lock:
+            mm = self._maps.get(shard)
+            if mm is None:
+                meta = next(m for m in self._manifest["shards"] if m["id"] == shard)
+                try:
+                    mm = np.memmap(self.path / meta["bin"], dtype=np.uint8, mode="r")
+                except (OSError, ValueError) as exc:
+                    raise BadEntry(f"cannot map shard {meta['bin']}: {exc}") from exc
+                self._maps[shard] = mm
+            return mm
+
+    def _read_entry(self, loc: Loc) -> np.ndarray:
+        """A uint8 view of a verified payload. Raises BadEntry."""
+        mm = self._map(loc.shard)
+        end = loc.offset + loc.length
+        if end > len(mm):
+            raise BadEntry(f"entry ends at byte {end} past the mapped shard ({len(mm)} bytes)")
+        # The file may have shrunk since it was mapped; touching pages past EOF would SIGBUS.
+        try:
+            size = os.stat(str(mm.filename)).st_size
+        except OSError:
+            size = len(mm)  # unlinked (e.g. compacted by another process): the mapping stays valid
+        if end > size:
+            raise BadEntry(f"shard truncated to {size} bytes, entry ends at byte {end}")
+        buf = mm[loc.offset : end]
+        if zlib.crc32(buf.data) != loc.crc:
+            raise BadEntry("crc32 mismatch")
+        return buf
+
+    def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, tuple[np.ndarray, np.ndarray]], list[BlockKey]]:
+        """Keys/values of the stored blocks among ``keys``.
+
+        Returns:
+            ``(found, missing)``: ``found`` maps a block key to read-only ``(keys, values)``,
+            each ``(n_layers, kv_heads, T, head_dim)`` float32 (float16 with ``out_dtype``), in
+            request order; ``missing`` lists the others (never stored, deleted, or found
+            corrupt now: these are dropped from the index with a warning so that a rebuild
+            recomputes them), in request order. Duplicate keys are answered once.
+        """
+        wanted = list(dict.fromkeys(keys))
+        got: dict[BlockKey, tuple[np.ndarray, np.ndarray]] = {}
+        need: list[BlockKey] = []
+        for key in wanted:
+            kv = self._cache.get(key)
+            if kv is None:
+                need.append(key)
+            else:
+                got[key] = kv
+        bad: list[tuple[BlockKey, Loc, str]] = []
+        if need:
+            with self._rw.read():
+                for key in need:
+                    loc = self._index.get(key)
+                    if loc is None:
+                        continue
+                    try:
+                        k, v = self.codec.decode(self._read_entry(loc), loc.tokens, self.out_dtype)
+                    except BadEntry as exc:
+                        bad.append((key, loc, str(exc)))
+                        continue
+                    kv = (_readonly(k), _readonly(v))
+                    got[key] = kv
+                    # under the read lock: no commit can invalidate the key between read and insert
+                    self._cache.put(key, kv, k.nbytes + v.nbytes)
+        if bad:
+            self._drop(bad)
+        found = {key: got[key] for key in wanted if key in got}
+        return found, [key for key in wanted if key not in got]
+
+    def get(self, key: BlockKey) -> tuple[np.ndarray, np.ndarray] | None:
+        """One block's ``(keys, values)`` (see :meth:`get_many`), or ``None``."""
+        found, _ = self.get_many([key])
+        return found.get(key)
+
+    def _drop(self, bad: Sequence[tuple[BlockKey, Loc, str]]) -> None:
+        with self._rw.write():
+            for key, loc, why in bad:
+                if self._index.get(key) == loc:
+                    del self._index[key]
+                    self._dropped += 1
+                    meta = next((m for m in self._manifest["shards"] if m["id"] == loc.shard), {"bin": loc.shard})
+                    logger.warning(
+                        "KV store %s: entry %r in %s is corrupt (%s); treated as missing, it will be recomputed",
+                        self.path, key, meta["bin"], why,
+                    )
+
+    def contains(self, key: BlockKey) -> bool:
+        """Whether block ``key`` is stored (its checksum is checked on read, not here)."""
+        with self._rw.read():
+            return key in self._index
+
+    __contains__ = contains
+
+    def __len__(self) -> int:
+        with self._rw.read():
+            return len(self._index)
+
+    def keys(self) -> list[BlockKey]:
+        """Live block keys, in no particular order."""
+        with self._rw.read():
+            return list(self._index)
+
+    doc_ids = keys
+    """Deprecated name of :meth:`keys` (the store holds blocks, keyed by block, not by document)."""
+
+    def tokens(self, key: BlockKey) -> int | None:
+        """``T`` of a stored block, or ``None``."""
+        with self._rw.read():
+            loc = self._index.get(key)
+        return None if loc is None else loc.tokens
+
+    # ---- writes
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise KVStoreError(f"the KV store at {self.path} is closed")
+        if self.readonly:
+            raise KVStoreError(f"the KV store at {self.path} was opened readonly")
+
+    def _write_shard(self, items: Iterable[tuple[BlockKey, int, Sequence[Any]]], expected: int, *,
+                     progress: Any = None) -> tuple[dict[str, Any], dict[BlockKey, Loc]]:
+        """Write one shard from ``(key, T, payload parts)`` and make it durable (not committed).
+
+        Args:
+            items: The entries, in order; each payload part is a bytes-like object.
+            expected: How many entries ``items`` yields (checked).
+            progress: Something with ``update(1)``, called per entry written.
+
+        Returns:
+            ``(manifest entry, {key: location})``.
+
+        Raises:
+            OSError: after removing the partial files.
+        """
+        sid = self._next_shard
+        self._next_shard += 1
+        bin_name, idx_name = shard_names(sid)
+        bpath, ipath = self.path / bin_name, self.path / idx_name
+        locs: dict[BlockKey, Loc] = {}
+        rows: list[list[Any]] = []
+        try:
+            fd = os.open(bpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                offset = 0
+                for key, tokens, parts in items:
+                    crc, length = 0, 0
+                    for part in parts:
+                        crc = zlib.crc32(part, crc)
+                        _write(fd, part)
+                        length += part.nbytes if isinstance(part, np.ndarray) else len(part)
+                    pad = -length % ALIGN
+                    if pad:
+                        _write(fd, b"\0" * pad)
+                    locs[key] = Loc(sid, offset, length, tokens, crc)
+                    rows.append([key, offset, length, tokens, crc])
+                    offset += length + pad
+                    if progress is not None:
+                        progress.update(1)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if len(rows) != expected:  # pragma: no cover - internal invariant
+                raise KVStoreError(f"internal error: wrote {len(rows)} entries, expected {expected}")
+            idx = shard_index_bytes(self.header, sid, rows)
+            self._write_new(ipath, idx)
+            fsync_dir(self.path)
+        except BaseException:
+            unlink_quiet(bpath, ipath)
+            raise
+        return shard_meta(sid, offset, idx, len(rows)), locs
+
+    def _install(self, manifest: dict[str, Any], locs: Mapping[BlockKey, Loc]) -> None:
+        """After ``manifest`` is committed: serve it, with ``locs`` new or moved (their RAM
+        copies invalidated)."""
+        with self._rw.write():
+            self._manifest = manifest
+            self._index.update(locs)
+            for key in locs:
+                self._cache.pop(key)
+
+    def put_many(self, items: Mapping[BlockKey, tuple[Any, Any]]) -> int:
+        """Store blocks as ONE new shard, committed atomically (all or none).
+
+        Args:
+            items: ``{key: (keys, values)}``, each float ``(n_layers, kv_heads, T, head_dim)``
+                (float16/float32/...; converted to the store's dtype). A stored key is replaced.
+
+        Returns:
+            Blocks written.
+
+        Raises:
+            ValidationError: a bad key or array (nothing written).
+            KVStoreError: disk full or another I/O error (nothing committed, partial files
+                removed), or a readonly/closed store.
+        """
+        self._check_writable()
+        encoded: list[tuple[BlockKey, int, list[np.ndarray]]] = []
+        for key, (keys, values) in items.items():
+            if not isinstance(key, str) or not key:
+                raise ValidationError(f"block keys must be non-empty strings, got {key!r}")
+            T, parts = self.codec.encode(key, keys, values)
+            encoded.append((key, T, parts))
+        if not encoded:
+            return 0
+        with self._writer:
+            self._check_writable()
+            bin_path = ""
+            try:
+                meta, locs = self._write_shard(iter(encoded), len(encoded))
+                bin_path = meta["bin"]
+                tomb = {k: s for k, s in self._manifest["tombstones"].items() if k not in locs}
+                manifest = self._new_manifest(self._manifest["shards"] + [meta], tomb)
+                try:
+                    self._commit(manifest)
+                except BaseException:
+                    unlink_quiet(self.path / meta["bin"], self.path / meta["idx"])
+                    raise
+            except OSError as exc:
+                raise io_error(f"writing shard {bin_path or 'of ' + str(len(encoded)) + ' blocks'}", self.path, exc) from exc
+            self._install(manifest, locs)
+        logger.debug("KV store %s: committed %s (%d blocks, %d bytes)", self.path, meta["bin"], meta["entries"], meta["bin_bytes"])
+        return len(encoded)
+
+    def delete(self, keys: Iterable[BlockKey]) -> int:
+        """Delete blocks (tombstones, committed atomically; bytes come back on :meth:`compact`).
+
+        Returns:
+            Blocks that were stored and are now deleted.
+
+        Raises:
+            KVStoreError: I/O error (nothing deleted) or a readonly/closed store.
+        """
+        self._check_writable()
+        with self._writer:
+            with self._rw.read():
+                live = [k for k in dict.fromkeys(keys) if k in self._index]
+            if not live:
+                return 0
+            tomb = dict(self._manifest["tombstones"])
+            for key in live:
+                tomb[key] = self._next_shard
+            manifest = self._new_manifest(list(self._manifest["shards"]), tomb)
+            try:
+                self._commit(manifest)
+            except OSError as exc:
+                raise io_error("committing a deletion", self.path, exc) from exc
+            with self._rw.write():
+                self._manifest = manifest
+                for key in live:
+                    self._index.pop(key, None)
+                    self._cache.pop(key)
+        return len(live)
+
+    # ---- maintenance (attnrank.index.kv.maintenance)
+
+    def verify(self, keys: Iterable[BlockKey] | None = None, *, show_progress: bool = False) -> list[BlockKey]:
+        """Check the crc32 of stored blocks (all by default) and drop the bad ones
+        (:func:`attnrank.index.kv.maintenance.verify`). Returns the dropped keys."""
+        return maintenance.verify(self, keys, show_progress=show_progress)
+
+    def compact(self, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES, show_progress: bool = False) -> CompactReport:
+        """Rewrite the live blocks into shards of about ``shard_max_bytes`` bytes and remove
+        the old ones (:func:`attnrank.index.kv.maintenance.compact`)."""
+        return maintenance.compact(self, shard_max_bytes=shard_max_bytes, show_progress=show_progress)
+
+    def adopt(self, source: str | os.PathLike[str], *, verify: bool = False, remove: bool = True) -> int:
+        """Commit the blocks of another store directory built for the same header (a Ray
+        actor's part of a distributed build) in one manifest commit, without rewriting their
+        bytes (:func:`attnrank.index.kv.maintenance.adopt`). Returns the blocks adopted."""
+        return maintenance.adopt(self, source, verify=verify, remove=remove)
+
+    def parts_dir(self) -> Path:
+        """``<store>/parts``: where the actors of a distributed build write their own stores
+        (``part-00000``, ...) before :meth:`adopt_parts` commits them into this one."""
+        return self.path / PARTS_DIR
+
+    def adopt_parts(self, *, verify: bool = False, show_progress: bool = False) -> int:
+        """:meth:`adopt` every part store under :meth:`parts_dir` and remove them
+        (:func:`attnrank.index.kv.maintenance.adopt_parts`). Returns the blocks adopted."""
+        return maintenance.adopt_parts(self, verify=verify, show_progress=show_progress)
+
+    # ---- stats
+
+    def _dir_bytes(self) -> int:
+        total = 0
+        for entry in os.scandir(self.path):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        return total
+
+    def stats(self) -> KVStoreStats:
+        """Blocks, shards, bytes on disk (whole directory), live payload bytes, cache counters."""
+        with self._rw.read():
+            blocks = len(self._index)
+            live = sum(loc.length for loc in self._index.values())
+            shards = len(self._manifest.get("shards", []))
+            tombstones = len(self._manifest.get("tombstones", {}))
+            dropped = self._dropped
+        return KVStoreStats(blocks, shards, self._dir_bytes(), live, tombstones, dropped, self._cache.stats())
+
+    def cache_stats(self) -> CacheStats:
+        """The RAM LRU's counters (hits, misses, evictions, bytes) for /metrics."""
+        return self._cache.stats()
