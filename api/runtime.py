@@ -12,6 +12,7 @@ another configuration than the loaded reranker's (cached BlockRank: the message 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -62,6 +63,17 @@ class Runtime:
         self.started = time.time()
         self.load_seconds: float | None = None
         self._loader: threading.Thread | None = None
+        self.background: set[asyncio.Task[Any]] = set()
+        """Best-effort tasks started after an acknowledgement (block encoding after writes);
+        held here so they are not collected, and cancelled by :meth:`close`."""
+
+    def spawn(self, coroutine: Any) -> asyncio.Task[Any]:
+        """Run ``coroutine`` as a background task of this runtime (on the running loop);
+        :meth:`close` cancels the ones still running."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -190,7 +202,10 @@ class Runtime:
         return self.status != "loading"
 
     def close(self) -> None:
-        """Stop the pools (waiting jobs fail with 503) and close the collections opened here."""
+        """Cancel background tasks, stop the pools (waiting jobs fail with 503) and close the
+        collections opened here."""
+        for task in list(self.background):
+            task.cancel()
         for pool in self.pools.values():
             pool.close()
         for name in self.owned:

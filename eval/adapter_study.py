@@ -1,4 +1,4 @@
-"""Data and dev evaluation for query-adapter training (issue #14, lever "what is trained").
+"""Data and dev evaluation for query-adapter training (docs/RESULTS.md, "Levers": "what is trained").
 
 Builds :class:`attnrank.reranker.query_adapter.RankingExample` lists from BEIR splits
 (first-stage candidates with qrels grades) and TREC DL runs, and the dev callback that

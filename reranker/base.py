@@ -4,7 +4,8 @@
 
 1. refuse an empty query and duplicate doc ids (:class:`ValidationError`);
 2. collapse candidates with identical text (:func:`attnrank.reranker.scoring.distinct_texts`):
-   each distinct text is scored once and its duplicates get the same score (issue #11.3);
+   each distinct text is scored once and its duplicates get the same score (docs/RESULTS.md,
+   "Position sensitivity");
 3. cut a query longer than its token budget (:meth:`query_budget`, default a quarter of
    the model's context) and say so in the result's warnings;
 4. :meth:`score_documents`: by default the two hooks, :meth:`build_prompt` then

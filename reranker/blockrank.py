@@ -26,7 +26,7 @@ run the query block against them. Only layers ``0..l*`` run; no LM head. Cost is
 block-sparse mask (quadratic; for tests). Both are differentiable when called under
 ``torch.enable_grad`` (training reuses them).
 
-Fast path (issue #13; without gradients only, :attr:`BlockRankReranker.fast_path`): the
+Fast path (docs/RESULTS.md, "Document KV store"; without gradients only, :attr:`BlockRankReranker.fast_path`): the
 context is copied once into a buffer reused across queries, with room after it where the
 query pass writes its own keys/values in place (no per-layer concatenation,
 :func:`attnrank.reranker.doccache.query_cache`); attention splits into the unmasked
@@ -526,6 +526,20 @@ def signal_token_mass(logits: Any, L0: int, n_doc_tokens: int, heads: Sequence[i
     return torch.softmax(z.float(), dim=-1).mean(dim=(0, 1))
 
 
+def check_query_block(prompt: BlockPrompt, max_positions: int, *, overlap: bool = False, where: str = "",
+                      remedy: str = " or the query length") -> None:
+    """Raises ContextOverflowError (``max_candidates=0``: fewer candidates do not help) when the
+    query or ``N/A`` block would run past the model's ``max_positions`` (or, ``overlap``, into
+    the candidate blocks' positions)."""
+    end = prompt.query_offset + max(len(prompt.query_ids), len(prompt.calib_ids))
+    if end > max_positions or overlap:
+        raise ContextOverflowError(
+            f"the query block would span positions up to {end} (offset {prompt.query_offset}{where}); "
+            f"the model has {max_positions}: lower max_doc_tokens{remedy}",
+            max_candidates=0,
+        )
+
+
 class BlockRankReranker(AttentionReranker):
     """BlockRank reranker (registry name ``"blockrank"``).
 
@@ -717,13 +731,8 @@ class BlockRankReranker(AttentionReranker):
         prompt = BlockPrompt(block0, docs, self._qblock(encode_untrusted(tok, q), wrap),
                              self._qblock(encode_untrusted(tok, " " + CALIBRATION_QUERY), wrap),
                              self.options.n_signal, truncated, offset, query.strip(), labels)
-        end = offset + max(len(prompt.query_ids), len(prompt.calib_ids))
-        if end > self.lm.max_positions or L0 + block_len > offset:
-            raise ContextOverflowError(
-                f"the query block would span positions up to {end} (offset {offset}, block 0 {L0}, block {block_len}); "
-                f"the model has {self.lm.max_positions}: lower max_doc_tokens, the query length or query_offset",
-                max_candidates=0,
-            )
+        check_query_block(prompt, self.lm.max_positions, overlap=L0 + block_len > offset,
+                          where=f", block 0 {L0}, block {block_len}", remedy=", the query length or query_offset")
         return prompt
 
     def query_budget(self, candidates: Sequence[Document]) -> int:

@@ -35,10 +35,10 @@ from typing import Any
 
 from attnrank.blocks import BlockKey, KVHeader
 from attnrank.config import BLOCK_CACHE_BUDGET, RerankerConfig
-from attnrank.errors import ContextOverflowError, NotFoundError, ValidationError
+from attnrank.errors import NotFoundError, ValidationError
 from attnrank.protocols import RerankResult
 from attnrank.reranker.base import DocumentScores, ScoredPass
-from attnrank.reranker.blockrank import BlockPrompt, BlockRankReranker, calibrated_forward
+from attnrank.reranker.blockrank import BlockPrompt, BlockRankReranker, calibrated_forward, check_query_block
 from attnrank.reranker.doccache import (
     CACHE_TEMPLATE_VERSION,
     BlockSource,
@@ -384,13 +384,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
                              query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
                              layout.query_offset, query.strip(), [])
-        end = layout.query_offset + max(len(prompt.query_ids), len(prompt.calib_ids))
-        if end > self.base_lm.max_positions:
-            raise ContextOverflowError(
-                f"the query block would span positions up to {end} (offset {layout.query_offset}); "
-                f"the model has {self.base_lm.max_positions}: lower max_doc_tokens or the query length",
-                max_candidates=0,
-            )
+        check_query_block(prompt, self.base_lm.max_positions)
         return prompt
 
     def query_budget(self, candidates: Sequence[Document]) -> int:

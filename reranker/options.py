@@ -201,6 +201,23 @@ _QUERY_TOKENS_DOC = (
 )
 
 
+def _n_signal() -> Any:
+    return _option(2, "int >= 1", "signal tokens at the end of the answer prefix 'Final Answer: ['", _int(1))
+
+
+def _chat_template() -> Any:
+    return _option(True, "bool", "wrap the prompt in the model's chat template", _bool)
+
+
+def _doc_batch_size() -> Any:
+    return _option(64, "int >= 1", "candidate blocks per batched prefill (bounds memory)", _int(1))
+
+
+def _block_mask_std() -> Any:
+    return _option(2.0, "float >= 0 | null", "token mask of scoring='calibrated' (as ICR's); null = no mask",
+                   _float(0.0, optional=True))
+
+
 @dataclass(frozen=True)
 class ICROptions(RerankerOptions):
     """Options of the ICR reranker (ALGORITHMS.md section 1). Every field is a
@@ -272,13 +289,10 @@ class BlockRankOptions(RerankerOptions):
         "first position of the query block; null = block 0 length + longest candidate block",
         _int(0, optional=True),
     )
-    n_signal: int = _option(2, "int >= 1", "signal tokens at the end of the answer prefix 'Final Answer: ['", _int(1))
-    chat_template: bool = _option(True, "bool", "wrap the prompt in the model's chat template", _bool)
-    doc_batch_size: int = _option(64, "int >= 1", "candidate blocks per batched prefill (bounds memory)", _int(1))
-    mask_std: float | None = _option(
-        2.0, "float >= 0 | null", "token mask of scoring='calibrated' (as ICR's); null = no mask",
-        _float(0.0, optional=True),
-    )
+    n_signal: int = _n_signal()
+    chat_template: bool = _chat_template()
+    doc_batch_size: int = _doc_batch_size()
+    mask_std: float | None = _block_mask_std()
     heads: str | tuple[tuple[int, int], ...] = _option(
         "all", "'all' | 'qr' | path | [[layer, head], ...]",
         _HEADS_DOC.format(learned="") + "; with scoring='signal' each head is read at its own layer",
@@ -371,13 +385,10 @@ class CachedBlockRankOptions(RerankerOptions):
         "reranker's l* and block length, else none; null = none",
         _path_or(AUTO, "packaged"),
     )
-    n_signal: int = _option(2, "int >= 1", "signal tokens at the end of the answer prefix 'Final Answer: ['", _int(1))
-    chat_template: bool = _option(True, "bool", "wrap the prompt in the model's chat template", _bool)
-    doc_batch_size: int = _option(64, "int >= 1", "candidate blocks per batched prefill (bounds memory)", _int(1))
-    mask_std: float | None = _option(
-        2.0, "float >= 0 | null", "token mask of scoring='calibrated' (as ICR's); null = no mask",
-        _float(0.0, optional=True),
-    )
+    n_signal: int = _n_signal()
+    chat_template: bool = _chat_template()
+    doc_batch_size: int = _doc_batch_size()
+    mask_std: float | None = _block_mask_std()
     heads: str | tuple[tuple[int, int], ...] = _option(
         "all", "'all' | 'qr' | path | [[layer, head], ...]",
         _HEADS_DOC.format(learned="") + "; with scoring='signal' each head is read at its own layer (at or "

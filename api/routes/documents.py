@@ -11,7 +11,6 @@ event loop; a full queue answers 429.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Annotated, Any
 
@@ -72,10 +71,7 @@ def _encode_blocks_later(runtime: Any, pipeline: Pipeline, docs: list[Document])
         except Exception as exc:  # noqa: BLE001 - best effort: first use computes the block
             logger.warning("document blocks not precomputed (%s); they are computed on first use", exc)
 
-    task = asyncio.get_running_loop().create_task(run())
-    pending = runtime.__dict__.setdefault("_block_tasks", set())
-    pending.add(task)
-    task.add_done_callback(pending.discard)
+    runtime.spawn(run())
 
 
 def _check_sizes(body: UpsertRequest, settings: Settings) -> None:

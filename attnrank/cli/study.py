@@ -36,7 +36,7 @@ def eval_study_dump(
 ) -> None:
     """Per-candidate attention features of cached BlockRank (calibrated per layer and head,
     signal per head, the served calibrated score), first-stage scores and qrels, from ONE
-    pass per query: the input of `attnrank eval study-fit` (issue #14's study)."""
+    pass per query: the input of `attnrank eval study-fit` (docs/RESULTS.md, "Training and fusion study")."""
     from attnrank.eval.heads import beir_candidates, trec_dl_candidates
     from attnrank.eval.study import dump_features
     from attnrank.registry import build_reranker
