@@ -1,0 +1,45 @@
+"""The default configuration as the service reports it (issue #22.1): ``GET /info`` names what
+``default`` resolves to, with its card's dev and test figures, and the methods that explain;
+``Settings`` defaults to it; ``/search`` fuses by default and a request can turn it off."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnrank.settings import Settings
+
+
+def test_settings_default_to_the_default_configuration():
+    s = Settings(index="unused")
+    assert s.rerank_method == "default" and s.max_doc_tokens == 128 and s.default_retriever == "bm25"
+    assert Settings(index="unused", rerank_method="icr").max_doc_tokens == 160
+
+
+def test_info_names_the_default_configuration_and_its_figures(client):
+    info = client.get("/info").json()["reranker"]
+    default = info["default"]
+    assert default["method"] == "blockrank-cached" and default["fusion"] == pytest.approx(0.6)
+    assert default["max_doc_tokens"] == 128
+    assert default["options"]["scoring"] == "auto" and default["options"]["query_adapter"] == "auto"
+    card = default["card"]
+    assert card["layer"] == 15 and card["configuration"]["query_adapter"] == "packaged"
+    figures = card["configuration"]["test_ndcg@10"]
+    assert figures["nfcorpus-test-hybrid50"]["default"] == pytest.approx(36.5)
+    assert figures["dl19-bm25-100"]["first stage"] == pytest.approx(50.6)
+    assert card["configuration"]["dev_ndcg@10"]["default"] == pytest.approx(34.4)
+    assert {"default", "blockrank-cached", "icr"} <= set(info["explain_methods"])
+    assert "blockrank" not in info["explain_methods"] and "default" in info["methods"]
+
+
+def test_search_fusion_is_on_for_a_method_that_records_a_weight(client, monkeypatch):
+    from api_fakes import FakeReranker
+
+    body = {"query": "apples", "rerank": {"method": "fake", "candidates": 4}}
+    plain = client.post("/search", json=body).json()
+    assert plain["rerank"].get("fusion") is None  # the fake records no weight
+    monkeypatch.setattr(FakeReranker, "default_fusion", 0.5, raising=False)
+    fused = client.post("/search", json=body).json()
+    assert fused["rerank"]["fusion"] == pytest.approx(0.5)
+    off = client.post("/search", json={**body, "rerank": {**body["rerank"], "fusion": "none"}}).json()
+    assert off["rerank"].get("fusion") is None
+    assert [h["doc_id"] for h in off["results"]] == [h["doc_id"] for h in plain["results"]]
