@@ -42,7 +42,6 @@ from attnrank.reranker.blockrank import BlockPrompt, BlockRankReranker, calibrat
 from attnrank.reranker.doccache import (
     CACHE_TEMPLATE_VERSION,
     BlockSource,
-    ContextBuffer,
     assemble_kv,
     block_key,
     build_layout,
@@ -127,7 +126,6 @@ class CachedBlockRankReranker(BlockRankReranker):
         self.adapter: dict[str, Any] | None = None
         """The loaded query adapter (``path``, ``sha256``, ``weights``, ``step``), or ``None``."""
         self._adapter_lm: Any = None
-        self._context_buffer: ContextBuffer | None = None
         self._kv0: dict[int, Any] = {}
 
     @classmethod
@@ -341,15 +339,6 @@ class CachedBlockRankReranker(BlockRankReranker):
             with torch.inference_mode():
                 self._kv0[depth] = instruction_kv(self.lm, self.layout.instruction_ids, depth)
         return self._kv0[depth]
-
-    def context_buffer(self) -> ContextBuffer | None:
-        """Storage for the query's context reused across queries, or ``None`` when
-        :attr:`fast_path` is off. Used under the LM's lock only."""
-        if not self.fast_path:
-            return None
-        if self._context_buffer is None:
-            self._context_buffer = ContextBuffer()
-        return self._context_buffer
 
     def cached_context(self, prompt: BlockPrompt, block_store: Any = None) -> Context:
         """Block 0's and the candidates' keys/values (blocks from ``block_store``, the RAM

@@ -213,6 +213,16 @@ def _doc_batch_size() -> Any:
     return _option(64, "int >= 1", "candidate blocks per batched prefill (bounds memory)", _int(1))
 
 
+def _block_heads(note: str = "") -> Any:
+    return _option("all", "'all' | 'qr' | path | [[layer, head], ...]",
+                   _HEADS_DOC.format(learned="") + "; with scoring='signal' each head is read at its own layer" + note,
+                   _heads(False))
+
+
+def _reattn_option() -> Any:
+    return _option(None, "bool | {idf, entropy, gamma}", _REATTN_DOC, _reattn)
+
+
 def _block_mask_std() -> Any:
     return _option(2.0, "float >= 0 | null", "token mask of scoring='calibrated' (as ICR's); null = no mask",
                    _float(0.0, optional=True))
@@ -247,7 +257,7 @@ class ICROptions(RerankerOptions):
         "all", "'all' | 'qr' | 'learned' | path | [[layer, head], ...]",
         _HEADS_DOC.format(learned="'learned' (the packaged set's learned per-head weights), "), _heads(True),
     )
-    reattn: ReAttnConfig | None = _option(None, "bool | {idf, entropy, gamma}", _REATTN_DOC, _reattn)
+    reattn: ReAttnConfig | None = _reattn_option()
     windows: bool = _option(
         True, "bool",
         "when the candidates do not fit one prompt, score them in windows that fit, each carrying the "
@@ -293,12 +303,8 @@ class BlockRankOptions(RerankerOptions):
     chat_template: bool = _chat_template()
     doc_batch_size: int = _doc_batch_size()
     mask_std: float | None = _block_mask_std()
-    heads: str | tuple[tuple[int, int], ...] = _option(
-        "all", "'all' | 'qr' | path | [[layer, head], ...]",
-        _HEADS_DOC.format(learned="") + "; with scoring='signal' each head is read at its own layer",
-        _heads(False),
-    )
-    reattn: ReAttnConfig | None = _option(None, "bool | {idf, entropy, gamma}", _REATTN_DOC, _reattn)
+    heads: str | tuple[tuple[int, int], ...] = _block_heads()
+    reattn: ReAttnConfig | None = _reattn_option()
     doc_labels: str = _option(
         "sorted", "'sorted' | 'position'",
         "numbers i of the blocks 'ID: i': 'sorted' = rank of the doc id among the candidates, so that the prompt "
@@ -389,13 +395,8 @@ class CachedBlockRankOptions(RerankerOptions):
     chat_template: bool = _chat_template()
     doc_batch_size: int = _doc_batch_size()
     mask_std: float | None = _block_mask_std()
-    heads: str | tuple[tuple[int, int], ...] = _option(
-        "all", "'all' | 'qr' | path | [[layer, head], ...]",
-        _HEADS_DOC.format(learned="") + "; with scoring='signal' each head is read at its own layer (at or "
-        "below l*: the store holds layers 0..l*)",
-        _heads(False),
-    )
-    reattn: ReAttnConfig | None = _option(None, "bool | {idf, entropy, gamma}", _REATTN_DOC, _reattn)
+    heads: str | tuple[tuple[int, int], ...] = _block_heads(" (at or below l*: the store holds layers 0..l*)")
+    reattn: ReAttnConfig | None = _reattn_option()
     kv_dtype: str = _option(
         "float16", "'float16' | 'int8'",
         "storage of the document KV store's blocks: float16, or int8 (per-channel keys, per-token values; about "
