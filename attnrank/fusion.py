@@ -82,6 +82,33 @@ def standardize_list(values: Sequence[float]) -> list[float]:
     return [float(v) for v in standardize(list(values))]
 
 
+def resolve_weight(value: float | str | None, recorded: Any = None, *, name: str = "fusion") -> float | None:
+    """The fusion weight ``alpha`` that a ``fusion`` value names: ``None``/``"none"`` -> no fusion,
+    ``"default"`` -> ``recorded`` (the method's weight, ``None`` when it records none), else the
+    number (a number or its text) in ``[0, 1]``.
+
+    Raises:
+        ValidationError: anything else, or a number outside [0, 1] (the message names ``name``).
+    """
+    from attnrank.errors import ValidationError
+
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "none":
+            return None
+        if text == "default":
+            return None if recorded is None else float(recorded)
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise ValidationError(f"{name} must be a number between 0 and 1, got {value!r} (or 'default', 'none')")
+    return float(value)
+
+
 def reciprocal_ranks(n: int) -> list[float]:
     """``[1, 1/2, ..., 1/n]``: the first-stage score of a list given in first-stage order."""
     return [1.0 / (i + 1) for i in range(n)]

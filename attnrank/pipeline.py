@@ -463,10 +463,9 @@ class Pipeline:
         if options.fusion is not None and options.fusion != DEFAULT_FUSION:
             if method == NO_RERANK:
                 raise ValidationError("fusion needs reranking (it mixes first-stage and reranker scores); add rerank")
-            if (isinstance(options.fusion, (bool, str)) or not isinstance(options.fusion, (int, float))
-                    or not 0.0 <= float(options.fusion) <= 1.0):
-                raise ValidationError(f"fusion (rerank.fusion, --fusion) must be a number between 0 and 1, "
-                                      f"got {options.fusion!r}")
+            from attnrank.fusion import resolve_weight
+
+            resolve_weight(options.fusion, name="fusion (rerank.fusion, --fusion)")  # raises for a bad value
         parsed = registry.parse_filter(options.filter)
         return options if parsed is options.filter else replace(options, filter=parsed)
 
@@ -666,10 +665,9 @@ def fuse_scores(first_stage: Ranking, reranked: Ranking, alpha: float, *, by: st
 def fusion_weight(fusion: float | str | None, reranker: Any) -> float | None:
     """The fusion weight ``alpha`` a search uses: ``fusion`` as given, or with
     :data:`DEFAULT_FUSION` the reranker's ``default_fusion`` (``None`` when it has none)."""
-    if fusion == DEFAULT_FUSION:
-        value = getattr(reranker, "default_fusion", None)
-        return None if value is None else float(value)
-    return None if fusion is None else float(fusion)
+    from attnrank.fusion import resolve_weight
+
+    return resolve_weight(fusion, getattr(reranker, "default_fusion", None))
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -435,7 +435,7 @@ class CachedBlockRankReranker(BlockRankReranker):
                     feats = per_head_document_mass(qo, L0, prompt.doc_lengths, layers, minus=co)
                     w = torch.as_tensor(self.learned_weights())
                     scores = linear_head_scores(feats, w).tolist()
-                    tokens = linear_head_token_scores(qo, co, L0, D, layers, feats, w)
+                    tokens = partial(linear_head_token_scores, qo, co, L0, D, layers, feats, w)  # explain only
                 else:
                     c = sum((qo[l][0, :, L0: L0 + D] - co[l][0, :, L0: L0 + D]).sum(0) for l in layers)
                     scores = masked_document_scores(c, bounds, self.options.mask_std)
@@ -443,8 +443,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         details: dict[str, Any] = {"timings": {**ctx.seconds, **t}, "layer": self.layer, "cache": ctx.cache}
         return DocumentScores(
             scores=scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens, details=details,
-            passes=(ScoredPass(prompt, None if tokens is None else tokens.double().tolist(),
-                               tuple(range(len(prompt.doc_ids)))),),
+            passes=(ScoredPass(prompt, tokens, tuple(range(len(prompt.doc_ids)))),),
         )
 
     def _signal_scores(self, prompt: BlockPrompt, kv: Any, bounds: list[tuple[int, int]]) -> tuple[list[float], dict]:
@@ -486,12 +485,13 @@ class CachedBlockRankReranker(BlockRankReranker):
         if run.scored is not None and run.scored.passes:
             p = run.scored.passes[0]
             prompt: BlockPrompt = p.prompt
-            tokens = p.state
-            if tokens is None:  # signal scoring: read the signal tokens' attention again
+            state = p.state  # learned: computed now; calibrated: the tensor; signal: read again
+            if state is None:
                 import torch
 
                 with self.lm.lock, torch.inference_mode():
-                    tokens = self.token_mass(prompt, self.cached_context(prompt, block_store).kv)[0].double().tolist()
+                    state = self.token_mass(prompt, self.cached_context(prompt, block_store).kv)[0]
+            tokens = (state() if callable(state) else state).double().tolist()
             bounds = spans_from_lengths(prompt.doc_lengths)
             tok = self.base_lm.tokenizer
             n_open = len(self.layout.open_ids)

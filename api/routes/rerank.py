@@ -50,6 +50,7 @@ from attnrank.api.schemas import (
     TokenCounts,
 )
 from attnrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
+from attnrank.fusion import resolve_weight
 from attnrank.pipeline import NO_RERANK, fuse_scores
 from attnrank.protocols import RerankResult
 from attnrank.settings import Settings
@@ -196,14 +197,9 @@ def _fusion_weight(value: float | str | None, settings: Settings, described: dic
     Raises:
         ValidationError: a number outside [0, 1].
     """
-    if value is None or value == "none":
-        return None
-    if value == "default":
-        recorded = described.get("fusion")
-        return float(recorded) if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) else None
-    if isinstance(value, bool) or not 0.0 <= float(value) <= 1.0:
-        raise ValidationError(f"fusion must be a number between 0 and 1, 'default' or 'none', got {value!r}")
-    return float(value)
+    recorded = described.get("fusion")
+    valid = isinstance(recorded, (int, float)) and not isinstance(recorded, bool)
+    return resolve_weight(value, recorded if valid else None)
 
 
 def _doc_ids(n: int) -> list[str]:

@@ -192,18 +192,8 @@ def fusion_value(value: str, config: RerankerConfig | None) -> float | None:
     Raises:
         ValidationError: anything else, or a number outside [0, 1].
     """
-    from attnrank.errors import ValidationError
+    from attnrank.fusion import resolve_weight
     from attnrank.registry import recorded_fusion
 
-    text = value.strip().lower()
-    if text == "none":
-        return None
-    if text == "default":
-        return recorded_fusion(config) if config is not None else None
-    try:
-        alpha = float(text)
-    except ValueError:
-        alpha = -1.0
-    if not 0.0 <= alpha <= 1.0:
-        raise ValidationError(f"--fusion must be a number in [0, 1], 'default' or 'none', got {value!r}")
-    return alpha
+    recorded = recorded_fusion(config) if config is not None and value.strip().lower() == "default" else None
+    return resolve_weight(value, recorded, name="--fusion")
