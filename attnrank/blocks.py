@@ -61,16 +61,24 @@ KV_FORMAT_VERSION = 1
 """On-disk format version of a document KV store (``header.json``, ``MANIFEST.json``, shards;
 :mod:`attnrank.index.kv.format`)."""
 
-KV_DTYPES = ("float16", "int8")
+KV_DTYPES = ("float16", "int8", "int4")
 """How a store may keep keys and values; each has its codec in :mod:`attnrank.index.kv.codec`
-(the reranker's ``kv_dtype`` option)."""
+(the reranker's ``kv_dtype`` option). ``int4`` only for a keys-only (probe) store."""
 
 
 def header_diff(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[str, ...]:
     """Names of the fields of ``expected`` whose value in ``stored`` differs (a field ``stored``
     lacks differs unless ``expected``'s is ``None``), sorted. Works on :meth:`KVHeader.to_dict`
     forms and on the partial dicts of errors and plugins alike."""
-    return tuple(sorted(k for k in expected if stored.get(k) != expected.get(k)))
+    def norm(d: Mapping[str, Any], k: str) -> Any:
+        v = d.get(k, _OPTIONAL.get(k))
+        return list(v) if isinstance(v, tuple) else v
+
+    return tuple(sorted(k for k in expected if norm(stored, k) != norm(expected, k)))
+
+
+_OPTIONAL = {"layers": None, "values": True}
+"""Header fields a full store's ``header.json`` leaves out, with their values there."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +98,7 @@ class KVHeader(Mapping[str, Any]):
         prompt_template_version: Version of the BlockRank prompt template (block format).
         instruction_hash: Hash of block 0's token ids (the fixed instruction: every document
             block attends to it and starts at position ``L0 = len(instruction)``).
-        layer: Scoring layer ``l*``; layers ``0..layer`` are stored.
+        layer: Scoring layer ``l*``; layers ``0..layer`` are stored (unless ``layers``).
         kv_heads: Key/value heads per layer (SmolLM2-135M: 3).
         head_dim: Channels per head (SmolLM2-135M: 64).
         max_doc_tokens: Block length: the most tokens ``T`` one document may have.
@@ -98,6 +106,14 @@ class KVHeader(Mapping[str, Any]):
             :data:`KV_DTYPES`.
         adapter_hash: Hash of a fine-tuned adapter (LoRA / BlockRank head), or ``None``.
         format_version: On-disk format version (:data:`KV_FORMAT_VERSION`).
+        layers: The stored layers, ascending, each ``<= layer`` (``None``: ``0..layer``, the
+            full store). A probe store (issue #23) keeps only the layers its scoring reads.
+        values: Whether values are stored (``False``: a keys-only probe store, whose query
+            pass never reads the candidates' values; ``shared/design/ALGORITHMS.md`` section 6,
+            design A).
+
+    The two probe fields are left out of :meth:`to_dict` at their defaults, so a full store
+    written before they existed keeps its header and fingerprint.
 
     Raises:
         ValidationError: an invalid field.
@@ -113,8 +129,21 @@ class KVHeader(Mapping[str, Any]):
     dtype: str = "float16"
     adapter_hash: str | None = None
     format_version: int = KV_FORMAT_VERSION
+    layers: tuple[int, ...] | None = None
+    values: bool = True
 
     def __post_init__(self) -> None:
+        if self.layers is not None:
+            layers = tuple(self.layers)
+            if (not layers or any(isinstance(l, bool) or not isinstance(l, int) for l in layers)
+                    or list(layers) != sorted(set(layers)) or layers[0] < 0 or layers[-1] > self.layer):
+                raise ValidationError(f"KVHeader.layers must be ascending distinct layers in [0, {self.layer}], "
+                                      f"got {self.layers!r}")
+            object.__setattr__(self, "layers", layers)
+        if not isinstance(self.values, bool):
+            raise ValidationError(f"KVHeader.values must be a bool, got {self.values!r}")
+        if self.dtype == "int4" and self.values:
+            raise ValidationError("KVHeader.dtype 'int4' holds keys only: set values=False (a probe store)")
         for name in ("model_hash", "prompt_template_version", "instruction_hash"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -129,26 +158,48 @@ class KVHeader(Mapping[str, Any]):
             raise ValidationError(f"KVHeader.dtype must be one of {KV_DTYPES}, got {self.dtype!r}")
 
     # -- the mapping view: a reranker's requirement -----------------------------------------
+    def _names(self) -> tuple[str, ...]:
+        """The mapping's keys: every field but ``format_version``, and the probe fields only
+        when they differ from a full store's defaults."""
+        return tuple(n for n in _REQUIRED if n not in _OPTIONAL or getattr(self, n) != _OPTIONAL[n])
+
     def __getitem__(self, name: str) -> Any:
-        if name not in _REQUIRED:
+        if name not in self._names():
             raise KeyError(name)
         return getattr(self, name)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_REQUIRED)
+        return iter(self._names())
 
     def __len__(self) -> int:
-        return len(_REQUIRED)
+        return len(self._names())
 
     # -- derived ----------------------------------------------------------------------------
     @property
     def n_layers(self) -> int:
-        """Stored layers: ``layer + 1``."""
-        return self.layer + 1
+        """Stored layers: ``len(layers)``, else ``layer + 1``."""
+        return len(self.layers) if self.layers is not None else self.layer + 1
+
+    @property
+    def stored_layers(self) -> tuple[int, ...]:
+        """The stored layers, ascending."""
+        return self.layers if self.layers is not None else tuple(range(self.layer + 1))
+
+    @property
+    def probe(self) -> bool:
+        """A keys-only probe store (``values=False``)."""
+        return not self.values
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (``header.json``): every field, ``n_layers`` included."""
+        """JSON form (``header.json``): every field, ``n_layers`` included; ``layers`` and
+        ``values`` only when they differ from the full store's defaults."""
         d = asdict(self)
+        if self.layers is None:
+            d.pop("layers")
+        else:
+            d["layers"] = list(self.layers)
+        if self.values:
+            d.pop("values")
         d["n_layers"] = self.n_layers
         return d
 
@@ -170,7 +221,8 @@ class KVHeader(Mapping[str, Any]):
         except ValidationError as exc:
             raise KVStoreError(f"invalid KV store header: {exc}") from exc
         if n_layers is not None and n_layers != header.n_layers:
-            raise KVStoreError(f"invalid KV store header: n_layers={n_layers} but layer={header.layer}")
+            raise KVStoreError(f"invalid KV store header: n_layers={n_layers} but layer={header.layer}, "
+                               f"layers={header.layers}")
         return header
 
     def fingerprint(self) -> str:
@@ -178,7 +230,8 @@ class KVHeader(Mapping[str, Any]):
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode("utf-8")).hexdigest()
 
     def doc_shape(self, tokens: int) -> tuple[int, int, int, int]:
-        """``(n_layers, kv_heads, tokens, head_dim)``: the shape of one block's keys (or values)."""
+        """``(n_layers, kv_heads, tokens, head_dim)``: the shape of one block's keys (and
+        values, when stored)."""
         return (self.n_layers, self.kv_heads, tokens, self.head_dim)
 
     def entry_nbytes(self, tokens: int) -> int:

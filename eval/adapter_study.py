@@ -8,6 +8,7 @@ pure reranker and of its interpolation with the first stage, over a fixed dev su
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -65,7 +66,20 @@ def source_store(reranker: Any, index: Path | None, scratch: Path | None, name: 
     from attnrank.index.kv import KVHeader, KVStore
 
     header = KVHeader.from_dict(reranker.block_store_header())
-    if index is not None and (index / "kv" / "header.json").is_file():
+    if header.probe and index is not None:  # a probe scorer: its own store, else the full one read as probe
+        from attnrank.index.kv import ProbeView
+
+        if (index / "probe" / "header.json").is_file():
+            return KVStore.open(index / "probe", header, readonly=True)
+        if (index / "kv" / "header.json").is_file():
+            full = KVStore.open(index / "kv", KVHeader.from_dict(json.loads((index / "kv" / "header.json").read_text())),
+                                readonly=True)
+            try:
+                return ProbeView(full, header)
+            except KVStoreMismatchError as exc:
+                full.close()
+                logger.warning("not using %s: %s", index / "kv", exc)
+    elif index is not None and (index / "kv" / "header.json").is_file():
         try:
             return KVStore.open(index / "kv", header, readonly=True)
         except KVStoreMismatchError as exc:  # a store for another model or layout: never read it

@@ -36,6 +36,7 @@ serves both the catch-up at open and compaction); the methods here delegate to i
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -598,14 +599,29 @@ class Index:
         }
 
     KV_DIR = "kv"
+    PROBE_DIR = "probe"
+    """A probe store (keys of the scoring layers only, issue #23) lives beside the full store,
+    so that an index keeps serving the full-store configuration after an upgrade."""
+
+    @classmethod
+    def store_dir(cls, header: Any) -> str:
+        """The folder (under the index) of the document store for ``header``: ``probe`` for a
+        keys-only probe store, else ``kv``."""
+        return cls.PROBE_DIR if getattr(header, "probe", False) else cls.KV_DIR
     """Folder of the document KV store inside an index directory."""
 
-    def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True) -> KVStore | None:
+    def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True,
+                    full_fallback: bool = True) -> KVStore | None:
         """The index's document KV store (:class:`attnrank.index.kv.KVStore` at
-        ``<index>/kv``) for a reranker whose blocks were computed as ``header`` says (a
+        ``<index>/kv``, a probe store at ``<index>/probe``) for a reranker whose blocks were computed as ``header`` says (a
         :class:`attnrank.blocks.KVHeader`, or its fields), opened once, with this index's
         ``kv_cache_bytes``, and kept until :meth:`close`; ``None`` for an in-memory index, or
         when the store does not exist and ``create`` is false.
+
+        A probe header (keys only, issue #23) with no probe store yet is served, read-only,
+        from a full store at ``<index>/kv`` that holds its layers
+        (:class:`attnrank.index.kv.ProbeView`), unless ``full_fallback`` is false (the
+        build, which writes the probe store).
 
         Raises:
             KVStoreMismatchError: the store was built with another model, layout, layer,
@@ -622,7 +638,24 @@ class Index:
         key = want.fingerprint()
         with self._kv_lock:
             if key not in stores:
-                path = Path(self.path) / self.KV_DIR
+                path = Path(self.path) / self.store_dir(want)
+                full = Path(self.path) / self.KV_DIR
+                if (want.probe and full_fallback and not (path / "header.json").exists()
+                        and (full / "header.json").exists()):
+                    from attnrank.index.kv import ProbeView
+
+                    stored = as_header(json.loads((full / "header.json").read_text(encoding="utf-8")))
+                    try:
+                        view = ProbeView(KVStore.open(full, stored, readonly=True, out_dtype="float16",
+                                                      cache_bytes=self.kv_cache_bytes), want)
+                    except Exception as exc:  # noqa: BLE001 - any reason the full store cannot stand in
+                        logger.info("full store %s cannot serve the probe layers (%s)", full, exc)
+                    else:
+                        logger.warning("index %s: serving the probe scorer from its full store %s (read-only); "
+                                       "`attnrank index kv build --index %s` writes the probe store (%s)",
+                                       self.path, full, self.path, self.PROBE_DIR)
+                        stores[key] = view
+                        return view
                 if not (path / "header.json").exists() and not create:
                     return None
                 # float16 out: the RAM cache holds half the bytes; blocks are widened while

@@ -180,9 +180,20 @@ def _use_fast(fast: bool | None) -> bool:
     return (fast is None or fast) and not torch.is_grad_enabled()
 
 
+def _candidate_mask(prompt: BlockPrompt, below: int) -> dict[str, Any]:
+    """The ``attnrank_candidates`` keyword of a query pass whose layers ``< below`` skip the
+    candidates (empty when ``below <= 0``)."""
+    if below <= 0:
+        return {}
+    from attnrank.reranker.attention import CandidateMask
+
+    L0 = len(prompt.instruction_ids)
+    return {"attnrank_candidates": CandidateMask(L0, L0 + sum(prompt.doc_lengths), below)}
+
+
 def query_pass(
     lm: Any, prompt: BlockPrompt, kv: list[tuple[Any, Any]], capture: Any, *,
-    query_ids: list[int] | None = None, stop: bool = True, fast: bool | None = None,
+    query_ids: list[int] | None = None, stop: bool = True, fast: bool | None = None, candidates_below: int = 0,
 ) -> Any:
     """Step (3): the query block against block 0 and every candidate token.
 
@@ -201,6 +212,9 @@ def query_pass(
             own keys (:class:`attnrank.reranker.attention.ContextSplit`). With gradients
             enabled, or ``False``: the concatenating cache and SDPA under the full mask
             (differentiable; the exact path the fast one is tested against).
+        candidates_below: Layers ``0..candidates_below-1`` do not attend to the candidates
+            (their captures still probe the candidates' keys):
+            :class:`attnrank.reranker.attention.CandidateMask`; 0 (default) = every layer does.
 
     Returns:
         The base model's output, or ``None`` when the pass stopped early.
@@ -219,7 +233,8 @@ def query_pass(
     blocked = ~torch.tril(torch.ones(Lq, Lq, dtype=torch.bool, device=dev))
     qmask[0, 0, :, K:].masked_fill_(blocked, _neg(dtype))
     qpos = (prompt.query_offset + torch.arange(Lq, device=dev))[None]
-    extra = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    extra: dict[str, Any] = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    extra.update(_candidate_mask(prompt, candidates_below))
     return run_with_capture(
         lm.model.base_model, capture, input_ids=torch.tensor([qids], device=dev), position_ids=qpos,
         attention_mask=qmask, cache=qcache, use_cache=True, **extra,
@@ -288,7 +303,7 @@ class MergedRows:
 
 def merged_query_pass(
     lm: Any, prompt: BlockPrompt, kv: list[tuple[Any, Any]], capture: Any, blocks: Sequence[Sequence[int]], *,
-    fast: bool | None = None,
+    fast: bool | None = None, candidates_below: int = 0,
 ) -> MergedRows:
     """Step (3) for several query blocks at once (:class:`MergedRows`), e.g. the query block
     and the ``N/A`` calibration block: the context's keys/values are read once per layer
@@ -302,7 +317,7 @@ def merged_query_pass(
             ``(len(blocks), heads, K + R)``: block ``g``'s mean attention over the context's
             ``K`` keys and the ``R`` merged rows (zero on rows it cannot see).
         blocks: Token ids of each query block.
-        fast: As :func:`query_pass`.
+        fast, candidates_below: As :func:`query_pass`.
 
     Returns:
         The layout of the merged rows.
@@ -326,7 +341,8 @@ def merged_query_pass(
     qmask[0, 0, :, K:].masked_fill_(~rows.allowed, _neg(dtype))
     qpos = (prompt.query_offset + torch.tensor(rows.positions, device=dev))[None]
     capture.row_weights = rows.weights()
-    extra = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    extra: dict[str, Any] = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    extra.update(_candidate_mask(prompt, candidates_below))
     run_with_capture(
         lm.model.base_model, capture, input_ids=torch.tensor([rows.ids], device=dev), position_ids=qpos,
         attention_mask=qmask, cache=qcache, use_cache=True, **extra,
@@ -345,6 +361,7 @@ def block_forward(
     doc_batch_size: int = 64,
     kv: list[tuple[Any, Any]] | None = None,
     fast: bool | None = None,
+    candidates_below: int = 0,
 ) -> tuple[dict[int, Any], dict[str, float]]:
     """Exact linear BlockRank forward up to ``layer`` (inclusive): :func:`context_kv` then
     :func:`query_pass`.
@@ -362,6 +379,7 @@ def block_forward(
             :func:`context_kv` returns them, when already computed (or read from a document
             KV store, :mod:`attnrank.reranker.doccache`): then only the query block runs.
         fast: As :func:`query_pass` (the default takes the fast path without gradients).
+        candidates_below: As :func:`query_pass`.
 
     Returns:
         ``({layer: tensor}, timings)`` where tensors are ``(1, heads, rows, K)`` logits or
@@ -384,14 +402,14 @@ def block_forward(
         )
     else:
         cap = AttentionCapture(layers=set(read_layers or [layer]), mode="mean", stop_after=layer)
-    query_pass(lm, prompt, kv, cap, query_ids=query_ids, fast=fast)
+    query_pass(lm, prompt, kv, cap, query_ids=query_ids, fast=fast, candidates_below=candidates_below)
     timings["query"] = time.perf_counter() - t2
     return cap.out, timings
 
 
 def calibrated_forward(
     lm: Any, prompt: BlockPrompt, layer: int, *, read_layers: Sequence[int] | None = None, doc_batch_size: int = 64,
-    kv: list[tuple[Any, Any]] | None = None, fast: bool | None = None,
+    kv: list[tuple[Any, Any]] | None = None, fast: bool | None = None, candidates_below: int = 0,
 ) -> tuple[dict[int, Any], dict[int, Any], dict[str, float]]:
     """Mean attention of the query block and of the ``N/A`` calibration block
     (``prompt.calib_ids``), as two :func:`block_forward` calls in ``"mean"`` mode return
@@ -415,14 +433,16 @@ def calibrated_forward(
     if kv is None:
         kv, timings = context_kv(lm, prompt, layer, doc_batch_size=doc_batch_size, reserve=Lq + Lc)
     if not _use_fast(fast):  # two passes (the exact path the merged pass is tested against)
-        qo, t = block_forward(lm, prompt, layer, mode="mean", read_layers=read_layers, kv=kv, fast=fast)
+        qo, t = block_forward(lm, prompt, layer, mode="mean", read_layers=read_layers, kv=kv, fast=fast,
+                              candidates_below=candidates_below)
         t0 = time.perf_counter()
         co, _ = block_forward(lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean", read_layers=read_layers,
-                              kv=kv, fast=fast)
+                              kv=kv, fast=fast, candidates_below=candidates_below)
         return qo, co, {**timings, **t, "calibration": time.perf_counter() - t0}
     t2 = time.perf_counter()
     cap = AttentionCapture(layers=set(read_layers or [layer]), mode="mean", stop_after=layer)
-    rows = merged_query_pass(lm, prompt, kv, cap, [prompt.query_ids, prompt.calib_ids], fast=fast)
+    rows = merged_query_pass(lm, prompt, kv, cap, [prompt.query_ids, prompt.calib_ids], fast=fast,
+                             candidates_below=candidates_below)
     K = kv[0][0].shape[2]
     outs: list[dict[int, Any]] = [{}, {}]
     for g, members in enumerate(rows.members):

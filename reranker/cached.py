@@ -161,7 +161,9 @@ class CachedBlockRankReranker(BlockRankReranker):
     @cached_property
     def card(self) -> dict[str, Any] | None:
         """The weights card of ``scoring='learned'`` (option ``scorer_weights``, else the one
-        shipped for the model), parsed; ``None`` when none ships and none is given.
+        shipped for the model: ``<model>.blockrank-cached.json``, or with ``attend='all'`` (or a
+        layer) ``<model>.blockrank-cached-full.json`` when it ships), parsed; ``None`` when none
+        ships and none is given.
 
         Raises:
             NotFoundError: ``scorer_weights`` names a missing file.
@@ -170,7 +172,11 @@ class CachedBlockRankReranker(BlockRankReranker):
         if path is None:
             from attnrank.reranker.heads import packaged_data_dir
 
-            shipped = packaged_data_dir() / f"{self.base_lm.identity.get('name', '')}.blockrank-cached.json"
+            name = self.base_lm.identity.get("name", "")
+            shipped = packaged_data_dir() / f"{name}.blockrank-cached.json"
+            full = packaged_data_dir() / f"{name}.blockrank-cached-full.json"
+            if self.options.attend not in (AUTO, "none") and full.exists():
+                shipped = full  # the full-store configuration's card (attend='all' or from a layer)
             if not shipped.exists():
                 return None
             path = str(shipped)
@@ -205,6 +211,63 @@ class CachedBlockRankReranker(BlockRankReranker):
         if not 0 <= layer < n:
             raise ValidationError(f"layer must be in [0, {n - 1}] for this model, got {layer!r}")
         return layer
+
+    @cached_property
+    def attend(self) -> str | int:
+        """Which layers of the query pass attend to the candidates (option ``attend``; ``'auto'``
+        = the weights card's ``attend`` with learned scoring, else ``'all'``): ``'all'``, a first
+        layer ``m``, or ``'none'`` (the probe store)."""
+        value = self.options.attend
+        if value == AUTO:
+            value = (self.card or {}).get("attend", "all") if self.scoring == "learned" else "all"
+        if isinstance(value, int) and not 0 < value <= self.layer:
+            raise ValidationError(f"attend must be 'all', 'none' or a layer in [1, {self.layer}], got {value!r}")
+        return value
+
+    @property
+    def probe(self) -> bool:
+        """Whether this is the probe-store scorer (``attend='none'``, :mod:`attnrank.reranker.probe`)."""
+        return self.attend == "none"
+
+    @property
+    def candidates_below(self) -> int:
+        """Layers ``0..candidates_below-1`` of the query pass skip the candidates (0: none skip)."""
+        if self.attend == "all":
+            return 0
+        return self.layer + 1 if self.attend == "none" else int(self.attend)
+
+    @cached_property
+    def probe_layers(self) -> tuple[int, ...]:
+        """The layers a probe store keeps and the scorer reads: option ``probe_layers``, else
+        the weights card's ``layers``, else ``(l*,)``.
+
+        Raises:
+            ValidationError: a layer above ``l*``.
+        """
+        layers = self.options.probe_layers
+        if layers is None and self.scoring == "learned" and self.card is not None and self.card.get("layers"):
+            layers = tuple(int(l) for l in self.card["layers"])
+        layers = tuple(layers) if layers is not None else (self.layer,)
+        if max(layers) > self.layer:
+            raise ValidationError(f"probe_layers {list(layers)} reach above l* = {self.layer}")
+        return layers
+
+    @property
+    def feature_layers(self) -> list[int]:
+        """The layers whose (layer, head) features the learned scorer weighs: the probe layers
+        of a probe store, else ``0..l*``."""
+        return list(self.probe_layers) if self.probe else list(range(self.layer + 1))
+
+    @cached_property
+    def kv_dtype(self) -> str:
+        """Store dtype: option ``kv_dtype``; ``'auto'`` = the weights card's ``kv_dtype`` for a
+        probe store, else ``'float16'``."""
+        value = self.options.kv_dtype
+        if value == AUTO:
+            value = (self.card or {}).get("kv_dtype", "float16") if self.probe and self.scoring == "learned" else "float16"
+        if value == "int4" and not self.probe:
+            raise ValidationError("kv_dtype='int4' holds keys only: it needs attend='none' (a probe store)")
+        return str(value)
 
     @cached_property
     def adapter_path(self) -> Path | None:
@@ -283,6 +346,8 @@ class CachedBlockRankReranker(BlockRankReranker):
             ValidationError: a selected head deeper than ``l*`` (the store holds layers
                 ``0..l*`` only).
         """
+        if self.probe:
+            return max(self.probe_layers)
         heads = self.heads
         deepest = max([self.layer] + [l for l, _ in heads or []])
         if deepest > self.layer:
@@ -310,13 +375,16 @@ class CachedBlockRankReranker(BlockRankReranker):
             kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
             head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
             max_doc_tokens=self.layout.max_block_tokens,
-            dtype=self.options.kv_dtype,
+            dtype=self.kv_dtype,
             adapter_hash=None,
+            layers=self.probe_layers if self.probe else None,
+            values=not self.probe,
         )
 
     def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[BlockKey, Any, Any]]:
         """``(key, keys, values)`` per text for a document KV store (``attnrank index kv build``):
-        float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)``, always from the base
+        float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)`` (a probe store:
+        keys ``(len(probe_layers), kv_heads, T, head_dim)`` and values ``None``), always from the base
         model (the block encoders switch a query adapter off). Texts sharing a block share a key; this never reads or writes the RAM cache."""
         import torch
 
@@ -324,6 +392,9 @@ class CachedBlockRankReranker(BlockRankReranker):
         blocks = [document_block(lm.tokenizer, self.layout, t)[0] for t in texts]
         with lm.lock, torch.inference_mode():
             kvs = encode_blocks(lm, self.instruction_kv(), blocks, self.kv_depth, batch_size=self.options.doc_batch_size)
+        if self.probe:  # keys of the probe layers only
+            sel = list(self.probe_layers)
+            return [(block_key(b), k[sel].float().cpu().numpy(), None) for b, (k, _) in zip(blocks, kvs)]
         return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
 
     def block_keys(self, texts: Sequence[str]) -> list[BlockKey]:
@@ -358,6 +429,26 @@ class CachedBlockRankReranker(BlockRankReranker):
                    "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
                    "blocks_assemble": time.perf_counter() - t0}
         return Context(kv, seconds, {"hits": fetch.hits, "misses": fetch.misses})
+
+    def probe_keys(self, prompt: BlockPrompt, block_store: Any = None) -> tuple[dict[int, Any], dict[str, float], dict[str, int]]:
+        """The candidates' keys at the probe layers, concatenated: ``{layer: (kv_heads, D,
+        head_dim)}`` float32 (``D`` candidate tokens in order), with fetch timings (seconds)
+        and the block cache's ``{"hits", "misses"}`` (blocks from a keys-only store, the RAM
+        tier, or encoded and written back)."""
+        import torch
+
+        layers = self.probe_layers
+        with torch.inference_mode():
+            kv0 = self.instruction_kv()
+            blocks, fetch = self.block_source().fetch(self.lm, kv0, prompt.doc_ids, self.kv_depth, store=block_store,
+                                                    batch_size=self.options.doc_batch_size, probe_layers=layers)
+            t0 = time.perf_counter()
+            keys = {l: torch.cat([b[0][i] for b in blocks], dim=1).float() if blocks else
+                    torch.zeros(kv0[0][0].shape[1], 0, kv0[0][0].shape[3]) for i, l in enumerate(layers)}
+        seconds = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
+                   "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
+                   "blocks_assemble": time.perf_counter() - t0}
+        return keys, seconds, {"hits": fetch.hits, "misses": fetch.misses}
 
     def build_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
         """The cached prompt: the fixed block 0, one block per candidate (no id), the query
@@ -394,9 +485,9 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         import numpy as np
 
-        shape = (self.layer + 1, self.lm.num_heads)
+        shape = (len(self.feature_layers), self.lm.num_heads)
         adapter_w = (self.adapter or {}).get("weights")
-        if self.options.scorer_weights is None and adapter_w is not None:
+        if self.options.scorer_weights is None and adapter_w is not None and np.size(adapter_w) == shape[0] * shape[1]:
             return np.asarray(adapter_w, dtype=np.float64).reshape(shape)
         card = self.card
         if card is None:
@@ -404,8 +495,11 @@ class CachedBlockRankReranker(BlockRankReranker):
             raise NotFoundError(f"no learned BlockRank weights ship for model {name!r}; fit them with "
                                 "`attnrank eval study-fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
         want = {"layer": self.layer, "max_doc_tokens": self.config.max_doc_tokens,
-                "template": self.layout_version(), "spec": "heads"}
+                "template": self.layout_version(), "spec": "heads", "attend": self.attend,
+                "layers": self.feature_layers}
         got = {k: card.get(k) for k in want}
+        got["attend"] = card.get("attend", "all")
+        got["layers"] = card.get("layers") or list(range(int(card.get("layer", -1)) + 1))
         sha = card.get("model_sha256")
         if got != want or (sha and sha != self.base_lm.identity.get("sha256")):
             raise ValidationError(f"weights card {card['_path']} was fitted for {got} (model {sha}); this reranker is "
@@ -418,6 +512,8 @@ class CachedBlockRankReranker(BlockRankReranker):
         evidence)."""
         import torch
 
+        if self.probe:
+            return self._probe_scores(prompt, block_store)
         ctx = self.cached_context(prompt, block_store)
         L0 = len(prompt.instruction_ids)
         bounds = spans_from_lengths(prompt.doc_lengths)
@@ -430,7 +526,7 @@ class CachedBlockRankReranker(BlockRankReranker):
                 D = sum(prompt.doc_lengths)
                 qo, co, t = calibrated_forward(self.lm, prompt, self.layer, read_layers=layers,
                                                doc_batch_size=self.options.doc_batch_size, kv=ctx.kv,
-                                               fast=self.fast_path)
+                                               fast=self.fast_path, candidates_below=self.candidates_below)
                 if self.scoring == "learned":
                     feats = per_head_document_mass(qo, L0, prompt.doc_lengths, layers, minus=co)
                     w = torch.as_tensor(self.learned_weights())
@@ -445,6 +541,61 @@ class CachedBlockRankReranker(BlockRankReranker):
             scores=scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens, details=details,
             passes=(ScoredPass(prompt, tokens, tuple(range(len(prompt.doc_ids)))),),
         )
+
+    def _probe_scores(self, prompt: BlockPrompt, block_store: Any) -> DocumentScores:
+        """The probe-store scorer (``attend='none'``): one query pass against block 0, then the
+        candidates' keys at the probe layers (:mod:`attnrank.reranker.probe`); ``learned``
+        weighs the calibrated (layer, head) mass, ``calibrated`` sums it.
+
+        Raises:
+            ValidationError: ``scoring='signal'`` (the probe scorer reads the calibrated mass).
+        """
+        import torch
+
+        from attnrank.reranker.probe import probe_features, probe_query_pass
+
+        if self.scoring == "signal":
+            raise ValidationError("attend='none' (a probe store) scores with 'learned' or 'calibrated', not 'signal'")
+        keys, seconds, cache = self.probe_keys(prompt, block_store)
+        layers = list(self.probe_layers)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            rows = probe_query_pass(self.lm, prompt, self.instruction_kv(), layers, fast=self.fast_path)
+            t1 = time.perf_counter()
+            feats = probe_features(rows, keys, prompt.doc_lengths, layers).double()
+            if self.scoring == "learned":
+                scores = linear_head_scores(feats, torch.as_tensor(self.learned_weights())).tolist()
+            else:
+                scores = feats.sum(dim=(1, 2)).tolist()
+        timings = {**seconds, "query": t1 - t0, "probe": time.perf_counter() - t1}
+        details: dict[str, Any] = {"timings": timings, "layer": self.layer, "cache": cache}
+        return DocumentScores(
+            scores=scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens, details=details,
+            passes=(ScoredPass(prompt, partial(self._probe_token_scores, rows, keys, prompt, feats),
+                               tuple(range(len(prompt.doc_ids)))),),
+        )
+
+    def _probe_token_scores(self, rows: Any, keys: dict[int, Any], prompt: BlockPrompt, feats: Any) -> Any:
+        """Each candidate token's share of the probe score (evidence): as
+        :func:`linear_head_token_scores` on the probe's per-token calibrated mass."""
+        import torch
+
+        from attnrank.reranker.probe import probe_mass
+
+        layers = list(self.probe_layers)
+        L0, D = len(prompt.instruction_ids), sum(prompt.doc_lengths)
+        ones = [1] * D  # one "document" per token: the probe's per-token mass
+        with torch.inference_mode():
+            qo, co = {}, {}
+            for l in layers:
+                m = probe_mass(rows, l, keys[l], ones)  # (2, D, H)
+                pad = torch.zeros(m.shape[2], L0, dtype=m.dtype)
+                qo[l] = torch.cat([pad, m[0].T], dim=1)[None]
+                co[l] = torch.cat([pad, m[1].T], dim=1)[None]
+            if self.scoring != "learned":
+                return sum((qo[l][0, :, L0:] - co[l][0, :, L0:]).sum(0) for l in layers)
+            w = torch.as_tensor(self.learned_weights())
+            return linear_head_token_scores(qo, co, L0, D, layers, feats, w)
 
     def _signal_scores(self, prompt: BlockPrompt, kv: Any, bounds: list[tuple[int, int]]) -> tuple[list[float], dict]:
         mass, t = self.token_mass(prompt, kv)
@@ -509,7 +660,10 @@ class CachedBlockRankReranker(BlockRankReranker):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["scoring"] = self.scoring
-        d["kv_dtype"] = self.options.kv_dtype
+        d["kv_dtype"] = self.kv_dtype
+        d["attend"] = self.attend
+        if self.probe:
+            d["probe_layers"] = list(self.probe_layers)
         if self.adapter is not None:
             d["query_adapter"] = {k: self.adapter[k] for k in ("path", "sha256", "step")}
         if self.scoring == "learned" and self.card is not None:

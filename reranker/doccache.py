@@ -484,10 +484,14 @@ class BlockSource:
 
     def fetch(
         self, lm: Any, kv0: Sequence[BlockKV], blocks: Sequence[Sequence[int]], layer: int, *,
-        store: Any = None, batch_size: int = 32,
+        store: Any = None, batch_size: int = 32, probe_layers: Sequence[int] | None = None,
     ) -> tuple[list[BlockKV], BlockFetch]:
         """Blocks ``(keys, values)`` in input order (float32 tensors on the LM's device,
         ``(layer + 1, kv_heads, T_i, head_dim)``) and where they came from.
+
+        With ``probe_layers`` (a probe store, issue #23): ``(keys, None)`` with keys
+        ``(len(probe_layers), kv_heads, T_i, head_dim)`` at those layers (``layer`` must be
+        their maximum), read from a keys-only store or encoded and cut to them.
 
         Raises:
             KVStoreError: the store failed to write (e.g. a full disk); reads that fail are
@@ -514,7 +518,7 @@ class BlockSource:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "non-writable array": never written here
                 for k, (kk, vv) in found.items():
-                    kv = (_as_tensor(kk, lm.device), _as_tensor(vv, lm.device))
+                    kv = (_as_tensor(kk, lm.device), None if vv is None else _as_tensor(vv, lm.device))
                     for i in want.pop(k):
                         out[i] = kv
                         hits += 1  # the store keeps its own RAM cache: not duplicated here
@@ -523,14 +527,19 @@ class BlockSource:
         if want:
             todo = list(want)
             fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size)
-            fresh = [(k.float(), v.float()) for k, v in fresh]
+            if probe_layers is not None:
+                sel = list(probe_layers)
+                fresh = [(k[sel].float().contiguous(), None) for k, _ in fresh]
+            else:
+                fresh = [(k.float(), v.float()) for k, v in fresh]
             if store is not None and not getattr(store, "readonly", False):
-                store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})
+                store.put_many({k: (kv[0].cpu().numpy(), None if kv[1] is None else kv[1].cpu().numpy())
+                                for k, kv in zip(todo, fresh)})
             for k, kv in zip(todo, fresh):
                 for i in want[k]:
                     out[i] = kv
                     misses += 1
                 if store is None or getattr(store, "readonly", False):
-                    self.memory.put(k, kv, kv[0].nbytes + kv[1].nbytes)
+                    self.memory.put(k, kv, kv[0].nbytes + (0 if kv[1] is None else kv[1].nbytes))
         t2 = time.perf_counter()
         return out, BlockFetch(hits, misses, {"fetch": t1 - t0, "encode": t2 - t1})  # type: ignore[return-value]

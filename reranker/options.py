@@ -112,6 +112,23 @@ def _heads(allow_learned: bool) -> Coerce:
     return coerce
 
 
+def _attend(name: str, value: Any) -> str | int:
+    if value in (AUTO, "all", "none"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return "all" if value == 0 else value
+    raise _fail(name, "'auto', 'all', 'none' or a layer >= 0", value)
+
+
+def _layer_list(name: str, value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if (isinstance(value, (list, tuple)) and value
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)):
+        return tuple(sorted(set(value)))
+    raise _fail(name, "a non-empty list of layers >= 0 or null", value)
+
+
 def _reattn(name: str, value: Any) -> ReAttnConfig | None:
     return ReAttnConfig.parse(value)
 
@@ -398,10 +415,25 @@ class CachedBlockRankOptions(RerankerOptions):
     heads: str | tuple[tuple[int, int], ...] = _block_heads(" (at or below l*: the store holds layers 0..l*)")
     reattn: ReAttnConfig | None = _reattn_option()
     kv_dtype: str = _option(
-        "float16", "'float16' | 'int8'",
-        "storage of the document KV store's blocks: float16, or int8 (per-channel keys, per-token values; about "
-        "half the bytes)",
-        _choice(*KV_DTYPES),
+        AUTO, "'auto' | 'float16' | 'int8' | 'int4'",
+        "storage of the document store's blocks: float16; int8 (per-channel keys, per-token values: about half "
+        "the bytes); int4 (per-channel 4-bit keys, probe stores only); 'auto' = the weights card's choice for a "
+        "probe store, else float16",
+        _choice(AUTO, *KV_DTYPES),
+    )
+    attend: str | int = _option(
+        AUTO, "'auto' | 'all' | 'none' | int >= 1",
+        "which layers of the query pass attend to the candidates: 'all' (0..l*, the full store of keys and values "
+        "of every layer); m: only m..l* (design B of issue #23); 'none': no layer does, the scoring layers only "
+        "probe the candidates' keys, so the store holds the keys of probe_layers alone (a probe store, design A); "
+        "'auto' = the weights card's (else 'all')",
+        _attend,
+    )
+    probe_layers: tuple[int, ...] | None = _option(
+        None, "[layer, ...] | null",
+        "with attend='none': the layers whose keys the store keeps and the scorer probes; null = the weights "
+        "card's layers, else [l*]",
+        _layer_list,
     )
     max_query_tokens: int | None = _option(
         None, "int >= 1 | null", _QUERY_TOKENS_DOC.format(extra=", and less when the query block would run past "
@@ -412,6 +444,8 @@ class CachedBlockRankOptions(RerankerOptions):
     def check(self) -> None:
         if self.heads != "all" and self.scoring != "signal":
             raise ValidationError("heads select signal-token heads; they need scoring='signal'")
+        if self.probe_layers is not None and self.attend not in ("none", AUTO):
+            raise ValidationError("probe_layers are the layers of a probe store: they need attend='none'")
 
 
 OPTION_CLASSES: dict[str, type[RerankerOptions]] = {

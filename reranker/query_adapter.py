@@ -123,6 +123,9 @@ def context_for(reranker: Any, prompt: Any, kv0: Any, *, store: Any = None) -> l
 
     from attnrank.reranker.doccache import assemble_kv
 
+    if getattr(reranker, "probe", False):  # a probe scorer reads the candidates' keys at its layers only
+        with torch.no_grad():  # clones: normal tensors (the fetch runs under inference mode)
+            return {l: k.clone() for l, k in reranker.probe_keys(prompt, store)[0].items()}
     lm = reranker.lm
     with torch.no_grad():
         blocks, _ = reranker.block_source().fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
@@ -143,6 +146,11 @@ def base_instruction_kv(reranker: Any) -> list[tuple[Any, Any]]:
 def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, weights: Any = None) -> Any:
     """Candidate scores ``(N,)`` float64 with gradients through the query passes.
 
+    A probe scorer (``attend='none'``, issue #23): ``kv`` is :func:`context_for`'s
+    ``{layer: keys}``, the query pass runs against block 0 alone and the candidates' keys
+    are probed at the probe layers (:mod:`attnrank.reranker.probe`), ``weights`` over
+    ``(len(probe_layers) * heads,)``.
+
     ``"learned"``: z-scored calibrated attention mass per (layer, head) over layers
     ``0..l*`` (query rows' mean attention minus the ``N/A`` query's) times ``weights``
     (``((l* + 1) * heads,)``); unitless. ``"signal"``: the signal tokens' attention mass per
@@ -157,6 +165,14 @@ def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, w
     layer = reranker.layer
     L0 = len(prompt.instruction_ids)
     lengths = prompt.doc_lengths
+    if getattr(reranker, "probe", False):  # issue #23: the query pass never reads the candidates (kv: their keys)
+        from attnrank.reranker.probe import probe_features, probe_query_pass
+
+        if objective != "learned":
+            raise ValidationError("a probe scorer (attend='none') trains with objective 'learned'")
+        layers = list(reranker.probe_layers)
+        rows = probe_query_pass(lm, prompt, base_instruction_kv(reranker), layers)
+        return linear_head_scores(probe_features(rows, kv, lengths, layers).double(), weights.double())
     if objective == "signal":
         Lq = len(prompt.query_ids)
         cap = AttentionCapture(layers={layer}, rows=slice(Lq - prompt.n_signal, Lq), mode="logits",
@@ -278,6 +294,8 @@ def train_query_adapter(
     base_card = {
         "model": lm.identity, "layer": reranker.layer, "max_doc_tokens": reranker.config.max_doc_tokens,
         "template": reranker.layout_version(), "objective": cfg.objective,
+        "attend": getattr(reranker, "attend", "all"),
+        **({"probe_layers": list(reranker.probe_layers)} if getattr(reranker, "probe", False) else {}),
         "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "target_modules": list(cfg.target_modules),
                  "layers": lora_layers},
         "config": asdict(cfg), "trainable_parameters": n_params, **(card or {}),

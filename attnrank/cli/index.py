@@ -101,19 +101,23 @@ def index_stats(path: Annotated[Path, typer.Argument(help="Index directory.")]) 
 def index_info(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
     """Print an index's params.json, and its document KV store's header, coverage and bytes."""
     params = json.loads((path / "params.json").read_text())
-    kv_dir = path / "kv"
-    if (kv_dir / "header.json").exists():
+    for name, kv_dir in (("kv_store", path / "kv"), ("probe_store", path / "probe")):
+        if not (kv_dir / "header.json").exists():
+            continue
         from attnrank.index.kv import KVHeader, KVStore
 
         header = KVHeader.from_dict(json.loads((kv_dir / "header.json").read_text()))
         with KVStore.open(kv_dir, header, readonly=True) as store:
             stats = store.stats()
         n_docs = _on_index(path, lambda index: len(index.docstore))
-        params["kv_store"] = {
+        params[name] = {
             "path": str(kv_dir), "header": header.to_dict(), "blocks": stats.blocks,
             "documents": n_docs, "blocks_per_document": round(stats.blocks / max(1, n_docs), 4),
             "note": "documents with identical text share one block, so a complete store can hold fewer blocks "
                     "than documents; `attnrank index kv build` computes only the missing ones",
             "bytes_on_disk": stats.bytes_on_disk, "live_bytes": stats.live_bytes, "shards": stats.shards,
+            "layout": "probe (keys of the scoring layers only)" if header.probe else "full (keys and values, layers 0..l*)",
+            "bytes_per_block": round(stats.live_bytes / max(1, stats.blocks), 1),
+            "bytes_per_document": round(stats.bytes_on_disk / max(1, n_docs), 1),
         }
     typer.echo(json.dumps(params, indent=2))

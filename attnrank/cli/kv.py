@@ -15,8 +15,8 @@ from attnrank.engine import Engine, LocalEngine
 EXAMPLES = """\
 Examples:
 
-  attnrank index kv build --index indexes/nfcorpus --layer 15
-  attnrank index kv build --index indexes/nfcorpus --layer 15 --dtype int8 --verify --prune
+  attnrank index kv build --index indexes/nfcorpus
+  attnrank index kv build --index indexes/nfcorpus --opt attend=all --layer 15 --dtype int8 --verify --prune
   attnrank index kv build --index /shared/ix --engine ray --actors 4 --actor-cpus 4
 """
 
@@ -33,7 +33,9 @@ def index_kv_build(
                                                  "default: the default method's (15, its weights card's, for the "
                                                  "packaged SmolLM2; else round(0.6 L)).")] = None,
     max_doc_tokens: MaxDocTokensOpt = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="float16 or int8 (about half the bytes).")] = "float16",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (the default configuration's: its weights card's "
+                                       "for a probe store, else float16), float16, int8 (about half the bytes) or "
+                                       "int4 (probe stores only).")] = "auto",
     device: DeviceOpt = "cpu",
     opts: OptsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Blocks per LM batch and per shard.")] = 32,
@@ -65,7 +67,8 @@ def index_kv_build(
                                            show_progress=True, verify_existing=verify, prune=prune)
         stats = store.stats()
     except KeyboardInterrupt:
-        typer.secho(f"interrupted; rerun the same command to resume {index / 'kv'}", fg="yellow", err=True)
+        where = index / Index.store_dir(reranker.block_store_header())
+        typer.secho(f"interrupted; rerun the same command to resume {where}", fg="yellow", err=True)
         raise typer.Exit(130) from None
     finally:
         ix.close()

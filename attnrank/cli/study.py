@@ -33,6 +33,10 @@ def eval_study_dump(
     device: DeviceOpt = "cpu",
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (attnrank train query-adapter "
                                                     "output, e.g. OUT/best) applied to the query passes.")] = None,
+    variant: Annotated[Optional[list[str]], typer.Option(
+        "--variant", help="NAME=BELOW[:adapter] (repeatable): features calibrated@NAME of a query pass whose layers "
+        "< BELOW do not attend to the candidates (0: today's pass; l*+1 or 'none': no layer does, the probe "
+        "store), on the base LM or, with ':adapter', the query adapter's (packaged unless --adapter).")] = None,
 ) -> None:
     """Per-candidate attention features of cached BlockRank (calibrated per layer and head,
     signal per head, the served calibrated score), first-stage scores and qrels, from ONE
@@ -43,8 +47,11 @@ def eval_study_dump(
 
     config = reranker_config("blockrank-cached", model, max_doc_tokens, device, None).with_options(
         layer=layer, scoring="calibrated", kv_dtype=kv_dtype, query_adapter=None)
+    variants = _variants(variant or [], layer)
     if adapter is not None:  # the reranker loads it on a private copy of the LM (option query_adapter)
         config = config.with_options(query_adapter=str(adapter))
+    elif any(which == "adapter" for which, _ in variants.values()):
+        config = config.with_options(query_adapter="packaged")
     reranker = build_reranker(config)
     store = None
     if trec_run:
@@ -61,14 +68,29 @@ def eval_study_dump(
             # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
             store = KVStore.open(index / "kv", reranker.block_store_header(), readonly=True)
     meta = {**source, "candidates": candidates, "layer": layer, "max_doc_tokens": max_doc_tokens,
+            "variants": {name: list(v) for name, v in variants.items()},
             "reranker": reranker.describe(),
             "adapter": reranker.describe().get("query_adapter"), "qrels": {q.query_id: dict(qrels.get(q.query_id, {})) for q in queries}}
     try:
-        items = dump_features(out, queries, cands, scores, qrels, reranker, block_store=store, meta=meta)
+        items = dump_features(out, queries, cands, scores, qrels, reranker, block_store=store, meta=meta,
+                              variants=variants or None)
     finally:
         if store is not None:
             store.close()
     typer.echo(json.dumps({"out": str(out), "queries": len(items)}))
+
+
+def _variants(specs: list[str], layer: int) -> dict[str, tuple[str, int]]:
+    """``--variant NAME=BELOW[:adapter]`` values as ``{name: (lm, below)}``."""
+    out: dict[str, tuple[str, int]] = {}
+    for item in specs:
+        name, sep, rest = item.partition("=")
+        below, _, which = rest.partition(":")
+        if not sep or not name or which not in ("", "adapter") or not (below == "none" or below.isdigit()):
+            raise typer.BadParameter(f"expected NAME=BELOW[:adapter] (BELOW a layer count or 'none'), got {item!r}",
+                                     param_hint="--variant")
+        out[name] = (which or "base", layer + 1 if below == "none" else int(below))
+    return out
 
 
 def eval_study_fit(
@@ -85,6 +107,12 @@ def eval_study_fit(
     temperature: Annotated[float, typer.Option("--temperature", help="Scores are divided by it in the loss.")] = 1.0,
     max_layer: Annotated[Optional[int], typer.Option("--max-layer", help="Use layers 0..N only: the model a store "
                                                      "with l* = N serves (exact: the query pass is causal in depth).")] = None,
+    layer_set: Annotated[Optional[str], typer.Option(
+        "--layers", help="Comma-separated layers to use (e.g. 13,15): the layers a probe store would keep; "
+        "overrides --max-layer.")] = None,
+    features: Annotated[Optional[str], typer.Option(
+        "--features", help="Variant NAME of a dump written with --variant: its calibrated@NAME and raw@NAME "
+        "features are the ones fitted and scored.")] = None,
     fixed_weights: Annotated[Optional[list[str]], typer.Option(
         "--fixed-weights", help="NAME=PATH head weights scored as given (repeatable): a weights card (.json) or a "
         "query adapter folder (its trained weights, else the model's shipped card).")] = None,
@@ -95,27 +123,34 @@ def eval_study_fit(
     from attnrank.eval.study import format_study, load_items, run_study
 
     train = train or []
-    train_items = [it for path in train for it in load_items(path)[1]]
+
+    def load(path: Path) -> tuple[dict, list]:
+        meta, items = load_items(path)
+        return meta, items if features is None else [_select(it, features, path) for it in items]
+
+    train_items = [it for path in train for it in load(path)[1]]
     fixed = {}
     for item in fixed_weights or []:
         name, sep, path = item.partition("=")
         if not sep:
             raise typer.BadParameter(f"expected NAME=PATH, got {item!r}", param_hint="--fixed-weights")
         fixed[name] = _fixed_weights(Path(path))
-    dev_meta, dev_items = load_items(dev)
+    dev_meta, dev_items = load(dev)
     tests = {}
     for item in test:
         name, sep, path = item.partition("=")
         if not sep:
             raise typer.BadParameter(f"expected NAME=DUMP, got {item!r}", param_hint="--test")
-        meta, items = load_items(path)
+        meta, items = load(Path(path))
         tests[name] = (items, meta["qrels"])
     if loss not in ("listwise", "pairwise", "lambdarank"):
         raise typer.BadParameter(f"expected listwise, pairwise or lambdarank, got {loss!r}", param_hint="--loss")
     layers = list(range(max_layer + 1)) if max_layer is not None else None
+    if layer_set:
+        layers = sorted({int(x) for x in layer_set.split(",")})
     report = run_study(train_items, dev_items, dev_meta["qrels"], tests, epochs=epochs, loss=loss,
                        temperature=temperature, layers=layers, fixed=fixed)
-    report["fit"] = {"loss": loss, "temperature": temperature, "layers": layers}
+    report["fit"] = {"loss": loss, "temperature": temperature, "layers": layers, "features": features}
     report["train"] = {"dumps": [str(p) for p in train], "queries": len(train_items)}
     if out is not None:
         out.write_text(json.dumps(report, indent=1))
@@ -129,8 +164,28 @@ def eval_study_fit(
             + [f"--loss {loss}", f"--temperature {temperature:g}"]
             + ([f"--max-layer {max_layer}"] if max_layer is not None else []) + [f"--export {export}"]))
         card["fit"] = report["fit"]
+        variant_of = (dev_meta.get("variants") or {}).get(features or "")
+        below = int(variant_of[1]) if variant_of else 0
+        if features and below > int(dev_meta.get("layer", 0)):  # fitted on the probe pass: a probe store's card
+            card["attend"] = "none"
+            card["layers"] = layers or list(range(int(dev_meta["layer"]) + 1))
+        elif layers is not None and layers != list(range(int(dev_meta.get("layer", 0)) + 1)):
+            raise typer.BadParameter("a card for the full store weighs layers 0..l*: --layers needs a probe "
+                                     "variant (--features)", param_hint="--layers")
         export.write_text(json.dumps(card, indent=1))
     typer.echo(format_study(report))
+
+
+def _select(item, name: str, path: Path):
+    """``item`` with its ``calibrated@NAME``/``raw@NAME`` features as ``calibrated``/``raw``."""
+    from dataclasses import replace
+
+    if f"calibrated@{name}" not in item.features:
+        have = sorted(k.split("@", 1)[1] for k in item.features if k.startswith("calibrated@"))
+        raise typer.BadParameter(f"dump {path} has no variant {name!r} (it has {have})", param_hint="--features")
+    feats = dict(item.features)
+    feats["calibrated"], feats["raw"] = feats[f"calibrated@{name}"], feats[f"raw@{name}"]
+    return replace(item, features=feats)
 
 
 def _fixed_weights(path: Path) -> list[float]:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from attnrank.cli.options import DeviceOpt, MaxDocTokensOpt, ModelOpt, SeedOpt, reranker_config
+from attnrank.cli.options import OptsOpt, DeviceOpt, MaxDocTokensOpt, ModelOpt, SeedOpt, reranker_config
 
 EXAMPLES = """\
 Examples:
@@ -93,6 +93,7 @@ def train_query_adapter_cmd(
     model: ModelOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
+    opts: OptsOpt = None,
 ) -> None:
     """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise loss
     through the query passes only; dev nDCG@10 every --eval-every steps, best kept (resumable)."""
@@ -103,7 +104,7 @@ def train_query_adapter_cmd(
     cfg = QueryAdapterConfig(out_dir=str(out), objective=objective, lora_r=lora_r, lora_alpha=2 * lora_r,
                              train_weights=train_weights, lr=lr, steps=steps, batch_queries=batch_queries,
                              max_candidates=max_candidates, eval_every=eval_every, seed=seed)
-    config = reranker_config("blockrank-cached", model, max_doc_tokens, _auto_device(device), None).with_options(
+    config = reranker_config("blockrank-cached", model, max_doc_tokens, _auto_device(device), opts).with_options(
         layer=layer, scoring="learned" if objective == "learned" else "signal", query_adapter=None)
     reranker = build_reranker(config)
     examples, stores = [], {}

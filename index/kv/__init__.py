@@ -2,7 +2,8 @@
 once per distinct document text and read by every query.
 
 * :mod:`~attnrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
-* :mod:`~attnrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`).
+* :mod:`~attnrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`,
+  :class:`Int4Codec` for keys-only probe stores, issue #23).
 * :mod:`~attnrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh).
 * :mod:`~attnrank.index.kv.maintenance`: verify, compact, adopt a distributed build's parts.
 * :mod:`~attnrank.index.kv.build`: the resumable build driver (``attnrank index kv build``).
@@ -26,10 +27,10 @@ from attnrank.index.kv.build import (
     prune_blocks,
     put_batches,
 )
-from attnrank.index.kv.codec import CODECS, Codec, Float16Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
+from attnrank.index.kv.codec import CODECS, Codec, Float16Codec, Int4Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
 from attnrank.index.kv.format import FORMAT_VERSION
 from attnrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
-from attnrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats
+from attnrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats, ProbeView
 
 __all__ = [
     "CODECS",
@@ -43,10 +44,12 @@ __all__ = [
     "Codec",
     "CompactReport",
     "Float16Codec",
+    "Int4Codec",
     "Int8Codec",
     "KVHeader",
     "KVStore",
     "KVStoreStats",
+    "ProbeView",
     "build_index_blocks",
     "build_missing",
     "build_part",

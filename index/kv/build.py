@@ -400,7 +400,7 @@ def open_index_store(index: Index, encoder: BlockCachingReranker) -> KVStore:
     if header is None:
         raise ValidationError("the reranker is not in cached mode: build blocks with method 'blockrank-cached' "
                               "(formerly --opt query_in_instruction=false)")
-    store = index.block_store(header)
+    store = index.block_store(header, full_fallback=False)
     if store is None:
         raise ValidationError("an in-memory index keeps no document KV store; build the index into a directory")
     return store

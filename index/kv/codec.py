@@ -14,6 +14,14 @@ these bytes):
 At SmolLM2-135M's shape (l* = 15 so L = 16, H = 3, D = 64) a 96-token block takes
 1,179,648 bytes in fp16 and 620,544 bytes in int8 (0.53x).
 
+A keys-only probe store (header ``values=False``, issue #23) drops the values part of each
+layout: fp16 ``2 * L*H*T*D``; int8 ``L*H*T*D + 4 * L*H*D``; and :class:`Int4Codec`
+(``"int4"``, probe stores only): key scales fp32 ``(L, H, D)`` (per channel,
+``max_T |k| / 7``), then codes in ``[-7, 7]`` packed two per byte (low nibble first, offset
+8): ``ceil(L*H*T*D / 2) + 4 * L*H*D`` bytes. A 132-token block of one layer takes 50,688
+bytes in fp16, 26,112 in int8 and 13,440 in int4. :meth:`Codec.decode` then returns
+``(keys, None)``.
+
 A codec is chosen once per store by its header's dtype (:func:`codec_for`); a third dtype
 is one more class in :data:`CODECS` and one more name in :data:`attnrank.blocks.KV_DTYPES`.
 """
@@ -27,7 +35,8 @@ import numpy as np
 from attnrank.blocks import KV_DTYPES, KVHeader
 from attnrank.errors import ValidationError
 
-__all__ = ["CODECS", "Codec", "Float16Codec", "Int8Codec", "codec_for", "dequantize_int8", "quantize_int8"]
+__all__ = ["CODECS", "Codec", "Float16Codec", "Int4Codec", "Int8Codec", "codec_for", "dequantize_int8", "quantize_int4",
+           "quantize_int8", "quantize_keys_int8"]
 
 
 def quantize_int8(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -52,6 +61,39 @@ def quantize_int8(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.
     kq = np.clip(np.rint(k / ks[:, :, None, :]), -127, 127).astype(np.int8)
     vq = np.clip(np.rint(v / vs[:, :, :, None]), -127, 127).astype(np.int8)
     return ks.astype(np.float32), vs.astype(np.float32), kq, vq
+
+
+def quantize_keys_int8(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keys only (a probe store): float32 scales ``(L, H, D)`` per channel and int8 codes
+    ``(L, H, T, D)``, as :func:`quantize_int8` does keys."""
+    k = np.asarray(keys, dtype=np.float32)
+    ks = np.abs(k).max(axis=2) / np.float32(127.0)
+    ks[ks == 0] = 1.0
+    return ks.astype(np.float32), np.clip(np.rint(k / ks[:, :, None, :]), -127, 127).astype(np.int8)
+
+
+def quantize_int4(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """4-bit keys (a probe store): float32 scales ``(L, H, D)`` per channel (``max_T |k| / 7``)
+    and uint8 ``(ceil(L*H*T*D / 2),)``: codes ``q + 8`` with ``q`` in ``[-7, 7]``, two per byte,
+    the even element in the low nibble. ``|k - q * scale| <= scale / 2`` per element."""
+    k = np.asarray(keys, dtype=np.float32)
+    ks = np.abs(k).max(axis=2) / np.float32(7.0)
+    ks[ks == 0] = 1.0
+    q = (np.clip(np.rint(k / ks[:, :, None, :]), -7, 7) + 8).astype(np.uint8).reshape(-1)
+    if q.size % 2:
+        q = np.concatenate([q, np.zeros(1, np.uint8)])
+    return ks.astype(np.float32), (q[0::2] | (q[1::2] << 4)).astype(np.uint8)
+
+
+def dequantize_int4(scale: np.ndarray, packed: np.ndarray, shape: tuple[int, int, int, int]) -> np.ndarray:
+    """Inverse of :func:`quantize_int4`: float32 keys of ``shape``."""
+    n = int(np.prod(shape))
+    q = np.empty(2 * packed.size, dtype=np.int8)
+    q[0::2] = (packed & 15).astype(np.int8) - 8
+    q[1::2] = (packed >> 4).astype(np.int8) - 8
+    k = q[:n].astype(np.float32).reshape(shape)
+    k *= scale[:, :, None, :]
+    return k
 
 
 def dequantize_int8(key_scale: np.ndarray, value_scale: np.ndarray, key_q: np.ndarray, value_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,8 +146,10 @@ class Codec:
             ValidationError: wrong shape, non-float or non-finite values, or values beyond
                 what the dtype holds.
         """
-        k, v = np.asarray(keys), np.asarray(values)
         header = self.header
+        if header.probe:
+            return self._encode_keys(key, keys, values)
+        k, v = np.asarray(keys), np.asarray(values)
         if k.ndim != 4 or k.shape != v.shape:
             raise ValidationError(
                 f"document {key!r}: keys of shape {k.shape} and values of shape {v.shape}; both must "
@@ -121,12 +165,33 @@ class Codec:
             raise ValidationError(f"document {key!r}: keys/values must be floating point, got {k.dtype}/{v.dtype}")
         return T, self._parts(key, k, v)
 
+    def _encode_keys(self, key: str, keys: Any, values: Any) -> tuple[int, list[np.ndarray]]:
+        """:meth:`encode` for a keys-only store: ``values`` must be ``None``."""
+        header = self.header
+        if values is not None:
+            raise ValidationError(f"document {key!r}: this store keeps keys only (a probe store); pass values=None")
+        k = np.asarray(keys)
+        T = int(k.shape[2]) if k.ndim == 4 else 0
+        if k.ndim != 4 or k.shape != header.doc_shape(T) or not 1 <= T <= header.max_doc_tokens:
+            raise ValidationError(
+                f"document {key!r}: keys of shape {k.shape}, expected {self.shape_text} "
+                f"with 1 <= T <= max_doc_tokens={header.max_doc_tokens} (layers {list(header.stored_layers)})")
+        if not np.issubdtype(k.dtype, np.floating):
+            raise ValidationError(f"document {key!r}: keys must be floating point, got {k.dtype}")
+        if not np.isfinite(k).all():
+            raise ValidationError(f"document {key!r}: keys contain NaN or inf")
+        return T, self._key_parts(key, k)
+
     def _parts(self, key: str, k: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def decode(self, buf: np.ndarray, tokens: int, out: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+    def _key_parts(self, key: str, k: np.ndarray) -> list[np.ndarray]:
+        raise ValidationError(f"dtype {self.dtype!r} has no keys-only layout")
+
+    def decode(self, buf: np.ndarray, tokens: int, out: str = "float32") -> tuple[np.ndarray, np.ndarray | None]:
         """``(keys, values)`` as new ``out`` (``"float32"`` or ``"float16"``) arrays
-        ``(L, H, T, D)`` from a uint8 view of one entry's payload (:meth:`nbytes` bytes)."""
+        ``(L, H, T, D)`` from a uint8 view of one entry's payload (:meth:`nbytes` bytes);
+        ``values`` is ``None`` in a keys-only store."""
         raise NotImplementedError
 
 
@@ -137,7 +202,14 @@ class Float16Codec(Codec):
 
     def nbytes(self, tokens: int) -> int:
         h = self.header
-        return 4 * h.n_layers * h.kv_heads * tokens * h.head_dim
+        return (2 if h.probe else 4) * h.n_layers * h.kv_heads * tokens * h.head_dim
+
+    def _key_parts(self, key: str, k: np.ndarray) -> list[np.ndarray]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            half = np.ascontiguousarray(k, dtype=np.float16)
+        if not np.isfinite(half).all():
+            raise ValidationError(f"document {key!r}: keys exceed the float16 range")
+        return [half]
 
     def _parts(self, key: str, k: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
         with np.errstate(over="ignore", invalid="ignore"):  # checked just below
@@ -150,6 +222,11 @@ class Float16Codec(Codec):
         h = self.header
         L, H, D, T = h.n_layers, h.kv_heads, h.head_dim, tokens
         n = L * H * T * D
+        if h.probe:
+            bits = buf[: 2 * n].view(np.uint16)
+            if out == "float16":
+                return bits.view(np.float16).reshape(L, H, T, D).copy(), None
+            return np.take(_f16_table(), bits).reshape(L, H, T, D), None
         if out == "float16":
             half = buf[: 4 * n].view(np.float16)
             return half[:n].reshape(L, H, T, D).copy(), half[n:].reshape(L, H, T, D).copy()
@@ -168,7 +245,12 @@ class Int8Codec(Codec):
 
     def nbytes(self, tokens: int) -> int:
         h = self.header
+        if h.probe:
+            return h.n_layers * h.kv_heads * tokens * h.head_dim + 4 * h.n_layers * h.kv_heads * h.head_dim
         return 2 * h.n_layers * h.kv_heads * tokens * h.head_dim + 4 * h.n_layers * h.kv_heads * (h.head_dim + tokens)
+
+    def _key_parts(self, key: str, k: np.ndarray) -> list[np.ndarray]:
+        return list(quantize_keys_int8(k))
 
     def _parts(self, key: str, k: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
         if not (np.isfinite(k).all() and np.isfinite(v).all()):
@@ -179,6 +261,11 @@ class Int8Codec(Codec):
         h = self.header
         L, H, D, T = h.n_layers, h.kv_heads, h.head_dim, tokens
         n = L * H * T * D
+        if h.probe:
+            scale = buf[: 4 * L * H * D].view(np.float32).reshape(L, H, D)
+            k = buf[4 * L * H * D: 4 * L * H * D + n].view(np.int8).reshape(L, H, T, D).astype(np.float32)
+            k *= scale[:, :, None, :]
+            return (k if out == "float32" else k.astype(out)), None
         o = 0
         ks = buf[o : o + 4 * L * H * D].view(np.float32).reshape(L, H, D)
         o += 4 * L * H * D
@@ -190,7 +277,33 @@ class Int8Codec(Codec):
         return (k, v) if out == "float32" else (k.astype(out), v.astype(out))
 
 
-CODECS: dict[str, type[Codec]] = {c.dtype: c for c in (Float16Codec, Int8Codec)}
+class Int4Codec(Codec):
+    """``"int4"`` (keys-only probe stores): per-channel fp32 key scales, then 4-bit codes two
+    per byte (:func:`quantize_int4`), ``ceil(L*H*T*D / 2) + 4 * L*H*D`` bytes."""
+
+    dtype = "int4"
+
+    def nbytes(self, tokens: int) -> int:
+        h = self.header
+        n = h.n_layers * h.kv_heads * tokens * h.head_dim
+        return (n + 1) // 2 + 4 * h.n_layers * h.kv_heads * h.head_dim
+
+    def _key_parts(self, key: str, k: np.ndarray) -> list[np.ndarray]:
+        return list(quantize_int4(k))
+
+    def _parts(self, key: str, k: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
+        raise ValidationError("dtype 'int4' holds keys only (a probe store)")
+
+    def decode(self, buf: np.ndarray, tokens: int, out: str = "float32") -> tuple[np.ndarray, np.ndarray | None]:
+        h = self.header
+        L, H, D, T = h.n_layers, h.kv_heads, h.head_dim, tokens
+        n = L * H * T * D
+        scale = buf[: 4 * L * H * D].view(np.float32).reshape(L, H, D)
+        k = dequantize_int4(scale, buf[4 * L * H * D: 4 * L * H * D + (n + 1) // 2], (L, H, T, D))
+        return (k if out == "float32" else k.astype(out)), None
+
+
+CODECS: dict[str, type[Codec]] = {c.dtype: c for c in (Float16Codec, Int8Codec, Int4Codec)}
 """The codec class of each dtype of :data:`attnrank.blocks.KV_DTYPES`."""
 
 

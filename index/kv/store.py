@@ -440,10 +440,10 @@ class KVStore:
                     except BadEntry as exc:
                         bad.append((key, loc, str(exc)))
                         continue
-                    kv = (_readonly(k), _readonly(v))
+                    kv = (_readonly(k), None if v is None else _readonly(v))  # a probe store has no values
                     got[key] = kv
                     # under the read lock: no commit can invalidate the key between read and insert
-                    self._cache.put(key, kv, k.nbytes + v.nbytes)
+                    self._cache.put(key, kv, k.nbytes + (0 if v is None else v.nbytes))
         if bad:
             self._drop(bad)
         found = {key: got[key] for key in wanted if key in got}
@@ -683,3 +683,69 @@ class KVStore:
     def cache_stats(self) -> CacheStats:
         """The RAM LRU's counters (hits, misses, evictions, bytes) for /metrics."""
         return self._cache.stats()
+
+
+class ProbeView:
+    """A full store read as a probe store (issue #23): the keys of the probe layers of every
+    block, no values, read-only. An index whose store predates the probe layout keeps
+    serving the probe scorer from it until ``attnrank index kv build`` writes the probe store.
+
+    Args:
+        store: An open full store (``values`` stored, layers ``0..layer``).
+        header: The probe header it stands in for; its layers must be stored by ``store``
+            and every other field but ``dtype``, ``layer``, ``layers`` and ``values`` equal.
+
+    Raises:
+        KVStoreMismatchError: ``store`` cannot stand in for ``header``.
+    """
+
+    readonly = True
+
+    def __init__(self, store: KVStore, header: KVHeader) -> None:
+        full = store.header
+        fields = [f for f in header_diff_fields(full, header)]
+        if full.probe or not set(header.stored_layers) <= set(full.stored_layers) or fields:
+            raise KVStoreMismatchError(
+                f"the store at {store.path} cannot serve the probe layers {list(header.stored_layers)}: it differs "
+                f"in {fields or ['layers']}", tuple(fields), full.to_dict())
+        self.store = store
+        self.header = header
+        self.path = store.path
+        self._sel = [list(full.stored_layers).index(l) for l in header.stored_layers]
+
+    def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, tuple[np.ndarray, None]], list[BlockKey]]:
+        """As :meth:`KVStore.get_many`, with keys ``(len(layers), kv_heads, T, head_dim)`` and no values."""
+        found, missing = self.store.get_many(keys)
+        return {k: (_readonly(np.ascontiguousarray(kk[self._sel])), None) for k, (kk, _) in found.items()}, missing
+
+    def get(self, key: BlockKey) -> tuple[np.ndarray, None] | None:
+        found, _ = self.get_many([key])
+        return found.get(key)
+
+    def contains(self, key: BlockKey) -> bool:
+        return self.store.contains(key)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def keys(self) -> list[BlockKey]:
+        return self.store.keys()
+
+    def put_many(self, items: Any) -> int:
+        raise KVStoreError(f"{self.path} is a full store read as a probe store (read-only); build the probe store "
+                           f"with `attnrank index kv build --index {self.path.parent}`")
+
+    def delete(self, keys: Iterable[BlockKey]) -> int:
+        return 0
+
+    def stats(self) -> KVStoreStats:
+        return self.store.stats()
+
+    def close(self) -> None:
+        """Close the full store (opened for this view)."""
+        self.store.close()
+
+
+def header_diff_fields(full: KVHeader, probe: KVHeader) -> list[str]:
+    """Fields other than the layout ones in which ``full`` and ``probe`` differ."""
+    return [f for f in full.diff(probe) if f not in ("dtype", "layer", "layers", "values", "n_layers")]

@@ -508,11 +508,14 @@ def slow_write(fd, data):
         time.sleep(0.02)
     real(fd, data)
 kv._write = slow_write
+def pair(d):
+    k, v = doc_arrays(d, h.n_layers, h.kv_heads, h.head_dim, h.max_doc_tokens)
+    return (k, None) if h.probe else (k, v)  # a probe store keeps keys only
 for b in range(100000):
     state["batch"] = b
     ids = [f"{prefix}b{b}-{i}" for i in range(8)]
     print(f"writing {b}", flush=True)
-    store.put_many({d: doc_arrays(d, h.n_layers, h.kv_heads, h.head_dim, h.max_doc_tokens) for d in ids})
+    store.put_many({d: pair(d) for d in ids})
     print(f"committed {b}", flush=True)
 '''
 
