@@ -77,7 +77,7 @@ def header_diff(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple
     return tuple(sorted(k for k in expected if norm(stored, k) != norm(expected, k)))
 
 
-_OPTIONAL = {"layers": None, "values": True}
+_OPTIONAL = {"layers": None, "keys_only": False}
 """Header fields a full store's ``header.json`` leaves out, with their values there."""
 
 
@@ -108,7 +108,7 @@ class KVHeader(Mapping[str, Any]):
         format_version: On-disk format version (:data:`KV_FORMAT_VERSION`).
         layers: The stored layers, ascending, each ``<= layer`` (``None``: ``0..layer``, the
             full store). A probe store (issue #23) keeps only the layers its scoring reads.
-        values: Whether values are stored (``False``: a keys-only probe store, whose query
+        keys_only: No values stored (a keys-only probe store, whose query
             pass never reads the candidates' values; ``shared/design/ALGORITHMS.md`` section 6,
             design A).
 
@@ -130,7 +130,7 @@ class KVHeader(Mapping[str, Any]):
     adapter_hash: str | None = None
     format_version: int = KV_FORMAT_VERSION
     layers: tuple[int, ...] | None = None
-    values: bool = True
+    keys_only: bool = False
 
     def __post_init__(self) -> None:
         if self.layers is not None:
@@ -140,10 +140,10 @@ class KVHeader(Mapping[str, Any]):
                 raise ValidationError(f"KVHeader.layers must be ascending distinct layers in [0, {self.layer}], "
                                       f"got {self.layers!r}")
             object.__setattr__(self, "layers", layers)
-        if not isinstance(self.values, bool):
-            raise ValidationError(f"KVHeader.values must be a bool, got {self.values!r}")
-        if self.dtype == "int4" and self.values:
-            raise ValidationError("KVHeader.dtype 'int4' holds keys only: set values=False (a probe store)")
+        if not isinstance(self.keys_only, bool):
+            raise ValidationError(f"KVHeader.keys_only must be a bool, got {self.keys_only!r}")
+        if self.dtype == "int4" and not self.keys_only:
+            raise ValidationError("KVHeader.dtype 'int4' holds keys only: set keys_only=True (a probe store)")
         for name in ("model_hash", "prompt_template_version", "instruction_hash"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -187,19 +187,19 @@ class KVHeader(Mapping[str, Any]):
 
     @property
     def probe(self) -> bool:
-        """A keys-only probe store (``values=False``)."""
-        return not self.values
+        """A keys-only probe store (``keys_only``)."""
+        return self.keys_only
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``header.json``): every field, ``n_layers`` included; ``layers`` and
-        ``values`` only when they differ from the full store's defaults."""
+        ``keys_only`` only when they differ from the full store's defaults."""
         d = asdict(self)
         if self.layers is None:
             d.pop("layers")
         else:
             d["layers"] = list(self.layers)
-        if self.values:
-            d.pop("values")
+        if not self.keys_only:
+            d.pop("keys_only")
         d["n_layers"] = self.n_layers
         return d
 
@@ -419,6 +419,8 @@ class BlockSync:
             return 0
         written = 0
         for reranker, lock, store in self._stores(create=True):
+            if getattr(store, "readonly", False):  # a full store read as a probe store: blocks computed on first use
+                continue
             texts = {k: d.content for k, d in zip(reranker.block_keys([d.content for d in documents]), documents)}
             todo = [k for k in texts if not store.contains(k)]
             if not todo:

@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--index", default=None)
     ap.add_argument("--card", required=True, help="weights card of the probe scorer (study-fit --export)")
     ap.add_argument("--adapter", default="auto", help="query_adapter option")
+    ap.add_argument("--store", default=None, help="full document KV store to read exact keys from (default: "
+                    "INDEX/kv; TREC DL: e.g. the scratch store of `eval study-dump --store`)")
     ap.add_argument("--max-queries", type=int, default=None)
     ap.add_argument("--fit-queries", type=int, default=40, help="first queries used to fit bases and directions")
     ap.add_argument("--points", default="float16,int8,int4,full-a4,rank32-a8,rank32-a4,rank16-a4,top64-a4,top32-a4")
@@ -160,13 +162,12 @@ def main() -> None:
     if args.trec_run:
         queries, cands, first, qrels = trec_dl_candidates(args.data, run_name=args.trec_run, candidates=args.candidates,
                                                           queries=args.max_queries)
-        store = None
     else:
         queries, cands, first, qrels = beir_candidates(args.data, args.split, queries=args.max_queries,
                                                        candidates=args.candidates, seed=0, index_dir=args.index,
                                                        retriever=args.retriever)
-        full = CachedBlockRankReranker_header(r)
-        store = KVStore.open(Path(args.index) / "kv", full, readonly=True)
+    path = args.store or (Path(args.index) / "kv" if args.index else None)
+    store = KVStore.open(path, CachedBlockRankReranker_header(r), readonly=True) if path else None
     points = args.points.split(",")
     L0 = len(r.layout.instruction_ids)
     kv0 = r.instruction_kv()
@@ -221,7 +222,7 @@ def main() -> None:
         bias = None
         if point in ("float16", "int8", "int4"):
             header = KVHeader("m", "v", "i", max(layers), blocks[0].shape[1], blocks[0].shape[3], T_max, dtype=point,
-                              layers=tuple(layers), values=False)
+                              layers=tuple(layers), keys_only=True)
             codec = codec_for(header)
             dec = []
             for b in blocks:
@@ -347,7 +348,7 @@ def CachedBlockRankReranker_header(probe_reranker):
     from dataclasses import replace
 
     h = probe_reranker.block_store_header()
-    return replace(h, layer=probe_reranker.layer, layers=None, values=True, dtype="float16")
+    return replace(h, layer=probe_reranker.layer, layers=None, keys_only=False, dtype="float16")
 
 
 def summarize(done, qrels, points, alpha) -> None:
@@ -372,6 +373,14 @@ def summarize(done, qrels, points, alpha) -> None:
         return {q: {"ndcg_cut_10": v["nDCG@10"]} for q, v in ev.per_query.items()}
 
     base_p = per_query(run_of("float32"))
+    grid = {}
+    for a in np.linspace(0.0, 1.0, 11):  # the fusion weight this set would choose (use on dev only)
+        run = {qid: dict(zip(rec["doc_ids"], fuse(np.asarray(rec["first"]), np.asarray(rec["float32"]), a).tolist()))
+               for qid, rec in done.items()}
+        grid[round(float(a), 1)] = np.mean([v["ndcg_cut_10"] for v in per_query(run).values()]) * 100
+    best_a = max(grid, key=grid.get)
+    print(f"fusion weight this set would choose (float32 keys): {best_a} ({grid[best_a]:.2f}); "
+          + ", ".join(f"{a}: {v:.2f}" for a, v in grid.items()))
     base_f = per_query(fused_of("float32"))
     print(f"queries: {len(done)}; fusion alpha {alpha}")
     print("| point | bytes / doc | logit rel. RMSE (mean over heads) | Kendall tau vs float32 | pure nDCG@10 (delta, p) "

@@ -108,7 +108,15 @@ def worker(args) -> None:
         os.environ["ATTNRANK_BLOCK_CACHE_BYTES"] = "0"
         cfg = RerankerConfig(method="blockrank", model=args.model, max_doc_tokens=128, device=args.device,
                              options={"query_in_instruction": False, **br_options})
-    r = (ICRReranker if args.path == "icr" else BlockRankReranker)(cfg)
+        if args.cached_options is not None:  # method blockrank-cached with these options (e.g. the default: {})
+            cfg = RerankerConfig(method="blockrank-cached", model=args.model, device=args.device,
+                                 options=json.loads(args.cached_options))
+    if args.path == "cached" and args.cached_options is not None:
+        from attnrank.reranker.cached import CachedBlockRankReranker
+
+        r = CachedBlockRankReranker(cfg)
+    else:
+        r = (ICRReranker if args.path == "icr" else BlockRankReranker)(cfg)
     lm = r.load().lm
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     mc = lm.model.config
@@ -183,6 +191,9 @@ def main() -> None:
                     help="BlockRank scorer of the blockrank and cached paths")
     ap.add_argument("--layer", type=int, default=None, help="BlockRank scoring layer l* (default: the model's)")
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--cached-options", default=None,
+                    help="JSON options of method blockrank-cached for the cached path (e.g. '{}': the default "
+                         "configuration; '{\"attend\": \"all\"}': the full store); default: the old spelling above")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", choices=["icr", "blockrank", "cached"], help=argparse.SUPPRESS)
     ap.add_argument("--paths", default="icr,blockrank,cached", help="paths to measure, comma-separated")
@@ -205,7 +216,8 @@ def main() -> None:
             base = [sys.executable, __file__, "--worker", "--path", path, "--n", str(n), "--data", args.data,
                     "--device", args.device, "--threads", str(args.threads), "--scoring", args.scoring] \
                 + (["--model", args.model] if args.model else []) \
-                + (["--layer", str(args.layer)] if args.layer is not None else [])
+                + (["--layer", str(args.layer)] if args.layer is not None else []) \
+                + (["--cached-options", args.cached_options] if args.cached_options is not None else [])
 
             def measure(repeats: int):
                 try:

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = {
-    "default": ("default", {}),  # cached BlockRank, learned heads, packaged query adapter, fusion 0.6
+    "default": ("default", {}),  # the default configuration (docs/RESULTS.md): today the probe store
+    "full-store": ("blockrank-cached", {"attend": "all"}),  # the previous default: keys and values of 0..l*
     "cached-calibrated": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "calibrated"}),
     "cached-signal": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "signal"}),
     "cached-learned": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "learned"}),

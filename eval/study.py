@@ -103,7 +103,9 @@ def mask_features(reranker: Any, query: str, docs: Sequence[Document], variants:
         ``{"calibrated@NAME": (N, L, H), "raw@NAME": (N, L, H), ..., "cache": ...}`` float32
         numpy arrays, plus ``calibrated``, ``raw``, ``masked`` and ``signal`` of the first
         variant (``signal``: the base LM's signal tokens at ``l*``, today's pass), so a dump
-        also serves every :func:`run_study` variant.
+        also serves every :func:`run_study` variant. When the first variant is a probe one
+        (``below > l*``), ``masked`` is the calibrated sum and ``signal`` zeros (no pass of
+        today's kind runs).
     """
     import torch
 
@@ -125,13 +127,16 @@ def mask_features(reranker: Any, query: str, docs: Sequence[Document], variants:
         kv = ctx.kv
         keys = None
         for i, (name, (which, below)) in enumerate(variants.items()):
-            if below > layer and i > 0:  # no layer reads the candidates: the probe path, same figures (tested)
+            if below > layer:  # no layer reads the candidates: the probe path, same figures (tested)
                 if keys is None:
                     keys = {l: kv[l][0][0, :, L0: L0 + D] for l in layers}
                 rows = probe_query_pass(lms[which], prompt, reranker.instruction_kv(), layers)
                 masses = [probe_mass(rows, l, keys[l], lengths) for l in layers]  # (2, N, H) each
                 out[f"calibrated@{name}"] = torch.stack([m[0] - m[1] for m in masses], dim=1).float().numpy()
                 out[f"raw@{name}"] = torch.stack([m[0] for m in masses], dim=1).float().numpy()
+                if i == 0:  # a probe-only dump: no token mask, no signal pass
+                    out["calibrated"], out["raw"] = out[f"calibrated@{name}"], out[f"raw@{name}"]
+                    out["masked"] = out["calibrated"].sum(axis=(1, 2))
                 continue
             qo, co, _ = calibrated_forward(lms[which], prompt, layer, read_layers=layers, kv=kv, candidates_below=below)
             out[f"calibrated@{name}"] = per_head_document_mass(qo, L0, lengths, layers, minus=co).float().numpy()
@@ -141,10 +146,15 @@ def mask_features(reranker: Any, query: str, docs: Sequence[Document], variants:
                 out["masked"] = np.asarray(masked_document_scores(token_c, spans_from_lengths(lengths),
                                                                   reranker.options.mask_std), dtype=np.float32)
                 out["calibrated"], out["raw"] = out[f"calibrated@{name}"], out[f"raw@{name}"]
-        sig, _ = block_forward(lms["base"], prompt, layer, read_layers=[layer], kv=kv)
-    z = sig[layer][0, :, :, L0: L0 + D].float()  # (H, n_signal, D)
-    alpha = torch.softmax(z, dim=-1).mean(dim=1)  # (H, D)
-    out["signal"] = torch.zeros(len(lengths), alpha.shape[0]).index_add(0, owner, alpha.T).numpy()
+        probe_only = next(iter(variants.values()))[1] > layer
+        if not probe_only:
+            sig, _ = block_forward(lms["base"], prompt, layer, read_layers=[layer], kv=kv)
+    if probe_only:
+        out["signal"] = np.zeros((len(lengths), reranker.lm.num_heads), dtype=np.float32)
+    else:
+        z = sig[layer][0, :, :, L0: L0 + D].float()  # (H, n_signal, D)
+        alpha = torch.softmax(z, dim=-1).mean(dim=1)  # (H, D)
+        out["signal"] = torch.zeros(len(lengths), alpha.shape[0]).index_add(0, owner, alpha.T).numpy()
     out["cache"] = ctx.cache
     return out
 
@@ -191,6 +201,27 @@ def load_items(path: str | Path) -> tuple[dict[str, Any], list[QueryItem]]:
                  and k.split("/", 1)[1] not in ("first_stage", "labels")}
         items.append(QueryItem(rec["query_id"], rec["doc_ids"], z[f"{i}/first_stage"], z[f"{i}/labels"], feats))
     return idx["meta"], items
+
+
+def with_features(items: Sequence[QueryItem], name: str) -> list[QueryItem]:
+    """``items`` with the ``calibrated@NAME`` and ``raw@NAME`` features of a dump written with
+    ``--variant NAME=...`` (:func:`mask_features`) as their ``calibrated`` and ``raw``.
+
+    Raises:
+        KeyError: a dump without that variant (the message lists the ones it has).
+    """
+    from dataclasses import replace
+
+    out = []
+    for it in items:
+        if f"calibrated@{name}" not in it.features:
+            have = sorted(k.split("@", 1)[1] for k in it.features if k.startswith("calibrated@"))
+            raise KeyError(f"no feature variant {name!r} in the dump (it has {have})")
+        feats = dict(it.features)
+        feats["calibrated"] = feats[f"calibrated@{name}"]
+        feats["raw"] = feats.get(f"raw@{name}", feats.get("raw"))
+        out.append(replace(it, features=feats))
+    return out
 
 
 # ------------------------------------------------------------------------------ variants

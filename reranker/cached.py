@@ -18,6 +18,15 @@ only, so stored blocks stay valid. The defaults (``scoring='auto'``,
 configuration when its files ship for the model (docs/RESULTS.md, "The query adapter"); the
 card also records the fusion weight with the first stage (:attr:`default_fusion`).
 
+Which layers of the query pass read the candidates (option ``attend``, issue #23): ``all``
+(``0..l*``, a full store of keys and values of every layer), a first layer ``m`` (a
+:class:`attnrank.reranker.attention.CandidateMask` below it), or ``none``: the *probe store*
+(:mod:`attnrank.reranker.probe`, ``shared/design/ALGORITHMS.md`` section 6, design A). Then
+the query pass runs against block 0 alone, once per query whatever the number of
+candidates, and at the probe layers its rows are dotted with the candidates' stored keys;
+the store keeps only those keys (``<index>/probe``, float16, int8 or int4), and an index
+with only a full store serves it read-only (:class:`attnrank.index.kv.ProbeView`).
+
 Evidence (:meth:`CachedBlockRankReranker.rerank_with_evidence`): each candidate token's
 share of the document score, mapped back to character offsets.
 """
@@ -378,7 +387,7 @@ class CachedBlockRankReranker(BlockRankReranker):
             dtype=self.kv_dtype,
             adapter_hash=None,
             layers=self.probe_layers if self.probe else None,
-            values=not self.probe,
+            keys_only=self.probe,
         )
 
     def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[BlockKey, Any, Any]]:

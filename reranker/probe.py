@@ -126,22 +126,34 @@ def probe_mass(rows: ProbeRows, layer: int, keys: Any, lengths: Sequence[int], b
     qg = q.reshape(n_kv, n_rep * R, d)
     keys = keys.to(q.dtype)
     D = keys.shape[1]
-    lse_c = None
     if bias is not None:
         bias = bias.to(q.dtype)
 
+    grad = torch.is_grad_enabled()
+
     def logits(s: int, e: int) -> Any:
-        z = torch.matmul(qg, keys[:, s:e].transpose(-1, -2)) * rows.scaling
+        z = torch.matmul(qg, keys[:, s:e].transpose(-1, -2))
+        z = z * rows.scaling if grad else z.mul_(rows.scaling)
         return z if bias is None else z + bias[s:e]
 
-    for s in range(0, D, PROBE_CHUNK):
-        z = logits(s, min(D, s + PROBE_CHUNK))
-        part = torch.logsumexp(z, dim=-1)
-        lse_c = part if lse_c is None else torch.logaddexp(lse_c, part)
-    total = torch.logaddexp(lse.reshape(n_kv, n_rep * R), lse_c)[..., None]
     w = rows.weights.to(q.dtype)
     G, N = w.shape[0], len(lengths)
     owner = torch.repeat_interleave(torch.arange(N, device=q.device), torch.tensor(list(lengths), device=q.device))
+    lse_rows = lse.reshape(n_kv, n_rep * R)
+    if D <= PROBE_CHUNK:  # one chunk: one exp over the logits, shifted by each row's max
+        z = logits(0, D)
+        top = z.amax(dim=-1, keepdim=True)
+        e = (z - top).exp() if grad else z.sub_(top).exp_()
+        lse_c = top.squeeze(-1) + e.sum(-1).log()
+        scale = (top.squeeze(-1) - torch.logaddexp(lse_rows, lse_c)).exp()[..., None]
+        p = e * scale if grad else e.mul_(scale)
+        m = torch.matmul(w, p.reshape(H, R, D))  # (H, G, D)
+        return torch.zeros(G, N, H, dtype=q.dtype, device=q.device).index_add(1, owner, m.permute(1, 2, 0))
+    lse_c = None
+    for s in range(0, D, PROBE_CHUNK):
+        part = torch.logsumexp(logits(s, min(D, s + PROBE_CHUNK)), dim=-1)
+        lse_c = part if lse_c is None else torch.logaddexp(lse_c, part)
+    total = torch.logaddexp(lse_rows, lse_c)[..., None]
     out = torch.zeros(G, N, H, dtype=q.dtype, device=q.device)
     for s in range(0, D, PROBE_CHUNK):
         e = min(D, s + PROBE_CHUNK)

@@ -33,6 +33,9 @@ def eval_study_dump(
     device: DeviceOpt = "cpu",
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (attnrank train query-adapter "
                                                     "output, e.g. OUT/best) applied to the query passes.")] = None,
+    block_store: Annotated[Optional[Path], typer.Option(
+        "--store", help="Writable document KV store for candidates without an index store (TREC DL): blocks are "
+        "computed once and kept there for later dumps.")] = None,
     variant: Annotated[Optional[list[str]], typer.Option(
         "--variant", help="NAME=BELOW[:adapter] (repeatable): features calibrated@NAME of a query pass whose layers "
         "< BELOW do not attend to the candidates (0: today's pass; l*+1 or 'none': no layer does, the probe "
@@ -67,6 +70,10 @@ def eval_study_dump(
 
             # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
             store = KVStore.open(index / "kv", reranker.block_store_header(), readonly=True)
+    if store is None and block_store is not None:
+        from attnrank.index.kv import KVStore
+
+        store = KVStore.open_or_create(block_store, reranker.block_store_header())
     meta = {**source, "candidates": candidates, "layer": layer, "max_doc_tokens": max_doc_tokens,
             "variants": {name: list(v) for name, v in variants.items()},
             "reranker": reranker.describe(),
@@ -120,13 +127,18 @@ def eval_study_fit(
     """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
     with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
     against the first stage on each test set."""
-    from attnrank.eval.study import format_study, load_items, run_study
+    from attnrank.eval.study import format_study, load_items, run_study, with_features
 
     train = train or []
 
     def load(path: Path) -> tuple[dict, list]:
         meta, items = load_items(path)
-        return meta, items if features is None else [_select(it, features, path) for it in items]
+        if features is None:
+            return meta, items
+        try:
+            return meta, with_features(items, features)
+        except KeyError as exc:
+            raise typer.BadParameter(f"dump {path}: {exc.args[0]}", param_hint="--features") from None
 
     train_items = [it for path in train for it in load(path)[1]]
     fixed = {}
@@ -174,18 +186,6 @@ def eval_study_fit(
                                      "variant (--features)", param_hint="--layers")
         export.write_text(json.dumps(card, indent=1))
     typer.echo(format_study(report))
-
-
-def _select(item, name: str, path: Path):
-    """``item`` with its ``calibrated@NAME``/``raw@NAME`` features as ``calibrated``/``raw``."""
-    from dataclasses import replace
-
-    if f"calibrated@{name}" not in item.features:
-        have = sorted(k.split("@", 1)[1] for k in item.features if k.startswith("calibrated@"))
-        raise typer.BadParameter(f"dump {path} has no variant {name!r} (it has {have})", param_hint="--features")
-    feats = dict(item.features)
-    feats["calibrated"], feats["raw"] = feats[f"calibrated@{name}"], feats[f"raw@{name}"]
-    return replace(item, features=feats)
 
 
 def _fixed_weights(path: Path) -> list[float]:

@@ -14,12 +14,12 @@ these bytes):
 At SmolLM2-135M's shape (l* = 15 so L = 16, H = 3, D = 64) a 96-token block takes
 1,179,648 bytes in fp16 and 620,544 bytes in int8 (0.53x).
 
-A keys-only probe store (header ``values=False``, issue #23) drops the values part of each
+A keys-only probe store (header ``keys_only``, issue #23) drops the values part of each
 layout: fp16 ``2 * L*H*T*D``; int8 ``L*H*T*D + 4 * L*H*D``; and :class:`Int4Codec`
-(``"int4"``, probe stores only): key scales fp32 ``(L, H, D)`` (per channel,
-``max_T |k| / 7``), then codes in ``[-7, 7]`` packed two per byte (low nibble first, offset
-8): ``ceil(L*H*T*D / 2) + 4 * L*H*D`` bytes. A 132-token block of one layer takes 50,688
-bytes in fp16, 26,112 in int8 and 13,440 in int4. :meth:`Codec.decode` then returns
+(``"int4"``, probe stores only): key offsets and scales fp32 ``(L, H, D)`` (asymmetric per
+channel: the min over the block's tokens and ``(max - min) / 15``), then codes in ``[0, 15]``
+packed two per byte (low nibble first): ``ceil(L*H*T*D / 2) + 8 * L*H*D`` bytes. A
+132-token block of one layer takes 50,688 bytes in fp16, 26,112 in int8 and 14,208 in int4. :meth:`Codec.decode` then returns
 ``(keys, None)``.
 
 A codec is chosen once per store by its header's dtype (:func:`codec_for`); a third dtype
@@ -72,27 +72,35 @@ def quantize_keys_int8(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ks.astype(np.float32), np.clip(np.rint(k / ks[:, :, None, :]), -127, 127).astype(np.int8)
 
 
-def quantize_int4(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """4-bit keys (a probe store): float32 scales ``(L, H, D)`` per channel (``max_T |k| / 7``)
-    and uint8 ``(ceil(L*H*T*D / 2),)``: codes ``q + 8`` with ``q`` in ``[-7, 7]``, two per byte,
-    the even element in the low nibble. ``|k - q * scale| <= scale / 2`` per element."""
+def quantize_int4(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """4-bit keys (a probe store), asymmetric per channel: float32 offsets ``(L, H, D)`` (the
+    channel's min over the block's tokens) and scales ``(L, H, D)`` (``(max - min) / 15``),
+    then uint8 ``(ceil(L*H*T*D / 2),)``: codes ``q`` in ``[0, 15]`` two per byte, the even
+    element in the low nibble. ``|k - (offset + q * scale)| <= scale / 2`` per element.
+
+    Asymmetric because keys carry large per-channel offsets: on NFCorpus dev (120 queries,
+    probe layers 8 and 9) symmetric 4-bit codes lost 1.3 nDCG@10 of the pure reranker and
+    these none (``bench/probe_codecs.py``, docs/RESULTS.md "The probe store")."""
     k = np.asarray(keys, dtype=np.float32)
-    ks = np.abs(k).max(axis=2) / np.float32(7.0)
-    ks[ks == 0] = 1.0
-    q = (np.clip(np.rint(k / ks[:, :, None, :]), -7, 7) + 8).astype(np.uint8).reshape(-1)
+    lo = k.min(axis=2)
+    scale = (k.max(axis=2) - lo) / np.float32(15.0)
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint((k - lo[:, :, None, :]) / scale[:, :, None, :]), 0, 15).astype(np.uint8).reshape(-1)
     if q.size % 2:
         q = np.concatenate([q, np.zeros(1, np.uint8)])
-    return ks.astype(np.float32), (q[0::2] | (q[1::2] << 4)).astype(np.uint8)
+    return lo.astype(np.float32), scale.astype(np.float32), (q[0::2] | (q[1::2] << 4)).astype(np.uint8)
 
 
-def dequantize_int4(scale: np.ndarray, packed: np.ndarray, shape: tuple[int, int, int, int]) -> np.ndarray:
+def dequantize_int4(offset: np.ndarray, scale: np.ndarray, packed: np.ndarray,
+                    shape: tuple[int, int, int, int]) -> np.ndarray:
     """Inverse of :func:`quantize_int4`: float32 keys of ``shape``."""
     n = int(np.prod(shape))
-    q = np.empty(2 * packed.size, dtype=np.int8)
-    q[0::2] = (packed & 15).astype(np.int8) - 8
-    q[1::2] = (packed >> 4).astype(np.int8) - 8
-    k = q[:n].astype(np.float32).reshape(shape)
+    q = np.empty(2 * packed.size, dtype=np.float32)
+    q[0::2] = packed & 15
+    q[1::2] = packed >> 4
+    k = q[:n].reshape(shape)
     k *= scale[:, :, None, :]
+    k += offset[:, :, None, :]
     return k
 
 
@@ -278,15 +286,15 @@ class Int8Codec(Codec):
 
 
 class Int4Codec(Codec):
-    """``"int4"`` (keys-only probe stores): per-channel fp32 key scales, then 4-bit codes two
-    per byte (:func:`quantize_int4`), ``ceil(L*H*T*D / 2) + 4 * L*H*D`` bytes."""
+    """``"int4"`` (keys-only probe stores): per-channel fp32 offsets and scales, then 4-bit
+    codes two per byte (:func:`quantize_int4`), ``ceil(L*H*T*D / 2) + 8 * L*H*D`` bytes."""
 
     dtype = "int4"
 
     def nbytes(self, tokens: int) -> int:
         h = self.header
         n = h.n_layers * h.kv_heads * tokens * h.head_dim
-        return (n + 1) // 2 + 4 * h.n_layers * h.kv_heads * h.head_dim
+        return (n + 1) // 2 + 8 * h.n_layers * h.kv_heads * h.head_dim
 
     def _key_parts(self, key: str, k: np.ndarray) -> list[np.ndarray]:
         return list(quantize_int4(k))
@@ -298,8 +306,10 @@ class Int4Codec(Codec):
         h = self.header
         L, H, D, T = h.n_layers, h.kv_heads, h.head_dim, tokens
         n = L * H * T * D
-        scale = buf[: 4 * L * H * D].view(np.float32).reshape(L, H, D)
-        k = dequantize_int4(scale, buf[4 * L * H * D: 4 * L * H * D + (n + 1) // 2], (L, H, T, D))
+        c = L * H * D
+        offset = buf[: 4 * c].view(np.float32).reshape(L, H, D)
+        scale = buf[4 * c: 8 * c].view(np.float32).reshape(L, H, D)
+        k = dequantize_int4(offset, scale, buf[8 * c: 8 * c + (n + 1) // 2], (L, H, T, D))
         return (k if out == "float32" else k.astype(out)), None
 
 

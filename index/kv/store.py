@@ -748,4 +748,4 @@ class ProbeView:
 
 def header_diff_fields(full: KVHeader, probe: KVHeader) -> list[str]:
     """Fields other than the layout ones in which ``full`` and ``probe`` differ."""
-    return [f for f in full.diff(probe) if f not in ("dtype", "layer", "layers", "values", "n_layers")]
+    return [f for f in full.diff(probe) if f not in ("dtype", "layer", "layers", "keys_only", "n_layers")]

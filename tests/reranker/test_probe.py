@@ -81,7 +81,7 @@ def test_probe_store_holds_keys_of_its_layers_only_and_serves_the_same_scores(de
 
     r = _probe_reranker(default_lm, probe_layers=[3, LAYER], kv_dtype=dtype)
     header = r.block_store_header()
-    assert header.values is False and header.layers == (3, LAYER) and header.dtype == dtype
+    assert header.keys_only is True and header.layers == (3, LAYER) and header.dtype == dtype
     docs = nfcorpus_head[:12]
     query = Query("q", "do statins reduce cancer risk")
     with KVStore.create(tmp_path / "kv", header) as store:
