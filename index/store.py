@@ -604,10 +604,12 @@ class Index:
     so that an index keeps serving the full-store configuration after an upgrade."""
 
     @classmethod
-    def store_dir(cls, header: Any) -> str:
+    def store_dir(cls, header: KVHeader | Mapping[str, Any]) -> str:
         """The folder (under the index) of the document store for ``header``: ``probe`` for a
         keys-only probe store, else ``kv``."""
-        return cls.PROBE_DIR if getattr(header, "probe", False) else cls.KV_DIR
+        from attnrank.blocks import as_header
+
+        return cls.PROBE_DIR if as_header(header).probe else cls.KV_DIR
     """Folder of the document KV store inside an index directory."""
 
     def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True,
