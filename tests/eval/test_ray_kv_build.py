@@ -149,3 +149,42 @@ def test_cli_engine_flags(tmp_path):
     assert res.exit_code == 2 and "only apply with --engine ray" in res.output
     res = runner.invoke(app, [*args, "--engine", "spark"])
     assert res.exit_code == 2 and "unknown engine 'spark'" in res.output
+
+
+PROBE_CONFIG = RerankerConfig(method="blockrank-cached", max_doc_tokens=32, options={
+    "layer": 3, "scoring": "calibrated", "query_adapter": None, "attend": "none", "probe_layers": [1, 3],
+    "kv_dtype": "int8"})
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_ray_build_of_a_probe_store_equals_the_local_one(corpus, tmp_path):
+    """Issue #23: the keys-only probe layout (layers 1 and 3, int8) built by Ray actors holds
+    the local build's blocks (keys only) in ``INDEX/probe``."""
+    from attnrank.eval.distributed import RayOptions, build_index_blocks_ray
+    from attnrank.index.kv import build_index_blocks
+    from attnrank.registry import build_reranker
+
+    enc = build_reranker(PROBE_CONFIG)
+    assert enc.block_store_header().keys_only
+    ix = _index(corpus, tmp_path / "local")
+    try:
+        store, _ = build_index_blocks(ix, enc, batch_size=BATCH)
+        assert store.path == tmp_path / "local" / "probe"
+        local = {k: np.asarray(kk, dtype=np.float32) for k, (kk, vv) in store.get_many(sorted(store.doc_ids()))[0].items()
+                 if vv is None}
+        assert len(local) == N_DOCS and all(k.shape[0] == 2 for k in local.values())
+    finally:
+        ix.close()
+    ix = _index(corpus, tmp_path / "ray")
+    try:
+        store, report = build_index_blocks_ray(ix, enc, PROBE_CONFIG, RayOptions(actors=2), batch_size=BATCH)
+        assert (report.requested, report.computed) == (N_DOCS, N_DOCS) and store.path == tmp_path / "ray" / "probe"
+        found, missing = store.get_many(sorted(local))
+        assert not missing
+        for key, k in local.items():  # int8 codes: equal up to one code step of float32 rounding
+            got = np.asarray(found[key][0], dtype=np.float32)
+            assert found[key][1] is None and got.shape == k.shape
+            step = np.abs(k).max(axis=2, keepdims=True) / 127
+            assert (np.abs(got - k) <= step + 1e-6).all(), key
+    finally:
+        ix.close()
