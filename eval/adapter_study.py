@@ -126,7 +126,7 @@ def dev_evaluator(
             prompt = reranker.build_prompt(q.text, docs)
             kv = context_for(reranker, prompt, kv0, store=block_store)
             with torch.no_grad():
-                s = differentiable_scores(reranker, prompt, kv, objective, weights).numpy()
+                s = differentiable_scores(reranker, prompt, kv, objective, weights, kv0).numpy()
             f = np.asarray(first_scores[q.query_id], dtype=np.float64)
             mix = fuse(f, s, alpha)
             pure[q.query_id] = {d.doc_id: float(x) for d, x in zip(docs, s)}

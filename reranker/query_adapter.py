@@ -143,13 +143,15 @@ def base_instruction_kv(reranker: Any) -> list[tuple[Any, Any]]:
         return instruction_kv(reranker.lm, reranker.layout.instruction_ids, reranker.layer)
 
 
-def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, weights: Any = None) -> Any:
+def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, weights: Any = None,
+                          kv0: Any = None) -> Any:
     """Candidate scores ``(N,)`` float64 with gradients through the query passes.
 
     A probe scorer (``attend='none'``, issue #23): ``kv`` is :func:`context_for`'s
     ``{layer: keys}``, the query pass runs against block 0 alone and the candidates' keys
     are probed at the probe layers (:mod:`attnrank.reranker.probe`), ``weights`` over
-    ``(len(probe_layers) * heads,)``.
+    ``(len(probe_layers) * heads,)``; ``kv0`` is block 0's keys/values
+    (:func:`base_instruction_kv`, computed here when not given: pass it in a loop).
 
     ``"learned"``: z-scored calibrated attention mass per (layer, head) over layers
     ``0..l*`` (query rows' mean attention minus the ``N/A`` query's) times ``weights``
@@ -171,7 +173,7 @@ def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, w
         if objective != "learned":
             raise ValidationError("a probe scorer (attend='none') trains with objective 'learned'")
         layers = list(reranker.probe_layers)
-        rows = probe_query_pass(lm, prompt, base_instruction_kv(reranker), layers)
+        rows = probe_query_pass(lm, prompt, base_instruction_kv(reranker) if kv0 is None else kv0, layers)
         return linear_head_scores(probe_features(rows, kv, lengths, layers).double(), weights.double())
     if objective == "signal":
         Lq = len(prompt.query_ids)
@@ -340,7 +342,8 @@ def train_query_adapter(
             prompt = reranker.build_prompt(ex.query, docs)
             kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
             lm.model.train()
-            loss = listwise_loss(differentiable_scores(reranker, prompt, kv, cfg.objective, weights), grades, cfg.tau)
+            loss = listwise_loss(differentiable_scores(reranker, prompt, kv, cfg.objective, weights, kv0),
+                                 grades, cfg.tau)
             (loss / cfg.batch_queries).backward()
             total += float(loss.detach()) / cfg.batch_queries
         torch.nn.utils.clip_grad_norm_(lora_params, 1.0)

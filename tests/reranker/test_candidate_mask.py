@@ -13,19 +13,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
+from probe_helpers import MASK_LAYER, calibrated_cached  # noqa: E402
 from attnrank.reranker.attention import CandidateMask  # noqa: E402
 from attnrank.reranker.blockrank import calibrated_forward  # noqa: E402
-from attnrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 
-LAYER = 5
+LAYER = MASK_LAYER
 
 
 @pytest.fixture(scope="module")
 def setup(default_lm, nfcorpus_head):
-    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=40,
-                                               options={"layer": LAYER, "scoring": "calibrated",
-                                                        "query_adapter": None}), lm=default_lm)
+    r = calibrated_cached(default_lm)
     prompt = r.build_prompt("do statins reduce cancer risk", nfcorpus_head[:8])
     return r, prompt
 

@@ -13,19 +13,18 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnrank.config import RerankerConfig  # noqa: E402
+from probe_helpers import MASK_LAYER, calibrated_cached  # noqa: E402
 from attnrank.reranker import probe  # noqa: E402
 from attnrank.reranker.blockrank import calibrated_forward  # noqa: E402
 from attnrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 from attnrank.reranker.scoring import per_head_document_mass  # noqa: E402
 
-LAYER = 5
+LAYER = MASK_LAYER
 
 
 @pytest.fixture(scope="module")
 def setup(default_lm, nfcorpus_head):
-    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=40,
-                                               options={"layer": LAYER, "scoring": "calibrated",
-                                                        "query_adapter": None}), lm=default_lm)
+    r = calibrated_cached(default_lm)
     prompt = r.build_prompt("do statins reduce cancer risk", nfcorpus_head[:9])
     layers = list(range(LAYER + 1))
     L0 = len(prompt.instruction_ids)
