@@ -63,7 +63,7 @@ KV_FORMAT_VERSION = 1
 
 KV_DTYPES = ("float16", "int8", "int4")
 """How a store may keep keys and values; each has its codec in :mod:`attnrank.index.kv.codec`
-(the reranker's ``kv_dtype`` option). ``int4`` only for a keys-only (probe) store."""
+(the reranker's ``kv_dtype`` option)."""
 
 
 def header_diff(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple[str, ...]:
@@ -77,7 +77,7 @@ def header_diff(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple
     return tuple(sorted(k for k in expected if norm(stored, k) != norm(expected, k)))
 
 
-_OPTIONAL = {"layers": None, "keys_only": False}
+_OPTIONAL = {"layers": None, "keys_only": False, "value_layers": None}
 """Header fields a full store's ``header.json`` leaves out, with their values there."""
 
 
@@ -111,8 +111,13 @@ class KVHeader(Mapping[str, Any]):
         keys_only: No values stored (a keys-only probe store, whose query
             pass never reads the candidates' values; ``shared/design/ALGORITHMS.md`` section 6,
             design A).
+        value_layers: The layers whose values are stored, ascending, a subset of the stored
+            layers (``None``: every stored layer, or none with ``keys_only``). A *window store*
+            (issue #23): the query pass reads the candidates only from layer ``m`` up
+            (``attend = m``), so it needs values at ``m..l*-1`` and keys at those layers and
+            at the scoring layers.
 
-    The two probe fields are left out of :meth:`to_dict` at their defaults, so a full store
+    The three layout fields are left out of :meth:`to_dict` at their defaults, so a full store
     written before they existed keeps its header and fingerprint.
 
     Raises:
@@ -131,6 +136,7 @@ class KVHeader(Mapping[str, Any]):
     format_version: int = KV_FORMAT_VERSION
     layers: tuple[int, ...] | None = None
     keys_only: bool = False
+    value_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.layers is not None:
@@ -142,8 +148,13 @@ class KVHeader(Mapping[str, Any]):
             object.__setattr__(self, "layers", layers)
         if not isinstance(self.keys_only, bool):
             raise ValidationError(f"KVHeader.keys_only must be a bool, got {self.keys_only!r}")
-        if self.dtype == "int4" and not self.keys_only:
-            raise ValidationError("KVHeader.dtype 'int4' holds keys only: set keys_only=True (a probe store)")
+        if self.value_layers is not None:
+            vl = tuple(self.value_layers)
+            if (self.keys_only or not vl or any(isinstance(l, bool) or not isinstance(l, int) for l in vl)
+                    or list(vl) != sorted(set(vl)) or not set(vl) <= set(self.stored_layers)):
+                raise ValidationError(f"KVHeader.value_layers must be ascending distinct stored layers "
+                                      f"{list(self.stored_layers)} (and no keys_only), got {self.value_layers!r}")
+            object.__setattr__(self, "value_layers", vl)
         for name in ("model_hash", "prompt_template_version", "instruction_hash"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -190,6 +201,24 @@ class KVHeader(Mapping[str, Any]):
         """A keys-only probe store (``keys_only``)."""
         return self.keys_only
 
+    @property
+    def stored_value_layers(self) -> tuple[int, ...]:
+        """The layers whose values are stored, ascending (empty in a keys-only store)."""
+        if self.keys_only:
+            return ()
+        return self.value_layers if self.value_layers is not None else self.stored_layers
+
+    @property
+    def n_value_layers(self) -> int:
+        """``len(stored_value_layers)``."""
+        return len(self.stored_value_layers)
+
+    @property
+    def layout(self) -> str:
+        """``"full"`` (keys and values of every stored layer), ``"window"`` (values of some
+        stored layers) or ``"probe"`` (keys only)."""
+        return "probe" if self.keys_only else "window" if self.value_layers is not None else "full"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``header.json``): every field, ``n_layers`` included; ``layers`` and
         ``keys_only`` only when they differ from the full store's defaults."""
@@ -200,6 +229,10 @@ class KVHeader(Mapping[str, Any]):
             d["layers"] = list(self.layers)
         if not self.keys_only:
             d.pop("keys_only")
+        if self.value_layers is None:
+            d.pop("value_layers")
+        else:
+            d["value_layers"] = list(self.value_layers)
         d["n_layers"] = self.n_layers
         return d
 
@@ -231,8 +264,12 @@ class KVHeader(Mapping[str, Any]):
 
     def doc_shape(self, tokens: int) -> tuple[int, int, int, int]:
         """``(n_layers, kv_heads, tokens, head_dim)``: the shape of one block's keys (and
-        values, when stored)."""
+        values, in a full store)."""
         return (self.n_layers, self.kv_heads, tokens, self.head_dim)
+
+    def value_shape(self, tokens: int) -> tuple[int, int, int, int]:
+        """``(n_value_layers, kv_heads, tokens, head_dim)``: the shape of one block's values."""
+        return (self.n_value_layers, self.kv_heads, tokens, self.head_dim)
 
     def entry_nbytes(self, tokens: int) -> int:
         """Payload bytes of one block of ``tokens`` tokens in a store (keys + values + scales;

@@ -87,6 +87,9 @@ def main() -> None:
                     "fusion weight on dev and write a probe weights card to --card")
     ap.add_argument("--card", default=None)
     ap.add_argument("--kv-dtype", default="int8", help="the card's store codec (kv_dtype='auto' reads it)")
+    ap.add_argument("--attend", default="none", help="the card's attend: 'none' (a probe store), the first "
+                    "attending layer m of the variant (a window store) or 'all' (m = 0: the full store cut at the "
+                    "deepest layer, design B)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
     train = with_features([it for p in args.train for it in load_items(p)[1]], args.variant)
@@ -133,7 +136,7 @@ def main() -> None:
 
 
 def export(args, train, dev, qrels, meta, l2s) -> None:
-    """Write the probe weights card of ``--export`` layers (the format of
+    """Write the probe (or window, ``--attend m``) weights card of ``--export`` layers (the format of
     ``attnrank eval study-fit --export``, plus ``attend``, ``layers`` and ``kv_dtype``)."""
     from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
@@ -157,14 +160,14 @@ def export(args, train, dev, qrels, meta, l2s) -> None:
         "format": 1, "kind": "blockrank-cached-learned-heads", "template": CACHE_TEMPLATE_VERSION,
         "model": model.get("name"), "model_sha256": model.get("sha256"), "layer": meta.get("layer"),
         "max_doc_tokens": meta.get("max_doc_tokens"), "spec": "heads", "weights": best[2]["weights"],
-        "attend": "none", "layers": layers, "kv_dtype": args.kv_dtype, "l2": best[1],
+        "attend": args.attend if args.attend in ("none", "all") else int(args.attend), "layers": layers, "kv_dtype": args.kv_dtype, "l2": best[1],
         "train": {"dumps": args.train, "queries": len(train), "features": f"calibrated@{args.variant}",
                   "loss": args.loss, "epochs": args.epochs},
         "dev_ndcg@10": {"learned": best[0]}, "fusion": {"alpha": alpha, "dev_ndcg@10": grid[alpha], "grid": grid},
         "command": "python bench/probe_layers.py " + " ".join(
             [f"--variant {args.variant}"] + [f"--train {t}" for t in args.train]
             + [f"--dev {args.dev}", f"--loss {args.loss}", f"--l2 {args.l2}", f"--export {args.export}",
-               f"--kv-dtype {args.kv_dtype}", f"--card {args.card}", f"--out {args.out}"]),
+               f"--kv-dtype {args.kv_dtype}", f"--attend {args.attend}", f"--card {args.card}", f"--out {args.out}"]),
     }
     Path(args.card).write_text(json.dumps(card, indent=1))
     print(json.dumps({"card": args.card, "layers": layers, "dev_pure": best[0], "l2": best[1], "alpha": alpha,

@@ -66,16 +66,18 @@ def source_store(reranker: Any, index: Path | None, scratch: Path | None, name: 
     from attnrank.index.kv import KVHeader, KVStore
 
     header = KVHeader.from_dict(reranker.block_store_header())
-    if header.probe and index is not None:  # a probe scorer: its own store, else the full one read as probe
-        from attnrank.index.kv import ProbeView
+    if header.layout != "full" and index is not None:  # a probe/window scorer: its own store, else the full one
+        from attnrank.index.kv import LayerView
+        from attnrank.index.store import Index
 
-        if (index / "probe" / "header.json").is_file():
-            return KVStore.open(index / "probe", header, readonly=True)
+        own = index / Index.store_dir(header)
+        if (own / "header.json").is_file():
+            return KVStore.open(own, header, readonly=True)
         if (index / "kv" / "header.json").is_file():
             full = KVStore.open(index / "kv", KVHeader.from_dict(json.loads((index / "kv" / "header.json").read_text())),
                                 readonly=True)
             try:
-                return ProbeView(full, header)
+                return LayerView(full, header)
             except KVStoreMismatchError as exc:
                 full.close()
                 logger.warning("not using %s: %s", index / "kv", exc)

@@ -602,28 +602,30 @@ class Index:
     PROBE_DIR = "probe"
     """A probe store (keys of the scoring layers only, issue #23) lives beside the full store,
     so that an index keeps serving the full-store configuration after an upgrade."""
+    WINDOW_DIR = "window"
+    """A window store (keys of the read layers, values of ``m..l*-1``, issue #23): beside them."""
 
     @classmethod
     def store_dir(cls, header: KVHeader | Mapping[str, Any]) -> str:
         """The folder (under the index) of the document store for ``header``: ``probe`` for a
-        keys-only probe store, else ``kv``."""
+        keys-only probe store, ``window`` for a window store, else ``kv``."""
         from attnrank.blocks import as_header
 
-        return cls.PROBE_DIR if as_header(header).probe else cls.KV_DIR
+        return {"probe": cls.PROBE_DIR, "window": cls.WINDOW_DIR}.get(as_header(header).layout, cls.KV_DIR)
     """Folder of the document KV store inside an index directory."""
 
     def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True,
                     full_fallback: bool = True) -> KVStore | None:
         """The index's document KV store (:class:`attnrank.index.kv.KVStore` at
-        ``<index>/kv``, a probe store at ``<index>/probe``) for a reranker whose blocks were computed as ``header`` says (a
+        ``<index>/kv``, a probe store at ``<index>/probe``, a window store at ``<index>/window``) for a reranker whose blocks were computed as ``header`` says (a
         :class:`attnrank.blocks.KVHeader`, or its fields), opened once, with this index's
         ``kv_cache_bytes``, and kept until :meth:`close`; ``None`` for an in-memory index, or
         when the store does not exist and ``create`` is false.
 
-        A probe header (keys only, issue #23) with no probe store yet is served, read-only,
-        from a full store at ``<index>/kv`` that holds its layers
-        (:class:`attnrank.index.kv.ProbeView`), unless ``full_fallback`` is false (the
-        build, which writes the probe store).
+        A probe or window header (issue #23) with no store of its layout yet is served,
+        read-only, from a full store at ``<index>/kv`` that holds its layers
+        (:class:`attnrank.index.kv.LayerView`), unless ``full_fallback`` is false (the
+        build, which writes that store).
 
         Raises:
             KVStoreMismatchError: the store was built with another model, layout, layer,
@@ -642,20 +644,20 @@ class Index:
             if key not in stores:
                 path = Path(self.path) / self.store_dir(want)
                 full = Path(self.path) / self.KV_DIR
-                if (want.probe and full_fallback and not (path / "header.json").exists()
+                if (want.layout != "full" and full_fallback and not (path / "header.json").exists()
                         and (full / "header.json").exists()):
-                    from attnrank.index.kv import ProbeView
+                    from attnrank.index.kv import LayerView
 
                     stored = as_header(json.loads((full / "header.json").read_text(encoding="utf-8")))
                     try:
-                        view = ProbeView(KVStore.open(full, stored, readonly=True, out_dtype="float16",
+                        view = LayerView(KVStore.open(full, stored, readonly=True, out_dtype="float16",
                                                       cache_bytes=self.kv_cache_bytes), want)
                     except Exception as exc:  # noqa: BLE001 - any reason the full store cannot stand in
-                        logger.info("full store %s cannot serve the probe layers (%s)", full, exc)
+                        logger.info("full store %s cannot serve the %s layers (%s)", full, want.layout, exc)
                     else:
-                        logger.warning("index %s: serving the probe scorer from its full store %s (read-only); "
-                                       "`attnrank index kv build --index %s` writes the probe store (%s)",
-                                       self.path, full, self.path, self.PROBE_DIR)
+                        logger.warning("index %s: serving the %s store's layers from its full store %s (read-only); "
+                                       "`attnrank index kv build --index %s` writes the %s store (%s)", self.path,
+                                       want.layout, full, self.path, want.layout, self.store_dir(want))
                         stores[key] = view
                         return view
                 if not (path / "header.json").exists() and not create:

@@ -239,6 +239,30 @@ class CachedBlockRankReranker(BlockRankReranker):
         return self.attend == "none"
 
     @property
+    def window(self) -> bool:
+        """Whether this is the window-store scorer (issue #23): ``attend = m`` (or ``'all'``,
+        ``m = 0``) with read layers (option ``probe_layers`` or the card's ``layers``): the
+        query pass attends to the candidates from layer ``m`` up to the deepest read layer,
+        so the store keeps the keys of the read layers and of ``m..max-1`` and the values of
+        ``m..max-1`` (:attr:`window_layers`). With ``m = 0`` it is the full store cut at the
+        deepest read layer, without that layer's values (design B)."""
+        return self.attend != "none" and self._given_layers is not None
+
+    @cached_property
+    def window_layers(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(key layers, value layers)`` of a window store (:attr:`window`).
+
+        Raises:
+            ValidationError: ``m`` at or above the deepest read layer (no layer reads a
+                candidate's values: that is ``attend='none'``).
+        """
+        m, depth = (0 if self.attend == "all" else int(self.attend)), max(self.probe_layers)
+        if m >= depth:
+            raise ValidationError(f"attend={m} at or above the deepest read layer {depth} reads no candidate's "
+                                  "values: use attend='none' (a probe store)")
+        return tuple(sorted(set(self.probe_layers) | set(range(m, depth)))), tuple(range(m, depth))
+
+    @property
     def candidates_below(self) -> int:
         """Layers ``0..candidates_below-1`` of the query pass skip the candidates (0: none skip)."""
         if self.attend == "all":
@@ -246,16 +270,22 @@ class CachedBlockRankReranker(BlockRankReranker):
         return self.layer + 1 if self.attend == "none" else int(self.attend)
 
     @cached_property
+    def _given_layers(self) -> tuple[int, ...] | None:
+        """Option ``probe_layers``, else the weights card's ``layers`` (learned scoring), else ``None``."""
+        layers = self.options.probe_layers
+        if layers is None and self.scoring == "learned" and self.card is not None and self.card.get("layers"):
+            layers = tuple(int(l) for l in self.card["layers"])
+        return None if layers is None else tuple(layers)
+
+    @cached_property
     def probe_layers(self) -> tuple[int, ...]:
-        """The layers a probe store keeps and the scorer reads: option ``probe_layers``, else
+        """The layers a probe or window store's scorer reads: option ``probe_layers``, else
         the weights card's ``layers``, else ``(l*,)``.
 
         Raises:
             ValidationError: a layer above ``l*``.
         """
-        layers = self.options.probe_layers
-        if layers is None and self.scoring == "learned" and self.card is not None and self.card.get("layers"):
-            layers = tuple(int(l) for l in self.card["layers"])
+        layers = self._given_layers
         layers = tuple(layers) if layers is not None else (self.layer,)
         if max(layers) > self.layer:
             raise ValidationError(f"probe_layers {list(layers)} reach above l* = {self.layer}")
@@ -264,18 +294,17 @@ class CachedBlockRankReranker(BlockRankReranker):
     @property
     def feature_layers(self) -> list[int]:
         """The layers whose (layer, head) features the learned scorer weighs: the probe layers
-        of a probe store, else ``0..l*``."""
-        return list(self.probe_layers) if self.probe else list(range(self.layer + 1))
+        of a probe or window store, else ``0..l*``."""
+        return list(self.probe_layers) if self.probe or self.window else list(range(self.layer + 1))
 
     @cached_property
     def kv_dtype(self) -> str:
         """Store dtype: option ``kv_dtype``; ``'auto'`` = the weights card's ``kv_dtype`` for a
-        probe store, else ``'float16'``."""
+        probe or window store, else ``'float16'``."""
         value = self.options.kv_dtype
         if value == AUTO:
-            value = (self.card or {}).get("kv_dtype", "float16") if self.probe and self.scoring == "learned" else "float16"
-        if value == "int4" and not self.probe:
-            raise ValidationError("kv_dtype='int4' holds keys only: it needs attend='none' (a probe store)")
+            value = ((self.card or {}).get("kv_dtype", "float16") if (self.probe or self.window)
+                     and self.scoring == "learned" else "float16")
         return str(value)
 
     @cached_property
@@ -313,8 +342,13 @@ class CachedBlockRankReranker(BlockRankReranker):
         return None if alpha is None else float(alpha)
 
     def _adapter_mismatch(self, card: dict[str, Any]) -> str | None:
+        """Why an adapter card does not serve this reranker, or ``None``. An adapter trained at
+        a deeper ``l*`` serves a shallower one (the query pass is causal in depth: its layers
+        up to ``l*`` are the ones it was trained with)."""
         want = {"layer": self.layer, "max_doc_tokens": self.config.max_doc_tokens, "template": self.layout_version()}
         got = {k: card.get(k) for k in want}
+        if isinstance(got["layer"], int) and got["layer"] >= self.layer:
+            got["layer"] = self.layer
         return None if got == want else f"was trained for {got}; this reranker is {want}"
 
     def _with_adapter(self, base: Any, path: Path) -> Any:
@@ -355,7 +389,7 @@ class CachedBlockRankReranker(BlockRankReranker):
             ValidationError: a selected head deeper than ``l*`` (the store holds layers
                 ``0..l*`` only).
         """
-        if self.probe:
+        if self.probe or self.window:
             return max(self.probe_layers)
         heads = self.heads
         deepest = max([self.layer] + [l for l, _ in heads or []])
@@ -386,14 +420,16 @@ class CachedBlockRankReranker(BlockRankReranker):
             max_doc_tokens=self.layout.max_block_tokens,
             dtype=self.kv_dtype,
             adapter_hash=None,
-            layers=self.probe_layers if self.probe else None,
+            layers=self.probe_layers if self.probe else self.window_layers[0] if self.window else None,
             keys_only=self.probe,
+            value_layers=self.window_layers[1] if self.window else None,
         )
 
     def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[BlockKey, Any, Any]]:
         """``(key, keys, values)`` per text for a document KV store (``attnrank index kv build``):
         float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)`` (a probe store:
-        keys ``(len(probe_layers), kv_heads, T, head_dim)`` and values ``None``), always from the base
+        keys ``(len(probe_layers), kv_heads, T, head_dim)`` and values ``None``; a window
+        store: the keys and values of :attr:`window_layers`), always from the base
         model (the block encoders switch a query adapter off). Texts sharing a block share a key; this never reads or writes the RAM cache."""
         import torch
 
@@ -404,6 +440,9 @@ class CachedBlockRankReranker(BlockRankReranker):
         if self.probe:  # keys of the probe layers only
             sel = list(self.probe_layers)
             return [(block_key(b), k[sel].float().cpu().numpy(), None) for b, (k, _) in zip(blocks, kvs)]
+        if self.window:
+            kl, vl = (list(x) for x in self.window_layers)
+            return [(block_key(b), k[kl].float().cpu().numpy(), v[vl].float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
         return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
 
     def block_keys(self, texts: Sequence[str]) -> list[BlockKey]:
@@ -430,10 +469,11 @@ class CachedBlockRankReranker(BlockRankReranker):
         reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
         with torch.inference_mode():
             kv0 = self.instruction_kv()
+            window = self.window_layers if self.window else None
             blocks, fetch = self.block_source().fetch(self.lm, kv0, prompt.doc_ids, depth, store=block_store,
-                                                    batch_size=self.options.doc_batch_size)
+                                                    batch_size=self.options.doc_batch_size, window=window)
             t0 = time.perf_counter()
-            kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=self.context_buffer())
+            kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=self.context_buffer(), layers=window)
         seconds = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
                    "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
                    "blocks_assemble": time.perf_counter() - t0}
@@ -523,6 +563,9 @@ class CachedBlockRankReranker(BlockRankReranker):
 
         if self.probe:
             return self._probe_scores(prompt, block_store)
+        if self.window and self.scoring == "signal":
+            raise ValidationError("a window store (attend=m with probe_layers) scores with 'learned' or 'calibrated', "
+                                  "not 'signal'")
         ctx = self.cached_context(prompt, block_store)
         L0 = len(prompt.instruction_ids)
         bounds = spans_from_lengths(prompt.doc_lengths)
@@ -531,9 +574,9 @@ class CachedBlockRankReranker(BlockRankReranker):
             scores, t = self._signal_scores(prompt, ctx.kv, bounds)
         else:
             with torch.inference_mode():
-                layers = list(range(self.layer + 1))
+                layers = self.feature_layers
                 D = sum(prompt.doc_lengths)
-                qo, co, t = calibrated_forward(self.lm, prompt, self.layer, read_layers=layers,
+                qo, co, t = calibrated_forward(self.lm, prompt, self.kv_depth, read_layers=layers,
                                                doc_batch_size=self.options.doc_batch_size, kv=ctx.kv,
                                                fast=self.fast_path, candidates_below=self.candidates_below)
                 if self.scoring == "learned":
@@ -671,7 +714,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         d["scoring"] = self.scoring
         d["kv_dtype"] = self.kv_dtype
         d["attend"] = self.attend
-        if self.probe:
+        if self.probe or self.window:
             d["probe_layers"] = list(self.probe_layers)
         if self.adapter is not None:
             d["query_adapter"] = {k: self.adapter[k] for k in ("path", "sha256", "step")}

@@ -373,7 +373,8 @@ class ContextBuffer:
 
 
 def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *, reserve: int = 0,
-                buffer: ContextBuffer | None = None) -> list[BlockKV]:
+                buffer: ContextBuffer | None = None,
+                layers: tuple[Sequence[int], Sequence[int]] | None = None) -> list[BlockKV]:
     """Block 0's and the candidates' keys/values concatenated per layer (no padding):
     per layer ``(1, kv_heads, L0 + D, head_dim)`` in block 0's dtype, the input
     :func:`attnrank.reranker.blockrank.query_pass` takes.
@@ -388,6 +389,10 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
             own keys/values in place (:func:`query_cache`). Ignored with gradients enabled.
         buffer: Under inference: storage reused across queries (:class:`ContextBuffer`);
             ``None`` allocates. Ignored with gradients enabled.
+        layers: ``(key layers, value layers)`` of a window store's blocks (issue #23): each
+            block's keys are ``(len(key layers), ...)`` and its values ``(len(value layers),
+            ...)`` at those layers; the candidates' keys/values at every other layer are zeros
+            (a window pass never reads them). ``None``: blocks hold layers ``0..layer``.
 
     Returns:
         With gradients enabled: a list of fresh tensors (differentiable through ``kv0``).
@@ -400,6 +405,7 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
     L0 = kv0[0][0].shape[2]
     total = L0 + sum(int(k.shape[2]) for k, _ in doc_kv)
     n_layers = layer + 1
+    where = None if layers is None else tuple({l: i for i, l in enumerate(side)} for side in layers)
     if torch.is_grad_enabled():
         out: list[BlockKV] = []
         for l in range(n_layers):
@@ -408,11 +414,15 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
                 first = kv0[l][side]
                 buf = torch.empty((1, first.shape[1], total, first.shape[3]), dtype=first.dtype, device=first.device)
                 buf[:, :, :L0] = first
-                pos = L0
-                for block in doc_kv:  # one pass per block; a float16 block is converted while copied
-                    t = block[side][l]
-                    buf[0, :, pos : pos + t.shape[1]].copy_(t)
-                    pos += t.shape[1]
+                i = l if where is None else where[side].get(l)
+                if i is None:
+                    buf[:, :, L0:] = 0
+                else:
+                    pos = L0
+                    for block in doc_kv:  # one pass per block; a float16 block is converted while copied
+                        t = block[side][i]
+                        buf[0, :, pos : pos + t.shape[1]].copy_(t)
+                        pos += t.shape[1]
                 pair.append(buf)
             out.append((pair[0], pair[1]))
         return out
@@ -427,11 +437,23 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
         ks[l, :, :L0].copy_(kv0[l][0][0])
         vs[l, :, :L0].copy_(kv0[l][1][0])
     pos = L0
-    for bk, bv in doc_kv:  # one copy per block and side, all layers at once
-        T = bk.shape[2]
-        ks[:, :, pos : pos + T].copy_(bk[:n_layers])
-        vs[:, :, pos : pos + T].copy_(bv[:n_layers])
-        pos += T
+    if where is None:
+        for bk, bv in doc_kv:  # one copy per block and side, all layers at once
+            T = bk.shape[2]
+            ks[:, :, pos : pos + T].copy_(bk[:n_layers])
+            vs[:, :, pos : pos + T].copy_(bv[:n_layers])
+            pos += T
+    else:
+        for side, buf in zip(where, (ks, vs)):
+            for l in range(n_layers):
+                if l not in side:
+                    buf[l, :, L0:total].zero_()
+        for bk, bv in doc_kv:  # one copy per stored layer
+            T = bk.shape[2]
+            for side, buf, block in zip(where, (ks, vs), (bk, bv)):
+                for l, i in side.items():
+                    buf[l, :, pos : pos + T].copy_(block[i])
+            pos += T
     out = ReservedKV((ks[l : l + 1, :, :total], vs[l : l + 1, :, :total]) for l in range(n_layers))
     out.room = ks.shape[2] - total
     return out
@@ -485,13 +507,16 @@ class BlockSource:
     def fetch(
         self, lm: Any, kv0: Sequence[BlockKV], blocks: Sequence[Sequence[int]], layer: int, *,
         store: Any = None, batch_size: int = 32, probe_layers: Sequence[int] | None = None,
+        window: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> tuple[list[BlockKV], BlockFetch]:
         """Blocks ``(keys, values)`` in input order (float32 tensors on the LM's device,
         ``(layer + 1, kv_heads, T_i, head_dim)``) and where they came from.
 
         With ``probe_layers`` (a probe store, issue #23): ``(keys, None)`` with keys
         ``(len(probe_layers), kv_heads, T_i, head_dim)`` at those layers (``layer`` must be
-        their maximum), read from a keys-only store or encoded and cut to them.
+        their maximum), read from a keys-only store or encoded and cut to them. With
+        ``window`` (``(key layers, value layers)``, a window store): keys and values at those
+        layers, ``(len(key layers), ...)`` and ``(len(value layers), ...)``.
 
         Raises:
             KVStoreError: the store failed to write (e.g. a full disk); reads that fail are
@@ -530,6 +555,9 @@ class BlockSource:
             if probe_layers is not None:
                 sel = list(probe_layers)
                 fresh = [(k[sel].float().contiguous(), None) for k, _ in fresh]
+            elif window is not None:
+                kl, vl = list(window[0]), list(window[1])
+                fresh = [(k[kl].float().contiguous(), v[vl].float().contiguous()) for k, v in fresh]
             else:
                 fresh = [(k.float(), v.float()) for k, v in fresh]
             if store is not None and not getattr(store, "readonly", False):

@@ -417,22 +417,24 @@ class CachedBlockRankOptions(RerankerOptions):
     kv_dtype: str = _option(
         AUTO, "'auto' | 'float16' | 'int8' | 'int4'",
         "storage of the document store's blocks: float16; int8 (per-channel keys, per-token values: about half "
-        "the bytes); int4 (per-channel 4-bit keys, probe stores only); 'auto' = the weights card's choice for a "
-        "probe store, else float16",
+        "the bytes); int4 (asymmetric 4-bit, per-channel keys, per-token values); 'auto' = the weights card's "
+        "choice for a probe or window store, else float16",
         _choice(AUTO, *KV_DTYPES),
     )
     attend: str | int = _option(
         AUTO, "'auto' | 'all' | 'none' | int >= 1",
         "which layers of the query pass attend to the candidates: 'all' (0..l*, the full store of keys and values "
-        "of every layer); m: only m..l* (design B of issue #23); 'none': no layer does, the scoring layers only "
-        "probe the candidates' keys, so the store holds the keys of probe_layers alone (a probe store, design A); "
-        "'auto' = the weights card's (else 'all')",
+        "of every layer); m: only m and up (with probe_layers: a window store of the keys of probe_layers and of "
+        "m..max-1 and the values of m..max-1, 'all' then meaning m = 0; without: the full store); 'none': no "
+        "layer does, the scoring layers "
+        "only probe the candidates' keys, so the store holds the keys of probe_layers alone (a probe store, "
+        "design A); 'auto' = the weights card's (else 'all')",
         _attend,
     )
     probe_layers: tuple[int, ...] | None = _option(
         None, "[layer, ...] | null",
-        "with attend='none': the layers whose keys the store keeps and the scorer probes; null = the weights "
-        "card's layers, else [l*]",
+        "the layers whose (layer, head) features the learned scorer weighs and whose keys the store keeps (a "
+        "probe or window store, see attend); null = the weights card's layers, else [l*] (attend='none') or 0..l*",
         _layer_list,
     )
     max_query_tokens: int | None = _option(
@@ -444,8 +446,6 @@ class CachedBlockRankOptions(RerankerOptions):
     def check(self) -> None:
         if self.heads != "all" and self.scoring != "signal":
             raise ValidationError("heads select signal-token heads; they need scoring='signal'")
-        if self.probe_layers is not None and self.attend not in ("none", AUTO):
-            raise ValidationError("probe_layers are the layers of a probe store: they need attend='none'")
 
 
 OPTION_CLASSES: dict[str, type[RerankerOptions]] = {

@@ -27,15 +27,16 @@ app = typer.Typer(help="The document KV store: candidate blocks encoded once (ca
 @app.command("build")
 @engine_flags(BLOCKS_ENGINE_HELP)
 def index_kv_build(
-    index: Annotated[Path, typer.Option("--index", help="Index directory (the store goes to INDEX/kv).")],
+    index: Annotated[Path, typer.Option("--index", help="Index directory (the store goes to INDEX/kv, "
+                                               "INDEX/window or INDEX/probe, by the configuration's layout).")],
     model: ModelOpt = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Scoring layer l*: layers 0..l* are stored; "
                                                  "default: the default method's (15, its weights card's, for the "
                                                  "packaged SmolLM2; else round(0.6 L)).")] = None,
     max_doc_tokens: MaxDocTokensOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="auto (the default configuration's: its weights card's "
-                                       "for a probe store, else float16), float16, int8 (about half the bytes) or "
-                                       "int4 (probe stores only).")] = "auto",
+                                       "for a probe or window store, else float16), float16, int8 (about half the "
+                                       "bytes) or int4 (about a quarter).")] = "auto",
     device: DeviceOpt = "cpu",
     opts: OptsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Blocks per LM batch and per shard.")] = 32,

@@ -181,9 +181,12 @@ def eval_study_fit(
         if features and below > int(dev_meta.get("layer", 0)):  # fitted on the probe pass: a probe store's card
             card["attend"] = "none"
             card["layers"] = layers or list(range(int(dev_meta["layer"]) + 1))
+        elif features and layers is not None:  # attend from layer m (0: all), read layers: a window store's card
+            card["attend"] = below if below > 0 else "all"
+            card["layers"] = layers
         elif layers is not None and layers != list(range(int(dev_meta.get("layer", 0)) + 1)):
-            raise typer.BadParameter("a card for the full store weighs layers 0..l*: --layers needs a probe "
-                                     "variant (--features)", param_hint="--layers")
+            raise typer.BadParameter("a card for the full store weighs layers 0..l*: --layers needs a probe or "
+                                     "window variant (--features)", param_hint="--layers")
         export.write_text(json.dumps(card, indent=1))
     typer.echo(format_study(report))
 

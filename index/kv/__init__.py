@@ -30,7 +30,7 @@ from attnrank.index.kv.build import (
 from attnrank.index.kv.codec import CODECS, Codec, Float16Codec, Int4Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
 from attnrank.index.kv.format import FORMAT_VERSION
 from attnrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
-from attnrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats, ProbeView
+from attnrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats, LayerView, ProbeView
 
 __all__ = [
     "CODECS",
@@ -49,6 +49,7 @@ __all__ = [
     "KVHeader",
     "KVStore",
     "KVStoreStats",
+    "LayerView",
     "ProbeView",
     "build_index_blocks",
     "build_missing",

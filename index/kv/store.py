@@ -685,15 +685,17 @@ class KVStore:
         return self._cache.stats()
 
 
-class ProbeView:
-    """A full store read as a probe store (issue #23): the keys of the probe layers of every
-    block, no values, read-only. An index whose store predates the probe layout keeps
-    serving the probe scorer from it until ``attnrank index kv build`` writes the probe store.
+class LayerView:
+    """A full store read as a probe or window store (issue #23): of every block, the keys
+    of the header's stored layers and the values of its value layers (none for a probe
+    header), read-only. An index whose store predates those layouts keeps serving them
+    from it until ``attnrank index kv build`` writes their own store.
 
     Args:
         store: An open full store (``values`` stored, layers ``0..layer``).
-        header: The probe header it stands in for; its layers must be stored by ``store``
-            and every other field but ``dtype``, ``layer``, ``layers`` and ``values`` equal.
+        header: The probe or window header it stands in for; its layers must be stored by
+            ``store`` and every other field but ``dtype``, ``layer`` and the layout fields
+            equal.
 
     Raises:
         KVStoreMismatchError: ``store`` cannot stand in for ``header``.
@@ -704,21 +706,26 @@ class ProbeView:
     def __init__(self, store: KVStore, header: KVHeader) -> None:
         full = store.header
         fields = [f for f in header_diff_fields(full, header)]
-        if full.probe or not set(header.stored_layers) <= set(full.stored_layers) or fields:
+        if full.layout != "full" or not set(header.stored_layers) <= set(full.stored_layers) or fields:
             raise KVStoreMismatchError(
-                f"the store at {store.path} cannot serve the probe layers {list(header.stored_layers)}: it differs "
-                f"in {fields or ['layers']}", tuple(fields), full.to_dict())
+                f"the store at {store.path} cannot serve the layers {list(header.stored_layers)} of a "
+                f"{header.layout} store: it differs in {fields or ['layers']}", tuple(fields), full.to_dict())
         self.store = store
         self.header = header
         self.path = store.path
-        self._sel = [list(full.stored_layers).index(l) for l in header.stored_layers]
+        stored = list(full.stored_layers)
+        self._sel = [stored.index(l) for l in header.stored_layers]
+        self._vsel = [stored.index(l) for l in header.stored_value_layers]
 
-    def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, tuple[np.ndarray, None]], list[BlockKey]]:
-        """As :meth:`KVStore.get_many`, with keys ``(len(layers), kv_heads, T, head_dim)`` and no values."""
+    def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, tuple[np.ndarray, np.ndarray | None]], list[BlockKey]]:
+        """As :meth:`KVStore.get_many`, with keys ``(n_layers, kv_heads, T, head_dim)`` and
+        values ``(n_value_layers, kv_heads, T, head_dim)`` (``None`` for a probe header)."""
         found, missing = self.store.get_many(keys)
-        return {k: (_readonly(np.ascontiguousarray(kk[self._sel])), None) for k, (kk, _) in found.items()}, missing
+        return {k: (_readonly(np.ascontiguousarray(kk[self._sel])),
+                    _readonly(np.ascontiguousarray(vv[self._vsel])) if self._vsel else None)
+                for k, (kk, vv) in found.items()}, missing
 
-    def get(self, key: BlockKey) -> tuple[np.ndarray, None] | None:
+    def get(self, key: BlockKey) -> tuple[np.ndarray, np.ndarray | None] | None:
         found, _ = self.get_many([key])
         return found.get(key)
 
@@ -732,8 +739,8 @@ class ProbeView:
         return self.store.keys()
 
     def put_many(self, items: Any) -> int:
-        raise KVStoreError(f"{self.path} is a full store read as a probe store (read-only); build the probe store "
-                           f"with `attnrank index kv build --index {self.path.parent}`")
+        raise KVStoreError(f"{self.path} is a full store read as a {self.header.layout} store (read-only); build "
+                           f"the {self.header.layout} store with `attnrank index kv build --index {self.path.parent}`")
 
     def delete(self, keys: Iterable[BlockKey]) -> int:
         return 0
@@ -746,6 +753,10 @@ class ProbeView:
         self.store.close()
 
 
+ProbeView = LayerView
+"""The name of :class:`LayerView` before window stores (a probe header reads keys only)."""
+
+
 def header_diff_fields(full: KVHeader, probe: KVHeader) -> list[str]:
     """Fields other than the layout ones in which ``full`` and ``probe`` differ."""
-    return [f for f in full.diff(probe) if f not in ("dtype", "layer", "layers", "keys_only", "n_layers")]
+    return [f for f in full.diff(probe) if f not in ("dtype", "layer", "layers", "keys_only", "value_layers", "n_layers")]

@@ -154,37 +154,57 @@ def test_cli_engine_flags(tmp_path):
 PROBE_CONFIG = RerankerConfig(method="blockrank-cached", max_doc_tokens=32, options={
     "layer": 3, "scoring": "calibrated", "query_adapter": None, "attend": "none", "probe_layers": [1, 3],
     "kv_dtype": "int8"})
+WINDOW_CONFIG = RerankerConfig(method="blockrank-cached", max_doc_tokens=32, options={
+    "layer": 3, "scoring": "calibrated", "query_adapter": None, "attend": 2, "probe_layers": [1, 3],
+    "kv_dtype": "int4"})
+
+
+def _code_step(x, dtype, axis):
+    """One code step of the codec (per channel for keys, ``axis=2``; per token for values, ``axis=3``)."""
+    if dtype == "int8":
+        return np.abs(x).max(axis=axis, keepdims=True) / 127
+    return (x.max(axis=axis, keepdims=True) - x.min(axis=axis, keepdims=True)) / 15
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_ray_build_of_a_probe_store_equals_the_local_one(corpus, tmp_path):
-    """Issue #23: the keys-only probe layout (layers 1 and 3, int8) built by Ray actors holds
-    the local build's blocks (keys only) in ``INDEX/probe``."""
+@pytest.mark.parametrize("config, folder, n_keys, n_values", [
+    (PROBE_CONFIG, "probe", 2, 0),  # keys of layers 1 and 3
+    (WINDOW_CONFIG, "window", 3, 1),  # keys of layers 1, 2 and 3, values of layer 2
+])
+def test_ray_build_of_a_probe_or_window_store_equals_the_local_one(corpus, tmp_path, config, folder, n_keys, n_values):
+    """Issue #23: the keys-only probe layout (int8) and the window layout (int4) built by Ray
+    actors hold the local build's blocks in ``INDEX/probe`` and ``INDEX/window``."""
     from attnrank.eval.distributed import RayOptions, build_index_blocks_ray
     from attnrank.index.kv import build_index_blocks
     from attnrank.registry import build_reranker
 
-    enc = build_reranker(PROBE_CONFIG)
-    assert enc.block_store_header().keys_only
+    dtype = config.options["kv_dtype"]
+    enc = build_reranker(config)
+    assert enc.block_store_header().layout == folder
     ix = _index(corpus, tmp_path / "local")
     try:
         store, _ = build_index_blocks(ix, enc, batch_size=BATCH)
-        assert store.path == tmp_path / "local" / "probe"
-        local = {k: np.asarray(kk, dtype=np.float32) for k, (kk, vv) in store.get_many(sorted(store.doc_ids()))[0].items()
-                 if vv is None}
-        assert len(local) == N_DOCS and all(k.shape[0] == 2 for k in local.values())
+        assert store.path == tmp_path / "local" / folder
+        local = {k: (np.asarray(kk, dtype=np.float32), None if vv is None else np.asarray(vv, dtype=np.float32))
+                 for k, (kk, vv) in store.get_many(sorted(store.doc_ids()))[0].items()}
+        assert len(local) == N_DOCS and all(k.shape[0] == n_keys for k, _ in local.values())
+        assert all((0 if v is None else v.shape[0]) == n_values for _, v in local.values())
     finally:
         ix.close()
     ix = _index(corpus, tmp_path / "ray")
     try:
-        store, report = build_index_blocks_ray(ix, enc, PROBE_CONFIG, RayOptions(actors=2), batch_size=BATCH)
-        assert (report.requested, report.computed) == (N_DOCS, N_DOCS) and store.path == tmp_path / "ray" / "probe"
+        store, report = build_index_blocks_ray(ix, enc, config, RayOptions(actors=2), batch_size=BATCH)
+        assert (report.requested, report.computed) == (N_DOCS, N_DOCS) and store.path == tmp_path / "ray" / folder
         found, missing = store.get_many(sorted(local))
         assert not missing
-        for key, k in local.items():  # int8 codes: equal up to one code step of float32 rounding
+        for key, (k, v) in local.items():  # codes: equal up to one code step of float32 rounding
             got = np.asarray(found[key][0], dtype=np.float32)
-            assert found[key][1] is None and got.shape == k.shape
-            step = np.abs(k).max(axis=2, keepdims=True) / 127
-            assert (np.abs(got - k) <= step + 1e-6).all(), key
+            assert got.shape == k.shape
+            assert (np.abs(got - k) <= _code_step(k, dtype, 2) + 1e-6).all(), key
+            if v is None:
+                assert found[key][1] is None
+            else:
+                gv = np.asarray(found[key][1], dtype=np.float32)
+                assert (np.abs(gv - v) <= _code_step(v, dtype, 3) + 1e-6).all(), key
     finally:
         ix.close()

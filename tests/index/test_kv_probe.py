@@ -58,7 +58,8 @@ def test_full_header_json_is_unchanged_by_the_probe_fields() -> None:
 
 @pytest.mark.parametrize("bad, match", [
     ({"layers": (3,)}, "layers"), ({"layers": (2, 1)}, "layers"), ({"layers": ()}, "layers"),
-    ({"keys_only": 1}, "keys_only"), ({"dtype": "int4"}, "int4"),
+    ({"keys_only": 1}, "keys_only"), ({"value_layers": (3,)}, "value_layers"),
+    ({"layers": (0, 2), "value_layers": (1,)}, "value_layers"), ({"layers": (0, 2), "value_layers": ()}, "value_layers"),
 ])
 def test_probe_header_validation(bad, match) -> None:
     with pytest.raises(ValidationError, match=match):

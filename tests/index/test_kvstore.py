@@ -510,7 +510,7 @@ def slow_write(fd, data):
 kv._write = slow_write
 def pair(d):
     k, v = doc_arrays(d, h.n_layers, h.kv_heads, h.head_dim, h.max_doc_tokens)
-    return (k, None) if h.probe else (k, v)  # a probe store keeps keys only
+    return (k, None) if h.probe else (k, v[: h.n_value_layers])  # a probe store keeps keys only, a window some values
 for b in range(100000):
     state["batch"] = b
     ids = [f"{prefix}b{b}-{i}" for i in range(8)]

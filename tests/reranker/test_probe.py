@@ -125,16 +125,22 @@ def test_probe_reranker_equals_the_masked_full_pass(default_lm, nfcorpus_head) -
 def test_probe_options_are_checked(default_lm) -> None:
     from attnrank.errors import ValidationError
 
-    with pytest.raises(ValidationError, match="probe_layers"):
-        CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", options={"probe_layers": [3], "attend": "all"}),
-                                lm=default_lm)
+    cut = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", options={
+        "layer": LAYER, "scoring": "calibrated", "query_adapter": None, "probe_layers": [3], "attend": "all"}),
+        lm=default_lm)  # design B: the full store cut at layer 3, without its values there
+    assert cut.window and cut.window_layers == ((0, 1, 2, 3), (0, 1, 2)) and cut.kv_depth == 3
     r = _probe_reranker(default_lm, probe_layers=[LAYER + 3])
     with pytest.raises(ValidationError, match="above l"):
         _ = r.probe_layers
     full = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", options={
         "layer": LAYER, "scoring": "calibrated", "query_adapter": None, "kv_dtype": "int4"}), lm=default_lm)
-    with pytest.raises(ValidationError, match="int4"):
-        full.block_store_header()
+    h = full.block_store_header()  # int4 now codes values too (per token)
+    assert h.dtype == "int4" and h.layout == "full" and h.n_value_layers == LAYER + 1
+    late = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", options={
+        "layer": LAYER, "scoring": "calibrated", "query_adapter": None, "attend": LAYER, "probe_layers": [LAYER]}),
+        lm=default_lm)
+    with pytest.raises(ValidationError, match="attend='none'"):
+        late.block_store_header()
 
 
 def test_the_shipped_probe_card_selects_the_probe_store_by_itself(default_lm) -> None:
