@@ -4,7 +4,7 @@ The header's two new fields stay out of a full store's ``header.json`` (old stor
 their fingerprint); the keys-only codecs (float16, int8, int4) round-trip within their
 bounds; and the durability guarantees of the full store (checksums, truncation, full disk,
 kill -9 mid-write) hold for the probe layout: the same tests of ``test_kvstore`` run on a
-probe header. A full store reads as a probe store (:class:`ProbeView`), read-only.
+probe header, and on a window header. A full store reads as a probe store (:class:`ProbeView`), read-only.
 """
 
 from __future__ import annotations
@@ -38,12 +38,30 @@ def probe_exact(store, ids) -> None:
         np.testing.assert_array_equal(found[d][0], k.astype(np.float32))
 
 
-@pytest.fixture
-def probe_layout(monkeypatch):
-    """Run a test of ``test_kvstore`` on the probe layout."""
-    monkeypatch.setattr(base, "H", HP)
-    monkeypatch.setattr(base, "arrays", probe_arrays)
-    monkeypatch.setattr(base, "assert_exact", probe_exact)
+@pytest.fixture(params=["probe", "window"])
+def probe_layout(request, monkeypatch):
+    """Run a test of ``test_kvstore`` on the probe layout, then on the window layout
+    (``test_kv_window``: keys of three layers, values of one)."""
+    import test_kv_window as window
+
+    header, make, exact = (HP, probe_arrays, probe_exact) if request.param == "probe" else (
+        window.HW, window.window_arrays, window.window_exact)
+    monkeypatch.setattr(base, "H", header)
+    monkeypatch.setattr(base, "arrays", make)
+    monkeypatch.setattr(base, "assert_exact", exact)
+
+
+def index_with_full_store(tmp_path):
+    """An index at ``tmp_path/ix`` (one document, no dense vectors) whose full store
+    (``base.H``) holds block ``a``: one built before the probe and window layouts."""
+    from attnrank.index.builder import build_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "statins and cancer"}) + "\n", encoding="utf-8")
+    build_index(corpus, tmp_path / "ix", dense=False, show_progress=False)
+    with KVStore.create(tmp_path / "ix" / "kv", base.H) as full:
+        full.put_many(base.items(["a"]))
+    return tmp_path / "ix"
 
 
 def test_full_header_json_is_unchanged_by_the_probe_fields() -> None:
@@ -148,15 +166,9 @@ def test_an_index_serves_the_probe_layout_from_its_full_store_until_the_probe_st
     """The upgrade path: an index built before the probe store has only ``kv/``; the probe
     scorer reads it (read-only), the build writes ``probe/`` beside it, and from then on the
     probe store serves."""
-    from attnrank.index.builder import build_index
     from attnrank.index.store import Index
 
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "statins and cancer"}) + "\n", encoding="utf-8")
-    build_index(corpus, tmp_path / "ix", dense=False, show_progress=False)
-    with KVStore.create(tmp_path / "ix" / "kv", base.H) as full:
-        full.put_many(base.items(["a"]))
-    ix = Index.open(tmp_path / "ix")
+    ix = Index.open(index_with_full_store(tmp_path))
     try:
         view = ix.block_store(HP)
         assert isinstance(view, ProbeView) and view.get("a")[1] is None

@@ -4,7 +4,8 @@
 The header's ``value_layers`` stays out of a full store's ``header.json``; the codecs
 (float16, int8, int4) round-trip the keys and the values of a window block within their
 bounds and at the documented sizes; the full store's durability tests (checksums,
-truncation, full disk, kill -9 mid-write) run unchanged on a window header; and a full
+truncation, full disk, kill -9 mid-write) run unchanged on a window header (they are
+parametrised in ``test_kv_probe``); and a full
 store reads as a window store (:class:`LayerView`), read-only.
 """
 
@@ -38,14 +39,6 @@ def window_exact(store, ids) -> None:
         assert found[d][0].shape == k.shape and found[d][1].shape == v.shape == (1, HW.kv_heads, k.shape[2], HW.head_dim)
         np.testing.assert_array_equal(found[d][0], k.astype(np.float32))
         np.testing.assert_array_equal(found[d][1], v.astype(np.float32))
-
-
-@pytest.fixture
-def window_layout(monkeypatch):
-    """Run a test of ``test_kvstore`` on the window layout."""
-    monkeypatch.setattr(base, "H", HW)
-    monkeypatch.setattr(base, "arrays", window_arrays)
-    monkeypatch.setattr(base, "assert_exact", window_exact)
 
 
 def test_window_header_json_and_layout() -> None:
@@ -105,23 +98,6 @@ def test_window_store_round_trip_and_refusals(tmp_path) -> None:
         KVStore.open(tmp_path / "window", base.H)
 
 
-def test_corrupt_byte_is_a_miss(tmp_path, caplog, window_layout) -> None:
-    base.test_corrupt_byte_is_a_miss_with_warning_then_recomputed(tmp_path, caplog)
-
-
-def test_truncated_shard_is_a_miss(tmp_path, caplog, window_layout) -> None:
-    base.test_truncated_shard_is_a_miss_on_open(tmp_path, caplog)
-
-
-@pytest.mark.parametrize("fail_on", ["bin", "idx.json", "MANIFEST"])
-def test_disk_full_commits_nothing(tmp_path, monkeypatch, window_layout, fail_on) -> None:
-    base.test_disk_full_raises_and_commits_nothing(tmp_path, monkeypatch, fail_on)
-
-
-def test_kill9_mid_write_leaves_only_committed_shards(tmp_path, window_layout) -> None:
-    base.test_kill9_mid_write_leaves_only_committed_shards(tmp_path)
-
-
 def test_a_full_store_reads_as_a_window_store(tmp_path) -> None:
     with KVStore.create(tmp_path / "kv", base.H) as full:
         full.put_many(base.items(["a", "b"]))
@@ -138,15 +114,10 @@ def test_a_full_store_reads_as_a_window_store(tmp_path) -> None:
 
 
 def test_an_index_keeps_its_window_store_beside_the_full_one(tmp_path) -> None:
-    from attnrank.index.builder import build_index
     from attnrank.index.store import Index
+    from test_kv_probe import index_with_full_store
 
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "statins and cancer"}) + "\n", encoding="utf-8")
-    build_index(corpus, tmp_path / "ix", dense=False, show_progress=False)
-    with KVStore.create(tmp_path / "ix" / "kv", base.H) as full:
-        full.put_many(base.items(["a"]))
-    ix = Index.open(tmp_path / "ix")
+    ix = Index.open(index_with_full_store(tmp_path))
     try:
         view = ix.block_store(HW)
         assert isinstance(view, LayerView) and view.get("a")[1].shape[0] == 1
