@@ -91,6 +91,14 @@ class RerankRequest(BaseModel):
         "reranker's own order.",
         examples=[0.6, "none"],
     )
+    cutoff: float | Literal["auto", "none"] | None = Field(
+        None,
+        description="Return only the reranked results whose calibrated probability of relevance (`probability`) is "
+        "at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev for the best F1; "
+        "then fewer than top_k results, possibly none, come back. Only for a calibrated reranker (the default "
+        "method) with fusion 'default' or 'none'; null or 'none' (when omitted) = top_k results.",
+        examples=["auto", 0.3],
+    )
     heads: Literal["all", "qr", "learned"] | list[tuple[StrictInt, StrictInt]] | None = Field(
         None,
         description="icr and blockrank: attention heads scored: 'all', 'qr' (the model's packaged query-focused "
@@ -182,6 +190,11 @@ class Hit(BaseModel):
     first_stage_rank: int | None = Field(
         None, description="1-based position in the first-stage ranking (before reranking); null when unknown."
     )
+    probability: float | None = Field(
+        None, description="Calibrated probability of relevance in [0, 1] of a reranked result (the default method; "
+        "Platt scaling fitted on held-out NFCorpus train queries); null when the reranker has no calibration for "
+        "the scores served, or for results below the reranked candidates."
+    )
 
 
 class Timings(BaseModel):
@@ -213,6 +226,8 @@ class RerankInfo(BaseModel):
     fusion: float | None = Field(
         None, description="The fusion weight alpha used (alpha z(first stage) + (1 - alpha) z(reranker)); null = the "
         "reranker's own order.")
+    cutoff: float | None = Field(
+        None, description="The probability threshold applied (rerank.cutoff; 'auto' resolved); null = none.")
 
 
 class SearchResponse(BaseModel):
@@ -322,6 +337,14 @@ class CohereRerankRequest(BaseModel):
         "stage'.",
         examples=["default", "none", 0.6],
     )
+    cutoff: float | Literal["auto", "none"] | None = Field(
+        None,
+        description="attnrank extension: return only the documents whose calibrated probability of relevance "
+        "(`probability`) is at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev "
+        "for the best F1 (possibly no result). Only for a calibrated reranker (the default method) with fusion "
+        "'default' or 'none'; applied before top_n; null or 'none' (when omitted): every document.",
+        examples=["auto", 0.3],
+    )
     deadline_ms: StrictInt | None = Field(
         None, ge=1,
         description="Answer within this many milliseconds: when reranking would exceed it (estimated from recent "
@@ -357,6 +380,10 @@ class CohereRerankResult(BaseModel):
         "(meta.fusion, on by default for the default method): 1 / (1 + exp(-f)) of the fused score f (z-score "
         "units). When meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
     )
+    probability: float | None = Field(
+        None, description="attnrank extension: calibrated probability of relevance in [0, 1] (the default method; "
+        "Platt scaling fitted on held-out NFCorpus train queries, non-increasing down the results); absent when the "
+        "reranker has no calibration for the fusion used.")
     document: RerankedDocument | None = Field(None, description="With return_documents: the document's text.")
 
 
@@ -388,6 +415,8 @@ class CohereRerankMeta(BaseModel):
         default_factory=list, description="Indices of documents cut to max_tokens_per_doc LM tokens."
     )
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds: queue, rerank, total.")
+    cutoff: float | None = Field(None, description="The probability threshold applied (request `cutoff`, 'auto' "
+                                 "resolved); absent = none.")
     score_scale: float | None = Field(
         None, description="The scale s of relevance_score = 1 / (1 + exp(-raw / s)); null when relevance_score is "
         "the raw score (a probability, a plugin's score, or the given order's 1 / (1 + position))."

@@ -108,7 +108,9 @@ class RerankerConfig:
         method: Registry name (``"icr"``, ``"blockrank"``, ``"blockrank-cached"``) or
             ``"default"``.
         model: LM to read attention from: ``None`` or ``"smollm2-135m-instruct"`` for the
-            packaged default, or a local Hugging Face causal-LM directory.
+            packaged default, an opt-in packaged one (``"gemma3-270m"``,
+            ``"qwen2.5-coder-0.5b-instruct"``; :func:`attnrank.reranker.lm.packaged_models`), or
+            a local Hugging Face causal-LM directory.
         max_doc_tokens: Per-document budget in LM tokens; longer documents are truncated
             and reported in :attr:`attnrank.protocols.RerankResult.truncated`. ``None`` =
             the method's own (:meth:`resolved`; 128 for ``blockrank-cached``, else

@@ -232,6 +232,11 @@ class SearchOptions:
             fused variant, docs/RESULTS.md "Fusion"), or ``"default"``: the reranker's
             recorded weight (cached BlockRank's card: 0.6, chosen on NFCorpus dev; none for
             ICR and uncached BlockRank).
+        cutoff: ``None`` (return ``top_k`` hits), a probability in [0, 1], or ``"auto"``:
+            return only the reranked hits whose calibrated probability of relevance is at
+            least that (``"auto"``: the threshold chosen on dev), at most ``top_k``, possibly
+            none (:mod:`attnrank.calibration`). Needs a reranker with a calibration for the
+            fusion weight used (the default configuration: fusion ``"default"`` or none).
     """
 
     top_k: int = 10
@@ -243,6 +248,7 @@ class SearchOptions:
     explain: bool = False
     evidence_spans: int = 3
     fusion: float | str | None = None
+    cutoff: float | str | None = None
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,9 @@ class SearchResult:
         timings: Seconds per stage: ``retrieve``, ``hydrate``, ``rerank``, ``total``.
         rerank: The reranker's result, or ``None`` without reranking.
         fusion: The fusion weight used (:func:`fuse_scores`), or ``None``.
+        probabilities: Calibrated probability of relevance of each reranked candidate, by doc
+            id, when the reranker has a calibration for the scores served (else ``None``).
+        cutoff: The probability threshold applied (``SearchOptions.cutoff``), or ``None``.
     """
 
     query: Query
@@ -266,6 +275,8 @@ class SearchResult:
     timings: Mapping[str, float]
     rerank: RerankResult | None = None
     fusion: float | None = None
+    probabilities: Mapping[str, float] | None = None
+    cutoff: float | None = None
 
 
 @dataclass(frozen=True)
@@ -466,6 +477,14 @@ class Pipeline:
             from attnrank.fusion import resolve_weight
 
             resolve_weight(options.fusion, name="fusion (rerank.fusion, --fusion)")  # raises for a bad value
+        if options.cutoff is not None:
+            from attnrank.calibration import resolve_cutoff
+
+            cutoff = resolve_cutoff(options.cutoff)  # raises for a bad value
+            if cutoff is not None and method == NO_RERANK:
+                raise ValidationError("cutoff needs reranking (it thresholds the reranker's calibrated scores); add "
+                                      "rerank, or use top_k")
+            options = replace(options, cutoff=cutoff)
         parsed = registry.parse_filter(options.filter)
         return options if parsed is options.filter else replace(options, filter=parsed)
 
@@ -566,10 +585,13 @@ class Pipeline:
         check_query_texts(queries)
         rerank = options.rerank != NO_RERANK
         cache = self._cache() if rerank else None
+        plat: Any = None
         if cache is not None:
             reranker: Any = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
             if options.explain:
                 check_explainer(reranker, options.rerank)
+            plat = calibration_map(reranker, options.rerank, fusion_weight(options.fusion, reranker), by="score",
+                                   required=options.cutoff is not None)
 
         results = []
         iterator: Any = self.first_stage_rows(queries, options)
@@ -582,6 +604,8 @@ class Pipeline:
             t_retrieve, t_hydrate = row.retrieve_seconds, row.hydrate_seconds
             rr: RerankResult | None = None
             alpha: float | None = None
+            probs: dict[str, float] | None = None
+            threshold: float | None = None
             t_rerank = 0.0
             final = hydrated.top(options.top_k)
             if cache is not None and len(hydrated):
@@ -593,14 +617,20 @@ class Pipeline:
                 t_rerank = time.perf_counter() - t2
                 alpha = fusion_weight(options.fusion, reranker)
                 reranked = rr.ranking if alpha is None else fuse_scores(cands, rr.ranking, alpha)
-                final = merge_reranked(hydrated, reranked, options.top_k)
+                k = options.top_k
+                if plat is not None:
+                    probs, threshold, keep = served_probabilities(reranked, alpha, plat, options.cutoff)
+                    if options.cutoff is not None:
+                        k = min(k, keep)
+                        reranked = Ranking(reranked.query_id, reranked.hits[:k])
+                final = merge_reranked(hydrated, reranked, k)
             timings = {
                 "retrieve": t_retrieve,
                 "hydrate": t_hydrate,
                 "rerank": t_rerank,
                 "total": t_retrieve + t_hydrate + t_rerank,
             }
-            results.append(SearchResult(q, final, ranking, timings, rr, alpha))
+            results.append(SearchResult(q, final, ranking, timings, rr, alpha, probs, threshold))
         return results
 
 
@@ -668,6 +698,44 @@ def fusion_weight(fusion: float | str | None, reranker: Any) -> float | None:
     from attnrank.fusion import resolve_weight
 
     return resolve_weight(fusion, getattr(reranker, "default_fusion", None))
+
+
+def calibration_map(reranker: Any, method: str, alpha: float | None, *, by: str, required: bool) -> Any:
+    """The reranker's :class:`attnrank.calibration.PlattMap` for scores served with fusion
+    weight ``alpha`` (``by``: ``"score"`` or ``"rank"``), or ``None`` when it has none.
+
+    Raises:
+        ValidationError: ``required`` (a cut-off was asked for) and there is no map.
+    """
+    calibration = getattr(reranker, "calibration", None)
+    if calibration is None:
+        if required:
+            raise ValidationError(f"rerank method {method!r} has no calibrated scores, so it cannot apply a cutoff; "
+                                  "use the default configuration (blockrank-cached with its weights card), or top_k")
+        return None
+    try:
+        return calibration.map_for(alpha, by=by)
+    except ValidationError:
+        if required:
+            raise
+        return None
+
+
+def served_probabilities(reranked: Ranking, alpha: float | None, plat: Any, cutoff: float | str | None
+                         ) -> tuple[dict[str, float], float | None, int]:
+    """Calibrated probabilities of one query's reranked candidates (served order), the
+    threshold of ``cutoff`` (``None`` without one) and how many hits pass it
+    (:func:`attnrank.calibration.apply_cutoff`). Without fusion the map reads the reranker's
+    scores z-scored over the candidates."""
+    from attnrank.calibration import apply_cutoff
+    from attnrank.fusion import standardize_list
+
+    scores = [float(h.score) for h in reranked.hits]
+    if alpha is None:
+        scores = standardize_list(scores)
+    probs, threshold, keep = apply_cutoff(scores, 1.0 if cutoff is None else cutoff, plat)
+    return ({h.doc_id: p for h, p in zip(reranked.hits, probs)}, None if cutoff is None else threshold,
+            keep if cutoff is not None else len(probs))
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:

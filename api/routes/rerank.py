@@ -49,9 +49,10 @@ from attnrank.api.schemas import (
     RerankedDocument,
     TokenCounts,
 )
+from attnrank.calibration import apply_cutoff, resolve_cutoff
 from attnrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
-from attnrank.fusion import resolve_weight
-from attnrank.pipeline import NO_RERANK, fuse_scores
+from attnrank.fusion import resolve_weight, standardize_list
+from attnrank.pipeline import NO_RERANK, calibration_map, fuse_scores
 from attnrank.protocols import RerankResult
 from attnrank.settings import Settings
 from attnrank.types import Document, Query, Ranking, ScoredDoc
@@ -250,6 +251,7 @@ async def rerank(
     """
     t0 = time.perf_counter()
     texts, max_doc_tokens, warnings = check_request(body, settings)
+    cutoff = resolve_cutoff(body.cutoff)  # a bad value is a 422 before any work
     budget = max_doc_tokens or settings.max_doc_tokens
     ranked_texts, cut = cut_long_documents(texts, budget)
     ids = _doc_ids(len(texts))
@@ -296,13 +298,26 @@ async def rerank(
                 f"documents {shown} are longer than {CHARS_PER_TOKEN * budget} characters; each was ranked on its "
                 f"first {budget} LM tokens (max_tokens_per_doc)"
             )
+    probs: list[float] | None = None
+    threshold: float | None = None
+    if result is not None:
+        plat = calibration_map(runtime.rerankers.get(settings.rerank_method, None, max_doc_tokens)[0],
+                               settings.rerank_method, alpha, by="rank", required=cutoff is not None)
+        if plat is not None:
+            scores = [score for _, score in order]
+            probs, t, keep = apply_cutoff(standardize_list(scores) if alpha is None else scores,
+                                          1.0 if cutoff is None else cutoff, plat)
+            if cutoff is not None:
+                threshold, order, probs = t, order[:keep], probs[:keep]
+    elif cutoff is not None:
+        warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
     if body.top_n is not None:
         order = order[: body.top_n]
     relevance = relevance_scores([score for _, score in order], scale)
     results = [
-        CohereRerankResult(index=i, relevance_score=rel,
+        CohereRerankResult(index=i, relevance_score=rel, probability=probs[j] if probs is not None else None,
                            document=RerankedDocument(text=texts[i]) if body.return_documents else None)
-        for (i, raw), rel in zip(order, relevance)
+        for j, ((i, raw), rel) in enumerate(zip(order, relevance))
     ]
     meta = CohereRerankMeta(
         api_version=ApiVersion(version="1" if request.url.path.endswith("/v1/rerank") else "2"),
@@ -317,5 +332,6 @@ async def rerank(
         score_scale=scale,
         raw_scores=[raw.get(i, s) for i, s in order],
         fusion=alpha,
+        cutoff=threshold,
     )
     return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)

@@ -52,6 +52,7 @@ def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) 
         top_k=body.top_k, retriever=retriever, rerank=method, candidates=candidates, filter=body.filter,
         rerank_options=rerank_options or None, explain=body.explain, evidence_spans=settings.evidence_spans,
         fusion=_fusion(body.rerank.fusion) if body.rerank is not None else None,
+        cutoff=body.rerank.cutoff if body.rerank is not None else None,
     ))
 
 
@@ -79,6 +80,7 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
                 if evidence is not None and h.doc_id in evidence else None
             ),
             first_stage_rank=first_rank.get(h.doc_id),
+            probability=(result.probabilities or {}).get(h.doc_id),
         )
         for i, h in enumerate(result.ranking.hits, 1)
     ]
@@ -86,7 +88,7 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
     if rr is not None:
         info = RerankInfo(method=method, candidates=len(rr.ranking), truncated=list(rr.truncated),
                           prompt_tokens=int(rr.prompt_tokens), warnings=list(getattr(rr, "warnings", ())),
-                          cache=rr.details.get("cache"), fusion=result.fusion)
+                          cache=rr.details.get("cache"), fusion=result.fusion, cutoff=result.cutoff)
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},
                       queue=queue_seconds)
     return SearchResponse(results=hits, timings=timings, rerank=info)

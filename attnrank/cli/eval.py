@@ -180,6 +180,7 @@ def eval_ablation(
 
 app.command("study-dump")(study.eval_study_dump)
 app.command("study-fit")(study.eval_study_fit)
+app.command("calibrate")(study.eval_calibrate)
 
 
 @app.command("compare")

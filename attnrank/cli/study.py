@@ -23,6 +23,8 @@ def eval_study_dump(
                                                     "candidates from its top-100 JSON.")] = None,
     candidates: Annotated[int, typer.Option("--candidates")] = 50,
     max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Seeded subset of queries.")] = None,
+    query_ids: Annotated[Optional[Path], typer.Option("--query-ids", help="Only these queries (a text file, one id "
+                                                      "per line), e.g. the held-out calibration queries.")] = None,
     seed: SeedOpt = 0,
     index: Annotated[Optional[Path], typer.Option("--index", help="Index directory (BEIR); its document KV store "
                                                   "serves the blocks.")] = None,
@@ -70,6 +72,9 @@ def eval_study_dump(
 
             # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
             store = KVStore.open(index / "kv", reranker.block_store_header(), readonly=True)
+    if query_ids is not None:
+        wanted = {line.strip() for line in query_ids.read_text(encoding="utf-8").splitlines() if line.strip()}
+        queries = [q for q in queries if q.query_id in wanted]
     if store is None and block_store is not None:
         from attnrank.index.kv import KVStore
 
@@ -209,3 +214,91 @@ def _fixed_weights(path: Path) -> list[float]:
     if not path.is_file():
         raise NotFoundError(f"no weights at {path}: pass a weights card (.json) or a query adapter folder")
     return [float(x) for x in json.loads(path.read_text())["weights"]]
+
+
+def eval_calibrate(
+    card: Annotated[Path, typer.Option("--card", help="Weights card whose learned scorer and fusion weight are "
+                                       "calibrated; --write adds the calibration to it.")],
+    calibrate: Annotated[list[Path], typer.Option("--calibrate", help="Dumps of queries the reranker was NOT trained "
+                                                  "on: the maps are fitted on them (repeatable).")],
+    dev: Annotated[Path, typer.Option("--dev", help="Dev dump: the thresholds and the fixed top-k are chosen on it.")],
+    test: Annotated[Optional[list[str]], typer.Option(
+        "--test", help="NAME=DUMP[@MIN_GRADE] test sets (repeatable; MIN_GRADE: the lowest relevant grade, default "
+        "1; 2 for TREC DL's binary measures).")] = None,
+    exclude: Annotated[Optional[list[Path]], typer.Option(
+        "--exclude", help="Dumps whose queries are dropped from --calibrate (the reranker's training queries).")] = None,
+    features: Annotated[Optional[str], typer.Option("--features", help="Dump variant NAME (calibrated@NAME).")] = None,
+    counts: Annotated[str, typer.Option("--counts", help="Candidate counts the maps are fitted and chosen at: the "
+                                        "first stage's top N of each dump.")] = "10,20,30,50",
+    test_counts: Annotated[str, typer.Option("--test-counts", help="Counts measured on test sets ('all': every "
+                                             "candidate of the dump).")] = "20,all",
+    write: Annotated[bool, typer.Option("--write/--no-write", help="Write the calibration into --card.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
+) -> None:
+    """The relevance cut-off: served scores mapped to P(relevant) (Platt scaling, one map per
+    serving mode), thresholds ("auto") chosen on dev for mean F1, then precision, recall and F1
+    at the cut-off against the best fixed top-k (also chosen on dev) on each test set."""
+    from attnrank.calibration import MODES
+    from attnrank.eval.calibration import evaluate_cutoff, fit_calibration
+    from attnrank.eval.study import load_items, with_features
+
+    card_data = json.loads(card.read_text(encoding="utf-8"))
+    seen = {it.query_id for p in exclude or [] for it in load_items(p)[1]}
+
+    def load(path: Path, drop: set[str] = set()) -> tuple[list, dict]:
+        meta, items = load_items(path)
+        items = with_features(items, features) if features else items
+        return ([it for it in items if it.query_id not in drop],
+                {q: r for q, r in meta["qrels"].items() if q not in drop})
+
+    cal_items: list = []
+    cal_qrels: dict = {}
+    for p in calibrate:
+        items, qrels = load(p, seen)
+        cal_items += items
+        cal_qrels.update({q: qrels[q] for q in {it.query_id for it in items} if q in qrels})
+    dev_items, dev_qrels = load(dev)
+    n_counts = [int(x) for x in counts.split(",")]
+    calibration, report = fit_calibration(cal_items, cal_qrels, dev_items, dev_qrels, card_data, counts=n_counts)
+    lines = [f"calibration: {len(cal_items)} queries ({len(seen)} excluded), counts {n_counts}", "",
+             "| set | mode | candidates | fixed top-k (k from dev): P / R / F1 | cut-off 'auto': P / R / F1 / hits | "
+             "F1 delta (p) | best k on the set: F1 (auto vs it, p) |", "|---|---|---|---|---|---|---|"]
+    tests = {}
+    for spec in test or []:
+        name, sep, rest = spec.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"expected NAME=DUMP[@MIN_GRADE], got {spec!r}", param_hint="--test")
+        path, _, min_grade = rest.partition("@")
+        items, qrels = load(Path(path))
+        tests[name] = (items, qrels, int(min_grade) if min_grade else 1)
+    results: dict = {}
+    for name, (items, qrels, grade) in [("dev", (dev_items, dev_qrels, 1)), *tests.items()]:
+        for mode in MODES:
+            k = int(report[mode]["top_k"])
+            for c in test_counts.split(","):
+                n = None if c == "all" else int(c)
+                r = evaluate_cutoff(items, qrels, card_data, calibration, mode, n, k, min_grade=grade)
+                results.setdefault(name, {}).setdefault(mode, {})[c] = r
+                a, f = r["auto"], r["fixed"]
+                lines.append(f"| {name} ({r['queries']} q) | {mode} | {c} | {100 * f[0]:.1f} / {100 * f[1]:.1f} / "
+                             f"{100 * f[2]:.1f} (k {k}) | {100 * a[0]:.1f} / {100 * a[1]:.1f} / **{100 * a[2]:.1f}** / "
+                             f"{a[3]:.1f} | {100 * r['delta_f1']:+.1f} (p {r['p']:.3f}) | {100 * r['fixed_best_k'][2]:.1f}"
+                             f" (k {r['best_k_on_this_set']}; {100 * (a[2] - r['fixed_best_k'][2]):+.1f}, p "
+                             f"{r['p_vs_best_k']:.3f}) |")
+    command = ("attnrank eval calibrate " + " ".join(
+        [f"--card {card}"] + [f"--calibrate {p}" for p in calibrate] + [f"--exclude {p}" for p in exclude or []]
+        + [f"--dev {dev}"] + [f"--test {t}" for t in test or []] + ([f"--features {features}"] if features else [])
+        + [f"--counts {counts}", f"--test-counts {test_counts}", "--write"]))
+    entry = calibration.to_json()
+    dev_meta = load_items(dev)[0]
+    adapter = (dev_meta.get("adapter") or {}).get("sha256")  # the query adapter of the dump's ':adapter' variants
+    if adapter and features and (dev_meta.get("variants") or {}).get(features, [""])[0] == "adapter":
+        entry["query_adapter_sha256"] = adapter  # the maps hold only with the adapter the dumps used
+    entry.update({"test": {n: {m: {c: {k: v for k, v in r.items()} for c, r in byc.items()} for m, byc in v.items()}
+                           for n, v in results.items() if n != "dev"}, "command": command})
+    if out is not None:
+        out.write_text(json.dumps({"calibration": entry, "results": results}, indent=1))
+    if write:
+        card_data["calibration"] = entry
+        card.write_text(json.dumps(card_data, indent=1))
+    typer.echo("\n".join(lines))

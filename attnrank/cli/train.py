@@ -94,16 +94,26 @@ def train_query_adapter_cmd(
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     opts: OptsOpt = None,
+    loss: Annotated[str, typer.Option("--loss", help="listwise (softmax, every positive) or pairwise (RankNet).")
+                    ] = "listwise",
+    init: Annotated[Optional[Path], typer.Option("--init", help="Start from this trained adapter folder (e.g. the "
+                                                 "packaged one) instead of the base model.")] = None,
+    exclude_queries: Annotated[Optional[list[Path]], typer.Option(
+        "--exclude-queries", help="Query ids never trained on (repeatable): a text file (one id per line) or a "
+        "study dump (.npz: its queries), e.g. queries held out for the cut-off's calibration.")] = None,
 ) -> None:
-    """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise loss
-    through the query passes only; dev nDCG@10 every --eval-every steps, best kept (resumable)."""
+    """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise or
+    pairwise loss through the query passes only; dev nDCG@10 every --eval-every steps, best
+    kept (resumable)."""
     from attnrank.eval.adapter_study import dev_evaluator, examples_from, load_source, source_store
     from attnrank.registry import build_reranker
     from attnrank.reranker.query_adapter import QueryAdapterConfig, train_query_adapter
 
     cfg = QueryAdapterConfig(out_dir=str(out), objective=objective, lora_r=lora_r, lora_alpha=2 * lora_r,
                              train_weights=train_weights, lr=lr, steps=steps, batch_queries=batch_queries,
-                             max_candidates=max_candidates, eval_every=eval_every, seed=seed)
+                             max_candidates=max_candidates, eval_every=eval_every, seed=seed, loss=loss,
+                             init=None if init is None else str(init))
+    excluded = _query_ids(exclude_queries or [])
     config = reranker_config("blockrank-cached", model, max_doc_tokens, _auto_device(device), opts).with_options(
         layer=layer, scoring="learned" if objective == "learned" else "signal", query_adapter=None)
     reranker = build_reranker(config)
@@ -111,7 +121,8 @@ def train_query_adapter_cmd(
     for spec in train:
         queries, cands, _, qrels, index = load_source(spec, candidates=candidates, max_queries=train_queries,
                                                       seed=seed, retriever=retriever)
-        examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)]
+        examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)
+                     if ex.query_id not in excluded]
         stores[spec] = source_store(reranker, index, scratch_kv, spec)
     evaluate = None
     if dev:
@@ -124,6 +135,19 @@ def train_query_adapter_cmd(
                                         "candidates": candidates, "retriever": retriever})
     summary.pop("history", None)
     typer.echo(json.dumps(summary, indent=1, default=str))
+
+
+def _query_ids(paths: list[Path]) -> set[str]:
+    """Query ids of text files (one per line) and study dumps (``.npz``)."""
+    ids: set[str] = set()
+    for path in paths:
+        if path.suffix == ".npz":
+            from attnrank.eval.study import load_items
+
+            ids |= {it.query_id for it in load_items(path)[1]}
+        else:
+            ids |= {line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    return ids
 
 
 def _auto_device(device: str) -> str:

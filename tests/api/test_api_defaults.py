@@ -43,3 +43,28 @@ def test_search_fusion_is_on_for_a_method_that_records_a_weight(client, monkeypa
     off = client.post("/search", json={**body, "rerank": {**body["rerank"], "fusion": "none"}}).json()
     assert off["rerank"].get("fusion") is None
     assert [h["doc_id"] for h in off["results"]] == [h["doc_id"] for h in plain["results"]]
+
+
+def test_search_cutoff_returns_the_calibrated_hits(client, monkeypatch):
+    """``rerank.cutoff``: the reranked hits whose calibrated probability passes the threshold,
+    each hit with its ``probability``; ``rerank.cutoff`` is echoed in ``rerank.cutoff``."""
+    from api_fakes import FakeReranker
+
+    from attnrank.calibration import Calibration, PlattMap
+
+    body = {"query": "apples", "top_k": 4, "rerank": {"method": "fake", "candidates": 4, "fusion": "none"}}
+    plain = client.post("/search", json=body).json()
+    assert all(h.get("probability") is None for h in plain["results"]) and plain["rerank"].get("cutoff") is None
+    r = client.post("/search", json={**body, "rerank": {**body["rerank"], "cutoff": "auto"}})
+    assert r.status_code == 422 and "no calibrated scores" in r.json()["error"]
+    monkeypatch.setattr(FakeReranker, "calibration", Calibration(None, {"none": PlattMap((3.0, 0.0, 0.0, 0.0), 0.0, 0.5)}),
+                        raising=False)
+    scored = client.post("/search", json=body).json()
+    probs = [h["probability"] for h in scored["results"]]
+    assert all(p is not None for p in probs) and probs == sorted(probs, reverse=True)
+    cut = client.post("/search", json={**body, "rerank": {**body["rerank"], "cutoff": "auto"}}).json()
+    assert cut["rerank"]["cutoff"] == 0.5
+    assert [h["doc_id"] for h in cut["results"]] == [h["doc_id"] for h, p in zip(scored["results"], probs) if p >= 0.5]
+    assert 0 < len(cut["results"]) < len(scored["results"])
+    r = client.post("/search", json={**body, "rerank": {**body["rerank"], "fusion": 0.5, "cutoff": "auto"}})
+    assert r.status_code == 422 and "calibrated only for fusion none" in r.json()["error"]

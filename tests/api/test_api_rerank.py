@@ -230,3 +230,31 @@ def test_fusion_with_the_given_order_is_an_extension_field(client, monkeypatch):
     assert off["meta"].get("fusion") is None and [x["index"] for x in off["results"]] == BY_LENGTH
     assert _error(client.post("/rerank", json={"query": "apples", "documents": DOCS, "fusion": 1.5}),
                   422, "validation").startswith("fusion must be")
+
+
+def test_cutoff_returns_the_documents_above_the_calibrated_probability(client, monkeypatch):
+    """``cutoff`` (attnrank extension): only documents whose calibrated probability is at least
+    the threshold ("auto": the map's), each result with its ``probability``; a reranker without
+    a calibration, or a fusion weight it was not fitted at, is a 422."""
+    import math
+
+    from attnrank.calibration import Calibration, PlattMap
+    from attnrank.fusion import fuse, reciprocal_ranks
+
+    body = {"query": "apples", "documents": DOCS}
+    assert "probability" not in client.post("/rerank", json=body).json()["results"][0]  # the fake has no calibration
+    assert "no calibrated scores" in _error(client.post("/rerank", json={**body, "cutoff": "auto"}), 422, "validation")
+    assert _error(client.post("/rerank", json={**body, "cutoff": 3}), 422, "validation").startswith("cutoff must be")
+    plat = PlattMap((2.0, 0.0, 0.0, 0.0), 0.0, 0.5)
+    monkeypatch.setattr(FakeReranker, "calibration", Calibration(0.9, {"rank": plat}), raising=False)
+    full = client.post("/rerank", json={**body, "fusion": 0.9}).json()
+    want = fuse(reciprocal_ranks(len(DOCS)), [1.0 / len(t) for t in DOCS], 0.9)
+    order = sorted(range(len(DOCS)), key=lambda i: (-want[i], f"{i}"))
+    probs = [1 / (1 + math.exp(-2.0 * want[i])) for i in order]
+    assert [x["probability"] for x in full["results"]] == pytest.approx(probs) and "cutoff" not in full["meta"]
+    cut = client.post("/rerank", json={**body, "fusion": 0.9, "cutoff": "auto"}).json()
+    assert cut["meta"]["cutoff"] == 0.5
+    assert [x["index"] for x in cut["results"]] == [i for i, p in zip(order, probs) if p >= 0.5]
+    assert 0 < len(cut["results"]) < len(DOCS)
+    assert "got fusion none" in _error(client.post("/rerank", json={**body, "fusion": "none", "cutoff": 0.2}),
+                                       422, "validation")

@@ -86,3 +86,16 @@ def test_the_served_reranker_scores_what_the_dump_says(default_lm, card, dump) -
     served = np.array([by_id[d.doc_id] for d in docs])
     assert np.allclose(served, study, atol=1e-3)  # fast path against the dump's exact float32 features
     assert np.corrcoef(served, study)[0, 1] > 0.9999
+
+
+def test_the_shipped_card_carries_the_cut_off_for_its_adapter(default_lm) -> None:
+    """The default configuration's card holds the cut-off's maps (``attnrank eval calibrate``);
+    they hold only with the query adapter they were fitted with, so without it there are none."""
+    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128), lm=default_lm)
+    cal = r.calibration
+    assert cal is not None and set(cal.maps) == {"score", "rank", "none"} and cal.alpha == r.default_fusion
+    assert all(0.0 < m.threshold < 0.5 and m.coef[0] > 0 for m in cal.maps.values())
+    assert cal.map_for(r.default_fusion) is cal.maps["score"] and cal.map_for(None) is cal.maps["none"]
+    bare = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
+                                                  options={"query_adapter": None}), lm=default_lm)
+    assert bare.calibration is None
