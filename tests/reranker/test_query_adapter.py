@@ -27,6 +27,7 @@ from attnrank.reranker.query_adapter import (  # noqa: E402
     context_for,
     differentiable_scores,
     listwise_loss,
+    pairwise_loss,
     sample_candidates,
     train_query_adapter,
 )
@@ -145,6 +146,46 @@ def test_listwise_loss_by_hand() -> None:
     # temperature scales scores: tau = 2 halves them
     want2 = -math.log((math.e + 3.0) / (math.e + math.e ** 0.5 + 1.0))
     assert float(listwise_loss(s, [1, 0, 2], 2.0)) == pytest.approx(want2, rel=1e-12)
+
+
+def test_pairwise_loss_by_hand() -> None:
+    s = torch.tensor([0.5, 1.0, -0.2], dtype=torch.float64)
+    sp = lambda x: math.log1p(math.exp(-x))  # noqa: E731
+    # pairs (better, worse, weight): (0, 1, 1), (2, 1, 2), (2, 0, 1) for grades [1, 0, 2]
+    want = (1 * sp(0.5 - 1.0) + 2 * sp(-0.2 - 1.0) + 1 * sp(-0.2 - 0.5)) / 4
+    assert float(pairwise_loss(s, [1, 0, 2], 1.0)) == pytest.approx(want, rel=1e-12)
+    assert float(pairwise_loss(s, [1, 0, 2], 2.0)) == pytest.approx(
+        (sp(-0.25) + 2 * sp(-0.6) + sp(-0.35)) / 4, rel=1e-12)
+    flat = s.clone().requires_grad_(True)
+    assert float(pairwise_loss(flat, [0, 0, 0], 1.0).detach()) == 0.0  # no pair of different grades
+    with pytest.raises(ValidationError, match="loss must be"):
+        QueryAdapterConfig(out_dir="x", loss="pointwise")
+
+
+def test_training_warm_starts_from_an_adapter(lm, nf_docs, tmp_path) -> None:
+    """``init``: step 0 scores what the given adapter scores; another LoRA config is refused."""
+    card = _card(tmp_path / "card.json", lm)
+    path, _ = _random_adapter(tmp_path, lm.identity)
+    examples = [RankingExample("q0", "statins and cancer", tuple(nf_docs[:4]), (1, 0, 0, 0))]
+    seen = []
+
+    def evaluate(reranker, weights):
+        seen.append(_train_scores(reranker, "statins and cancer", nf_docs[:4], weights))
+        return {"dev": 0.0}
+
+    cfg = QueryAdapterConfig(out_dir=str(tmp_path / "run"), steps=1, batch_queries=1, max_candidates=4, lora_r=4, lora_alpha=8,
+                             target_modules=("q_proj", "k_proj", "v_proj", "o_proj"), eval_every=1, lr=1e-3,
+                             init=str(path), loss="pairwise")
+    train_query_adapter(_reranker(lm, card), examples, cfg, evaluate=evaluate, show_progress=False)
+    want_lm = load_trainable_lm()
+    load_adapter(path, want_lm.model, want_lm.identity)
+    want = _train_scores(_reranker(want_lm, _card(tmp_path / "card2.json", want_lm)), "statins and cancer", nf_docs[:4])
+    base = _train_scores(_reranker(load_trainable_lm(), _card(tmp_path / "card3.json", lm)), "statins and cancer",
+                         nf_docs[:4])
+    assert seen[0] == pytest.approx(want, abs=1e-6) and seen[0] != pytest.approx(base, abs=1e-4)
+    other = QueryAdapterConfig(**{**cfg.__dict__, "out_dir": str(tmp_path / "run2"), "lora_r": 2})
+    with pytest.raises(ValidationError, match="has LoRA"):
+        train_query_adapter(_reranker(load_trainable_lm(), card), examples, other, show_progress=False)
 
 
 def test_sample_candidates_keeps_order_caps_positives() -> None:
