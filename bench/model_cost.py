@@ -1,0 +1,98 @@
+"""Benchmark: what a reranker LM costs in cached BlockRank (issue #24 lever 4: a bigger packaged model).
+
+For each model of ``--models`` (packaged short names or local directories), one process builds
+cached BlockRank with zero-shot calibrated scoring (no weights card or adapter ships for another
+model than the default) at its default ``l* = round(0.6 L)``, 128-token blocks, and measures side
+by side, the models alternating for ``--rounds`` rounds:
+
+* blocks encoded per second (``index kv build``'s computation, the first ``--docs`` NFCorpus
+  documents) and the float16 bytes per block of its store (``KVHeader.entry_nbytes``);
+* seconds per query to rerank 20 candidates whose blocks are cached (what ``/search`` costs
+  at 20 candidates on an index with a store), median over ``--queries`` NFCorpus dev queries;
+* with ``--ndcg``: zero-shot nDCG@10 of the pure reranker and of fusion 0.6 with the first stage
+  on those queries (NFCorpus dev, BM25 top 20), against BM25.
+
+    python bench/model_cost.py --models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct [--ndcg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--docs", type=int, default=32)
+    ap.add_argument("--queries", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--ndcg", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    from attnrank.config import RerankerConfig
+    from attnrank.data import load_beir_corpus
+    from attnrank.eval.heads import beir_candidates
+    from attnrank.eval.metrics import evaluate_run
+    from attnrank.pipeline import fuse_scores
+    from attnrank.reranker.cached import CachedBlockRankReranker
+    from attnrank.types import Document, Ranking, ScoredDoc
+
+    torch.set_num_threads(args.torch_threads)
+    data = ROOT.parent / "shared" / "data" / "beir-nfcorpus"
+    corpus = load_beir_corpus(data)
+    texts = [Document(r["_id"], r["text"], r.get("title") or "").content for r in corpus.select(range(args.docs))]
+    queries, cands, scores, qrels = beir_candidates(data, "dev", queries=args.queries, candidates=20, seed=0,
+                                                    index_dir=None, retriever="bm25")
+    rerankers = {}
+    for name in args.models.split(","):
+        config = RerankerConfig(method="blockrank-cached", model=name, max_doc_tokens=128,
+                                options={"query_adapter": None, "scoring": "calibrated"})
+        rerankers[name] = CachedBlockRankReranker(config)
+    enc: dict[str, list[float]] = {n: [] for n in rerankers}
+    per_query: dict[str, list[float]] = {n: [] for n in rerankers}
+    runs: dict[str, dict] = {n: {} for n in rerankers}
+    for name, r in rerankers.items():  # warm: load the model, fill the RAM cache with the candidates' blocks
+        for q in queries:
+            r.rerank(q, cands[q.query_id])
+    for _ in range(args.rounds):
+        for name, r in rerankers.items():
+            t0 = time.perf_counter()
+            r.encode_block_arrays(texts)
+            enc[name].append(time.perf_counter() - t0)
+            for q in queries:
+                t0 = time.perf_counter()
+                res = r.rerank(q, cands[q.query_id])
+                per_query[name].append(time.perf_counter() - t0)
+                runs[name][q.query_id] = res.ranking
+    nbytes = {n: statistics.mean(r.block_store_header().entry_nbytes(k.shape[2])
+                                 for _, k, _ in r.encode_block_arrays(texts[:4])) for n, r in rerankers.items()}
+    print("\n| model | layers (l*) | KV heads x dim | blocks/s | bytes per block (float16) | s per query, 20 cached "
+          "candidates (median) |" + (" nDCG@10 pure / fused 0.6 (BM25) |" if args.ndcg else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.ndcg else ""))
+    for name, r in rerankers.items():
+        h = r.block_store_header()
+        cell = ""
+        if args.ndcg:
+            first = {q.query_id: Ranking.from_hits(q.query_id, (ScoredDoc(d.doc_id, s) for d, s in
+                                                                 zip(cands[q.query_id], scores[q.query_id])))
+                     for q in queries}
+            pure = {q: {h.doc_id: h.score for h in rk.hits} for q, rk in runs[name].items()}
+            fused = {q: {h.doc_id: h.score for h in fuse_scores(first[q], rk, 0.6).hits} for q, rk in runs[name].items()}
+            bm25 = {q: {h.doc_id: h.score for h in rk.hits} for q, rk in first.items()}
+            judged = {q.query_id: qrels[q.query_id] for q in queries}
+            nd = [100 * evaluate_run(run, judged, ["nDCG@10"]).aggregate["nDCG@10"] for run in (pure, fused, bm25)]
+            cell = f" {nd[0]:.1f} / {nd[1]:.1f} ({nd[2]:.1f}) |"
+        print(f"| {name} | {r.lm.num_layers} ({r.layer}) | {h.kv_heads} x {h.head_dim} | "
+              f"{len(texts) / statistics.median(enc[name]):.2f} | {nbytes[name]:,.0f} | "
+              f"{statistics.median(per_query[name]):.3f} |" + cell)
+
+
+if __name__ == "__main__":
+    main()
