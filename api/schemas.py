@@ -66,6 +66,10 @@ class ReAttnOptions(BaseModel):
     gamma: float = Field(0.5, ge=0, description="Exponent of the normalised entropy.")
 
 
+CutoffValue = float | Literal["auto", "none"] | None
+"""A request's ``cutoff``: a probability, ``"auto"`` or ``"none"``/null (:mod:`attnrank.calibration`)."""
+
+
 class RerankRequest(BaseModel):
     """Second-stage options of a search."""
 
@@ -91,7 +95,7 @@ class RerankRequest(BaseModel):
         "reranker's own order.",
         examples=[0.6, "none"],
     )
-    cutoff: float | Literal["auto", "none"] | None = Field(
+    cutoff: CutoffValue = Field(
         None,
         description="Return only the reranked results whose calibrated probability of relevance (`probability`) is "
         "at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev for the best F1; "
@@ -337,7 +341,7 @@ class CohereRerankRequest(BaseModel):
         "stage'.",
         examples=["default", "none", 0.6],
     )
-    cutoff: float | Literal["auto", "none"] | None = Field(
+    cutoff: CutoffValue = Field(
         None,
         description="attnrank extension: return only the documents whose calibrated probability of relevance "
         "(`probability`) is at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev "

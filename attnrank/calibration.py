@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnrank.errors import ValidationError
+from attnrank.fusion import unit_or_keyword
 
 FEATURES = ("score", "log1p_rank", "top_score", "log_candidates")
 """The inputs of the map, in order (see the module docstring)."""
@@ -170,21 +171,8 @@ def resolve_cutoff(value: float | str | None) -> float | str | None:
     Raises:
         ValidationError: anything else.
     """
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "none":
-            return None
-        if text == AUTO:
-            return AUTO
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise ValidationError(f"cutoff must be a probability between 0 and 1 or 'auto', got {value!r}")
-    return float(value)
+    return unit_or_keyword(value, {"none": None, AUTO: AUTO},
+                           "cutoff must be a probability between 0 and 1 or 'auto', got {value!r}")
 
 
 def apply_cutoff(scores: Sequence[float], cutoff: float | str, plat: PlattMap) -> tuple[list[float], float, int]:

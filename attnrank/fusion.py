@@ -14,7 +14,7 @@ imports neither.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 EPS = 1e-12
@@ -82,6 +82,31 @@ def standardize_list(values: Sequence[float]) -> list[float]:
     return [float(v) for v in standardize(list(values))]
 
 
+def unit_or_keyword(value: Any, keywords: Mapping[str, Any], message: str) -> Any:
+    """``value`` read as a request field that takes a number in [0, 1] or a keyword:
+    ``None`` -> ``None``; a keyword (text, any case and surrounding blanks) -> its entry in
+    ``keywords``; a number or its text in [0, 1] -> that float.
+
+    Raises:
+        ValidationError: anything else; ``message`` is its text, ``{value!r}`` in it replaced.
+    """
+    from attnrank.errors import ValidationError
+
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in keywords:
+            return keywords[text]
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise ValidationError(message.format(value=value))
+    return float(value)
+
+
 def resolve_weight(value: float | str | None, recorded: Any = None, *, name: str = "fusion") -> float | None:
     """The fusion weight ``alpha`` that a ``fusion`` value names: ``None``/``"none"`` -> no fusion,
     ``"default"`` -> ``recorded`` (the method's weight, ``None`` when it records none), else the
@@ -90,23 +115,9 @@ def resolve_weight(value: float | str | None, recorded: Any = None, *, name: str
     Raises:
         ValidationError: anything else, or a number outside [0, 1] (the message names ``name``).
     """
-    from attnrank.errors import ValidationError
-
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "none":
-            return None
-        if text == "default":
-            return None if recorded is None else float(recorded)
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise ValidationError(f"{name} must be a number between 0 and 1, got {value!r} (or 'default', 'none')")
-    return float(value)
+    default = None if recorded is None else float(recorded)
+    return unit_or_keyword(value, {"none": None, "default": default},
+                           name + " must be a number between 0 and 1, got {value!r} (or 'default', 'none')")
 
 
 def reciprocal_ranks(n: int) -> list[float]:

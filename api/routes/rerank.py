@@ -180,12 +180,19 @@ def relevance_scores(raw: list[float], scale: float | None) -> list[float]:
     return out
 
 
-def _describe(runtime: Runtime, settings: Settings, max_doc_tokens: int | None) -> dict[str, Any]:
-    """``describe()`` of the reranker /rerank just used (``{}`` when it cannot say)."""
+def _served_reranker(runtime: Runtime, settings: Settings, max_doc_tokens: int | None) -> Any:
+    """The reranker /rerank just used (from the cache), or ``None`` without one."""
     if runtime.rerankers is None:
+        return None
+    return runtime.rerankers.get(settings.rerank_method, None, max_doc_tokens)[0]
+
+
+def _describe(reranker: Any) -> dict[str, Any]:
+    """``describe()`` of a reranker (``{}`` when it cannot say)."""
+    if reranker is None:
         return {}
     try:
-        described = runtime.rerankers.get(settings.rerank_method, None, max_doc_tokens)[0].describe()
+        described = reranker.describe()
     except Exception:  # a plugin whose describe() fails: the default scale
         return {}
     return dict(described) if isinstance(described, dict) else {}
@@ -274,7 +281,8 @@ async def rerank(
         timings = {"queue": 0.0, "rerank": 0.0, "total": total}
         tokens, truncated = 0, []
     else:
-        described = _describe(runtime, settings, max_doc_tokens)
+        served = _served_reranker(runtime, settings, max_doc_tokens)
+        described = _describe(served)
         raw = {position[h.doc_id]: float(h.score) for h in result.ranking.hits}
         alpha = _fusion_weight(body.fusion, settings, described)
         if alpha is None:
@@ -301,8 +309,7 @@ async def rerank(
     probs: list[float] | None = None
     threshold: float | None = None
     if result is not None:
-        plat = calibration_map(runtime.rerankers.get(settings.rerank_method, None, max_doc_tokens)[0],
-                               settings.rerank_method, alpha, by="rank", required=cutoff is not None)
+        plat = calibration_map(served, settings.rerank_method, alpha, by="rank", required=cutoff is not None)
         if plat is not None:
             scores = [score for _, score in order]
             probs, t, keep = apply_cutoff(standardize_list(scores) if alpha is None else scores,

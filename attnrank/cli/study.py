@@ -245,19 +245,19 @@ def eval_calibrate(
     card_data = json.loads(card.read_text(encoding="utf-8"))
     seen = {it.query_id for p in exclude or [] for it in load_items(p)[1]}
 
-    def load(path: Path, drop: set[str] = set()) -> tuple[list, dict]:
+    def load(path: Path, drop: set[str] = set()) -> tuple[list, dict, dict]:
         meta, items = load_items(path)
         items = with_features(items, features) if features else items
         return ([it for it in items if it.query_id not in drop],
-                {q: r for q, r in meta["qrels"].items() if q not in drop})
+                {q: r for q, r in meta["qrels"].items() if q not in drop}, meta)
 
     cal_items: list = []
     cal_qrels: dict = {}
     for p in calibrate:
-        items, qrels = load(p, seen)
+        items, qrels, _ = load(p, seen)
         cal_items += items
         cal_qrels.update({q: qrels[q] for q in {it.query_id for it in items} if q in qrels})
-    dev_items, dev_qrels = load(dev)
+    dev_items, dev_qrels, dev_meta = load(dev)
     n_counts = [int(x) for x in counts.split(",")]
     calibration, report = fit_calibration(cal_items, cal_qrels, dev_items, dev_qrels, card_data, counts=n_counts)
     lines = [f"calibration: {len(cal_items)} queries ({len(seen)} excluded), counts {n_counts}", "",
@@ -269,7 +269,7 @@ def eval_calibrate(
         if not sep:
             raise typer.BadParameter(f"expected NAME=DUMP[@MIN_GRADE], got {spec!r}", param_hint="--test")
         path, _, min_grade = rest.partition("@")
-        items, qrels = load(Path(path))
+        items, qrels, _ = load(Path(path))
         tests[name] = (items, qrels, int(min_grade) if min_grade else 1)
     results: dict = {}
     for name, (items, qrels, grade) in [("dev", (dev_items, dev_qrels, 1)), *tests.items()]:
@@ -290,7 +290,6 @@ def eval_calibrate(
         + [f"--dev {dev}"] + [f"--test {t}" for t in test or []] + ([f"--features {features}"] if features else [])
         + [f"--counts {counts}", f"--test-counts {test_counts}", "--write"]))
     entry = calibration.to_json()
-    dev_meta = load_items(dev)[0]
     adapter = (dev_meta.get("adapter") or {}).get("sha256")  # the query adapter of the dump's ':adapter' variants
     if adapter and features and (dev_meta.get("variants") or {}).get(features, [""])[0] == "adapter":
         entry["query_adapter_sha256"] = adapter  # the maps hold only with the adapter the dumps used
