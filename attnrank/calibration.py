@@ -77,11 +77,14 @@ class PlattMap:
         intercept: The bias ``b``.
         threshold: The ``"auto"`` cut-off: the probability in (0, 1) that maximised mean F1
             on dev.
+        counts: ``(fewest, most)`` candidates per query the map was fitted at, or ``None``
+            when the card does not say.
     """
 
     coef: tuple[float, ...]
     intercept: float
     threshold: float
+    counts: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.coef) != len(FEATURES):
@@ -107,6 +110,14 @@ class PlattMap:
 
     def to_json(self) -> dict[str, Any]:
         return {"coef": list(self.coef), "intercept": self.intercept, "threshold": self.threshold}
+
+    def extrapolation(self, n: int) -> str | None:
+        """A warning when ``n`` candidates lie outside the counts the map was fitted at (its
+        probabilities then extrapolate in ``log N``), else ``None``."""
+        if self.counts is None or self.counts[0] <= n <= self.counts[1]:
+            return None
+        return (f"cutoff: the calibration was fitted on {self.counts[0]}-{self.counts[1]} candidates per query; "
+                f"with {n} its probabilities extrapolate (rank more documents, or read them as rough)")
 
 
 @dataclass(frozen=True)
@@ -134,10 +145,13 @@ class Calibration:
             raise ValidationError(f"calibration features {data.get('features')} are not {list(FEATURES)}; refit it "
                                   "with `attnrank eval calibrate`")
         maps = {}
+        counts = [int(c) for c in data.get("counts") or []]
+        span = (min(counts), max(counts)) if counts else None
         for mode, m in (data.get("maps") or {}).items():
             if mode not in MODES:
                 raise ValidationError(f"calibration mode {mode!r} is not one of {MODES}")
-            maps[mode] = PlattMap(tuple(float(x) for x in m["coef"]), float(m["intercept"]), float(m["threshold"]))
+            maps[mode] = PlattMap(tuple(float(x) for x in m["coef"]), float(m["intercept"]), float(m["threshold"]),
+                                  span)
         alpha = data.get("alpha")
         return cls(None if alpha is None else float(alpha), maps,
                    {k: v for k, v in data.items() if k not in ("maps", "alpha", "features")})

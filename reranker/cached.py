@@ -134,6 +134,9 @@ class CachedBlockRankReranker(BlockRankReranker):
         self._block_source = BlockSource(block_cache_bytes)
         self.adapter: dict[str, Any] | None = None
         """The loaded query adapter (``path``, ``sha256``, ``weights``, ``step``), or ``None``."""
+        self.document_adapter: dict[str, Any] | None = None
+        """The loaded document-side adapter (``path``, ``sha256``, ``step``), or ``None``."""
+        self._block_adapter: str | None = None
         self._adapter_lm: Any = None
         self._kv0: dict[int, Any] = {}
 
@@ -162,10 +165,27 @@ class CachedBlockRankReranker(BlockRankReranker):
             return self._adapter_lm
         base = self.base_lm
         path = self.adapter_path
-        if path is None:
+        doc = self.options.document_adapter
+        if path is None and doc is None:
             return base
-        self._adapter_lm = self._with_adapter(base, path)
+        self._adapter_lm = self._with_adapter(base, path, None if doc is None else Path(doc).expanduser())
         return self._adapter_lm
+
+    @property
+    def block_adapter(self) -> str | None:
+        """peft adapter active while candidate blocks are encoded: the document tower
+        (:data:`attnrank.reranker.adapters.DOCUMENT`, option ``document_adapter``, or one being
+        trained: :meth:`use_block_adapter`), or ``None`` (the base model)."""
+        self.lm  # loads the adapters
+        return self._block_adapter
+
+    def use_block_adapter(self, name: str | None) -> None:
+        """Encode candidate blocks with the LM's peft adapter ``name`` (training the document
+        tower), or the base model (``None``); empties the RAM tier, whose blocks were encoded
+        the old way."""
+        self.lm
+        self._block_adapter = name
+        self.block_source().memory.clear()
 
     @cached_property
     def card(self) -> dict[str, Any] | None:
@@ -375,24 +395,35 @@ class CachedBlockRankReranker(BlockRankReranker):
             got["layer"] = self.layer
         return None if got == want else f"was trained for {got}; this reranker is {want}"
 
-    def _with_adapter(self, base: Any, path: Path) -> Any:
-        """``base`` copied, with the query adapter at ``path`` loaded.
+    def _with_adapter(self, base: Any, path: Path | None, document: Path | None = None) -> Any:
+        """``base`` copied, with the query adapter at ``path`` and the document-side adapter
+        at ``document`` loaded (either may be ``None``).
 
         Raises:
-            ValidationError: an adapter trained for another model, ``l*``, block length or layout.
+            ValidationError: an adapter trained for another model, ``l*``, block length or
+                layout, or a query adapter given as the document adapter (or the reverse:
+                :func:`attnrank.reranker.adapters.load_adapter`).
         """
         import copy
 
-        from attnrank.reranker.adapters import adapter_hash, load_adapter
+        from attnrank.reranker.adapters import DOCUMENT, adapter_hash, load_adapter
         from attnrank.reranker.lm import LoadedLM
 
         model = copy.deepcopy(base.model)
-        card, weights = load_adapter(path, model, base.identity)
+        for where, name, tower in ((path, "query adapter", "query"), (document, "document adapter", "document")):
+            if where is None:
+                continue
+            card, weights = load_adapter(where, model, base.identity, **({"adapter_name": DOCUMENT} if tower == "document" else {}))
+            problem = self._adapter_mismatch(card)
+            if problem is not None:
+                raise ValidationError(f"{name} {where} {problem}: use the adapter's options or retrain it")
+            info = {"path": str(where), "sha256": adapter_hash(where), "step": card.get("step")}
+            if tower == "query":
+                self.adapter = {**info, "weights": weights}
+            else:
+                self.document_adapter = info
+                self._block_adapter = DOCUMENT
         model.eval()
-        problem = self._adapter_mismatch(card)
-        if problem is not None:
-            raise ValidationError(f"query adapter {path} {problem}: use the adapter's options or retrain it")
-        self.adapter = {"path": str(path), "sha256": adapter_hash(path), "weights": weights, "step": card.get("step")}
         return LoadedLM(model, base.tokenizer, base.identity, base.device, base.load_seconds)
 
     # -- the cached prompt ------------------------------------------------------------------
@@ -426,14 +457,16 @@ class CachedBlockRankReranker(BlockRankReranker):
     def block_store_header(self) -> KVHeader:
         """What a document KV store must have been built with to serve this reranker: the
         base model's hash, the cached layout's version and instruction, ``l*``, the model's
-        key/value heads and head dimension, the block length and ``kv_dtype``; no adapter
-        (blocks never use the query adapter).
+        key/value heads and head dimension, the block length and ``kv_dtype``; the document
+        adapter's sha256 (``adapter_hash``) when one encodes the blocks (never the query
+        adapter's: blocks never use it).
 
         Raises:
             ValidationError: see :attr:`kv_depth`.
         """
         cfg = self.base_lm.model.config
         n_heads = int(cfg.num_attention_heads)
+        self.lm  # loads a document adapter
         return KVHeader(
             model_hash=str(self.base_lm.identity.get("sha256") or self.base_lm.identity.get("name")),
             prompt_template_version=self.layout_version(),
@@ -443,7 +476,7 @@ class CachedBlockRankReranker(BlockRankReranker):
             head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
             max_doc_tokens=self.layout.max_block_tokens,
             dtype=self.kv_dtype,
-            adapter_hash=None,
+            adapter_hash=None if self.document_adapter is None else self.document_adapter["sha256"],
             layers=self.probe_layers if self.probe else self.window_layers[0] if self.window else None,
             keys_only=self.probe,
             value_layers=self.window_layers[1] if self.window else None,
@@ -460,7 +493,8 @@ class CachedBlockRankReranker(BlockRankReranker):
         lm = self.lm  # the block encoders switch a query adapter off
         blocks = [document_block(lm.tokenizer, self.layout, t)[0] for t in texts]
         with lm.lock, torch.inference_mode():
-            kvs = encode_blocks(lm, self.instruction_kv(), blocks, self.kv_depth, batch_size=self.options.doc_batch_size)
+            kvs = encode_blocks(lm, self.instruction_kv(), blocks, self.kv_depth, batch_size=self.options.doc_batch_size,
+                                adapter=self.block_adapter)
         if self.probe:  # keys of the probe layers only
             sel = list(self.probe_layers)
             return [(block_key(b), k[sel].float().cpu().numpy(), None) for b, (k, _) in zip(blocks, kvs)]
@@ -495,7 +529,8 @@ class CachedBlockRankReranker(BlockRankReranker):
             kv0 = self.instruction_kv()
             window = self.window_layers if self.window else None
             blocks, fetch = self.block_source().fetch(self.lm, kv0, prompt.doc_ids, depth, store=block_store,
-                                                    batch_size=self.options.doc_batch_size, window=window)
+                                                    batch_size=self.options.doc_batch_size, window=window,
+                                                    adapter=self.block_adapter)
             t0 = time.perf_counter()
             kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=self.context_buffer(), layers=window)
         seconds = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
@@ -514,7 +549,8 @@ class CachedBlockRankReranker(BlockRankReranker):
         with torch.inference_mode():
             kv0 = self.instruction_kv()
             blocks, fetch = self.block_source().fetch(self.lm, kv0, prompt.doc_ids, self.kv_depth, store=block_store,
-                                                    batch_size=self.options.doc_batch_size, probe_layers=layers)
+                                                    batch_size=self.options.doc_batch_size, probe_layers=layers,
+                                                    adapter=self.block_adapter)
             t0 = time.perf_counter()
             keys = {l: torch.cat([b[0][i] for b in blocks], dim=1).float() if blocks else
                     torch.zeros(kv0[0][0].shape[1], 0, kv0[0][0].shape[3]) for i, l in enumerate(layers)}
@@ -742,6 +778,8 @@ class CachedBlockRankReranker(BlockRankReranker):
             d["probe_layers"] = list(self.probe_layers)
         if self.adapter is not None:
             d["query_adapter"] = {k: self.adapter[k] for k in ("path", "sha256", "step")}
+        if self.document_adapter is not None:
+            d["document_adapter"] = dict(self.document_adapter)
         if self.scoring == "learned" and self.card is not None:
             d["scorer_weights"] = self.card["_path"]
         if self.default_fusion is not None:

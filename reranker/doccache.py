@@ -265,6 +265,7 @@ def instruction_kv(lm: Any, instruction_ids: Sequence[int], layer: int) -> list[
 
 def encode_blocks(
     lm: Any, kv0: Sequence[BlockKV], blocks: Sequence[Sequence[int]], layer: int, *, batch_size: int = 32,
+    adapter: str | None = None,
 ) -> list[BlockKV]:
     """Keys/values of candidate blocks, each against block 0 only, positions from ``L0``.
 
@@ -279,6 +280,9 @@ def encode_blocks(
         blocks: Token ids per block (each non-empty).
         layer: Deepest layer whose keys/values are kept (``l*``).
         batch_size: Blocks per batched prefill (bounds memory).
+        adapter: peft adapter name active while the blocks are encoded (the document
+            tower, :data:`attnrank.reranker.adapters.DOCUMENT`); ``None`` = the base model
+            (every adapter off).
 
     Returns:
         Per block ``(keys, values)``, each float ``(layer + 1, kv_heads, T_block, head_dim)``
@@ -287,7 +291,7 @@ def encode_blocks(
     import torch
 
     from attnrank.reranker.attention import AttentionCapture, run_with_capture
-    from attnrank.reranker.adapters import adapter_disabled
+    from attnrank.reranker.adapters import adapter_disabled, only_adapter
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -310,7 +314,8 @@ def encode_blocks(
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, neg_inf(dtype))[:, None]
         cache = cache_from([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv0[:n_layers]],
                             lm.model.config)
-        with adapter_disabled(lm.model):  # blocks are the base model's: a query adapter keeps the store valid
+        # blocks are the base model's (a query adapter keeps the store valid), or the document tower's
+        with adapter_disabled(lm.model) if adapter is None else only_adapter(lm.model, adapter):
             run_with_capture(
                 lm.model.base_model, AttentionCapture(layers=(), stop_after=layer),
                 input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True,
@@ -507,7 +512,7 @@ class BlockSource:
     def fetch(
         self, lm: Any, kv0: Sequence[BlockKV], blocks: Sequence[Sequence[int]], layer: int, *,
         store: Any = None, batch_size: int = 32, probe_layers: Sequence[int] | None = None,
-        window: tuple[Sequence[int], Sequence[int]] | None = None,
+        window: tuple[Sequence[int], Sequence[int]] | None = None, adapter: str | None = None,
     ) -> tuple[list[BlockKV], BlockFetch]:
         """Blocks ``(keys, values)`` in input order (float32 tensors on the LM's device,
         ``(layer + 1, kv_heads, T_i, head_dim)``) and where they came from.
@@ -516,7 +521,8 @@ class BlockSource:
         ``(len(probe_layers), kv_heads, T_i, head_dim)`` at those layers (``layer`` must be
         their maximum), read from a keys-only store or encoded and cut to them. With
         ``window`` (``(key layers, value layers)``, a window store): keys and values at those
-        layers, ``(len(key layers), ...)`` and ``(len(value layers), ...)``.
+        layers, ``(len(key layers), ...)`` and ``(len(value layers), ...)``. ``adapter``: see
+        :func:`encode_blocks` (the store and this RAM tier must hold that adapter's blocks).
 
         Raises:
             KVStoreError: the store failed to write (e.g. a full disk); reads that fail are
@@ -551,7 +557,8 @@ class BlockSource:
         misses = 0
         if want:
             todo = list(want)
-            fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size)
+            fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size,
+                                  adapter=adapter)
             if probe_layers is not None:
                 sel = list(probe_layers)
                 fresh = [(k[sel].float().contiguous(), None) for k, _ in fresh]

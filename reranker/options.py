@@ -408,6 +408,13 @@ class CachedBlockRankOptions(RerankerOptions):
         "reranker's l* and block length, else none; null = none",
         _path_or(AUTO, "packaged"),
     )
+    document_adapter: str | None = _option(
+        None, "path | null",
+        "document-side LoRA adapter (`attnrank train query-adapter --tower document`, issue #24 lever 3) active "
+        "while candidate blocks are encoded: a document KV store must be built with it (its header records the "
+        "adapter's sha256); null = blocks from the base model",
+        _path_or(),
+    )
     n_signal: int = _n_signal()
     chat_template: bool = _chat_template()
     doc_batch_size: int = _doc_batch_size()
@@ -458,7 +465,7 @@ DEFAULT_METHOD = "blockrank-cached"
 METHOD_ALIASES: dict[str, str] = {"default": DEFAULT_METHOD}
 """Method names that name another method (accepted wherever a method is named)."""
 
-_CACHED_ONLY = ("scorer_weights", "query_adapter", "kv_dtype")
+_CACHED_ONLY = ("scorer_weights", "query_adapter", "document_adapter", "kv_dtype")
 
 
 def canonical(method: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:

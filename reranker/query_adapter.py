@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.errors import ValidationError
-from attnrank.reranker.adapters import adapter_state, inject_lora, save_adapter
+from attnrank.reranker.adapters import DOCUMENT, QUERY, adapter_state, inject_lora, save_adapter
 from attnrank.types import Document
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,12 @@ class QueryAdapterConfig:
             RankNet over the step's candidate pairs of different grades).
         init: A trained adapter folder to start from (its LoRA config must match), or ``None``
             (LoRA's zero start: the base model).
+        tower: ``"query"`` (LoRA on the query and ``N/A`` passes; stored blocks stay valid) or
+            ``"document"`` (issue #24 lever 3: LoRA active only while the candidate blocks are
+            encoded, trained through the block encoder with the query side fixed, e.g. the
+            packaged query adapter; a document KV store must then be rebuilt with it).
+        in_batch: Document tower: per example, this many positives of the step's other
+            examples join its candidates as negatives (in-batch negatives; 0 = none).
         eval_every: Steps between dev evaluations (the callback), 0 = only at the end.
         checkpoint_every: Steps between checkpoints.
         seed: Seed of sampling and initialisation.
@@ -105,6 +111,8 @@ class QueryAdapterConfig:
     temperature: float | None = None
     loss: str = "listwise"
     init: str | None = None
+    tower: str = "query"
+    in_batch: int = 0
     eval_every: int = 100
     checkpoint_every: int = 25
     seed: int = 0
@@ -114,6 +122,10 @@ class QueryAdapterConfig:
             raise ValidationError(f"objective must be 'learned' or 'signal', got {self.objective!r}")
         if self.loss not in ("listwise", "pairwise"):
             raise ValidationError(f"loss must be 'listwise' or 'pairwise', got {self.loss!r}")
+        if self.tower not in ("query", "document"):
+            raise ValidationError(f"tower must be 'query' or 'document', got {self.tower!r}")
+        if self.in_batch < 0 or (self.in_batch and self.tower != "document"):
+            raise ValidationError(f"in_batch must be >= 0 and needs tower 'document', got {self.in_batch}")
         for name in ("lora_r", "steps", "batch_queries", "max_candidates", "max_positives", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValidationError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -138,7 +150,8 @@ def context_for(reranker: Any, prompt: Any, kv0: Any, *, store: Any = None) -> l
     lm = reranker.lm
     with torch.no_grad():
         blocks, _ = reranker.block_source().fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
-                                                  batch_size=reranker.options.doc_batch_size)
+                                                  batch_size=reranker.options.doc_batch_size,
+                                                  adapter=getattr(reranker, "block_adapter", None))
         return assemble_kv(kv0, blocks, reranker.layer)
 
 
@@ -297,15 +310,23 @@ def train_query_adapter(
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     lm = reranker.lm
+    document = cfg.tower == "document"
+    name = DOCUMENT if document else QUERY
+    if document and getattr(reranker, "probe", False):
+        raise ValidationError("the document tower trains with every layer attending (attend='all')")
     lora_layers = list(range(reranker.layer + 1))
-    n_params = inject_lora(lm.model, cfg.lora_r, cfg.lora_alpha, cfg.target_modules, lora_layers)
+    n_params = inject_lora(lm.model, cfg.lora_r, cfg.lora_alpha, cfg.target_modules, lora_layers, name)
+    if document:
+        reranker.use_block_adapter(DOCUMENT)
     if cfg.init is not None:
-        _warm_start(lm.model, Path(cfg.init), cfg, lora_layers)
+        _warm_start(lm.model, Path(cfg.init), cfg, lora_layers, name)
     weights = torch.zeros(0)
     if cfg.objective == "learned":
         weights = torch.tensor(reranker.learned_weights().reshape(-1), dtype=torch.float64)
     weights.requires_grad_(cfg.train_weights and cfg.objective == "learned")
     lora_params = [p for n, p in lm.model.named_parameters() if p.requires_grad]
+    trainable = {id(p) for p in lora_params}
+    all_params = list(lm.model.parameters())
     groups: list[dict[str, Any]] = [{"params": lora_params, "lr": cfg.lr}]
     if weights.requires_grad:
         groups.append({"params": [weights], "lr": cfg.weights_lr, "weight_decay": 0.0})
@@ -327,13 +348,19 @@ def train_query_adapter(
         **({"probe_layers": list(reranker.probe_layers)} if getattr(reranker, "probe", False) else {}),
         "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "target_modules": list(cfg.target_modules),
                  "layers": lora_layers},
-        "config": asdict(cfg), "trainable_parameters": n_params, **(card or {}),
+        "config": asdict(cfg), "trainable_parameters": n_params, "tower": cfg.tower,
+        **({"query_adapter": reranker.adapter and {k: reranker.adapter[k] for k in ("path", "sha256")}}
+           if document else {}),
+        **(card or {}),
     }
+    saved_weights = None if document or cfg.objective != "learned" else weights
 
     def run_eval(step: int) -> None:
         if evaluate is None:
             return
         lm.model.eval()
+        if document:  # the RAM tier holds blocks of older document-adapter weights
+            reranker.block_source().memory.clear()
         t0 = time.perf_counter()
         figures = evaluate(reranker, weights.detach() if cfg.objective == "learned" else None)
         rec = {"step": step, **figures, "eval_seconds": time.perf_counter() - t0}
@@ -341,8 +368,7 @@ def train_query_adapter(
         logger.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
         if "dev" in figures and (not state.best or figures["dev"] > state.best["dev"]):
             state.best = {"step": step, **figures}
-            save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": figures},
-                         weights if cfg.objective == "learned" else None)
+            save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": figures}, saved_weights, name)
 
     if state.step == 0 and not state.history:
         run_eval(0)
@@ -356,18 +382,32 @@ def train_query_adapter(
     while state.step < cfg.steps:
         t_step = time.perf_counter()
         opt.zero_grad(set_to_none=True)
+        for p in all_params:  # peft's adapter switches (block 0, evaluations) flip requires_grad
+            p.requires_grad_(id(p) in trainable)
         total = 0.0
+        batch = []
         for _ in range(cfg.batch_queries):
             if state.cursor >= len(state.order):
                 rng.shuffle(state.order)
                 state.cursor = 0
-            ex = usable[state.order[state.cursor]]
+            batch.append(usable[state.order[state.cursor]])
             state.cursor += 1
+        for ex in batch:
             picked = sample_candidates(ex, cfg.max_candidates, cfg.max_positives, rng)
             assert picked is not None  # usable examples have a positive and a negative
             docs, grades = picked
+            if cfg.in_batch:
+                docs, grades = _with_in_batch(ex, docs, grades, batch, cfg.in_batch, rng)
             prompt = reranker.build_prompt(ex.query, docs)
-            kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
+            if document:  # through the block encoder, the document adapter active
+                from attnrank.reranker.doccache import assemble_kv, encode_blocks
+
+                lm.model.train()
+                blocks = encode_blocks(lm, kv0, prompt.doc_ids, reranker.layer,
+                                       batch_size=reranker.options.doc_batch_size, adapter=DOCUMENT)
+                kv = assemble_kv(kv0, blocks, reranker.layer)
+            else:
+                kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
             lm.model.train()
             scores = differentiable_scores(reranker, prompt, kv, cfg.objective, weights, kv0)
             loss = (pairwise_loss if cfg.loss == "pairwise" else listwise_loss)(scores, grades, cfg.tau)
@@ -389,8 +429,7 @@ def train_query_adapter(
             _save_checkpoint(ckpt, lm.model, weights, opt, state, rng)
     if bar is not None:
         bar.close()
-    final = save_adapter(out / "final", lm.model, {**base_card, "step": state.step},
-                         weights if cfg.objective == "learned" else None)
+    final = save_adapter(out / "final", lm.model, {**base_card, "step": state.step}, saved_weights, name)
     per_step = state.seconds / state.step if state.step else math.nan
     summary = {
         "steps": state.step, "steps_this_run": steps_run, "seconds_this_run": time.perf_counter() - t_run,
@@ -403,7 +442,24 @@ def train_query_adapter(
     return summary
 
 
-def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequence[int]) -> None:
+def _with_in_batch(ex: RankingExample, docs: list[Document], grades: list[int], batch: Sequence[RankingExample],
+                   n: int, rng: random.Random) -> tuple[list[Document], list[int]]:
+    """``docs`` plus up to ``n`` in-batch negatives: a random positive of each other example
+    of the step (never one ``ex`` lists among its candidates), grade 0, appended."""
+    have = {d.doc_id for d in ex.documents}
+    extra: list[Document] = []
+    for other in batch:
+        if other is ex or len(extra) >= n:
+            continue
+        pos = [d for d, g in zip(other.documents, other.grades) if g > 0 and d.doc_id not in have]
+        if pos:
+            pick = rng.choice(pos)
+            have.add(pick.doc_id)
+            extra.append(pick)
+    return docs + extra, grades + [0] * len(extra)
+
+
+def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequence[int], name: str = QUERY) -> None:
     """Copy a trained adapter's LoRA tensors into the freshly injected ones (step 0 of a run
     started with ``init``; a resumed run reads its checkpoint instead).
 
@@ -426,7 +482,7 @@ def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequenc
     tensors = load_file(str(path / "adapter.safetensors"))
     tensors.pop("scorer.weights", None)
     params = dict(model.named_parameters())
-    missing = set(adapter_state(model)) - set(tensors)
+    missing = set(adapter_state(model, name)) - set(tensors)
     if missing:
         raise ValidationError(f"--init {path} lacks {len(missing)} LoRA tensors (e.g. {sorted(missing)[0]})")
     with torch.no_grad():

@@ -316,6 +316,9 @@ async def rerank(
                                           1.0 if cutoff is None else cutoff, plat)
             if cutoff is not None:
                 threshold, order, probs = t, order[:keep], probs[:keep]
+                far = plat.extrapolation(len(scores))
+                if far is not None:
+                    warnings.append(far)
     elif cutoff is not None:
         warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
     if body.top_n is not None:

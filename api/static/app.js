@@ -218,6 +218,7 @@
     const able = new Set((info && info.reranker && info.reranker.explain_methods) || []);
     $("candidates").disabled = none;
     $("fusion").disabled = none;
+    $("cutoff").disabled = none;
     // Explain is ticked (and can be) only for a method that gives evidence
     $("explain").disabled = none || !able.has(method);
     $("explain").checked = !$("explain").disabled;
@@ -237,6 +238,8 @@
       if (!Number.isNaN(c)) body.rerank.candidates = c;
       const fusion = $("fusion").value;
       if (fusion && fusion !== "default") body.rerank.fusion = fusion === "none" ? "none" : parseFloat(fusion);
+      const cutoff = $("cutoff").value;
+      if (cutoff) body.rerank.cutoff = cutoff === "auto" ? "auto" : parseFloat(cutoff);
       if ($("explain").checked && !$("explain").disabled) body.explain = true;
     }
     const filter = parseJsonObject($("filter").value, "the filter");
@@ -349,6 +352,8 @@
       el("div", { class: "hit-meta" },
         el("span", {}, "id ", el("code", { class: "doc-id", text: hit.doc_id })),
         el("span", {}, "score ", el("code", { class: "score", text: fmtScore(hit.score) })),
+        Number.isFinite(hit.probability) ? el("span", {}, "P(relevant) ",
+          el("code", { class: "probability", text: Number(hit.probability).toFixed(2) })) : null,
         Number.isInteger(hit.first_stage_rank) ? el("span", { text: `first stage #${hit.first_stage_rank}` }) : null,
         spans.length ? el("span", { text: `${spans.length} evidence span${spans.length > 1 ? "s" : ""}` }) : null),
       el("p", { class: "hit-text" }, highlighted(hit.text || "", textSpans, lo, hi)),
@@ -408,8 +413,10 @@
     show($("run-info"), true);
     const n = hits.length;
     const moved = hits.filter((h) => Number.isInteger(h.first_stage_rank) && h.first_stage_rank !== h.rank).length;
+    const cut = data.rerank && Number.isFinite(data.rerank.cutoff) ? data.rerank.cutoff : null;
     $("status").textContent = `${n} result${n === 1 ? "" : "s"} for “${body.query}”`
       + (data.rerank ? `, reranked by ${data.rerank.method} (${moved} moved)` : "")
+      + (cut !== null ? `, cut off at P(relevant) ≥ ${cut.toFixed(2)}` : "")
       + ` in ${fmtMs((data.timings || {}).total)}.`;
   }
 

@@ -181,6 +181,7 @@ def eval_ablation(
 app.command("study-dump")(study.eval_study_dump)
 app.command("study-fit")(study.eval_study_fit)
 app.command("calibrate")(study.eval_calibrate)
+app.command("weak-labels")(study.eval_weak_labels)
 
 
 @app.command("compare")

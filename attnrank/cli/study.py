@@ -38,6 +38,9 @@ def eval_study_dump(
     block_store: Annotated[Optional[Path], typer.Option(
         "--store", help="Writable document KV store for candidates without an index store (TREC DL): blocks are "
         "computed once and kept there for later dumps.")] = None,
+    document_adapter: Annotated[Optional[Path], typer.Option(
+        "--document-adapter", help="Document-side adapter (`train query-adapter --tower document`): candidate "
+        "blocks are encoded with it, never read from the index's base-model store (give --store).")] = None,
     variant: Annotated[Optional[list[str]], typer.Option(
         "--variant", help="NAME=BELOW[:adapter] (repeatable): features calibrated@NAME of a query pass whose layers "
         "< BELOW do not attend to the candidates (0: today's pass; l*+1 or 'none': no layer does, the probe "
@@ -57,6 +60,8 @@ def eval_study_dump(
         config = config.with_options(query_adapter=str(adapter))
     elif any(which == "adapter" for which, _ in variants.values()):
         config = config.with_options(query_adapter="packaged")
+    if document_adapter is not None:
+        config = config.with_options(document_adapter=str(document_adapter))
     reranker = build_reranker(config)
     store = None
     if trec_run:
@@ -67,7 +72,7 @@ def eval_study_dump(
         queries, cands, scores, qrels = beir_candidates(data, split, queries=max_queries, candidates=candidates,
                                                         seed=seed, index_dir=index, retriever=retriever)
         source = {"data": str(data), "split": split, "retriever": retriever}
-        if index is not None and (index / "kv" / "header.json").exists():
+        if index is not None and (index / "kv" / "header.json").exists() and document_adapter is None:
             from attnrank.index.kv import KVStore
 
             # read-only: several dumps may read one store at once (blocks it lacks are computed, not stored)
@@ -301,3 +306,29 @@ def eval_calibrate(
         card_data["calibration"] = entry
         card.write_text(json.dumps(card_data, indent=1))
     typer.echo("\n".join(lines))
+
+
+def eval_weak_labels(
+    data: Annotated[Path, typer.Option("--data", help="BEIR folder whose corpus gets pseudo-queries.")],
+    out: Annotated[Path, typer.Option("--out", help="BEIR folder to write (queries, qrels/train.tsv, a link to the "
+                                      "corpus); then `eval study-dump --data OUT --split train`.")],
+    source: Annotated[str, typer.Option("--source", help="title (a document's title as its query) or generated "
+                                        "(an instruct LM writes a question from the body).")] = "title",
+    docs: Annotated[Optional[int], typer.Option("--docs", help="Seeded sample of documents (default: all).")] = None,
+    seed: SeedOpt = 0,
+    protect: Annotated[str, typer.Option("--protect", help="Splits whose queries the leak guard protects "
+                                         "(comma-separated).")] = "dev,test",
+    strict: Annotated[bool, typer.Option("--strict/--no-strict", help="Also leave out every document a protected "
+                                         "split judges.")] = False,
+    max_jaccard: Annotated[float, typer.Option("--max-jaccard", help="Drop pseudo-queries this close (word-set "
+                                               "Jaccard) to a protected query.")] = 0.6,
+    model: ModelOpt = None,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Weak labels (issue #24 lever 2): pseudo-queries for corpus documents, each relevant to
+    its own document, with a leak guard against the protected splits' queries."""
+    from attnrank.eval.weak_labels import build
+
+    counts = build(data, out, source=source, docs=docs, seed=seed, protect=[s for s in protect.split(",") if s],
+                   strict=strict, max_jaccard=max_jaccard, model=model, device=device)
+    typer.echo(json.dumps(counts))

@@ -256,5 +256,12 @@ def test_cutoff_returns_the_documents_above_the_calibrated_probability(client, m
     assert cut["meta"]["cutoff"] == 0.5
     assert [x["index"] for x in cut["results"]] == [i for i, p in zip(order, probs) if p >= 0.5]
     assert 0 < len(cut["results"]) < len(DOCS)
+    assert not any("extrapolate" in w for w in cut["meta"].get("warnings") or [])
+    # fewer documents than the map was fitted at: the answer says its probabilities extrapolate
+    monkeypatch.setattr(FakeReranker, "calibration", Calibration(0.9, {"rank": PlattMap(
+        plat.coef, plat.intercept, plat.threshold, (len(DOCS) + 1, 50))}), raising=False)
+    few = client.post("/rerank", json={**body, "fusion": 0.9, "cutoff": "auto"}).json()
+    assert [x["index"] for x in few["results"]] == [x["index"] for x in cut["results"]]
+    assert any(f"with {len(DOCS)} its probabilities extrapolate" in w for w in few["meta"]["warnings"])
     assert "got fusion none" in _error(client.post("/rerank", json={**body, "fusion": "none", "cutoff": 0.2}),
                                        422, "validation")

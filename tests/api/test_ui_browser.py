@@ -441,6 +441,41 @@ def test_api_errors_are_shown_as_the_api_gives_them(page, ui):
     expect(page.locator("#results > li.hit").first).to_be_visible()
 
 
+def test_the_cutoff_is_sent_and_its_probabilities_shown(page, ui):
+    from playwright.sync_api import expect
+
+    err = page.locator("#error")
+    _open(page, ui)
+    page.select_option("#cutoff", "auto")
+    sent = _search(page, "apples")
+    assert sent["rerank"] == {"method": "spans", "cutoff": "auto"}
+    api = ui.http.post("/search", json=sent)  # the fake reranker has no calibration: the service says so
+    assert api.status_code == 422
+    expect(err.locator(".emsg")).to_have_text(api.json()["error"])
+
+    # a calibrated reranker's answer (the service's own body, given probabilities and a threshold)
+    answer = ui.http.post("/search", json={**sent, "rerank": {"method": "spans"}}).json()
+    answer["results"] = answer["results"][:3]
+    for hit, p in zip(answer["results"], (0.81, 0.42, 0.2)):
+        hit["probability"] = p
+    answer["rerank"]["cutoff"] = 0.12
+    page.route("**/search", lambda route: route.fulfill(status=200, content_type="application/json",
+                                                          body=json.dumps(answer)))
+    page.select_option("#cutoff", "0.3")
+    sent = _search(page, "apples")
+    assert sent["rerank"]["cutoff"] == 0.3
+    expect(err).to_be_hidden()
+    expect(page.locator("#results .probability")).to_have_text(["0.81", "0.42", "0.20"])
+    expect(page.locator("#status")).to_contain_text("3 results for “apples”")
+    expect(page.locator("#status")).to_contain_text("cut off at P(relevant) ≥ 0.12")
+    expect(page.locator('#rerank-info dd[data-key="cutoff"]')).to_have_text("0.12")
+    page.unroute("**/search")
+    page.select_option("#method", "none")
+    expect(page.locator("#cutoff")).to_be_disabled()
+    sent = _search(page, "apples")
+    assert "rerank" not in sent
+
+
 def test_keyboard_only_in_a_narrow_window(ui):
     from playwright.sync_api import expect
 
@@ -469,8 +504,8 @@ def test_keyboard_only_in_a_narrow_window(ui):
             return out
 
         assert walk("Shift+Tab", 4) == ["key-forget", "key-save", "api-key", "skip"]
-        assert walk("Tab", 14) == ["api-key", "key-save", "key-forget", "q", "search-btn", "collection", "retriever",
-                                   "method", "candidates", "fusion", "top-k", "explain", "filter", "doc-id"]
+        assert walk("Tab", 15) == ["api-key", "key-save", "key-forget", "q", "search-btn", "collection", "retriever",
+                                   "method", "candidates", "fusion", "cutoff", "top-k", "explain", "filter", "doc-id"]
         # focus is visible
         page.focus("#q")
         page.keyboard.press("Shift+Tab")

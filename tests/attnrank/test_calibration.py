@@ -38,6 +38,14 @@ def test_apply_cutoff_keeps_the_prefix_above_the_threshold() -> None:
     assert apply_cutoff(scores, 0.0, MAP)[2] == 4 and apply_cutoff(scores, 1.0, MAP)[2] == 0
 
 
+def test_a_map_warns_outside_the_counts_it_was_fitted_at() -> None:
+    cal = Calibration.from_json({**Calibration(0.6, {"score": MAP}).to_json(), "counts": [20, 10, 50, 30]})
+    plat = cal.map_for(0.6)
+    assert plat.counts == (10, 50) and plat.extrapolation(10) is None and plat.extrapolation(50) is None
+    assert "fitted on 10-50 candidates" in plat.extrapolation(4) and "with 4 " in plat.extrapolation(4)
+    assert plat.extrapolation(100) is not None and MAP.extrapolation(1) is None  # no counts recorded: no warning
+
+
 def test_resolve_cutoff() -> None:
     assert resolve_cutoff(None) is None and resolve_cutoff("none") is None and resolve_cutoff(" Auto ") == AUTO
     assert resolve_cutoff(0.25) == 0.25 and resolve_cutoff("0.5") == 0.5
