@@ -13,7 +13,9 @@ every (layer, head) of ``0..l*``, each z-scored over the query's candidates: a w
 ``reranker/data/<model>.blockrank-cached.json``), ``calibrated`` (ICR's calibrated query
 attention with the mean - 2 std token mask), ``signal`` (BlockRank's signal tokens). A
 query-side LoRA adapter (option ``query_adapter``) changes the query and ``N/A`` passes
-only, so stored blocks stay valid. The defaults (``scoring='auto'``,
+only, so stored blocks stay valid. A document-side adapter (option ``document_adapter``,
+issue #24 lever 3) is active only while candidate blocks are encoded: a store must be built
+with it, and its header's ``adapter_hash`` names it. The defaults (``scoring='auto'``,
 ``query_adapter='auto'``, ``layer=null``, 128-token blocks) are the best measured
 configuration when its files ship for the model (docs/RESULTS.md, "The query adapter"); the
 card also records the fusion weight with the first stage (:attr:`default_fusion`).
@@ -176,7 +178,8 @@ class CachedBlockRankReranker(BlockRankReranker):
         """peft adapter active while candidate blocks are encoded: the document tower
         (:data:`attnrank.reranker.adapters.DOCUMENT`, option ``document_adapter``, or one being
         trained: :meth:`use_block_adapter`), or ``None`` (the base model)."""
-        self.lm  # loads the adapters
+        if self.options.document_adapter is not None:
+            self.lm  # loads it
         return self._block_adapter
 
     def use_block_adapter(self, name: str | None) -> None:
@@ -466,7 +469,8 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         cfg = self.base_lm.model.config
         n_heads = int(cfg.num_attention_heads)
-        self.lm  # loads a document adapter
+        if self.options.document_adapter is not None:
+            self.lm  # loads it (its sha256 goes in the header)
         return KVHeader(
             model_hash=str(self.base_lm.identity.get("sha256") or self.base_lm.identity.get("name")),
             prompt_template_version=self.layout_version(),

@@ -30,10 +30,10 @@ from attnrank.reranker.query_adapter import (  # noqa: E402
     train_query_adapter,
 )
 from attnrank.types import Document, Query  # noqa: E402
+from adapter_helpers import TARGETS, random_query_adapter  # noqa: E402
 
 LAYER = 3
 TOKENS = 32
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +51,7 @@ def _card(path, lm) -> str:
 
 
 def _query_adapter(tmp_path, identity):
-    """A saved query adapter with non-zero LoRA B."""
-    from attnrank.reranker.adapters import save_adapter
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
-
-    carrier = load_trainable_lm()
-    inject_lora(carrier.model, 4, 8, TARGETS, range(LAYER + 1))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in carrier.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    card = {"model": identity, "layer": LAYER, "max_doc_tokens": TOKENS, "template": CACHE_TEMPLATE_VERSION,
-            "lora": {"r": 4, "alpha": 8, "target_modules": list(TARGETS), "layers": list(range(LAYER + 1))}}
-    return save_adapter(tmp_path / "qa", carrier.model, card)
+    return random_query_adapter(tmp_path, identity, layer=LAYER, tokens=TOKENS, name="qa")[0]
 
 
 def _reranker(lm, card, **options) -> BlockRankReranker:

@@ -32,6 +32,7 @@ from attnrank.reranker.query_adapter import (  # noqa: E402
     train_query_adapter,
 )
 from attnrank.types import Document, Query  # noqa: E402
+from adapter_helpers import random_query_adapter  # noqa: E402
 
 LAYER = 3
 TOKENS = 32
@@ -165,7 +166,7 @@ def test_pairwise_loss_by_hand() -> None:
 def test_training_warm_starts_from_an_adapter(lm, nf_docs, tmp_path) -> None:
     """``init``: step 0 scores what the given adapter scores; another LoRA config is refused."""
     card = _card(tmp_path / "card.json", lm)
-    path, _ = _random_adapter(tmp_path, lm.identity)
+    path, _ = random_query_adapter(tmp_path, lm.identity, layer=LAYER, tokens=TOKENS)
     examples = [RankingExample("q0", "statins and cancer", tuple(nf_docs[:4]), (1, 0, 0, 0))]
     seen = []
 
@@ -249,27 +250,9 @@ def test_training_resumes_from_its_checkpoint(lm, nf_docs, tmp_path) -> None:
                             cfg, show_progress=False)
 
 
-def _random_adapter(tmp_path, identity, *, layer=LAYER, tokens=TOKENS):
-    """A saved query adapter with non-zero LoRA B (the model it was built in is returned)."""
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
-
-    carrier = load_trainable_lm()
-    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
-    inject_lora(carrier.model, 4, 8, targets, range(layer + 1))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in carrier.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    card = {"model": identity, "layer": layer, "max_doc_tokens": tokens, "template": CACHE_TEMPLATE_VERSION,
-            "lora": {"r": 4, "alpha": 8, "target_modules": list(targets), "layers": list(range(layer + 1))}, "step": 7}
-    save_adapter(tmp_path / "adapter", carrier.model, card)
-    return tmp_path / "adapter", carrier
-
-
 def test_served_scores_with_the_query_adapter_option(default_lm, nf_docs, tmp_path) -> None:
     card = _card(tmp_path / "card.json", default_lm)
-    path, carrier = _random_adapter(tmp_path, default_lm.identity)
+    path, carrier = random_query_adapter(tmp_path, default_lm.identity, layer=LAYER, tokens=TOKENS)
     served_r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
         "query_in_instruction": False, "layer": LAYER, "scoring": "learned", "scorer_weights": card,
         "query_adapter": str(path)}), lm=default_lm)
@@ -287,7 +270,7 @@ def test_served_scores_with_the_query_adapter_option(default_lm, nf_docs, tmp_pa
 
 
 def test_query_adapter_option_refuses_a_mismatch(default_lm, tmp_path) -> None:
-    path, _ = _random_adapter(tmp_path, default_lm.identity, layer=2)
+    path, _ = random_query_adapter(tmp_path, default_lm.identity, layer=2, tokens=TOKENS)
     r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
         "query_in_instruction": False, "layer": LAYER, "query_adapter": str(path)}), lm=default_lm)
     with pytest.raises(ValidationError, match="trained for"):
