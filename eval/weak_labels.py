@@ -180,7 +180,7 @@ def write_folder(out: str | Path, pseudo: Sequence[PseudoQuery], corpus: str | P
 def first_stage_filter(items: Sequence[Any], top: int) -> list[Any]:
     """InPars's filter on a study dump: keep the examples whose positive the first stage
     ranks in its top ``top`` (items of :func:`attnrank.eval.study.load_items`, candidates in
-    first-stage order, ``grades`` per candidate)."""
+    first-stage order, ``labels`` the qrels grade of each)."""
     import numpy as np
 
     return [it for it in items if np.any(np.asarray(it.labels[:top]) > 0)]

@@ -409,14 +409,14 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         import copy
 
-        from attnrank.reranker.adapters import DOCUMENT, adapter_hash, load_adapter
+        from attnrank.reranker.adapters import DOCUMENT, QUERY, adapter_hash, load_adapter
         from attnrank.reranker.lm import LoadedLM
 
         model = copy.deepcopy(base.model)
         for where, name, tower in ((path, "query adapter", "query"), (document, "document adapter", "document")):
             if where is None:
                 continue
-            card, weights = load_adapter(where, model, base.identity, **({"adapter_name": DOCUMENT} if tower == "document" else {}))
+            card, weights = load_adapter(where, model, base.identity, DOCUMENT if tower == "document" else QUERY)
             problem = self._adapter_mismatch(card)
             if problem is not None:
                 raise ValidationError(f"{name} {where} {problem}: use the adapter's options or retrain it")
