@@ -3,7 +3,7 @@
 Start-up (lifespan) opens every collection's index (``settings.index`` is the default
 collection, ``settings.collections`` adds named ones; a missing index fails start-up),
 starts the inference pools and loads the reranker's model in a background thread
-(:mod:`attnrank.api.runtime`): until it is loaded ``/health`` says ``loading`` and compute routes
+(:mod:`heedrank.api.runtime`): until it is loaded ``/health`` says ``loading`` and compute routes
 answer 503. ``app.state`` holds ``settings``, ``runtime`` and ``pipeline`` (the default
 collection's). Every error has the body ``{"error": str, "error_type": str}``:
 
@@ -23,35 +23,35 @@ inference queue full              429     overloaded (with ``Retry-After``)
 models loading / load failed      503     unhealthy (with ``Retry-After``)
 model cannot be loaded            503     model_unavailable
 client closed the connection      499     client_closed (never read; logged at info)
-other ``AttnrankError``           theirs  theirs
+other ``HeedrankError``           theirs  theirs
 anything else                     500     internal (logged with traceback)
 ================================  ======  ======================================
 
 A client that hangs up is not a server error: its request is counted as ``status="499"``
 in ``/metrics`` and logged at info level without a traceback, its queued job is dropped and
-its started reranking stops at the next layer (:mod:`attnrank.api.inference`), as a passed
+its started reranking stops at the next layer (:mod:`heedrank.api.inference`), as a passed
 ``deadline_ms`` does.
 
 Every ``GET`` route also answers ``HEAD`` (the same status and headers, no body:
-:class:`attnrank.api.middleware.HeadMiddleware`), for load balancers and uptime checks. With
+:class:`heedrank.api.middleware.HeadMiddleware`), for load balancers and uptime checks. With
 ``settings.cors_origins`` set, pages served from those origins may call the API (CORS, with
 preflight ``OPTIONS`` answered without the API key); it is off by default. ``/docs`` (Swagger
 UI) and ``/redoc`` load their scripts and styles from the installed ``fastapi-offline``
 package (under ``/static-offline-docs``), never from a CDN, so they work without internet.
 
 Request bodies may be sent compressed (``Content-Encoding: gzip`` or ``deflate``); the body
-limit counts their decompressed bytes (:class:`attnrank.api.middleware.BodyLimitMiddleware`).
+limit counts their decompressed bytes (:class:`heedrank.api.middleware.BodyLimitMiddleware`).
 Every string of a request must be valid text and every document id a TREC-safe id
-(:mod:`attnrank.textrules`), else 422 naming the field.
+(:mod:`heedrank.textrules`), else 422 naming the field.
 
 Routes: ``POST /search``, ``POST /rerank`` (Cohere v2 compatible; also at ``/v2/rerank`` and
 ``/v1/rerank``, the paths Cohere's SDK posts to), ``POST /documents``
 (durable batch upsert), ``GET``/``DELETE /documents/{doc_id}``, ``GET /health``,
 ``GET /info``, ``GET /metrics`` (Prometheus), and the search page at ``GET /`` and ``GET /ui``
-(:mod:`attnrank.api.routes.ui`). With ``settings.api_key`` set, every route but ``/health``
+(:mod:`heedrank.api.routes.ui`). With ``settings.api_key`` set, every route but ``/health``
 and the page needs ``Authorization: Bearer <key>``.
 
-Run it with ``attnrank serve --index ...`` or ``uvicorn --factory api.app:create_app``.
+Run it with ``heedrank serve --index ...`` or ``uvicorn --factory api.app:create_app``.
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from attnrank import __version__
-from attnrank.errors import AttnrankError, ClientClosedError
-from attnrank.pipeline import Pipeline
-from attnrank.settings import Settings
+from heedrank import __version__
+from heedrank.errors import HeedrankError, ClientClosedError
+from heedrank.pipeline import Pipeline
+from heedrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def validation_message(exc: RequestValidationError) -> str:
     return "; ".join(msgs) or "invalid request"
 
 
-async def _attnrank_error(request: Request, exc: AttnrankError) -> JSONResponse:
+async def _heedrank_error(request: Request, exc: HeedrankError) -> JSONResponse:
     if isinstance(exc, ClientClosedError):
         logger.info("%s %s: %s", request.method, request.url.path, exc)
     elif exc.status_code >= 500 and exc.error_type != "unhealthy":
@@ -139,7 +139,7 @@ def _body_problem(exc: StarletteHTTPException) -> str | None:
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if isinstance(exc.__cause__, ClientDisconnect):  # hung up while its body was being read
-        return await _attnrank_error(request, ClientClosedError("the client closed the connection while sending "
+        return await _heedrank_error(request, ClientClosedError("the client closed the connection while sending "
                                                                 "its request body"))
     error_type = _HTTP_ERROR_TYPES.get(exc.status_code, "internal" if exc.status_code >= 500 else "http_error")
     message = str(exc.detail)
@@ -163,7 +163,7 @@ def create_app(
     """Build the FastAPI app.
 
     Args:
-        settings: Service settings; default: ``Settings()`` (from ``ATTNRANK_*`` variables).
+        settings: Service settings; default: ``Settings()`` (from ``HEEDRANK_*`` variables).
         pipeline: A ready pipeline to serve as the default collection instead of opening
             ``settings.index`` (tests, embedding in another service). ``settings.preload``
             still applies to it.
@@ -176,14 +176,14 @@ def create_app(
     """
     from fastapi_offline import FastAPIOffline
 
-    from attnrank.api.middleware import (
+    from heedrank.api.middleware import (
         AuthMiddleware,
         BodyLimitMiddleware,
         ClientGoneMiddleware,
         HeadMiddleware,
         MetricsMiddleware,
     )
-    from attnrank.api.runtime import Runtime, check_model_aliases
+    from heedrank.api.runtime import Runtime, check_model_aliases
 
     settings = settings or Settings()
     settings.collection_dirs()  # fail now on a collection named like the default one
@@ -195,7 +195,7 @@ def create_app(
         runtime.start()
         app.state.runtime = runtime
         app.state.pipeline = runtime.pipeline(None)
-        logger.info("attnrank service started: collections %s; models %s", sorted(runtime.collections), runtime.status)
+        logger.info("heedrank service started: collections %s; models %s", sorted(runtime.collections), runtime.status)
         try:
             yield
         finally:
@@ -206,7 +206,7 @@ def create_app(
     # FastAPIOffline: /docs and /redoc with the Swagger UI and ReDoc assets of the installed
     # package (no CDN); no validator badge (it would call validator.swagger.io)
     app: FastAPI = FastAPIOffline(
-        title="attnrank",
+        title="heedrank",
         summary="Retrieval with attention-based in-context reranking.",
         version=__version__,
         lifespan=lifespan,
@@ -214,7 +214,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.runtime = None
-    app.add_exception_handler(AttnrankError, _attnrank_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HeedrankError, _heedrank_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
@@ -237,7 +237,7 @@ def create_app(
         )
     app.add_middleware(MetricsMiddleware)
 
-    from attnrank.api.routes import documents, health, info, metrics, rerank, search, ui
+    from heedrank.api.routes import documents, health, info, metrics, rerank, search, ui
 
     for module in (health, info, metrics, search, rerank, documents, ui):
         app.include_router(module.router)

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from attnrank.api.runtime import Runtime
-from attnrank.errors import UnhealthyError
-from attnrank.pipeline import Pipeline
-from attnrank.settings import Settings
+from heedrank.api.runtime import Runtime
+from heedrank.errors import UnhealthyError
+from heedrank.pipeline import Pipeline
+from heedrank.settings import Settings
 
 
 def get_settings(request: Request) -> Settings:

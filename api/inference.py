@@ -2,17 +2,17 @@
 
 A :class:`InferencePool` owns ``workers`` threads and a FIFO queue of at most
 ``queue_size`` waiting jobs. :meth:`InferencePool.run` admits a job when a worker is idle
-or the queue has room, and otherwise raises :class:`~attnrank.errors.OverloadedError`
+or the queue has room, and otherwise raises :class:`~heedrank.errors.OverloadedError`
 (HTTP 429) at once, so that many clients get answers or a quick 429, never an unbounded
 wait. Jobs start in arrival order (first come, first served). A job whose caller stopped
 waiting (deadline passed, request cancelled) before it started is dropped unrun; one that
-has started is asked to stop (:mod:`attnrank.cancel`): an attention reranker stops at its
+has started is asked to stop (:mod:`heedrank.cancel`): an attention reranker stops at its
 next layer, so the worker is free for the next job instead of finishing work nobody reads.
 A caller whose client hung up gets :class:`ClientGoneError` (the app answers 499).
 
-The service runs two pools (see :mod:`attnrank.api.runtime`): ``search`` for first-stage-only
+The service runs two pools (see :mod:`heedrank.api.runtime`): ``search`` for first-stage-only
 searches (cheap, several threads) and ``rerank`` for anything that runs the language
-model (one model instance shared, ``ATTNRANK_WORKERS`` threads).
+model (one model instance shared, ``HEEDRANK_WORKERS`` threads).
 
 Example:
     >>> pool = InferencePool("rerank", workers=1, queue_size=8)
@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnrank.cancel import CancelToken, cancel_scope
-from attnrank.errors import JobCancelledError, OverloadedError, UnhealthyError
+from heedrank.cancel import CancelToken, cancel_scope
+from heedrank.errors import JobCancelledError, OverloadedError, UnhealthyError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class ClientGoneError(asyncio.CancelledError):
     """:meth:`InferencePool.run`'s cancellation when its client went away: an
     :class:`asyncio.CancelledError` (the job was cancelled) that says why, so that the app
     answers it as the client's doing (499 ``client_closed``, logged at info:
-    :class:`attnrank.api.middleware.ClientGoneMiddleware`) and never as a crash. Raised only
+    :class:`heedrank.api.middleware.ClientGoneMiddleware`) and never as a crash. Raised only
     for a disconnected client, never for a cancellation of the waiting task itself."""
 
 
@@ -82,7 +82,7 @@ class InferencePool:
             ``"run"`` times of each job, and ``("rejected", 0.0)`` for each refusal
             (metrics); exceptions in it are logged.
         ewma_alpha: Weight of the newest job in the running mean of seconds per unit.
-        stop_abandoned: Ask a started job to stop (:mod:`attnrank.cancel`) when its caller
+        stop_abandoned: Ask a started job to stop (:mod:`heedrank.cancel`) when its caller
             stops waiting (client gone, timeout, cancellation). ``False`` for work that must
             finish once started (durable writes).
 
@@ -127,7 +127,7 @@ class InferencePool:
             if self._threads:
                 return self
             for i in range(self.workers):
-                t = threading.Thread(target=self._work, name=f"attnrank-{self.name}-{i}", daemon=True)
+                t = threading.Thread(target=self._work, name=f"heedrank-{self.name}-{i}", daemon=True)
                 self._threads.append(t)
             for t in self._threads:
                 t.start()

@@ -4,16 +4,16 @@ several apps, e.g. in tests, never share counters).
 =============================================  =========  ===============================
 metric                                         type       labels
 =============================================  =========  ===============================
-``attnrank_requests_total``                    counter    route, method, status
-``attnrank_request_duration_seconds``          histogram  route
-``attnrank_stage_duration_seconds``            histogram  stage: retrieve, hydrate, rerank
-``attnrank_queue_wait_seconds``                histogram  pool: time from admission to start
-``attnrank_job_seconds``                       histogram  pool: time a worker ran the job
-``attnrank_queue_depth``                       gauge      pool: jobs waiting for a worker
-``attnrank_queue_busy_workers``                gauge      pool
-``attnrank_rejected_total``                    counter    pool, reason (overloaded)
-``attnrank_deadline_fallbacks_total``          counter    reason (estimate, timeout, overloaded)
-``attnrank_ready``                             gauge      1 once models are loaded, else 0
+``heedrank_requests_total``                    counter    route, method, status
+``heedrank_request_duration_seconds``          histogram  route
+``heedrank_stage_duration_seconds``            histogram  stage: retrieve, hydrate, rerank
+``heedrank_queue_wait_seconds``                histogram  pool: time from admission to start
+``heedrank_job_seconds``                       histogram  pool: time a worker ran the job
+``heedrank_queue_depth``                       gauge      pool: jobs waiting for a worker
+``heedrank_queue_busy_workers``                gauge      pool
+``heedrank_rejected_total``                    counter    pool, reason (overloaded)
+``heedrank_deadline_fallbacks_total``          counter    reason (estimate, timeout, overloaded)
+``heedrank_ready``                             gauge      1 once models are loaded, else 0
 =============================================  =========  ===============================
 
 ``route`` is the route's path template (``/documents/{doc_id}``), or ``unmatched``.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from attnrank.errors import require
+from heedrank.errors import require
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -37,36 +37,36 @@ class Metrics:
         self.registry = prom.CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = prom.Counter(
-            "attnrank_requests", "HTTP requests answered.", ["route", "method", "status"], registry=r
+            "heedrank_requests", "HTTP requests answered.", ["route", "method", "status"], registry=r
         )
         self.request_seconds = prom.Histogram(
-            "attnrank_request_duration_seconds", "HTTP request latency in seconds.", ["route"],
+            "heedrank_request_duration_seconds", "HTTP request latency in seconds.", ["route"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.stage_seconds = prom.Histogram(
-            "attnrank_stage_duration_seconds", "Seconds per pipeline stage (retrieve, hydrate, rerank).",
+            "heedrank_stage_duration_seconds", "Seconds per pipeline stage (retrieve, hydrate, rerank).",
             ["stage"], buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.queue_wait_seconds = prom.Histogram(
-            "attnrank_queue_wait_seconds", "Seconds a job waited for an inference worker.", ["pool"],
+            "heedrank_queue_wait_seconds", "Seconds a job waited for an inference worker.", ["pool"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.job_seconds = prom.Histogram(
-            "attnrank_job_seconds", "Seconds an inference worker ran a job.", ["pool"],
+            "heedrank_job_seconds", "Seconds an inference worker ran a job.", ["pool"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.queue_depth = prom.Gauge(
-            "attnrank_queue_depth", "Jobs waiting for an inference worker.", ["pool"], registry=r
+            "heedrank_queue_depth", "Jobs waiting for an inference worker.", ["pool"], registry=r
         )
-        self.busy_workers = prom.Gauge("attnrank_queue_busy_workers", "Workers running a job.", ["pool"], registry=r)
-        self.rejected = prom.Counter("attnrank_rejected", "Requests refused.", ["pool", "reason"], registry=r)
+        self.busy_workers = prom.Gauge("heedrank_queue_busy_workers", "Workers running a job.", ["pool"], registry=r)
+        self.rejected = prom.Counter("heedrank_rejected", "Requests refused.", ["pool", "reason"], registry=r)
         self.deadline_fallbacks = prom.Counter(
-            "attnrank_deadline_fallbacks", "Rerank requests answered in first-stage order because of deadline_ms.",
+            "heedrank_deadline_fallbacks", "Rerank requests answered in first-stage order because of deadline_ms.",
             ["reason"], registry=r,
         )
-        self.ready = prom.Gauge("attnrank_ready", "1 once the models are loaded.", registry=r)
+        self.ready = prom.Gauge("heedrank_ready", "1 once the models are loaded.", registry=r)
         self.block_cache = prom.Counter(
-            "attnrank_block_cache", "Candidate blocks of cached BlockRank: read from the document KV store or RAM "
+            "heedrank_block_cache", "Candidate blocks of cached BlockRank: read from the document KV store or RAM "
             "cache (hit) or computed (miss).", ["result"], registry=r,
         )
 
@@ -83,7 +83,7 @@ class Metrics:
             self.busy_workers.labels(name).set_function(lambda p=pool: p.busy)
 
     def observer(self, pool: str):
-        """An ``observe(stage, seconds)`` callback for :class:`attnrank.api.inference.InferencePool`."""
+        """An ``observe(stage, seconds)`` callback for :class:`heedrank.api.inference.InferencePool`."""
 
         def observe(stage: str, seconds: float) -> None:
             if stage == "rejected":

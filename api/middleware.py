@@ -19,8 +19,8 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnrank.api.inference import ClientGoneError
-from attnrank.api.routes.ui import UI_PATHS
+from heedrank.api.inference import ClientGoneError
+from heedrank.api.routes.ui import UI_PATHS
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class BodyLimitMiddleware:
 
 class ClientGoneMiddleware:
     """Answers a request whose client hung up while its job waited or ran
-    (:class:`attnrank.api.inference.ClientGoneError`) with 499 ``client_closed`` (never read:
+    (:class:`heedrank.api.inference.ClientGoneError`) with 499 ``client_closed`` (never read:
     the connection is gone; counted so in the metrics) and logs it at info level without a
     traceback: a closed connection is not a server error."""
 

@@ -7,7 +7,7 @@ configured reranker's model in a background thread; until it is loaded, ``status
 ``"loading"`` and compute routes answer 503 ``unhealthy``. Then ``"ok"``, or ``"failed"``
 (with the error) if loading failed, or if a collection's document KV store was built for
 another configuration than the loaded reranker's (cached BlockRank: the message names the
-``attnrank index kv build`` command that rebuilds it).
+``heedrank index kv build`` command that rebuilds it).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from attnrank.api.inference import InferencePool
-from attnrank.api.metrics import Metrics
-from attnrank.errors import NotFoundError, UnhealthyError
-from attnrank.pipeline import NO_RERANK, Pipeline, RerankerCache, reranker_factory
-from attnrank.settings import Settings
+from heedrank.api.inference import InferencePool
+from heedrank.api.metrics import Metrics
+from heedrank.errors import NotFoundError, UnhealthyError
+from heedrank.pipeline import NO_RERANK, Pipeline, RerankerCache, reranker_factory
+from heedrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Runtime:
         if not self.settings.preload or method == NO_RERANK or self.rerankers is None:
             self._set_status("ok")
             return
-        self._loader = threading.Thread(target=self._load, args=(method,), name="attnrank-loader", daemon=True)
+        self._loader = threading.Thread(target=self._load, args=(method,), name="heedrank-loader", daemon=True)
         self._loader.start()
 
     def _warm_encoders(self) -> None:
@@ -164,7 +164,7 @@ class Runtime:
 
     def _check_block_stores(self, reranker: Any) -> None:
         """Open each collection's document KV store for the start-up reranker
-        (:meth:`attnrank.blocks.BlockSync.check_at_startup`), so that a store built for
+        (:meth:`heedrank.blocks.BlockSync.check_at_startup`), so that a store built for
         another configuration fails start-up (status ``failed``, the message naming the
         rebuild command) instead of the first search.
 
@@ -179,7 +179,7 @@ class Runtime:
     def _warm_up(self, reranker: Any) -> None:
         """One reranking of ``WARMUP_DOCUMENTS`` passages of about 100 words (first-call
         costs out of the way) whose time seeds the rerank pool's seconds-per-document."""
-        from attnrank.types import Document, Query
+        from heedrank.types import Document, Query
 
         words = ("attention reranking reads which passages a language model looks at when it reads a query "
                  "and scores each passage by the attention it draws ").split()
@@ -251,7 +251,7 @@ def lm_name(model: str | None) -> str:
     from pathlib import Path
 
     if model is None:
-        from attnrank.config import DEFAULT_LM
+        from heedrank.config import DEFAULT_LM
 
         return DEFAULT_LM
     return Path(model).name or model
@@ -280,7 +280,7 @@ def check_model_aliases(settings: Settings) -> None:
     for alias, target in settings.model_aliases.items():
         if target not in native:
             raise ValueError(f"model alias {alias!r} maps to {target!r}, which is not served here; map it to one of "
-                             f"{native} (ATTNRANK_MODEL_ALIASES)")
+                             f"{native} (HEEDRANK_MODEL_ALIASES)")
 
 
 def resolve_model(settings: Settings, model: str | None) -> str | None:

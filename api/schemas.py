@@ -6,13 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from attnrank.textrules import id_problem, is_blank, json_problem, text_problem
+from heedrank.textrules import id_problem, is_blank, json_problem, text_problem
 
 MAX_QUERY_CHARS = 4096
 """Longest accepted query text, in characters."""
 
 
-# The input rules of attnrank.textrules, as annotated types used by every request schema:
+# The input rules of heedrank.textrules, as annotated types used by every request schema:
 # a string that breaks them is a 422 naming the field, e.g. "documents[3].text: contains
 # the unpaired surrogate U+D800 at character 7, ...". They run before pydantic's own str
 # checks, so every field gets the same message.
@@ -50,7 +50,7 @@ BLANK_QUERY = ("query must not be empty or only whitespace and invisible charact
 
 
 def _non_blank(value: str) -> str:
-    """A query with text left after BM25's Unicode analysis (:func:`attnrank.textrules.is_blank`)."""
+    """A query with text left after BM25's Unicode analysis (:func:`heedrank.textrules.is_blank`)."""
     if is_blank(value):
         raise ValueError(BLANK_QUERY)
     return value
@@ -67,7 +67,7 @@ class ReAttnOptions(BaseModel):
 
 
 CutoffValue = float | Literal["auto", "none"] | None
-"""A request's ``cutoff``: a probability, ``"auto"`` or ``"none"``/null (:mod:`attnrank.calibration`)."""
+"""A request's ``cutoff``: a probability, ``"auto"`` or ``"none"``/null (:mod:`heedrank.calibration`)."""
 
 
 class RerankRequest(BaseModel):
@@ -79,13 +79,13 @@ class RerankRequest(BaseModel):
         None,
         description="Reranker name: 'default' (the best measured configuration, blockrank-cached), "
         "'blockrank-cached', 'icr', 'blockrank', or 'none' for first-stage order; "
-        "default: the service's reranker (ATTNRANK_RERANK_METHOD, 'default' unless set).",
+        "default: the service's reranker (HEEDRANK_RERANK_METHOD, 'default' unless set).",
         examples=["default"],
     )
     candidates: StrictInt | None = Field(
         None, ge=1,
         description="First-stage hits reranked (at most the service's max_candidates); "
-        "default: ATTNRANK_DEFAULT_CANDIDATES.",
+        "default: HEEDRANK_DEFAULT_CANDIDATES.",
     )
     fusion: float | Literal["default", "none"] | None = Field(
         "default",
@@ -135,7 +135,7 @@ class SearchRequest(BaseModel):
                        json_schema_extra={"minimum": 1})  # range checked by the pipeline, as in the library
     retriever: Text | None = Field(
         None, description="First-stage retriever: bm25, dense or hybrid (as indexed); default: the service's "
-        "(ATTNRANK_DEFAULT_RETRIEVER, bm25 unless set; bm25 where the collection has no dense index).")
+        "(HEEDRANK_DEFAULT_RETRIEVER, bm25 unless set; bm25 where the collection has no dense index).")
     rerank: RerankRequest | None = Field(
         None, description="Reranking options; omitted or null = first-stage order only."
     )
@@ -308,7 +308,7 @@ class CohereRerankRequest(BaseModel):
         None,
         description="Optional here. When given it must name the served reranker: its method (e.g. 'icr'), its LM "
         "(e.g. 'smollm2-135m-instruct'), '<lm>/<method>', or an external id the operator maps to it "
-        "(ATTNRANK_MODEL_ALIASES, e.g. Cohere's 'rerank-v3.5'); GET /info lists them; anything else is a 422.",
+        "(HEEDRANK_MODEL_ALIASES, e.g. Cohere's 'rerank-v3.5'); GET /info lists them; anything else is a 422.",
         examples=["icr"],
     )
     query: Text = Field(..., max_length=MAX_QUERY_CHARS, description="Query text (non-empty).")
@@ -333,7 +333,7 @@ class CohereRerankRequest(BaseModel):
     priority: StrictInt | None = Field(None, description="Cohere v2 request priority; accepted and ignored.")
     fusion: float | Literal["default", "none"] | None = Field(
         "default",
-        description="attnrank extension: fuse the reranker with the order the documents come in, taken as a first "
+        description="heedrank extension: fuse the reranker with the order the documents come in, taken as a first "
         "stage (score 1 / rank): alpha * z(1 / rank) + (1 - alpha) * z(reranker), z-scored over the documents. "
         "'default' (when omitted): the method's recorded weight (the default method: 0.6; icr, blockrank: none); "
         "a number in [0, 1]; 'none' or null: the reranker's own order. Send documents in first-stage order (best "
@@ -343,7 +343,7 @@ class CohereRerankRequest(BaseModel):
     )
     cutoff: CutoffValue = Field(
         None,
-        description="attnrank extension: return only the documents whose calibrated probability of relevance "
+        description="heedrank extension: return only the documents whose calibrated probability of relevance "
         "(`probability`) is at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev "
         "for the best F1 (possibly no result). Only for a calibrated reranker (the default method) with fusion "
         "'default' or 'none'; applied before top_n; null or 'none' (when omitted): every document.",
@@ -380,12 +380,12 @@ class CohereRerankResult(BaseModel):
         "(meta.score_scale) for icr (calibrated attention mass summed over layers and heads: 0.5 = as much "
         "attention as a content-free query) and blockrank's calibrated and learned scoring; blockrank's "
         "scoring='signal' scores are attention probabilities (in [0, 1], summing to 1 over the documents) and are "
-        "kept, as are a plugin reranker's own scores (unless ATTNRANK_RERANK_SCORE_SCALE is set). With fusion "
+        "kept, as are a plugin reranker's own scores (unless HEEDRANK_RERANK_SCORE_SCALE is set). With fusion "
         "(meta.fusion, on by default for the default method): 1 / (1 + exp(-f)) of the fused score f (z-score "
         "units). When meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
     )
     probability: float | None = Field(
-        None, description="attnrank extension: calibrated probability of relevance in [0, 1] (the default method; "
+        None, description="heedrank extension: calibrated probability of relevance in [0, 1] (the default method; "
         "Platt scaling fitted on held-out NFCorpus train queries, non-increasing down the results); absent when the "
         "reranker has no calibration for the fusion used.")
     document: RerankedDocument | None = Field(None, description="With return_documents: the document's text.")

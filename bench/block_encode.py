@@ -2,7 +2,7 @@
 (issue #23: a shallower deepest layer runs fewer layers per block).
 
 Loads the packaged LM once, takes the first ``--docs`` NFCorpus documents, and encodes their
-blocks as ``attnrank index kv build`` does (:meth:`CachedBlockRankReranker.encode_block_arrays`,
+blocks as ``heedrank index kv build`` does (:meth:`CachedBlockRankReranker.encode_block_arrays`,
 batches of ``--batch-size``) under each setting, the settings alternating for ``--rounds``
 rounds in one process (the ratio is measured side by side). Prints one table: layout, layers
 run per block, blocks per second (median over rounds), and the mean payload bytes per block
@@ -39,12 +39,12 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from attnrank.config import RerankerConfig
-    from attnrank.data import load_beir_corpus
-    from attnrank.reranker.cached import CachedBlockRankReranker
-    from attnrank.reranker.heads import packaged_data_dir
-    from attnrank.reranker.lm import load_lm
-    from attnrank.types import Document
+    from heedrank.config import RerankerConfig
+    from heedrank.data import load_beir_corpus
+    from heedrank.reranker.cached import CachedBlockRankReranker
+    from heedrank.reranker.heads import packaged_data_dir
+    from heedrank.reranker.lm import load_lm
+    from heedrank.types import Document
 
     torch.set_num_threads(args.torch_threads)
     corpus = load_beir_corpus(ROOT.parent / "shared" / "data" / "beir-nfcorpus")

@@ -13,7 +13,7 @@ Two vector sets:
 
 Every document gets synthetic but reproducible metadata (seeded): ``cat`` (100 values,
 uniform), ``year`` (2000-2019, uniform), ``open`` (boolean, p = 0.5), stored as JSON in a
-:class:`attnrank.index.docstore.SQLiteDocStore`. Filters per level (a pool of distinct filters,
+:class:`heedrank.index.docstore.SQLiteDocStore`. Filters per level (a pool of distinct filters,
 queries assigned round-robin; the id set comes from the docstore's SQL, timed apart):
 
 ==========  ===========================================================================
@@ -33,7 +33,7 @@ Strategies (one query per call, as the service runs them):
 * ``hnsw/selector``, ``ivf/selector``: faiss's own filtered search, an ``IDSelector``
   through ``SearchParameters`` with the index's default ``efSearch`` / ``nprobe`` and no
   fallback: what most vector stores do.
-* ``hnsw/planner``, ``ivf/planner``: :func:`attnrank.index.planner.planned_search`: exact below a
+* ``hnsw/planner``, ``ivf/planner``: :func:`heedrank.index.planner.planned_search`: exact below a
   selectivity threshold, raised ``efSearch`` / ``nprobe`` above it, exact retry of short
   answers.
 
@@ -72,13 +72,13 @@ sys.path.insert(0, str(ROOT))
 
 logger = logging.getLogger("bench.filtered_search")
 
-DATA = Path(os.environ.get("ATTNRANK_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DATA = Path(os.environ.get("HEEDRANK_SHARED_DATA", ROOT.parent / "shared" / "data"))
 LEVELS = ("0.1%", "1%", "10%", "50%", "100%")
 K = 10
 
 
 def default_cache() -> Path:
-    from attnrank.data import default_cache_dir
+    from heedrank.data import default_cache_dir
 
     return default_cache_dir() / "bench"
 
@@ -90,7 +90,7 @@ def real_corpus(data: Path) -> tuple[list[str], list[str], list[tuple[str, str]]
     Doc ids are prefixed ``nf:`` / ``dl:`` (the two id spaces overlap); texts are
     ``Document.content``. Queries: the 323 NFCorpus test queries and the 43 DL19 queries.
     """
-    from attnrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries, load_run_json
+    from heedrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries, load_run_json
 
     ids, texts = [], []
     for d in iter_beir_documents(data / "beir-nfcorpus"):
@@ -115,7 +115,7 @@ def real_corpus(data: Path) -> tuple[list[str], list[str], list[tuple[str, str]]
 
 def embed(texts: list[str], cache: Path, name: str, batch_size: int = 64) -> np.ndarray:
     """all-MiniLM-L6-v2 embeddings of ``texts`` (float32 ``(n, 384)``), cached by content hash."""
-    from attnrank.index.encoder import SentenceTransformerEncoder, model_sha256
+    from heedrank.index.encoder import SentenceTransformerEncoder, model_sha256
 
     h = hashlib.sha256(model_sha256(None).encode())
     for t in texts:
@@ -167,8 +167,8 @@ def metadata(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def build_docstore(path: Path, meta: dict[str, np.ndarray]) -> Any:
     """SQLite docstore whose row ``vid = i`` carries document ``i``'s metadata (no text)."""
-    from attnrank.types import Document
-    from attnrank.index.docstore import SQLiteDocStore
+    from heedrank.types import Document
+    from heedrank.index.docstore import SQLiteDocStore
 
     store = SQLiteDocStore(path, create=True)
     n = len(meta["cat"])
@@ -257,7 +257,7 @@ def build(kind: str, x: np.ndarray, params: Any, threads: int, cache: Path | Non
     """Build (with ``threads`` faiss threads) or load from ``cache`` a vector index of ``x``."""
     import faiss
 
-    from attnrank.index.dense import DenseIndex
+    from heedrank.index.dense import DenseIndex
 
     file = None
     if cache is not None:  # keyed on the data and the build parameters (not the search defaults)
@@ -296,7 +296,7 @@ def unfiltered_recall(dense: Any, q: np.ndarray, x: np.ndarray) -> float:
 
 def run_strategy(dense: Any, strategy: str, q: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]],
                  truth: list[list[set[int]]], n_total: int) -> tuple[float, float, float, str]:
-    from attnrank.index.planner import PlannerParams, planned_search
+    from heedrank.index.planner import PlannerParams, planned_search
 
     recalls, shorts, plans = [], 0, {}
     n_queries = 0
@@ -426,7 +426,7 @@ def machine() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attnrank.index.dense import DenseParams
+    from heedrank.index.dense import DenseParams
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="14k,1m", help="comma list of 14k, 1m")

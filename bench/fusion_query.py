@@ -3,7 +3,7 @@ one, from what both stages already have (the Cosine Adapter idea: a query-depend
 the scores; here the map is the weight ``alpha(q)`` of ``alpha z(first stage) + (1 - alpha)
 z(reranker)``).
 
-For every query of a study dump (``attnrank eval study-dump``) the pure reranker's scores
+For every query of a study dump (``heedrank eval study-dump``) the pure reranker's scores
 are the weights card's (``--card``) on the dump's ``calibrated@--features`` features, and
 nDCG@10 is computed for alpha on a grid of 0.05. The per-query features are the query's
 length in words, the standard deviation and top-1/top-2 gap of each stage's raw scores, and
@@ -28,7 +28,7 @@ import logging
 
 import numpy as np
 
-from attnrank.eval.study import load_items, ndcg10, variant_run, with_features
+from heedrank.eval.study import load_items, ndcg10, variant_run, with_features
 
 logger = logging.getLogger("bench.fusion_query")
 GRID = np.round(np.linspace(0.0, 1.0, 21), 2)
@@ -98,8 +98,8 @@ def per_query(alpha: np.ndarray, G: np.ndarray) -> np.ndarray:
 def main() -> None:
     from scipy.optimize import minimize
 
-    from attnrank.data import load_beir_queries
-    from attnrank.eval.compare import randomization_test
+    from heedrank.data import load_beir_queries
+    from heedrank.eval.compare import randomization_test
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--card", required=True)

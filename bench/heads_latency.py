@@ -37,9 +37,9 @@ def main() -> None:
 
     import torch
 
-    from attnrank.config import RerankerConfig
-    from attnrank.types import Document, Query
-    from attnrank.reranker.icr import ICRReranker
+    from heedrank.config import RerankerConfig
+    from heedrank.types import Document, Query
+    from heedrank.reranker.icr import ICRReranker
 
     if args.threads:
         torch.set_num_threads(args.threads)

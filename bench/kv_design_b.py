@@ -5,7 +5,7 @@ coded with fewer bits, converted from an existing float16 store with no LM pass.
 Copies an index (without its stores) to ``--out`` and writes there a full store of layers
 ``0..--max-layer`` in ``--dtype`` (dequantise, slice, re-quantise), then prints its bytes
 per block against the source's. The quality of the converted store is measured with the
-study's dumps from it (``attnrank eval study-dump --index OUT --layer MAX --kv-dtype DTYPE
+study's dumps from it (``heedrank eval study-dump --index OUT --layer MAX --kv-dtype DTYPE
 --variant NAME=0:adapter``) against the float16 features of the same queries
 (``bench/probe_decide.py``).
 
@@ -32,7 +32,7 @@ def convert_store(src_dir: Path, dst_dir: Path, dtype: str, max_layer: int, *, w
     (blocks already there are skipped). Returns bytes per block of both stores and the blocks."""
     from tqdm import tqdm
 
-    from attnrank.index.kv import KVHeader, KVStore
+    from heedrank.index.kv import KVHeader, KVStore
 
     header = KVHeader.from_dict(json.loads((src_dir / "header.json").read_text()))
     if header.layout != "full" or max_layer > header.layer:

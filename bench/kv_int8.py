@@ -6,7 +6,7 @@ Copies an index (without its store) to ``--out``, converts its float16 store to 
 study features of the same queries from both stores and prints one table (served
 calibrated scorer and signal scorer, nDCG@10, and their difference).
 
-    python bench/kv_int8.py --index ~/.cache/attnrank/indexes/beir-nfcorpus-XXXX \\
+    python bench/kv_int8.py --index ~/.cache/heedrank/indexes/beir-nfcorpus-XXXX \\
         --data ../shared/data/beir-nfcorpus --split test --candidates 50 [--max-queries 100]
 """
 
@@ -25,7 +25,7 @@ def convert(src_index: Path, dst_index: Path) -> dict:
     """Copy ``src_index`` without its store and write an int8 copy of the store into it."""
     from tqdm import tqdm
 
-    from attnrank.index.kv import KVHeader, KVStore
+    from heedrank.index.kv import KVHeader, KVStore
 
     if not dst_index.exists():
         shutil.copytree(src_index, dst_index, ignore=shutil.ignore_patterns("kv"))
@@ -61,14 +61,14 @@ def main() -> None:
         if name == "float16" and args.fp16_dump is not None:
             dump = args.fp16_dump
         else:
-            cmd = [sys.executable, "-m", "attnrank", "eval", "study-dump", "--out", str(dump), "--data", str(args.data),
+            cmd = [sys.executable, "-m", "heedrank", "eval", "study-dump", "--out", str(dump), "--data", str(args.data),
                    "--split", args.split, "--retriever", args.retriever, "--candidates", str(args.candidates),
                    "--index", str(index), "--layer", "15", "--max-doc-tokens", "128", "--kv-dtype", dtype]
             if args.max_queries:
                 cmd += ["--max-queries", str(args.max_queries)]
             subprocess.run(cmd, check=True)
         dumps[name] = dump
-    from attnrank.eval.study import load_items, ndcg10, variant_run
+    from heedrank.eval.study import load_items, ndcg10, variant_run
 
     rows = []
     for scorer in ("masked", "signal"):

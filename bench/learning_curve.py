@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_layers import batched, fit_batched  # noqa: E402
 
-from attnrank.eval.study import load_items, ndcg10, variant_run, with_features  # noqa: E402
+from heedrank.eval.study import load_items, ndcg10, variant_run, with_features  # noqa: E402
 
 
 def mean(d) -> float:
@@ -31,7 +31,7 @@ def mean(d) -> float:
 
 
 def main() -> None:
-    from attnrank.eval.compare import randomization_test
+    from heedrank.eval.compare import randomization_test
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--features", default="qa")

@@ -73,7 +73,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def build_index(out: Path, n_docs: int | None) -> Path:
-    from attnrank.index.builder import build_index as build
+    from heedrank.index.builder import build_index as build
 
     corpus = out / "corpus.jsonl"
     with gzip.open(NFCORPUS / "corpus.jsonl.gz", "rt", encoding="utf-8") as src:
@@ -169,20 +169,20 @@ def main() -> int:
     ap.add_argument("--candidates", type=int, default=5)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--queue-size", type=int, default=4)
-    ap.add_argument("--max-queue-wait", type=float, default=20.0, help="ATTNRANK_MAX_QUEUE_WAIT_S (seconds).")
-    ap.add_argument("--torch-threads", type=int, default=1, help="ATTNRANK_TORCH_THREADS of the server.")
+    ap.add_argument("--max-queue-wait", type=float, default=20.0, help="HEEDRANK_MAX_QUEUE_WAIT_S (seconds).")
+    ap.add_argument("--torch-threads", type=int, default=1, help="HEEDRANK_TORCH_THREADS of the server.")
     ap.add_argument("--port", type=int, default=8765)
     args = ap.parse_args()
 
-    tmp = tempfile.TemporaryDirectory(prefix="attnrank-load-")
+    tmp = tempfile.TemporaryDirectory(prefix="heedrank-load-")
     index = args.index or build_index(Path(tmp.name), args.docs)
-    env = {**os.environ, "ATTNRANK_INDEX": str(index), "ATTNRANK_RERANK_METHOD": "icr",
-           "ATTNRANK_WORKERS": str(args.workers), "ATTNRANK_QUEUE_SIZE": str(args.queue_size),
-           "ATTNRANK_MAX_QUEUE_WAIT_S": str(args.max_queue_wait), "ATTNRANK_MAX_DOC_TOKENS": "128",
-           "ATTNRANK_TORCH_THREADS": str(args.torch_threads)}
+    env = {**os.environ, "HEEDRANK_INDEX": str(index), "HEEDRANK_RERANK_METHOD": "icr",
+           "HEEDRANK_WORKERS": str(args.workers), "HEEDRANK_QUEUE_SIZE": str(args.queue_size),
+           "HEEDRANK_MAX_QUEUE_WAIT_S": str(args.max_queue_wait), "HEEDRANK_MAX_DOC_TOKENS": "128",
+           "HEEDRANK_TORCH_THREADS": str(args.torch_threads)}
     log = open(Path(tmp.name) / "server.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "attnrank.api.app:create_app", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", "--factory", "heedrank.api.app:create_app", "--host", "127.0.0.1",
          "--port", str(args.port), "--log-level", "warning", "--no-access-log", "--timeout-graceful-shutdown", "5"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
@@ -247,8 +247,8 @@ def main() -> int:
           f"index {index}\n")
     print(table(phases))
     rejected = [ln for ln in metrics.splitlines()
-                if ln.startswith(("attnrank_rejected_total", "attnrank_deadline_fallbacks_total",
-                                  "attnrank_job_seconds_sum", "attnrank_job_seconds_count"))]
+                if ln.startswith(("heedrank_rejected_total", "heedrank_deadline_fallbacks_total",
+                                  "heedrank_job_seconds_sum", "heedrank_job_seconds_count"))]
     print("\n" + "\n".join(rejected))
     bad = sum(p.server_errors + len(p.errors) for p in phases)
     for p in phases:

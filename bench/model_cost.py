@@ -38,13 +38,13 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from attnrank.config import RerankerConfig
-    from attnrank.data import load_beir_corpus
-    from attnrank.eval.heads import beir_candidates
-    from attnrank.eval.metrics import evaluate_run
-    from attnrank.pipeline import fuse_scores
-    from attnrank.reranker.cached import CachedBlockRankReranker
-    from attnrank.types import Document, Ranking, ScoredDoc
+    from heedrank.config import RerankerConfig
+    from heedrank.data import load_beir_corpus
+    from heedrank.eval.heads import beir_candidates
+    from heedrank.eval.metrics import evaluate_run
+    from heedrank.pipeline import fuse_scores
+    from heedrank.reranker.cached import CachedBlockRankReranker
+    from heedrank.types import Document, Ranking, ScoredDoc
 
     torch.set_num_threads(args.torch_threads)
     data = ROOT.parent / "shared" / "data" / "beir-nfcorpus"

@@ -72,11 +72,11 @@ def main() -> None:
 
     import torch
 
-    from attnrank.config import RerankerConfig
-    from attnrank.data import load_run_json, load_trec_qrels, load_trec_topics, trec_dl_paths
-    from attnrank.eval.harness import select_queries
-    from attnrank.registry import build_reranker
-    from attnrank.types import Document, Ranking
+    from heedrank.config import RerankerConfig
+    from heedrank.data import load_run_json, load_trec_qrels, load_trec_topics, trec_dl_paths
+    from heedrank.eval.harness import select_queries
+    from heedrank.registry import build_reranker
+    from heedrank.types import Document, Ranking
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -12,7 +12,7 @@ reranker with a paired randomization test against the float32 keys.
 
 Codec points (``--points``, comma-separated):
 
-* ``float16``, ``int8``, ``int4``: the store's codecs (:mod:`attnrank.index.kv.codec`);
+* ``float16``, ``int8``, ``int4``: the store's codecs (:mod:`heedrank.index.kv.codec`);
 * ``full-{c}``: every key, ``c`` = ``s{b}`` (symmetric ``b``-bit codes per channel, as the
   store's ``int{b}``) or ``a{b}`` (asymmetric: ``2^b`` levels between each channel's min and
   max over the block, a scale and an offset per channel);
@@ -42,12 +42,12 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from attnrank.config import RerankerConfig
-from attnrank.eval.compare import randomization_test
-from attnrank.eval.heads import beir_candidates, trec_dl_candidates
-from attnrank.eval.metrics import evaluate_run
-from attnrank.fusion import fuse
-from attnrank.registry import build_reranker
+from heedrank.config import RerankerConfig
+from heedrank.eval.compare import randomization_test
+from heedrank.eval.heads import beir_candidates, trec_dl_candidates
+from heedrank.eval.metrics import evaluate_run
+from heedrank.fusion import fuse
+from heedrank.registry import build_reranker
 
 logger = logging.getLogger("bench.probe_codecs")
 
@@ -145,11 +145,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
     import torch
 
-    from attnrank.index.kv import KVStore
-    from attnrank.blocks import KVHeader
-    from attnrank.index.kv.codec import codec_for
-    from attnrank.reranker.doccache import block_key, encode_blocks
-    from attnrank.reranker.probe import probe_mass, probe_query_pass
+    from heedrank.index.kv import KVStore
+    from heedrank.blocks import KVHeader
+    from heedrank.index.kv.codec import codec_for
+    from heedrank.reranker.doccache import block_key, encode_blocks
+    from heedrank.reranker.probe import probe_mass, probe_query_pass
 
     torch.set_num_threads(args.torch_threads)
     card = json.loads(Path(args.card).read_text())
@@ -290,7 +290,7 @@ def main() -> None:
         for l in layers:
             mm = probe_mass(rows, l, keys[l], lengths, bias)
             feats.append(mm[0] - mm[1])
-        from attnrank.reranker.scoring import linear_head_scores
+        from heedrank.reranker.scoring import linear_head_scores
 
         return linear_head_scores(torch.stack(feats, dim=1).double(), w).numpy()
 

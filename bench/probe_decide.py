@@ -1,8 +1,8 @@
 """The deciding experiment of issue #23: every candidate-mask variant against today's best
 configuration, paired, on the same queries.
 
-Reads feature dumps written by ``attnrank eval study-dump --variant ...`` and weights cards
-(``attnrank eval study-fit --features NAME --export CARD``). For each ``--row
+Reads feature dumps written by ``heedrank eval study-dump --variant ...`` and weights cards
+(``heedrank eval study-fit --features NAME --export CARD``). For each ``--row
 LABEL=FEATURES:CARD`` the pure scorer is the card's weights on the dump's
 ``calibrated@FEATURES`` (its layers when the card names some) and the fused scorer the
 interpolation ``alpha z(first stage) + (1 - alpha) z(pure)`` with the alpha chosen on the
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnrank.eval.compare import randomization_test
-from attnrank.eval.study import load_items, ndcg10, variant_run, with_features
+from heedrank.eval.compare import randomization_test
+from heedrank.eval.study import load_items, ndcg10, variant_run, with_features
 
 
 def pure_variant(card):
@@ -97,7 +97,7 @@ def main() -> None:
             "tests": {t: {k: float(np.mean(list(row["tests"][t][k].values()))) for k in ("pure", "fused")}
                       for t in tests}})
     for spec in args.codec_row:  # a codec point's scores, paired with the reference on its test set
-        from attnrank.fusion import fuse
+        from heedrank.fusion import fuse
 
         label, _, rest = spec.partition("=")
         tname, path, point, alpha = rest.split(":")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnrank.eval.study import load_items, ndcg10, variant_run, with_features
+from heedrank.eval.study import load_items, ndcg10, variant_run, with_features
 
 logger = logging.getLogger("bench.probe_layers")
 
@@ -30,7 +30,7 @@ def batched(items, layers):
     ``(Q, N)`` gains ``2^grade - 1``, bool ``(Q, N)``."""
     import torch
 
-    from attnrank.eval.study import design
+    from heedrank.eval.study import design
 
     keep = [it for it in items if (it.labels > 0).any() and (it.labels <= 0).any()]
     n = max(len(it.labels) for it in keep)
@@ -48,7 +48,7 @@ def batched(items, layers):
 
 
 def fit_batched(X, G, M, *, l2: float, loss: str, epochs: int = 150, lr: float = 0.05, seed: int = 0) -> np.ndarray:
-    """:func:`attnrank.eval.study.fit_listwise`'s objective (mean over queries plus
+    """:func:`heedrank.eval.study.fit_listwise`'s objective (mean over queries plus
     ``l2 |w|^2``, full-batch Adam, float64) on padded batches: the same fit, vectorised."""
     import torch
 
@@ -137,8 +137,8 @@ def main() -> None:
 
 def export(args, train, dev, qrels, meta, l2s) -> None:
     """Write the probe (or window, ``--attend m``) weights card of ``--export`` layers (the format of
-    ``attnrank eval study-fit --export``, plus ``attend``, ``layers`` and ``kv_dtype``)."""
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+    ``heedrank eval study-fit --export``, plus ``attend``, ``layers`` and ``kv_dtype``)."""
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
     layers = sorted(int(x) for x in args.export.split(","))
     X, G, M = batched(train, layers)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DL19 = Path(os.environ.get("ATTNRANK_SHARED_DATA", ROOT.parent / "shared" / "data")) / "msmarco-trec-dl-2019-passage"
+DL19 = Path(os.environ.get("HEEDRANK_SHARED_DATA", ROOT.parent / "shared" / "data")) / "msmarco-trec-dl-2019-passage"
 
 CONFIGS = {  # name -> (engine, torch threads (local) / actors, CPUs per actor)
     "local-2t": ("local", 2, None),
@@ -41,8 +41,8 @@ def _inputs(out: Path, queries: int, depth: int) -> tuple[Path, Path, Path]:
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict:
-    from attnrank.config import RerankerConfig
-    from attnrank.eval.batch import rerank_batch
+    from heedrank.config import RerankerConfig
+    from heedrank.eval.batch import rerank_batch
 
     engine, n, cpus = CONFIGS[name]
     out_dir = Path(args.out)
@@ -54,8 +54,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
 
         torch.set_num_threads(n)
     else:
-        from attnrank.engine import EngineOptions
-        from attnrank.engine.ray import RayEngine
+        from heedrank.engine import EngineOptions
+        from heedrank.engine.ray import RayEngine
 
         eng = RayEngine(EngineOptions(engine="ray", actors=n, num_cpus=cpus))
     t0 = time.perf_counter()
@@ -81,12 +81,12 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
 
 
 def encode_rate(n_docs: int, layer: int = 15, max_doc_tokens: int = 96, batch_size: int = 32) -> list[dict]:
-    """Documents/s of :func:`attnrank.reranker.doccache.encode_blocks` on DL19 passages."""
+    """Documents/s of :func:`heedrank.reranker.doccache.encode_blocks` on DL19 passages."""
     import torch
 
-    from attnrank.data import load_run_json
-    from attnrank.reranker.doccache import build_layout, document_block, encode_blocks, instruction_kv
-    from attnrank.reranker.lm import load_lm
+    from heedrank.data import load_run_json
+    from heedrank.reranker.doccache import build_layout, document_block, encode_blocks, instruction_kv
+    from heedrank.reranker.lm import load_lm
 
     lm = load_lm()
     _, docs, _ = load_run_json(DL19 / "retrieve_results_BM25_dl19_top100.json.gz")

@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from attnrank.config import RerankerConfig
-from attnrank.eval.compare import randomization_test
-from attnrank.eval.heads import beir_candidates, trec_dl_candidates
-from attnrank.eval.metrics import evaluate_run
-from attnrank.fusion import fuse, reciprocal_ranks
-from attnrank.pipeline import block_store_for
-from attnrank.registry import build_reranker, open_index
+from heedrank.config import RerankerConfig
+from heedrank.eval.compare import randomization_test
+from heedrank.eval.heads import beir_candidates, trec_dl_candidates
+from heedrank.eval.metrics import evaluate_run
+from heedrank.fusion import fuse, reciprocal_ranks
+from heedrank.pipeline import block_store_for
+from heedrank.registry import build_reranker, open_index
 
 logger = logging.getLogger("bench.rerank_fusion")
 

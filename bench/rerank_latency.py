@@ -2,10 +2,10 @@
 candidate count grows.
 
 ``cached`` is BlockRank with ``query_in_instruction=false`` whose candidate blocks are already
-in a document KV store (float16, :mod:`attnrank.index.kv`, the store's RAM LRU large
+in a document KV store (float16, :mod:`heedrank.index.kv`, the store's RAM LRU large
 enough to hold them, the reranker's own RAM cache off): per query only the query block runs
 against the stored keys/values. Filling the store is not timed (that is index time, see
-``attnrank index kv build``).
+``heedrank index kv build``).
 
 For N in 10, 20, 50, 100, 200, 500 candidates (real DL19 passages pooled from the first-stage
 runs, cut to 128 LM tokens), both paths run on the same model, query and documents. Each
@@ -87,10 +87,10 @@ def worker(args) -> None:
 
     import torch
 
-    from attnrank.config import RerankerConfig
-    from attnrank.types import Document
-    from attnrank.reranker.blockrank import BlockRankReranker
-    from attnrank.reranker.icr import ICRReranker
+    from heedrank.config import RerankerConfig
+    from heedrank.types import Document
+    from heedrank.reranker.blockrank import BlockRankReranker
+    from heedrank.reranker.icr import ICRReranker
 
     torch.set_num_threads(args.threads) if args.threads else None
     query, pairs = pooled_passages(Path(args.data), args.n)
@@ -102,17 +102,17 @@ def worker(args) -> None:
         import os
         import tempfile
 
-        from attnrank.index.kv import KVHeader, KVStore
-        from attnrank.types import Query
+        from heedrank.index.kv import KVHeader, KVStore
+        from heedrank.types import Query
 
-        os.environ["ATTNRANK_BLOCK_CACHE_BYTES"] = "0"
+        os.environ["HEEDRANK_BLOCK_CACHE_BYTES"] = "0"
         cfg = RerankerConfig(method="blockrank", model=args.model, max_doc_tokens=128, device=args.device,
                              options={"query_in_instruction": False, **br_options})
         if args.cached_options is not None:  # method blockrank-cached with these options (e.g. the default: {})
             cfg = RerankerConfig(method="blockrank-cached", model=args.model, device=args.device,
                                  options=json.loads(args.cached_options))
     if args.path == "cached" and args.cached_options is not None:
-        from attnrank.reranker.cached import CachedBlockRankReranker
+        from heedrank.reranker.cached import CachedBlockRankReranker
 
         r = CachedBlockRankReranker(cfg)
     else:
@@ -137,7 +137,7 @@ def worker(args) -> None:
         prompt = r.build_prompt(query, docs)
         L0, lens, Lq = len(prompt.instruction_ids), prompt.doc_lengths, len(prompt.query_ids)
         if args.scoring != "signal":  # the query and N/A blocks share one pass (common prefix once)
-            from attnrank.reranker.blockrank import MergedRows
+            from heedrank.reranker.blockrank import MergedRows
 
             Lq = len(MergedRows.of([prompt.query_ids, prompt.calib_ids]).ids)
         tokens = Lq

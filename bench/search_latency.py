@@ -1,6 +1,6 @@
 """Benchmark: single-client ``POST /search`` latency with reranking, per reranker setting.
 
-Starts the service (``uvicorn --factory attnrank.api.app:create_app``) over an index once
+Starts the service (``uvicorn --factory heedrank.api.app:create_app``) over an index once
 per setting, waits for ``/health`` to say ``ok``, then sends NFCorpus test queries one
 after another (one client, no concurrency): hybrid first stage, ``--candidates`` reranked
 (each value of the list), top 10. Prints one markdown table: p50 / p95 / mean latency
@@ -41,7 +41,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def test_queries(n: int) -> list[str]:
-    from attnrank.data import load_beir_qrels, load_beir_queries
+    from heedrank.data import load_beir_qrels, load_beir_queries
 
     data = ROOT.parent / "shared" / "data" / "beir-nfcorpus"
     qrels = load_beir_qrels(data, "test")
@@ -54,13 +54,13 @@ def run_setting(name: str, args, queries: list[str]) -> list[dict]:
     import httpx
 
     method, options = SETTINGS[name]
-    env = {**os.environ, "ATTNRANK_INDEX": str(args.index), "ATTNRANK_RERANK_METHOD": method,
-           "ATTNRANK_RERANK_OPTIONS": json.dumps(options), "ATTNRANK_MAX_DOC_TOKENS": str(args.max_doc_tokens),
-           "ATTNRANK_TORCH_THREADS": str(args.torch_threads), "ATTNRANK_MAX_CANDIDATES": "1000",
-           "ATTNRANK_QUEUE_SIZE": "4"}
+    env = {**os.environ, "HEEDRANK_INDEX": str(args.index), "HEEDRANK_RERANK_METHOD": method,
+           "HEEDRANK_RERANK_OPTIONS": json.dumps(options), "HEEDRANK_MAX_DOC_TOKENS": str(args.max_doc_tokens),
+           "HEEDRANK_TORCH_THREADS": str(args.torch_threads), "HEEDRANK_MAX_CANDIDATES": "1000",
+           "HEEDRANK_QUEUE_SIZE": "4"}
     log = open(Path(args.log_dir) / f"server-{name}.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "attnrank.api.app:create_app", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", "--factory", "heedrank.api.app:create_app", "--host", "127.0.0.1",
          "--port", str(args.port), "--log-level", "warning", "--no-access-log"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )

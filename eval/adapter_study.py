@@ -1,8 +1,8 @@
 """Data and dev evaluation for query-adapter training (docs/RESULTS.md, "Levers": "what is trained").
 
-Builds :class:`attnrank.reranker.query_adapter.RankingExample` lists from BEIR splits
+Builds :class:`heedrank.reranker.query_adapter.RankingExample` lists from BEIR splits
 (first-stage candidates with qrels grades) and TREC DL runs, and the dev callback that
-:func:`attnrank.reranker.query_adapter.train_query_adapter` calls: nDCG@10 of the adapted
+:func:`heedrank.reranker.query_adapter.train_query_adapter` calls: nDCG@10 of the adapted
 pure reranker and of its interpolation with the first stage, over a fixed dev subset.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.fusion import fuse
+from heedrank.fusion import fuse
 
-from attnrank.reranker.query_adapter import RankingExample
-from attnrank.types import Document, Query
+from heedrank.reranker.query_adapter import RankingExample
+from heedrank.types import Document, Query
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
     Returns:
         ``(queries, candidates, first-stage scores, qrels, index dir or None)``.
     """
-    from attnrank.eval.beir import ensure_index
-    from attnrank.eval.heads import beir_candidates, trec_dl_candidates
+    from heedrank.eval.beir import ensure_index
+    from heedrank.eval.heads import beir_candidates, trec_dl_candidates
 
     if "@" in spec:
         data, run = spec.rsplit("@", 1)
@@ -62,13 +62,13 @@ def source_store(reranker: Any, index: Path | None, scratch: Path | None, name: 
     """The document KV store that serves a source's blocks: the index's own store when its
     header matches the reranker (read-only), else a writable scratch store
     ``scratch/<name>`` (created on first use; blocks computed once are kept), else ``None``."""
-    from attnrank.errors import KVStoreMismatchError
-    from attnrank.index.kv import KVHeader, KVStore
+    from heedrank.errors import KVStoreMismatchError
+    from heedrank.index.kv import KVHeader, KVStore
 
     header = KVHeader.from_dict(reranker.block_store_header())
     if header.layout != "full" and index is not None:  # a probe/window scorer: its own store, else the full one
-        from attnrank.index.kv import LayerView
-        from attnrank.index.store import Index
+        from heedrank.index.kv import LayerView
+        from heedrank.index.store import Index
 
         own = index / Index.store_dir(header)
         if (own / "header.json").is_file():
@@ -97,7 +97,7 @@ def dev_evaluator(
     qrels: Mapping[str, Mapping[str, int]], *, objective: str, block_store: Any = None, alpha: float = 0.8,
     show_progress: bool = False,
 ) -> Callable[[Any, Any], dict[str, float]]:
-    """The dev callback of :func:`attnrank.reranker.query_adapter.train_query_adapter`.
+    """The dev callback of :func:`heedrank.reranker.query_adapter.train_query_adapter`.
 
     Returns ``{"dev": nDCG@10 x100 of the pure reranker, "dev_fused": of alpha z(first) +
     (1 - alpha) z(reranker), "dev_first": of the first stage}`` over ``queries`` (every
@@ -106,8 +106,8 @@ def dev_evaluator(
     import torch
     from tqdm.auto import tqdm
 
-    from attnrank.eval.metrics import evaluate_run
-    from attnrank.reranker.query_adapter import base_instruction_kv, context_for, differentiable_scores
+    from heedrank.eval.metrics import evaluate_run
+    from heedrank.reranker.query_adapter import base_instruction_kv, context_for, differentiable_scores
 
     ids = sorted(q.query_id for q in queries)
     sub_qrels = {q: dict(qrels.get(q, {})) for q in ids}

@@ -1,8 +1,8 @@
 """Batch reranking of a first-stage TREC run, streaming and resumable.
 
-``attnrank rerank-batch --topics F --run F.trec --docs INDEX_DIR|run.json --out F.trec``
-reranks each query of a run with the same :class:`~attnrank.pipeline.Pipeline` the API
-and the evaluator use (a :class:`attnrank.retriever.run.RunRetriever` over the run, the passages
+``heedrank rerank-batch --topics F --run F.trec --docs INDEX_DIR|run.json --out F.trec``
+reranks each query of a run with the same :class:`~heedrank.pipeline.Pipeline` the API
+and the evaluator use (a :class:`heedrank.retriever.run.RunRetriever` over the run, the passages
 from an index directory or a rank_llm run JSON), and appends each query's ranking to the
 output as soon as it is done.
 
@@ -22,7 +22,7 @@ are reranked. If nothing can be reranked, the query is written in first-stage or
 query completes; the progress line and the summary count what happened.
 
 Output: 6-column TREC lines ``qid Q0 docid rank score tag``; each query's hits as
-:meth:`attnrank.pipeline.Pipeline.search` ranks them (reranked candidates, then the rest
+:meth:`heedrank.pipeline.Pipeline.search` ranks them (reranked candidates, then the rest
 of the first stage below), scores printed with ``repr``.
 """
 
@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import RerankerConfig, SearchLimits
-from attnrank.engine import Engine, LocalEngine
-from attnrank.files import file_sha256, fsync_dir
-from attnrank.errors import ContextOverflowError, MissingDependencyError, ModelLoadError, ValidationError
-from attnrank.pipeline import NO_RERANK, Pipeline, RerankerFactory, SearchOptions, merge_reranked, reranker_factory
-from attnrank.types import Query, Ranking
+from heedrank.config import RerankerConfig, SearchLimits
+from heedrank.engine import Engine, LocalEngine
+from heedrank.files import file_sha256, fsync_dir
+from heedrank.errors import ContextOverflowError, MissingDependencyError, ModelLoadError, ValidationError
+from heedrank.pipeline import NO_RERANK, Pipeline, RerankerFactory, SearchOptions, merge_reranked, reranker_factory
+from heedrank.types import Query, Ranking
 
 logger = logging.getLogger(__name__)
 
@@ -263,12 +263,12 @@ def iter_queries(topics: Mapping[str, Query], run_ids: Sequence[str], max_querie
 def _open_docs(docs: Path) -> tuple[Any, Any]:
     """A document store from an index directory or a run JSON, and the object to close."""
     if docs.is_dir():
-        from attnrank import registry
+        from heedrank import registry
 
         index = registry.open_index(str(docs))
         return index.docstore, index
-    from attnrank.data import load_run_json
-    from attnrank.index.memory import InMemoryDocStore
+    from heedrank.data import load_run_json
+    from heedrank.index.memory import InMemoryDocStore
 
     _, passages, _ = load_run_json(docs)
     return InMemoryDocStore(passages.values()), None
@@ -298,25 +298,25 @@ def rerank_batch(
     Args:
         topics: TREC topics (``qid<TAB>text``).
         run: First-stage TREC run (6 columns).
-        docs: Index directory (``attnrank index build``) or rank_llm run JSON with the passages.
+        docs: Index directory (``heedrank index build``) or rank_llm run JSON with the passages.
         out: Output TREC run; ``<out>.progress`` is written beside it.
         method: Reranker name.
         candidates: Top first-stage hits reranked per query.
         depth: Hits written per query (default: all of the run's hits).
-        tag: Run tag (default: ``attnrank-<method>-c<candidates>``).
+        tag: Run tag (default: ``heedrank-<method>-c<candidates>``).
         max_queries: Only the first ``max_queries`` queries (topics-file order).
         reranker_config: Model, ``max_doc_tokens``, device; its method is replaced by ``method``.
         factory: Reranker factory to use instead of the registry (tests).
         fusion: ``alpha``: order by ``alpha z(first stage) + (1 - alpha) z(reranker)``
-            (:attr:`attnrank.pipeline.SearchOptions.fusion`); ``None`` = the reranker's order.
+            (:attr:`heedrank.pipeline.SearchOptions.fusion`); ``None`` = the reranker's order.
         overwrite: Start afresh instead of resuming.
         show_progress: Progress bar with queries/s and documents/s.
-        engine: Where the queries are reranked (:class:`attnrank.engine.Engine`; default:
-            :class:`~attnrank.engine.LocalEngine`, this process, one query at a time). The
+        engine: Where the queries are reranked (:class:`heedrank.engine.Engine`; default:
+            :class:`~heedrank.engine.LocalEngine`, this process, one query at a time). The
             output and the resume rules are the same whichever runs (:func:`run_on_engine`),
             so a batch may be resumed on another engine.
         runner: Instead of ``engine``, a :data:`BatchRunner` (the seam before the engines;
-            ``RayEngine(...).run_batch`` from :mod:`attnrank.eval.distributed` is one).
+            ``RayEngine(...).run_batch`` from :mod:`heedrank.eval.distributed` is one).
 
     Returns:
         The :class:`BatchSummary` of this call.
@@ -329,9 +329,9 @@ def rerank_batch(
         Whatever the engine raises (a typed worker error, RayExecutionError; the queries
         committed before it stay, a rerun resumes).
     """
-    from attnrank.data import load_trec_run, load_trec_topics
-    from attnrank.registry import reranker_class
-    from attnrank.retriever.run import RunRetriever
+    from heedrank.data import load_trec_run, load_trec_topics
+    from heedrank.registry import reranker_class
+    from heedrank.retriever.run import RunRetriever
 
     t_start = time.perf_counter()
     if method == NO_RERANK:
@@ -342,7 +342,7 @@ def rerank_batch(
         reranker_class(method)  # fail on an unknown name before loading anything
     SearchLimits(max_candidates=max(candidates, 1)).check_candidates(candidates)  # the pipeline's check, early
     topics, run, docs, out = Path(topics), Path(run), Path(docs), Path(out)
-    tag = tag or f"attnrank-{method}-c{candidates}"
+    tag = tag or f"heedrank-{method}-c{candidates}"
     if any(c.isspace() for c in tag):
         raise ValidationError(f"run tag must have no whitespace, got {tag!r}")
     run_map = load_trec_run(run)
@@ -464,7 +464,7 @@ def commit_outcome(progress: Progress, summary: BatchSummary, outcome: QueryOutc
 
 
 def batch_record(pipeline: Pipeline, q: Query, options: SearchOptions, *, tag: str) -> dict[str, Any]:
-    """One query's work in a batch (:data:`attnrank.engine.QueryWork`): :func:`rerank_query`
+    """One query's work in a batch (:data:`heedrank.engine.QueryWork`): :func:`rerank_query`
     as a JSON-ready :class:`QueryOutcome` dict."""
     return rerank_query(pipeline, q, options, tag).to_dict()
 

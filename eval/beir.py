@@ -1,7 +1,7 @@
 """BEIR evaluation: nDCG@10, R@100, RR@10 of the search pipeline on a BEIR-layout dataset.
 
-Runs the same :class:`attnrank.pipeline.Pipeline` as the API (built with
-:meth:`~attnrank.pipeline.Pipeline.from_config`) over an index of the dataset's corpus,
+Runs the same :class:`heedrank.pipeline.Pipeline` as the API (built with
+:meth:`~heedrank.pipeline.Pipeline.from_config`) over an index of the dataset's corpus,
 which is built once and cached when no index is given.
 
 BEIR's protocol is followed on corpora that contain the queries (ArguAna, Quora, ...):
@@ -24,12 +24,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import PipelineConfig, RerankerConfig
-from attnrank.errors import UnknownNameError, ValidationError
-from attnrank.pipeline import Pipeline
-from attnrank.protocols import FilterArg, Retriever
-from attnrank.types import Query, Ranking
-from attnrank.eval.harness import (
+from heedrank.config import PipelineConfig, RerankerConfig
+from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.pipeline import Pipeline
+from heedrank.protocols import FilterArg, Retriever
+from heedrank.types import Query, Ranking
+from heedrank.eval.harness import (
     EvalTarget,
     check_rerank_name,
     config_dict,
@@ -38,9 +38,9 @@ from attnrank.eval.harness import (
     select_queries,
     spec_report_name,
 )
-from attnrank.eval.metrics import BEIR_METRICS
-from attnrank.eval.report import EvalReport
-from attnrank.eval.spec import EvalSpec, as_spec
+from heedrank.eval.metrics import BEIR_METRICS
+from heedrank.eval.report import EvalReport
+from heedrank.eval.spec import EvalSpec, as_spec
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,9 @@ class IgnoreIdenticalIds:
 def cached_index_dir(data_dir: str | Path, corpus_sha256: str) -> Path:
     """``<cache>/indexes/<dataset folder name>-<first 12 hex of the corpus sha256>``.
 
-    ``<cache>`` is ``$ATTNRANK_CACHE_DIR`` or ``~/.cache/attnrank``.
+    ``<cache>`` is ``$HEEDRANK_CACHE_DIR`` or ``~/.cache/heedrank``.
     """
-    from attnrank.data import default_cache_dir
+    from heedrank.data import default_cache_dir
 
     return default_cache_dir() / "indexes" / f"{Path(data_dir).resolve().name}-{corpus_sha256[:12]}"
 
@@ -83,7 +83,7 @@ def cached_index_dir(data_dir: str | Path, corpus_sha256: str) -> Path:
 def ensure_index(data_dir: str | Path, *, dense: bool = True, corpus_sha256: str | None = None) -> Path:
     """The cached index of a BEIR dataset's corpus, built on first use.
 
-    :func:`attnrank.index.builder.build_index` writes into a temporary folder and renames it into
+    :func:`heedrank.index.builder.build_index` writes into a temporary folder and renames it into
     place, so an interrupted build never leaves a half-written index to be reused.
 
     Args:
@@ -99,8 +99,8 @@ def ensure_index(data_dir: str | Path, *, dense: bool = True, corpus_sha256: str
         NotFoundError: no corpus file.
         ModelLoadError: the embedder cannot be loaded (with ``dense``).
     """
-    from attnrank.data import find_beir_corpus
-    from attnrank.index.builder import PARAMS_FILE, build_index, read_params
+    from heedrank.data import find_beir_corpus
+    from heedrank.index.builder import PARAMS_FILE, build_index, read_params
 
     corpus = find_beir_corpus(data_dir)
     target = cached_index_dir(data_dir, corpus_sha256 or file_sha256(corpus))
@@ -126,7 +126,7 @@ def evaluate_beir(spec: EvalSpec | str | Path | None = None, /, **fields: Any) -
     """Evaluate the pipeline on a BEIR dataset and write a TREC run and a JSON report.
 
     Args:
-        spec: The evaluation (:class:`~attnrank.eval.spec.EvalSpec`: ``data_dir``, its BEIR
+        spec: The evaluation (:class:`~heedrank.eval.spec.EvalSpec`: ``data_dir``, its BEIR
             fields ``split``, ``retriever``, ``index_dir``, ``build_dense``,
             ``keep_identical_ids``, and the shared ones). Also callable as before the spec,
             ``evaluate_beir(data_dir, **fields)`` with the spec's field names.
@@ -141,8 +141,8 @@ def evaluate_beir(spec: EvalSpec | str | Path | None = None, /, **fields: Any) -
         ValidationError: bad ``candidates``/``max_queries``; no ``data_dir``; TREC DL fields set.
         TypeError: an unknown field, or a spec and fields both.
     """
-    from attnrank import registry
-    from attnrank.data import find_beir_corpus, load_beir_qrels, load_beir_queries
+    from heedrank import registry
+    from heedrank.data import find_beir_corpus, load_beir_qrels, load_beir_queries
 
     spec = as_spec(spec, fields)
     spec.check_for("beir")

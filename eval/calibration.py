@@ -1,16 +1,16 @@
-"""Fitting and evaluating the relevance cut-off (:mod:`attnrank.calibration`) on study dumps.
+"""Fitting and evaluating the relevance cut-off (:mod:`heedrank.calibration`) on study dumps.
 
 For every query of a dump, each candidate count ``N`` of ``counts`` (the first stage's top
 ``N``, re-scored as the service would score that many: per-(layer, head) features z-scored
 over the ``N``), and each serving mode (fused with first-stage scores, fused with the
 reciprocal rank of the given order, the reranker alone), the served scores are computed
-exactly as the service computes them (:func:`attnrank.eval.study.variant_scores`,
-:func:`attnrank.fusion.fuse`, :func:`attnrank.calibration.features`). One logistic map per
+exactly as the service computes them (:func:`heedrank.eval.study.variant_scores`,
+:func:`heedrank.fusion.fuse`, :func:`heedrank.calibration.features`). One logistic map per
 mode is fitted on calibration queries (which the reranker must not have been trained on),
 its threshold and the best fixed top-k are chosen on dev for the mean F1 over the counts,
 and both are measured on test sets: precision, recall (of every judged relevant document
 in the qrels) and F1 of the returned set per query; an empty set has precision 1 and F1 0.
-Paired randomization test (:func:`attnrank.eval.compare.randomization_test`) of the
+Paired randomization test (:func:`heedrank.eval.compare.randomization_test`) of the
 per-query F1 difference.
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.calibration import MODES, Calibration, PlattMap, features
-from attnrank.eval.study import QueryItem, variant_scores
-from attnrank.fusion import fuse, reciprocal_ranks, standardize
+from heedrank.calibration import MODES, Calibration, PlattMap, features
+from heedrank.eval.study import QueryItem, variant_scores
+from heedrank.fusion import fuse, reciprocal_ranks, standardize
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Served:
 
     Attributes:
         query_id: The query.
-        x: ``(N, 4)`` float64 map inputs in served order (:data:`attnrank.calibration.FEATURES`).
+        x: ``(N, 4)`` float64 map inputs in served order (:data:`heedrank.calibration.FEATURES`).
         scores: ``(N,)`` served scores in served order.
         labels: ``(N,)`` 1.0 for a relevant candidate (grade >= ``min_grade``), else 0.
         n_relevant: Relevant documents of the query in the qrels (recall's denominator).
@@ -67,7 +67,7 @@ def subset(item: QueryItem, n: int) -> QueryItem:
 def served(items: Sequence[QueryItem], qrels: Mapping[str, Mapping[str, int]], variant: Mapping[str, Any],
            alpha: float, mode: str, n: int | None, *, min_grade: int = 1) -> list[Served]:
     """Every query of ``items`` served at candidate count ``n`` (``None``: all its
-    candidates) in ``mode`` (:data:`attnrank.calibration.MODES`), plus the judged queries
+    candidates) in ``mode`` (:data:`heedrank.calibration.MODES`), plus the judged queries
     with a relevant document and no candidates (nothing returned)."""
     out = []
     for it in items:
@@ -177,7 +177,7 @@ def evaluate_cutoff(items: Sequence[QueryItem], qrels: Mapping[str, Mapping[str,
                     min_grade: int = 1) -> dict[str, Any]:
     """The ``"auto"`` cut-off against the fixed top-``top_k`` on one set at count ``n``:
     mean precision, recall, F1 and hits returned of each, the F1 difference and its p."""
-    from attnrank.eval.compare import randomization_test
+    from heedrank.eval.compare import randomization_test
 
     plat = calibration.maps[mode]
     rows = served(items, qrels, head_variant(card), float(calibration.alpha or 0.0), mode, n, min_grade=min_grade)

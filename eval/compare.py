@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnrank.errors import ValidationError
-from attnrank.eval.report import EvalReport, load_report
+from heedrank.errors import ValidationError
+from heedrank.eval.report import EvalReport, load_report
 
 logger = logging.getLogger(__name__)
 

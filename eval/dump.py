@@ -1,8 +1,8 @@
 """Attention dumps: per query, the calibrated per-head token attention of one ICR pass
 (float16, all layers), the prompt's token ids and document spans, the candidates with their
 first-stage scores and qrels grades (ALGORITHMS.md section 2). Written by the evaluator
-(``eval --dump``) and by :func:`attnrank.eval.heads.dump_attention`; read by head detection,
-weight fitting and the ablation (:mod:`attnrank.eval.heads`). Depends on nothing else in
+(``eval --dump``) and by :func:`heedrank.eval.heads.dump_attention`; read by head detection,
+weight fitting and the ablation (:mod:`heedrank.eval.heads`). Depends on nothing else in
 ``eval``, so the harness can write dumps without importing the heads study.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.types import Qrels
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.types import Qrels
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def load_dump(dump_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]
 
     d = Path(dump_dir)
     if not (d / "meta.json").exists():
-        raise NotFoundError(f"{d} is not an attention dump (no meta.json); create it with `attnrank heads dump`")
+        raise NotFoundError(f"{d} is not an attention dump (no meta.json); create it with `heedrank heads dump`")
     meta = json.loads((d / "meta.json").read_text())
     items = [torch.load(p, weights_only=False) for p in sorted(d.glob("*.pt"))]
     return meta, sorted(items, key=lambda x: x["query_id"])

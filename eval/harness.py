@@ -1,7 +1,7 @@
 """Shared evaluation steps: query selection, running the pipeline, building the report.
 
-Both :mod:`attnrank.eval.beir` and :mod:`attnrank.eval.trecdl` run queries through the same
-:class:`attnrank.pipeline.Pipeline` that serves the API, then evaluate its output here.
+Both :mod:`heedrank.eval.beir` and :mod:`heedrank.eval.trecdl` run queries through the same
+:class:`heedrank.pipeline.Pipeline` that serves the API, then evaluate its output here.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnrank.engine import EngineSearch, LocalEngine
-from attnrank.errors import UnknownNameError, ValidationError
-from attnrank.files import file_sha256 as file_sha256  # re-exported for the evaluators
-from attnrank.jsonable import jsonable
-from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions
-from attnrank.types import Qrels, Query
-from attnrank.eval.metrics import evaluate_run
-from attnrank.eval.report import EvalReport, latency_summary, now_iso, save_report
-from attnrank.eval.spec import EvalSpec
+from heedrank.engine import EngineSearch, LocalEngine
+from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.files import file_sha256 as file_sha256  # re-exported for the evaluators
+from heedrank.jsonable import jsonable
+from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions
+from heedrank.types import Qrels, Query
+from heedrank.eval.metrics import evaluate_run
+from heedrank.eval.report import EvalReport, latency_summary, now_iso, save_report
+from heedrank.eval.spec import EvalSpec
 
 __all__ = ["EVAL_TOP_K", "EngineSearch", "EvalSpec", "EvalTarget", "check_rerank_name", "config_dict", "config_suffix",
            "file_sha256", "report_name", "run_evaluation", "select_queries", "spec_report_name", "subset_suffix"]
@@ -81,7 +81,7 @@ def _for_method(config: Any, method: str) -> Any:
     """``config`` for ``method`` (the evaluated one): its budget is that method's when unset."""
     from dataclasses import replace
 
-    from attnrank.config import RerankerConfig
+    from heedrank.config import RerankerConfig
 
     if config is None:
         config = RerankerConfig()
@@ -97,7 +97,7 @@ def config_suffix(config: Any, reranking: bool) -> str | None:
     if not reranking:
         return None
     if config is None:
-        from attnrank.config import RerankerConfig
+        from heedrank.config import RerankerConfig
 
         config = RerankerConfig()
     parts = [f"t{config.doc_tokens}"]
@@ -125,13 +125,13 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 def check_rerank_name(rerank: str) -> None:
     """Fail early on an unknown reranker name, before any data, index or model loads (the
-    pipeline does not exist yet; once it does, :meth:`attnrank.pipeline.Pipeline.validate`
+    pipeline does not exist yet; once it does, :meth:`heedrank.pipeline.Pipeline.validate`
     checks every option).
 
     Raises:
         UnknownNameError: ``rerank`` is neither ``"none"`` nor a registered reranker.
     """
-    from attnrank import registry
+    from heedrank import registry
 
     if rerank != NO_RERANK and rerank not in registry.reranker_names():
         raise UnknownNameError(f"unknown reranker {rerank!r}; choose one of {[NO_RERANK, *registry.reranker_names()]}")
@@ -139,7 +139,7 @@ def check_rerank_name(rerank: str) -> None:
 
 @dataclass(frozen=True)
 class EvalTarget:
-    """What an evaluator resolved from its :class:`~attnrank.eval.spec.EvalSpec`, for
+    """What an evaluator resolved from its :class:`~heedrank.eval.spec.EvalSpec`, for
     :func:`run_evaluation`: which first stage to search and how the report is named and
     recorded.
 
@@ -191,14 +191,14 @@ def run_evaluation(
     and ``<out_dir>/<name>.json``.
 
     With ``spec.dump_dir`` (ICR with option ``keep_attention``), each query's per-head
-    attention is also saved as an attention dump (:mod:`attnrank.eval.heads`) from the same pass.
+    attention is also saved as an attention dump (:mod:`heedrank.eval.heads`) from the same pass.
 
     Queries are reranked one at a time (a progress bar counts queries); per-query
-    latencies come from :attr:`attnrank.pipeline.SearchResult.timings`. The reranker's
+    latencies come from :attr:`heedrank.pipeline.SearchResult.timings`. The reranker's
     model is loaded before the first query and its load time reported apart. When reranking,
     the first-stage ranking (top ``EVAL_TOP_K``) is evaluated too.
 
-    ``spec.engine`` runs the searches (:meth:`attnrank.engine.Engine.search`; default: the
+    ``spec.engine`` runs the searches (:meth:`heedrank.engine.Engine.search`; default: the
     local engine). On another engine (Ray) the reranker loads there, not here; the report is
     the same apart from timings, with ``params.engine`` saying how it ran. ``dump_dir`` needs
     the local engine.
@@ -222,7 +222,7 @@ def run_evaluation(
     dump_dir, show_progress, params = spec.dump_dir, spec.show_progress, target.params
     options = SearchOptions(top_k=EVAL_TOP_K, retriever=target.retriever, rerank=spec.rerank,
                             candidates=spec.candidates, fusion=spec.fusion)
-    from attnrank.data import write_trec_run
+    from heedrank.data import write_trec_run
 
     options = pipeline.validate(options)  # every check (and the filter parse) before a model loads
     reranking = options.rerank != NO_RERANK
@@ -238,7 +238,7 @@ def run_evaluation(
     qids = [r.query.query_id for r in results]
     run = {r.query.query_id: r.ranking.to_dict() for r in results}
     if dump_dir is not None and reranking:
-        from attnrank.eval.dump import save_dump_from_results
+        from heedrank.eval.dump import save_dump_from_results
 
         save_dump_from_results(dump_dir, results, qrels, pipeline.reranker(options.rerank).describe(),
                                info={"dataset": dataset, "split": split, "first_stage": first_stage,

@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import RerankerConfig
-from attnrank.errors import ValidationError
-from attnrank.eval.dump import DUMP_FORMAT, dump_file_name, load_dump, save_dump_from_results, save_dump_item
-from attnrank.types import Document, Qrels, Query
+from heedrank.config import RerankerConfig
+from heedrank.errors import ValidationError
+from heedrank.eval.dump import DUMP_FORMAT, dump_file_name, load_dump, save_dump_from_results, save_dump_item
+from heedrank.types import Document, Qrels, Query
 
 __all__ = ["DUMP_FORMAT", "load_dump", "save_dump_from_results", "save_dump_item"]  # re-exported: the dump format
 
@@ -39,11 +39,11 @@ def beir_candidates(
     With ``ensure_gold`` (detection), a query whose candidates hold no relevant document gets
     its lowest candidate replaced by a random relevant one (seeded).
     """
-    from attnrank.config import PipelineConfig
-    from attnrank.data import load_beir_qrels, load_beir_queries
-    from attnrank.pipeline import Pipeline, SearchOptions
-    from attnrank.eval.beir import ensure_index
-    from attnrank.eval.harness import select_queries
+    from heedrank.config import PipelineConfig
+    from heedrank.data import load_beir_qrels, load_beir_queries
+    from heedrank.pipeline import Pipeline, SearchOptions
+    from heedrank.eval.beir import ensure_index
+    from heedrank.eval.harness import select_queries
 
     data_dir = Path(data_dir)
     qrels = load_beir_qrels(data_dir, split)
@@ -61,7 +61,7 @@ def beir_candidates(
             pick = rng.choice(sorted(gold))
             doc = pipe.docstore.get_many([pick]).get(pick)
             if doc is not None:
-                from attnrank.types import ScoredDoc
+                from heedrank.types import ScoredDoc
 
                 hits = hits[:-1] + [ScoredDoc(pick, min((h.score for h in hits), default=0.0) - 1.0, doc)]
         cands[qid] = [h.document for h in hits]
@@ -73,8 +73,8 @@ def trec_dl_candidates(
     data_dir: str | Path, *, run_name: str, candidates: int, queries: int | None = None, seed: int = 0,
 ) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Qrels]:
     """Top ``candidates`` of a TREC DL first-stage run JSON (with passage text)."""
-    from attnrank.data import load_run_json, load_trec_qrels, trec_dl_paths
-    from attnrank.eval.harness import select_queries
+    from heedrank.data import load_run_json, load_trec_qrels, trec_dl_paths
+    from heedrank.eval.harness import select_queries
 
     paths = trec_dl_paths(data_dir, run_name)
     run, docs, topics = load_run_json(paths.run_json)
@@ -113,7 +113,7 @@ def dump_attention(
     """
     import torch
 
-    from attnrank.reranker.icr import ICRReranker
+    from heedrank.reranker.icr import ICRReranker
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,10 +158,10 @@ def detect_heads(dump_dir: str | Path, *, method: str = "qrscore", top_k: int = 
     """Detect query-focused heads from a dump (ALGORITHMS.md section 2).
 
     Returns:
-        :class:`attnrank.reranker.heads.HeadSet` with every head's score and the ``top_k`` selected.
+        :class:`heedrank.reranker.heads.HeadSet` with every head's score and the ``top_k`` selected.
     """
 
-    from attnrank.reranker.heads import HeadSet, ndcg_at_k, per_head_document_scores, qrscore, select_heads
+    from heedrank.reranker.heads import HeadSet, ndcg_at_k, per_head_document_scores, qrscore, select_heads
 
     if method not in ("qrscore", "ndcg"):
         raise ValidationError(f"method must be 'qrscore' or 'ndcg', got {method!r}")
@@ -226,11 +226,11 @@ def fit_head_weights(
         ValidationError: fewer than 4 usable queries, or an unknown ``support``.
 
     Returns:
-        The updated :class:`attnrank.reranker.heads.HeadSet` (also saved to ``headset_path``).
+        The updated :class:`heedrank.reranker.heads.HeadSet` (also saved to ``headset_path``).
     """
     import torch
 
-    from attnrank.reranker.heads import HeadSet, per_head_document_scores
+    from heedrank.reranker.heads import HeadSet, per_head_document_scores
 
     if support not in ("qr", "all"):
         raise ValidationError(f"support must be 'qr' or 'all', got {support!r}")
@@ -325,10 +325,10 @@ def variant_scores(item: Mapping[str, Any], variant: Variant, *, headset, tokeni
     """Scores of one dumped query under one variant (candidate order)."""
     import torch
 
-    from attnrank.reranker.heads import per_head_document_scores
-    from attnrank.reranker.icr import masked_document_scores
-    from attnrank.reranker.prompt import encode_untrusted
-    from attnrank.reranker.reattn import ReAttnConfig, reattn_scores, token_forms
+    from heedrank.reranker.heads import per_head_document_scores
+    from heedrank.reranker.icr import masked_document_scores
+    from heedrank.reranker.prompt import encode_untrusted
+    from heedrank.reranker.reattn import ReAttnConfig, reattn_scores, token_forms
 
     c = item["calibrated"].float()
     spans = item["spans"]
@@ -352,7 +352,7 @@ def variant_scores(item: Mapping[str, Any], variant: Variant, *, headset, tokeni
     else:
         scores = masked_document_scores(tok_scores, spans)
     if variant.fusion == "rrf":
-        from attnrank.types import ranks_from_scores
+        from heedrank.types import ranks_from_scores
 
         ids = item["doc_ids"]
         r_rerank = ranks_from_scores(ids, scores)
@@ -371,10 +371,10 @@ def ablation(
     Returns:
         ``{"variants": {name: {metric: value}}, "deltas": {...}, "first_stage": {...}, ...}``.
     """
-    from attnrank.eval.compare import randomization_test
-    from attnrank.eval.metrics import evaluate_run
-    from attnrank.reranker.heads import HeadSet
-    from attnrank.reranker.lm import load_lm
+    from heedrank.eval.compare import randomization_test
+    from heedrank.eval.metrics import evaluate_run
+    from heedrank.reranker.heads import HeadSet
+    from heedrank.reranker.lm import load_lm
 
     meta, items = load_dump(dump_dir)
     hs = HeadSet.load(headset_path)

@@ -10,8 +10,8 @@ Metric names are ``ir_measures`` strings, e.g. ``"nDCG@10"``, ``"R@100"``, ``"RR
 * **Unjudged documents** count as non-relevant (``Judged@k`` measures how many there are).
 * **Graded relevance**: nDCG uses linear gain (``trec_eval``'s ``ndcg_cut``); binary
   measures count grade >= 1 as relevant unless the name says ``rel=N``.
-* **Ties**: ``trec_eval`` breaks score ties by doc id *descending*, attnrank ranks by
-  ``(-score, doc_id)``. To evaluate exactly the order attnrank returns, every query's run
+* **Ties**: ``trec_eval`` breaks score ties by doc id *descending*, heedrank ranks by
+  ``(-score, doc_id)``. To evaluate exactly the order heedrank returns, every query's run
   is converted to rank-based scores (``n - rank``) before evaluation.
 
 Example:
@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnrank.errors import UnknownNameError, ValidationError
-from attnrank.types import Qrels, Ranking
+from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.types import Qrels, Ranking
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +104,10 @@ def parse_metrics(names: Iterable[str]) -> dict[str, Any]:
 
 
 def rank_scores(run: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
-    """Replace scores by ``n - rank`` under attnrank's ``(-score, doc_id)`` order.
+    """Replace scores by ``n - rank`` under heedrank's ``(-score, doc_id)`` order.
 
     ``trec_eval`` would otherwise break ties by doc id descending; after this, every
-    evaluator sees the order attnrank returns. NaN scores rank last.
+    evaluator sees the order heedrank returns. NaN scores rank last.
     """
     out: dict[str, dict[str, float]] = {}
     for qid, scores in run.items():

@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.jsonable import jsonable as jsonable  # re-exported: the reports' conversion
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.jsonable import jsonable as jsonable  # re-exported: the reports' conversion
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class EvalReport:
         try:
             return cls(**{k: v for k, v in data.items() if k in known})
         except TypeError as exc:
-            raise ValidationError(f"not an attnrank evaluation report: {exc}") from None
+            raise ValidationError(f"not an heedrank evaluation report: {exc}") from None
 
     @property
     def label(self) -> str:

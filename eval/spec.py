@@ -1,6 +1,6 @@
 """One record for an evaluation run: :class:`EvalSpec`, read by
-:func:`attnrank.eval.beir.evaluate_beir`, :func:`attnrank.eval.trecdl.evaluate_trec_dl`
-and :func:`attnrank.eval.harness.run_evaluation` (and built once by ``attnrank eval
+:func:`heedrank.eval.beir.evaluate_beir`, :func:`heedrank.eval.trecdl.evaluate_trec_dl`
+and :func:`heedrank.eval.harness.run_evaluation` (and built once by ``heedrank eval
 beir|trec-dl``). A new evaluation knob is one field here, one CLI option and its use.
 """
 
@@ -10,10 +10,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
-from attnrank.config import RerankerConfig
-from attnrank.engine import Engine
-from attnrank.errors import ValidationError
-from attnrank.pipeline import NO_RERANK
+from heedrank.config import RerankerConfig
+from heedrank.engine import Engine
+from heedrank.errors import ValidationError
+from heedrank.pipeline import NO_RERANK
 
 BEIR_FIELDS = ("split", "retriever", "index_dir", "build_dense", "keep_identical_ids")
 """Fields that apply to BEIR only."""
@@ -34,31 +34,31 @@ class EvalSpec:
         rerank: Reranker name, or ``"none"`` for first-stage order.
         candidates: First-stage hits reranked per query.
         fusion: ``alpha`` in [0, 1]: rank by ``alpha * z(first stage) + (1 - alpha) *
-            z(reranker)`` (:attr:`attnrank.pipeline.SearchOptions.fusion`, the served fused
+            z(reranker)`` (:attr:`heedrank.pipeline.SearchOptions.fusion`, the served fused
             path); ``None`` = the reranker's order. Named ``-f<alpha>`` in the report.
         reranker_config: Model, ``max_doc_tokens``, device, options; its ``method`` is
             replaced by ``rerank``. ``None`` = ``RerankerConfig()``.
         max_queries: Evaluate a fixed seeded subset of this many judged queries
-            (:func:`attnrank.eval.harness.select_queries`); ``None`` = all.
+            (:func:`heedrank.eval.harness.select_queries`); ``None`` = all.
         seed: Seed of the subset.
-        metrics: Metric names (:mod:`attnrank.eval.metrics`); ``None`` = the dataset's
+        metrics: Metric names (:mod:`heedrank.eval.metrics`); ``None`` = the dataset's
             (``BEIR_METRICS``, ``TREC_DL_METRICS``).
         out_dir: Folder of ``<name>.trec`` (top-100 run) and ``<name>.json`` (report).
         dump_dir: Also save an attention dump of the reranked queries (ICR with option
             ``keep_attention``), for head detection and ablations; needs the local engine.
-        engine: Where the searches run (:class:`attnrank.engine.Engine`, e.g. the Ray
+        engine: Where the searches run (:class:`heedrank.engine.Engine`, e.g. the Ray
             engine; the first stage still runs here); ``None`` = this process. The report is
             the same apart from timings and ``params.engine``.
         show_progress: Progress bars.
         split: BEIR qrels split (``"test"``, ``"dev"``, ``"train"``).
         retriever: BEIR first stage (``"bm25"``, ``"dense"``, ``"hybrid"``).
         index_dir: BEIR index directory; ``None`` = built once into the cache
-            (:func:`attnrank.eval.beir.ensure_index`) and reused.
+            (:func:`heedrank.eval.beir.ensure_index`) and reused.
         build_dense: BEIR: when building the cached index, also compute dense vectors
             (always done for the ``dense`` and ``hybrid`` retrievers).
         keep_identical_ids: BEIR: keep a retrieved document whose id equals the query id.
             Default ``False`` follows BEIR (``ignore_identical_ids=True``), dropping it
-            before reranking (:class:`attnrank.eval.beir.IgnoreIdenticalIds`).
+            before reranking (:class:`heedrank.eval.beir.IgnoreIdenticalIds`).
         run_name: TREC DL first-stage run, e.g. ``"BM25"``, ``"SPLADE_P_P_ENSEMBLE_DISTIL"``;
             ``None`` = ``"BM25"``, or with ``run_file`` the ``<RUN>`` of its name.
         year: TREC DL track year (``"dl21"``, ``"2021"``); ``None`` = detected from the

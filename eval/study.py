@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.fusion import fuse, standardize
-from attnrank.reranker.scoring import linear_head_scores
+from heedrank.fusion import fuse, standardize
+from heedrank.reranker.scoring import linear_head_scores
 
-from attnrank.types import Document
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     """Per-candidate attention features of one query from one cached BlockRank pass.
 
     Args:
-        reranker: :class:`attnrank.reranker.blockrank.BlockRankReranker` with
+        reranker: :class:`heedrank.reranker.blockrank.BlockRankReranker` with
             ``query_in_instruction=false``.
         query: Query text.
         docs: Candidates (first-stage order).
@@ -56,8 +56,8 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     """
     import torch
 
-    from attnrank.reranker.blockrank import block_forward
-    from attnrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
+    from heedrank.reranker.blockrank import block_forward
+    from heedrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
 
     lm = reranker.lm
     layer = reranker.layer
@@ -95,7 +95,7 @@ def mask_features(reranker: Any, query: str, docs: Sequence[Document], variants:
     """:func:`block_features` for several query passes over ONE context (issue #23's deciding
     experiment): per variant ``name -> (lm, below)``, the calibrated and raw mass of a merged
     query + ``N/A`` pass whose layers ``< below`` do not attend to the candidates
-    (:class:`attnrank.reranker.attention.CandidateMask`; ``0``: today's pass, ``l* + 1``: the
+    (:class:`heedrank.reranker.attention.CandidateMask`; ``0``: today's pass, ``l* + 1``: the
     probe store's), run on the reranker's ``"base"`` LM or its query-adapter LM
     (``"adapter"``).
 
@@ -109,9 +109,9 @@ def mask_features(reranker: Any, query: str, docs: Sequence[Document], variants:
     """
     import torch
 
-    from attnrank.reranker.blockrank import block_forward, calibrated_forward
-    from attnrank.reranker.probe import probe_mass, probe_query_pass
-    from attnrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
+    from heedrank.reranker.blockrank import block_forward, calibrated_forward
+    from heedrank.reranker.probe import probe_mass, probe_query_pass
+    from heedrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
 
     layer = reranker.layer
     prompt = reranker.build_prompt(query, docs)
@@ -226,7 +226,7 @@ def with_features(items: Sequence[QueryItem], name: str) -> list[QueryItem]:
 
 # ------------------------------------------------------------------------------ variants
 def _z(x: np.ndarray) -> np.ndarray:
-    """Per-query standardisation of each column (:func:`attnrank.fusion.standardize`)."""
+    """Per-query standardisation of each column (:func:`heedrank.fusion.standardize`)."""
     return standardize(x)
 
 
@@ -345,7 +345,7 @@ def variant_scores(item: QueryItem, variant: Mapping[str, Any]) -> np.ndarray:
             cal = cal[:, list(layers)]
         return cal.sum(axis=(1, 2)).astype(np.float64)
     if kind == "linear":
-        if variant["spec"] == "heads":  # the served learned scorer (attnrank.reranker.scoring)
+        if variant["spec"] == "heads":  # the served learned scorer (heedrank.reranker.scoring)
             cal = item.features["calibrated"].astype(np.float64)
             if variant.get("layers") is not None:
                 cal = cal[:, list(variant["layers"])]
@@ -421,7 +421,7 @@ def ndcg10(items: Sequence[QueryItem], run: Mapping[str, Mapping[str, float]], q
     """Per-query nDCG@10 (x100) of ``run`` against the full ``qrels`` (ir-measures), over
     every query of ``qrels`` (the dump's selected queries): a query whose first stage found
     no candidate (so has no item) scores 0, as in the evaluator."""
-    from attnrank.eval.metrics import evaluate_run
+    from heedrank.eval.metrics import evaluate_run
 
     ev = evaluate_run(run, qrels, ["nDCG@10"], query_ids=sorted(set(qrels) | {it.query_id for it in items}))
     return {q: 100.0 * v["nDCG@10"] for q, v in ev.per_query.items()}
@@ -449,7 +449,7 @@ def run_study(
     or a query adapter's), each with its own dev-tuned interpolation; with ``train`` empty only
     these and the zero-shot variants are scored.
     """
-    from attnrank.eval.compare import randomization_test
+    from heedrank.eval.compare import randomization_test
 
     variants: dict[str, dict[str, Any]] = {
         "first stage": {"kind": "first"},
@@ -530,7 +530,7 @@ def weights_card(report: Mapping[str, Any], meta: Mapping[str, Any], *, command:
     BlockRank): weights ``(l* + 1) * heads`` in (layer, head) order, what they fit (model
     hash, ``l*``, block budget, template), how (train data, ``l2`` chosen on dev) and their
     dev and test nDCG@10 with the first stage beside them."""
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
     variant = report["variants"][PURE]
     model = (meta.get("reranker") or {}).get("model") or {}

@@ -11,11 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import PipelineConfig, RerankerConfig
-from attnrank.pipeline import Pipeline, SearchOptions
-from attnrank.types import Ranking, ScoredDoc
-from attnrank.eval.harness import report_name, select_queries, subset_suffix
-from attnrank.eval.metrics import BEIR_METRICS, evaluate_run
+from heedrank.config import PipelineConfig, RerankerConfig
+from heedrank.pipeline import Pipeline, SearchOptions
+from heedrank.types import Ranking, ScoredDoc
+from heedrank.eval.harness import report_name, select_queries, subset_suffix
+from heedrank.eval.metrics import BEIR_METRICS, evaluate_run
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ def layer_sweep_beir(
         ``{"layers": {layer: {metric: value}}, "best_layer": int, "first_stage": {...}, ...}``
         (also written as JSON).
     """
-    from attnrank import registry
-    from attnrank.data import load_beir_qrels, load_beir_queries
-    from attnrank.eval.beir import ensure_index
+    from heedrank import registry
+    from heedrank.data import load_beir_qrels, load_beir_queries
+    from heedrank.eval.beir import ensure_index
 
     data_dir = Path(data_dir)
     queries = load_beir_queries(data_dir)

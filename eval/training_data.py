@@ -14,8 +14,8 @@ import logging
 import random
 from pathlib import Path
 
-from attnrank.errors import ValidationError
-from attnrank.reranker.train import TrainingExample
+from heedrank.errors import ValidationError
+from heedrank.reranker.train import TrainingExample
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +29,11 @@ def blockrank_examples(
     Raises:
         ValidationError: ``candidates < 2``, or no query yields an example.
     """
-    from attnrank.config import PipelineConfig
-    from attnrank.data import load_beir_qrels, load_beir_queries
-    from attnrank.pipeline import Pipeline, SearchOptions
-    from attnrank.eval.beir import ensure_index
-    from attnrank.eval.harness import select_queries
+    from heedrank.config import PipelineConfig
+    from heedrank.data import load_beir_qrels, load_beir_queries
+    from heedrank.pipeline import Pipeline, SearchOptions
+    from heedrank.eval.beir import ensure_index
+    from heedrank.eval.harness import select_queries
 
     if candidates < 2:
         raise ValidationError("candidates must be >= 2 (one positive and at least one negative)")

@@ -2,10 +2,10 @@
 
 The first stage is a published run (e.g. Anserini BM25) read from a rank_llm
 ``retrieve_results_<RUN>_dlNN_top100.json[.gz]`` file of any track year (2019: ``dl19``,
-2020: ``dl20``, ...; see :func:`attnrank.data.trec_dl_paths` for the recognised names, or
+2020: ``dl20``, ...; see :func:`heedrank.data.trec_dl_paths` for the recognised names, or
 give explicit paths), served by
-:class:`attnrank.retriever.run.RunRetriever` over an :class:`attnrank.index.memory.InMemoryDocStore` of its
-passages, through the same :class:`attnrank.pipeline.Pipeline` as the API.
+:class:`heedrank.retriever.run.RunRetriever` over an :class:`heedrank.index.memory.InMemoryDocStore` of its
+passages, through the same :class:`heedrank.pipeline.Pipeline` as the API.
 
 Metrics: nDCG@10 (graded), R@100 and RR@10 with grade >= 2 as relevant (TREC DL
 convention for passages), and Judged@10, since the candidates are a subset of MS MARCO
@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import RerankerConfig
-from attnrank.pipeline import Pipeline
-from attnrank.eval.harness import (
+from heedrank.config import RerankerConfig
+from heedrank.pipeline import Pipeline
+from heedrank.eval.harness import (
     EvalTarget,
     check_rerank_name,
     config_dict,
@@ -35,9 +35,9 @@ from attnrank.eval.harness import (
     select_queries,
     spec_report_name,
 )
-from attnrank.eval.metrics import TREC_DL_METRICS
-from attnrank.eval.report import EvalReport
-from attnrank.eval.spec import EvalSpec, as_spec
+from heedrank.eval.metrics import TREC_DL_METRICS
+from heedrank.eval.report import EvalReport
+from heedrank.eval.spec import EvalSpec, as_spec
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def evaluate_trec_dl(spec: EvalSpec | str | Path | None = None, /, **fields: Any
     """Rerank a TREC DL first-stage run and evaluate it; writes a TREC run and a JSON report.
 
     Args:
-        spec: The evaluation (:class:`~attnrank.eval.spec.EvalSpec`: ``data_dir``, its TREC
+        spec: The evaluation (:class:`~heedrank.eval.spec.EvalSpec`: ``data_dir``, its TREC
             DL fields ``run_name``, ``year``, ``topics``, ``qrels``, ``run_file``, and the
             shared ones; at most 100 candidates exist per query). Also callable as before the
             spec, ``evaluate_trec_dl(data_dir, **fields)`` with the spec's field names.
@@ -64,10 +64,10 @@ def evaluate_trec_dl(spec: EvalSpec | str | Path | None = None, /, **fields: Any
             and no ``year``; malformed files; BEIR fields set.
         TypeError: an unknown field, or a spec and fields both.
     """
-    from attnrank.data import load_run_json, load_trec_qrels, load_trec_topics, trec_dl_paths
-    from attnrank.registry import build_reranker
-    from attnrank.index.memory import InMemoryDocStore
-    from attnrank.retriever.run import RunRetriever
+    from heedrank.data import load_run_json, load_trec_qrels, load_trec_topics, trec_dl_paths
+    from heedrank.registry import build_reranker
+    from heedrank.index.memory import InMemoryDocStore
+    from heedrank.retriever.run import RunRetriever
 
     spec = as_spec(spec, fields)
     spec.check_for("trec-dl")

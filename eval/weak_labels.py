@@ -9,7 +9,7 @@ Two sources:
   and writes one question that the text answers, greedy (InPars, Bonifacio et al. 2022,
   arXiv 2202.05144, Section 3, zero-shot prompt instead of few-shot).
 
-The first stage's hard negatives come later, from ``attnrank eval study-dump`` on the folder
+The first stage's hard negatives come later, from ``heedrank eval study-dump`` on the folder
 written here (candidates = the first stage's top k for the pseudo-query); InPars's filter
 (keep the pairs whose document the first stage ranks high) is applied at fit time on that
 dump (:func:`first_stage_filter`).
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import ValidationError
-from attnrank.types import Document
+from heedrank.errors import ValidationError
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def clean_generation(text: str, max_words: int = 24) -> str:
 def generated_queries(lm: Any, documents: Sequence[Document], *, prefix: str = "GEN-", body_words: int = 100,
                       max_new_tokens: int = 24, batch_size: int = 8, show_progress: bool = True) -> list[PseudoQuery]:
     """One question per document, written greedily by the instruct LM ``lm``
-    (:class:`attnrank.reranker.lm.LoadedLM` with a chat template) from the first
+    (:class:`heedrank.reranker.lm.LoadedLM` with a chat template) from the first
     ``body_words`` words of the body. Empty generations are skipped.
 
     Cost (2 CPU cores, Qwen2.5-Coder-0.5B-Instruct, batches of 8): about 2.5 s per document.
@@ -179,7 +179,7 @@ def write_folder(out: str | Path, pseudo: Sequence[PseudoQuery], corpus: str | P
 
 def first_stage_filter(items: Sequence[Any], top: int) -> list[Any]:
     """InPars's filter on a study dump: keep the examples whose positive the first stage
-    ranks in its top ``top`` (items of :func:`attnrank.eval.study.load_items`, candidates in
+    ranks in its top ``top`` (items of :func:`heedrank.eval.study.load_items`, candidates in
     first-stage order, ``labels`` the qrels grade of each)."""
     import numpy as np
 
@@ -200,7 +200,7 @@ def judged_documents(qrels_by_split: Mapping[str, Mapping[str, Mapping[str, int]
 def build(data: str | Path, out: str | Path, *, source: str, docs: int | None, seed: int = 0,
           protect: Sequence[str] = ("dev", "test"), strict: bool = False, max_jaccard: float = 0.6,
           model: str | None = None, device: str = "cpu", show_progress: bool = True) -> dict[str, Any]:
-    """Write a weak-label folder for the BEIR set ``data`` (``attnrank eval weak-labels``).
+    """Write a weak-label folder for the BEIR set ``data`` (``heedrank eval weak-labels``).
 
     Returns:
         Counts: documents sampled, pseudo-queries written, dropped by the guard.
@@ -208,7 +208,7 @@ def build(data: str | Path, out: str | Path, *, source: str, docs: int | None, s
     Raises:
         ValidationError: an unknown source.
     """
-    from attnrank.data import find_beir_corpus, iter_beir_documents, load_beir_qrels, load_beir_queries
+    from heedrank.data import find_beir_corpus, iter_beir_documents, load_beir_qrels, load_beir_queries
 
     if source not in SOURCES:
         raise ValidationError(f"source must be one of {SOURCES}, got {source!r}")
@@ -220,14 +220,14 @@ def build(data: str | Path, out: str | Path, *, source: str, docs: int | None, s
     if source == "title":
         pseudo = title_queries(chosen)
     else:
-        from attnrank.reranker.lm import load_lm
+        from heedrank.reranker.lm import load_lm
 
         pseudo = generated_queries(load_lm(model, device=device), chosen, show_progress=show_progress)
     kept, dropped = guard(pseudo, protected_texts(load_beir_queries(data), qrels), max_jaccard)
     counts = {"source": source, "documents": len(chosen), "written": len(kept), "dropped_by_guard": len(dropped),
               "strict": strict, "protected_splits": list(protect), "seed": seed, "model": model}
     write_folder(out, kept, find_beir_corpus(data), (
-        f"Weak labels (issue #24 lever 2), `attnrank eval weak-labels`: source {source}, {len(chosen)} documents of "
+        f"Weak labels (issue #24 lever 2), `heedrank eval weak-labels`: source {source}, {len(chosen)} documents of "
         f"{data.name} (seed {seed}{', none judged by ' + '/'.join(protect) if strict else ''}); {len(kept)} "
         f"pseudo-queries, each grade 1 for its own document; {len(dropped)} dropped by the leak guard (Jaccard >= "
         f"{max_jaccard} with a {'/'.join(protect)} query).\n" + json.dumps(counts)))

@@ -12,7 +12,7 @@ Tokenisation (the same :class:`Analyzer` for documents and queries; its settings
 its version :data:`ANALYZER_VERSION`, are saved in ``bm25/analyzer.json`` and in the index's
 ``params.json``):
 
-1. Unicode folding (:func:`attnrank.textrules.fold_text`, NFKC_Casefold): zero-width
+1. Unicode folding (:func:`heedrank.textrules.fold_text`, NFKC_Casefold): zero-width
    characters, soft hyphens and other default-ignorable code points removed, NFKC (NFD
    accents compose; full-width letters and ligatures such as "ﬁ" become plain letters),
    case folding (``str.casefold``; "Straße" matches "strasse"). Text that is the same to a
@@ -35,10 +35,10 @@ version (32.040 with version 1, 32.039 with version 2; ``tests/retriever/test_nf
 
 Analyzer versions: an index keeps the analyzer it was built with (queries are analysed the
 same way, so its tokens always match). An index of version 1 still opens and answers as it
-did, with a warning naming the command that upgrades it (``attnrank index compact``, which
-rebuilds BM25 with the current analyzer, or a new ``attnrank index build``); a version this
-attnrank does not know (a newer one's) is refused with
-:class:`~attnrank.errors.IndexMismatchError`.
+did, with a warning naming the command that upgrades it (``heedrank index compact``, which
+rebuilds BM25 with the current analyzer, or a new ``heedrank index build``); a version this
+heedrank does not know (a newer one's) is refused with
+:class:`~heedrank.errors.IndexMismatchError`.
 
 Only documents that contain at least one query token (score > 0) are returned, as in
 Lucene: a query with no known token gets no hits, and ``k`` larger than the number of
@@ -77,8 +77,8 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import IndexMismatchError, NotFoundError, ValidationError, require
-from attnrank.textrules import fold_text
+from heedrank.errors import IndexMismatchError, NotFoundError, ValidationError, require
+from heedrank.textrules import fold_text
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ VIDS_FILE = "vids.npy"
 UPDATABLE_METHODS = ("lucene", "robertson", "atire")
 ANALYZER_VERSION = 2
 """Version of the analysis :class:`Analyzer` applies (written into new indexes): 1 =
-``str.lower`` only, 2 = Unicode NFKC_Casefold (:func:`attnrank.textrules.fold_text`)."""
+``str.lower`` only, 2 = Unicode NFKC_Casefold (:func:`heedrank.textrules.fold_text`)."""
 KNOWN_ANALYZER_VERSIONS = (1, 2)
 
 
@@ -139,15 +139,15 @@ class Analyzer:
     stems are memoised.
 
     Raises:
-        IndexMismatchError: ``params.analyzer_version`` is not one this attnrank knows.
+        IndexMismatchError: ``params.analyzer_version`` is not one this heedrank knows.
     """
 
     def __init__(self, params: BM25Params = BM25Params()) -> None:
         if params.analyzer_version not in KNOWN_ANALYZER_VERSIONS:
             raise IndexMismatchError(
-                f"BM25 analyzer version {params.analyzer_version!r} is unknown to this attnrank (it knows "
-                f"{list(KNOWN_ANALYZER_VERSIONS)}): the index was built by another attnrank version; use that "
-                "one, or rebuild the index with `attnrank index build --corpus DATA --out INDEX --overwrite`"
+                f"BM25 analyzer version {params.analyzer_version!r} is unknown to this heedrank (it knows "
+                f"{list(KNOWN_ANALYZER_VERSIONS)}): the index was built by another heedrank version; use that "
+                "one, or rebuild the index with `heedrank index build --corpus DATA --out INDEX --overwrite`"
             )
         self.params = params
         self._split = re.compile(params.token_pattern).findall
@@ -524,7 +524,7 @@ class BM25Index:
 
         Raises:
             NotFoundError: missing or unreadable files.
-            IndexMismatchError: an analyzer version this attnrank does not know.
+            IndexMismatchError: an analyzer version this heedrank does not know.
         """
         folder = Path(folder)
         if not (folder / ANALYZER_FILE).is_file() or not (folder / "params.index.json").is_file():

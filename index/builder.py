@@ -1,4 +1,4 @@
-"""Build an index directory from a BEIR corpus (``attnrank index build``).
+"""Build an index directory from a BEIR corpus (``heedrank index build``).
 
 Layout of the directory (written to a temporary sibling and renamed into place at the
 end, so a failed build never leaves a half-written index behind)::
@@ -11,7 +11,7 @@ end, so a failed build never leaves a half-written index behind)::
 
 Format 2 (this version) adds ``bm25/stats.json`` and ``bm25/vids.npy``, the store's
 ``state`` and ``vectors`` tables, the HNSW and IVF index types and passage chunking; it
-supports updates (:class:`attnrank.index.store.Index`). Format-1 directories are read-only.
+supports updates (:class:`heedrank.index.store.Index`). Format-1 directories are read-only.
 
 The corpus is streamed in batches (Arrow memory map -> documents -> SQLite, BM25 tokens,
 embeddings), so only the BM25 token lists and the vectors grow with the corpus.
@@ -34,18 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.data import find_beir_corpus, iter_beir_documents, load_beir_corpus
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.files import file_sha256
-from attnrank.textrules import json_problem
-from attnrank.types import Document
+from heedrank.data import find_beir_corpus, iter_beir_documents, load_beir_corpus
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.files import file_sha256
+from heedrank.textrules import json_problem
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 """Version of the index directory layout written here."""
 READABLE_VERSIONS = (1, 2)
-"""Versions :class:`attnrank.index.store.Index` opens (format 1: read-only)."""
+"""Versions :class:`heedrank.index.store.Index` opens (format 1: read-only)."""
 PARAMS_FILE = "params.json"
 DOCS_FILE = "docs.sqlite"
 BM25_DIR = "bm25"
@@ -57,7 +57,7 @@ _READ_BATCH = 1000
 def library_versions() -> dict[str, str | None]:
     """Installed versions of the libraries an index depends on (``None`` = not installed)."""
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("attnrank", "bm25s", "PyStemmer", "faiss-cpu", "faiss-gpu", "sentence-transformers",
+    for dist in ("heedrank", "bm25s", "PyStemmer", "faiss-cpu", "faiss-gpu", "sentence-transformers",
                  "transformers", "torch", "datasets", "numpy"):
         try:
             out[dist] = importlib.metadata.version(dist)
@@ -95,7 +95,7 @@ def load_metadata_file(path: Path) -> dict[str, dict[str, Any]]:
                 raise ValidationError(f"{path}:{lineno}: not JSON ({exc})") from None
             if not isinstance(row, dict) or "doc_id" not in row:
                 raise ValidationError(f"{path}:{lineno}: expected an object with a 'doc_id' field")
-            if found := json_problem(row):  # the text rule of attnrank.textrules, as for the corpus
+            if found := json_problem(row):  # the text rule of heedrank.textrules, as for the corpus
                 where, problem = found
                 raise ValidationError(f"{path}:{lineno}: metadata{' field ' + where if where else ''} {problem}")
             doc_id = str(row.pop("doc_id"))
@@ -150,18 +150,18 @@ def build_index(
         batch_size: Encoder batch size (texts per forward pass).
         overwrite: Replace an existing non-empty ``out``.
         show_progress: tqdm bar over documents.
-        dense_params: :class:`attnrank.index.dense.DenseParams` (index type flat / hnsw / ivf and
+        dense_params: :class:`heedrank.index.dense.DenseParams` (index type flat / hnsw / ivf and
             its parameters); default: flat.
-        passages: :class:`attnrank.index.passages.PassageParams` to encode long documents as
+        passages: :class:`heedrank.index.passages.PassageParams` to encode long documents as
             passages scored by their maximum (MaxP); default: one vector per document
             (the encoder truncates).
         query_prefix: Prepended to queries; ``None`` = the model's known instruction
-            (:func:`attnrank.index.encoder.default_prefixes`), empty for MiniLM.
+            (:func:`heedrank.index.encoder.default_prefixes`), empty for MiniLM.
         document_prefix: Prepended to documents; ``None`` as for ``query_prefix``.
-        bm25_params: :class:`attnrank.index.bm25.BM25Params` (default: Lucene, k1 0.9, b 0.4).
-        planner: :class:`attnrank.index.planner.PlannerParams` of filtered vector search.
-        encoder: An :class:`attnrank.protocols.Encoder` to use instead of loading
-            ``embedder`` (e.g. :class:`attnrank.index.hashing.HashingEncoder` in tests); open the
+        bm25_params: :class:`heedrank.index.bm25.BM25Params` (default: Lucene, k1 0.9, b 0.4).
+        planner: :class:`heedrank.index.planner.PlannerParams` of filtered vector search.
+        encoder: An :class:`heedrank.protocols.Encoder` to use instead of loading
+            ``embedder`` (e.g. :class:`heedrank.index.hashing.HashingEncoder` in tests); open the
             index with the same encoder (``Index.open(path, encoder=...)``).
 
     Returns:
@@ -180,11 +180,11 @@ def build_index(
     """
     from tqdm.auto import tqdm
 
-    from attnrank.index.bm25 import BM25Builder, BM25Params
-    from attnrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
-    from attnrank.index.docstore import SQLiteDocStore
-    from attnrank.index.passages import encode_documents, labels_for
-    from attnrank.index.planner import PlannerParams
+    from heedrank.index.bm25 import BM25Builder, BM25Params
+    from heedrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
+    from heedrank.index.docstore import SQLiteDocStore
+    from heedrank.index.passages import encode_documents, labels_for
+    from heedrank.index.planner import PlannerParams
 
     dense_params = dense_params or DenseParams()
     planner = planner or PlannerParams()
@@ -199,7 +199,7 @@ def build_index(
     if not dense:
         encoder = None
     elif encoder is None:
-        from attnrank.index.encoder import SentenceTransformerEncoder, default_prefixes
+        from heedrank.index.encoder import SentenceTransformerEncoder, default_prefixes
 
         qp, dp = default_prefixes(embedder)
         encoder = SentenceTransformerEncoder(
@@ -312,7 +312,7 @@ def _replace_dir(tmp: Path, out: Path, overwrite: bool) -> None:
 def read_params(path: str | Path) -> Mapping[str, Any]:
     """``params.json`` of an index directory. Raises NotFoundError when missing or unreadable."""
     file = Path(path) / PARAMS_FILE
-    hint = f"; build one with `attnrank index build --corpus DATA --out {path}`"
+    hint = f"; build one with `heedrank index build --corpus DATA --out {path}`"
     if not file.is_file():
         raise NotFoundError(f"no index at {path} (missing {PARAMS_FILE}){hint}")
     try:

@@ -2,8 +2,8 @@
 file of an index directory.
 
 Every vector carries an int64 *label* (``>= 0``): the document's ``vid`` (one version of
-one document; see :mod:`attnrank.index.docstore`), or ``vid << passage_bits | j`` for passage ``j``
-of a chunked document (:mod:`attnrank.index.passages`). Labels only ever grow: :meth:`DenseIndex.add`
+one document; see :mod:`heedrank.index.docstore`), or ``vid << passage_bits | j`` for passage ``j``
+of a chunked document (:mod:`heedrank.index.passages`). Labels only ever grow: :meth:`DenseIndex.add`
 refuses a label not above every stored one, so the stored labels are always sorted.
 
 =========  ===================================================  ===========================
@@ -18,7 +18,7 @@ type       faiss index                                          delete
 
 With L2-normalised vectors the score is the cosine similarity in ``[-1, 1]``.
 
-Two searches (the planner in :mod:`attnrank.index.planner` picks one):
+Two searches (the planner in :mod:`heedrank.index.planner` picks one):
 
 * :meth:`DenseIndex.search_exact`: brute force over the allowed labels only (faiss
   ``IDSelectorArray`` on the flat storage: ``O(m d)`` for ``m`` allowed vectors). Exact
@@ -45,9 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import NotFoundError, ValidationError, require
-from attnrank.files import write_atomic
-from attnrank.index.rwlock import RWLock
+from heedrank.errors import NotFoundError, ValidationError, require
+from heedrank.files import write_atomic
+from heedrank.index.rwlock import RWLock
 
 logger = logging.getLogger(__name__)
 
@@ -573,9 +573,9 @@ class DenseIndex:
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         """Write the faiss index to ``path`` atomically and durably
-        (:func:`attnrank.files.write_atomic`: a temporary file, fsynced, renamed, directory
+        (:func:`heedrank.files.write_atomic`: a temporary file, fsynced, renamed, directory
         fsynced). Tombstones are not written: the owner re-derives them (see
-        :class:`attnrank.index.store.Index`).
+        :class:`heedrank.index.store.Index`).
 
         Raises:
             OSError: the file could not be written (``path`` is unchanged).

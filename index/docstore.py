@@ -18,7 +18,7 @@ id shared by every index of the directory: the faiss label of a document is its 
 The database runs in WAL mode with ``synchronous=FULL``: a write that returned is on disk.
 Each thread reads through its own connection, so reads from several threads (the API's
 worker pool) run concurrently; writes are serialised by a lock. Metadata filters
-(:mod:`attnrank.index.filters`) compile to SQL over ``docs.metadata`` (:meth:`filter_vids`).
+(:mod:`heedrank.index.filters`) compile to SQL over ``docs.metadata`` (:meth:`filter_vids`).
 
 Stores written before ``state`` and ``vectors`` existed (index format 1) are read as they
 are; the tables are created on the first write.
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.types import Document
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def _check_unique(docs: Sequence[Document]) -> None:
 
 
 class SQLiteDocStore:
-    """Documents by id in one SQLite file; implements :class:`attnrank.protocols.WritableDocStore`.
+    """Documents by id in one SQLite file; implements :class:`heedrank.protocols.WritableDocStore`.
 
     Args:
         path: Database file; created (with its folder) when ``create`` is true.
@@ -137,7 +137,7 @@ class SQLiteDocStore:
             try:
                 conn.execute("SELECT 1 FROM docs LIMIT 1").fetchall()
             except sqlite3.DatabaseError as exc:
-                raise NotFoundError(f"{self.path} is not an attnrank document store ({exc})") from exc
+                raise NotFoundError(f"{self.path} is not an heedrank document store ({exc})") from exc
 
     # -- connections -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -153,7 +153,7 @@ class SQLiteDocStore:
                 conn.execute("PRAGMA synchronous=FULL")  # a returned commit survives a crash
             except sqlite3.DatabaseError as exc:
                 conn.close()
-                raise NotFoundError(f"{self.path} is not an attnrank document store ({exc})") from exc
+                raise NotFoundError(f"{self.path} is not an heedrank document store ({exc})") from exc
             self._local.conn = conn
             with self._guard:
                 self._all.append(conn)
@@ -348,13 +348,13 @@ class SQLiteDocStore:
         """Sorted int64 vids of the documents matching a metadata filter.
 
         Args:
-            flt: Parsed :class:`attnrank.index.filters.BoolFilter` (used as it is), JSON
+            flt: Parsed :class:`heedrank.index.filters.BoolFilter` (used as it is), JSON
                 filter (mapping; parsed here), or ``None`` (every document).
 
         Raises:
             FilterError: an invalid JSON filter (message names the offending clause).
         """
-        from attnrank.index.filters import as_filter, compile_sql
+        from heedrank.index.filters import as_filter, compile_sql
 
         sql, params = compile_sql(as_filter(flt))
         rows = self._conn().execute(f"SELECT vid FROM docs WHERE {sql} ORDER BY vid", params).fetchall()

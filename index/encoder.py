@@ -7,7 +7,7 @@ loading, and only local directories are accepted.
 
 A model's identity is the sha256 of its weights file (``model.safetensors``, else
 ``pytorch_model.bin``); an index records it and refuses a different encoder
-(:class:`attnrank.errors.IndexMismatchError`). ``torch`` and ``sentence_transformers`` are
+(:class:`heedrank.errors.IndexMismatchError`). ``torch`` and ``sentence_transformers`` are
 imported on first encode.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import ModelLoadError, require
-from attnrank.files import file_sha256
+from heedrank.errors import ModelLoadError, require
+from heedrank.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 class SentenceTransformerEncoder:
-    """sentence-transformers bi-encoder; implements :class:`attnrank.protocols.Encoder`.
+    """sentence-transformers bi-encoder; implements :class:`heedrank.protocols.Encoder`.
 
     Args:
         model_dir: Local model directory; ``None`` = packaged all-MiniLM-L6-v2.
@@ -253,7 +253,7 @@ class SentenceTransformerEncoder:
         """Embed documents (``document_prefix`` prepended), streaming ``texts`` in batches.
 
         Args:
-            texts: Document texts (usually :attr:`attnrank.types.Document.content`).
+            texts: Document texts (usually :attr:`heedrank.types.Document.content`).
             show_progress: tqdm bar over texts.
 
         Returns:

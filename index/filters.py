@@ -35,7 +35,7 @@ Language (every list may also be given as a single object)::
 * A key that no document has is not an error: its conditions match nothing (and their
   ``must_not`` matches everything).
 
-Invalid filters raise :class:`FilterError` (a :class:`~attnrank.errors.ValidationError`,
+Invalid filters raise :class:`FilterError` (a :class:`~heedrank.errors.ValidationError`,
 HTTP 422) whose message starts with the path of the offending clause, e.g.
 ``filter.must[1].range: unknown operator 'between'; use gt, gte, lt, lte``.
 
@@ -62,7 +62,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
-from attnrank.errors import ValidationError
+from heedrank.errors import ValidationError
 
 Scalar = Union[str, int, bool]
 
@@ -377,7 +377,7 @@ def parse_filter(obj: Any, *, path: str = "filter") -> BoolFilter | None:
 def as_filter(obj: Any, *, path: str = "filter") -> BoolFilter | None:
     """The parsed form of a filter, parsing only what is not parsed yet.
 
-    A search parses its JSON filter once (:meth:`attnrank.pipeline.Pipeline.validate`) and
+    A search parses its JSON filter once (:meth:`heedrank.pipeline.Pipeline.validate`) and
     hands the :class:`BoolFilter` down; every stage below (retrievers, the index, the
     document store) calls this, which returns a parsed filter as it is (``None`` when it is
     empty) and calls :func:`parse_filter` only for the JSON form.

@@ -18,7 +18,7 @@ _WORD = re.compile(r"\w+")
 
 
 class HashingEncoder:
-    """Signed feature hashing of lower-cased words; implements :class:`attnrank.protocols.Encoder`.
+    """Signed feature hashing of lower-cased words; implements :class:`heedrank.protocols.Encoder`.
 
     Each word adds ``+-1`` to bucket ``crc32(word) % dim`` (sign from another crc32 bit);
     rows are L2-normalised. A text without words maps to the zero vector.
@@ -58,7 +58,7 @@ class HashingEncoder:
     def describe(self) -> dict[str, Any]:
         return {
             "name": f"hashing-{self.dim}",
-            "sha256": hashlib.sha256(f"attnrank-hashing-encoder-v1-{self.dim}".encode()).hexdigest(),
+            "sha256": hashlib.sha256(f"heedrank-hashing-encoder-v1-{self.dim}".encode()).hexdigest(),
             "dim": self.dim,
             "normalized": True,
         }

@@ -1,11 +1,11 @@
-"""Compatibility module: the document KV store is the package :mod:`attnrank.index.kv`
+"""Compatibility module: the document KV store is the package :mod:`heedrank.index.kv`
 (format, codecs, store, maintenance, build), with the header and the block key in the core
-(:mod:`attnrank.blocks`). Import from those; this module only re-exports their public names.
+(:mod:`heedrank.blocks`). Import from those; this module only re-exports their public names.
 """
 
 from __future__ import annotations
 
-from attnrank.index.kv import (
+from heedrank.index.kv import (
     DEFAULT_CACHE_BYTES,
     ENV_CACHE_BYTES,
     FORMAT_VERSION,
@@ -26,7 +26,7 @@ from attnrank.index.kv import (
     put_batches,
     quantize_int8,
 )
-from attnrank.lru import ByteLRU, CacheStats
+from heedrank.lru import ByteLRU, CacheStats
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",

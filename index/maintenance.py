@@ -1,4 +1,4 @@
-"""Maintenance of an :class:`attnrank.index.store.Index`: keeping its derived parts (the BM25
+"""Maintenance of an :class:`heedrank.index.store.Index`: keeping its derived parts (the BM25
 matrix with its delta, the vector index) in line with its document store, the source of
 truth, and writing them.
 
@@ -17,8 +17,8 @@ truth, and writing them.
   by two renames; a crash between them is finished or undone on the next open.
 
 These functions are the Index's own: they take its locks and set its fields. Callers use
-the Index's methods (:meth:`~attnrank.index.store.Index.compact`,
-:meth:`~attnrank.index.store.Index.flush`, ...), which delegate here.
+the Index's methods (:meth:`~heedrank.index.store.Index.compact`,
+:meth:`~heedrank.index.store.Index.flush`, ...), which delegate here.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnrank.errors import ValidationError
-from attnrank.files import write_atomic
-from attnrank.protocols import WritableDocStore
+from heedrank.errors import ValidationError
+from heedrank.files import write_atomic
+from heedrank.protocols import WritableDocStore
 
 if TYPE_CHECKING:
-    from attnrank.index.store import Index
+    from heedrank.index.store import Index
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ BATCH = 2000
 
 VectorSource = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 """Vectors of documents by vid: ``source(vids) -> (labels int64 (m,), vectors float32 (m, dim))``
-in label order (``vid << bits | passage``; see :mod:`attnrank.index.passages`)."""
+in label order (``vid << bits | passage``; see :mod:`heedrank.index.passages`)."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ def reconcile(
     the index's write lock).
 
     Args:
-        bm25: :class:`attnrank.index.bm25.BM25Index`.
-        dense: :class:`attnrank.index.dense.DenseIndex`, or ``None``.
+        bm25: :class:`heedrank.index.bm25.BM25Index`.
+        dense: :class:`heedrank.index.dense.DenseIndex`, or ``None``.
         live: int64 vids of the live documents.
         docstore: The store the texts of documents missing from BM25 are read from.
         vectors: Source of missing vectors (``None``: none are added).
@@ -143,7 +143,7 @@ def reconcile(
         if len(new_labels):
             if len(labels) and new_labels[0] <= labels[-1]:
                 # out of order (should not happen): rebuild the vector index from scratch
-                from attnrank.index.dense import DenseIndex
+                from heedrank.index.dense import DenseIndex
 
                 keep = labels[np.isin(vids, live)]
                 all_labels = np.concatenate([keep, new_labels])
@@ -177,7 +177,7 @@ def stored_vectors(index: Index) -> VectorSource:
 def catch_up(index: Index) -> Reconciled:
     """Bring an opened index's BM25 and vectors in line with its document store (after a
     crash, or updates since the files were last written). Called by
-    :meth:`~attnrank.index.store.Index.open` before the index serves."""
+    :meth:`~heedrank.index.store.Index.open` before the index serves."""
     live, ids = index.docstore.vid_doc_pairs()
     index._set_doc_ids(live, ids)
     done = reconcile(index.bm25, index.dense, live, index.docstore, stored_vectors(index), group_bits=index.group_bits)
@@ -205,7 +205,7 @@ def counts(index: Index) -> dict[str, Any]:
 
 
 def stats(index: Index) -> dict[str, Any]:
-    """See :meth:`attnrank.index.store.Index.stats`."""
+    """See :meth:`heedrank.index.store.Index.stats`."""
     with index._rw.read():
         out: dict[str, Any] = {"num_docs": len(index.docstore), "bm25_rows": index.bm25.num_docs, **counts(index)}
         if index.dense is not None:
@@ -215,7 +215,7 @@ def stats(index: Index) -> dict[str, Any]:
 
 
 def needs_compaction(index: Index, fraction: float = 0.1) -> bool:
-    """See :meth:`attnrank.index.store.Index.needs_compaction`."""
+    """See :meth:`heedrank.index.store.Index.needs_compaction`."""
     s = stats(index)
     limit = max(1, int(fraction * max(1, s["num_docs"])))
     return (s["bm25_delta"] > limit or s["bm25_deleted_rows"] > limit
@@ -224,10 +224,10 @@ def needs_compaction(index: Index, fraction: float = 0.1) -> bool:
 
 # --------------------------------------------------------------------------- writing
 def flush(index: Index) -> bool:
-    """See :meth:`attnrank.index.store.Index.flush`."""
+    """See :meth:`heedrank.index.store.Index.flush`."""
     if index.path is None or index.dense is None or not index.writable:
         return False
-    from attnrank.index.dense import VECTORS_FILE
+    from heedrank.index.dense import VECTORS_FILE
 
     with index._maintenance:
         with index._rw.read():
@@ -253,10 +253,10 @@ def copied_from(dense: Any, group_bits: int) -> VectorSource:
 
 
 def compact(index: Index) -> dict[str, Any]:
-    """See :meth:`attnrank.index.store.Index.compact`."""
+    """See :meth:`heedrank.index.store.Index.compact`."""
     from dataclasses import replace
 
-    from attnrank.index.bm25 import ANALYZER_VERSION, BM25Builder
+    from heedrank.index.bm25 import ANALYZER_VERSION, BM25Builder
 
     index._check_writable()
     t0 = time.perf_counter()
@@ -310,7 +310,7 @@ def compact(index: Index) -> dict[str, Any]:
 
 
 def compact_async(index: Index) -> Future:
-    """See :meth:`attnrank.index.store.Index.compact_async`."""
+    """See :meth:`heedrank.index.store.Index.compact_async`."""
     future: Future = Future()
 
     def run() -> None:
@@ -321,15 +321,15 @@ def compact_async(index: Index) -> Future:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(exc)
 
-    threading.Thread(target=run, name="attnrank-compact", daemon=True).start()
+    threading.Thread(target=run, name="heedrank-compact", daemon=True).start()
     return future
 
 
 def write_parts(root: Path, bm25: Any, dense: Any) -> None:
     """Write a rebuilt BM25 folder (swapped in by two renames, see
     :func:`recover_swapped_dir`) and, when given, the vector file (atomic)."""
-    from attnrank.index.builder import BM25_DIR
-    from attnrank.index.dense import VECTORS_FILE
+    from heedrank.index.builder import BM25_DIR
+    from heedrank.index.dense import VECTORS_FILE
 
     new = root / f".{BM25_DIR}.new"
     old = root / f".{BM25_DIR}.old"
@@ -356,7 +356,7 @@ def recover_swapped_dir(root: Path, name: str) -> None:
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Replace a JSON file (indent 2, a final newline) atomically and durably
-    (:func:`attnrank.files.write_atomic`: fsynced, renamed, directory fsynced).
+    (:func:`heedrank.files.write_atomic`: fsynced, renamed, directory fsynced).
 
     Raises:
         OSError: the file could not be written (``path`` is unchanged).

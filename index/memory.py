@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.types import Document
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.types import Document
 
 
 class InMemoryDocStore:
-    """Documents by id in a dict; implements :class:`attnrank.protocols.WritableDocStore`
-    like :class:`attnrank.index.docstore.SQLiteDocStore` (vids that only grow, :meth:`upsert`,
-    :meth:`delete`, :meth:`filter_vids` with :func:`attnrank.index.filters.matches`), nothing durable.
+    """Documents by id in a dict; implements :class:`heedrank.protocols.WritableDocStore`
+    like :class:`heedrank.index.docstore.SQLiteDocStore` (vids that only grow, :meth:`upsert`,
+    :meth:`delete`, :meth:`filter_vids` with :func:`heedrank.index.filters.matches`), nothing durable.
 
     Args:
         docs: The documents; ``vid`` (0, 1, ...) follows iteration order.
@@ -42,7 +42,7 @@ class InMemoryDocStore:
     def upsert(self, docs: Sequence[Document], vectors: Sequence[Any] | None = None) -> list[tuple[str, int, int | None]]:
         """Add or replace documents; each gets a new vid. Returns ``(doc_id, new_vid, old_vid)``
         per document. ``vectors`` is accepted for parity with SQLite and not stored."""
-        from attnrank.index.docstore import _check_unique, metadata_json
+        from heedrank.index.docstore import _check_unique, metadata_json
 
         docs = list(docs)
         _check_unique(docs)
@@ -81,8 +81,8 @@ class InMemoryDocStore:
         return self._next_vid
 
     def filter_vids(self, flt: Any = None) -> np.ndarray:
-        """Sorted int64 vids of the documents matching a filter (see :mod:`attnrank.index.filters`)."""
-        from attnrank.index.filters import as_filter, matches
+        """Sorted int64 vids of the documents matching a filter (see :mod:`heedrank.index.filters`)."""
+        from heedrank.index.filters import as_filter, matches
 
         f = as_filter(flt)
         vids = [vid for vid, doc in self._docs.values() if matches(f, doc.doc_id, doc.metadata)]

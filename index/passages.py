@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import ValidationError
-from attnrank.types import Document
+from heedrank.errors import ValidationError
+from heedrank.types import Document
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ filter's selectivity, raise ``efSearch`` / ``nprobe`` as the filter gets more se
 and retry exactly when the ANN answer is short (ALGORITHMS.md section 5).
 
 The filter arrives as the set of labels it allows (from the document store, see
-:meth:`attnrank.index.store.Index.filter_vids`), so its selectivity ``s = allowed / live`` is
+:meth:`heedrank.index.store.Index.filter_vids`), so its selectivity ``s = allowed / live`` is
 known exactly before searching. With ``k' = k * max_group`` labels wanted:
 
 ==================================================  =====================================
@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import ValidationError
+from heedrank.errors import ValidationError
 
 STRATEGIES = ("auto", "exact", "ann")
 
@@ -196,7 +196,7 @@ def planned_search(
     """Top-``k`` documents per query among ``allowed`` labels; never short.
 
     Args:
-        dense: :class:`attnrank.index.dense.DenseIndex`.
+        dense: :class:`heedrank.index.dense.DenseIndex`.
         queries: float32 ``(n, dim)``.
         k: Documents wanted per query.
         allowed: Sorted int64 labels allowed by the filter, or ``None`` (no filter: all

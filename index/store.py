@@ -1,7 +1,7 @@
 """An opened index directory: document store, BM25, optional dense vectors, lazy encoder,
 metadata filters, and durable add / delete / compact while serving.
 
-:meth:`Index.open` is what :func:`attnrank.registry.open_index` calls. The retrievers in
+:meth:`Index.open` is what :func:`heedrank.registry.open_index` calls. The retrievers in
 ``retriever/`` are built over an :class:`Index` with ``from_index(index, **options)`` and
 search through :meth:`Index.search_bm25` / :meth:`Index.search_dense`.
 
@@ -20,7 +20,7 @@ Updates (format-2 directories and in-memory indexes):
   faiss) keeps tombstones excluded by the search selector; BM25 rows are masked. All
   until :meth:`compact` rebuilds them.
 * **BM25 additions** go to a small delta scored at query time and merged with the matrix
-  (:class:`attnrank.index.bm25.BM25Delta`) until :meth:`compact` (or :meth:`compact_async`, the
+  (:class:`heedrank.index.bm25.BM25Delta`) until :meth:`compact` (or :meth:`compact_async`, the
   same in a background thread; :meth:`needs_compaction` says when it is due).
 * **Concurrency.** A readers-writer lock: searches (including the filter's SQL query and
   the vector search) share it, an update holds it exclusively for the commit and the
@@ -28,9 +28,9 @@ Updates (format-2 directories and in-memory indexes):
   and takes it only to swap in the new parts and replay what changed meanwhile. One
   process writes an index directory at a time.
 
-The document store's contract is :class:`attnrank.protocols.WritableDocStore`. Catching up,
+The document store's contract is :class:`heedrank.protocols.WritableDocStore`. Catching up,
 compaction, flushing and the recovery of an interrupted swap live in
-:mod:`attnrank.index.maintenance` (one recovery path, :func:`~attnrank.index.maintenance.reconcile`,
+:mod:`heedrank.index.maintenance` (one recovery path, :func:`~heedrank.index.maintenance.reconcile`,
 serves both the catch-up at open and compaction); the methods here delegate to it.
 """
 
@@ -47,16 +47,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnrank.errors import IndexMismatchError, ModelLoadError, NotFoundError, ValidationError
-from attnrank.index import maintenance
-from attnrank.index.rwlock import RWLock
-from attnrank.protocols import Encoder, WritableDocStore
-from attnrank.types import Document
+from heedrank.errors import IndexMismatchError, ModelLoadError, NotFoundError, ValidationError
+from heedrank.index import maintenance
+from heedrank.index.rwlock import RWLock
+from heedrank.protocols import Encoder, WritableDocStore
+from heedrank.types import Document
 
 if TYPE_CHECKING:
-    from attnrank.blocks import KVHeader
-    from attnrank.index.filters import BoolFilter
-    from attnrank.index.kv import KVStore
+    from heedrank.blocks import KVHeader
+    from heedrank.index.filters import BoolFilter
+    from heedrank.index.kv import KVStore
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +69,19 @@ class Index:
 
     Attributes:
         path: Index directory (``None`` for an in-memory index).
-        params: Content of ``params.json`` (see :func:`attnrank.index.builder.build_index`).
+        params: Content of ``params.json`` (see :func:`heedrank.index.builder.build_index`).
         docstore: Documents by id, the source of truth: a
-            :class:`attnrank.protocols.WritableDocStore` (:class:`attnrank.index.docstore.SQLiteDocStore`
-            or :class:`attnrank.index.memory.InMemoryDocStore`).
-        bm25: :class:`attnrank.index.bm25.BM25Index` (with its delta and deleted rows).
-        dense: :class:`attnrank.index.dense.DenseIndex`, or ``None`` when built without vectors.
-        planner: :class:`attnrank.index.planner.PlannerParams` of filtered vector search.
-        passages: :class:`attnrank.index.passages.PassageParams` when documents are chunked, else ``None``.
+            :class:`heedrank.protocols.WritableDocStore` (:class:`heedrank.index.docstore.SQLiteDocStore`
+            or :class:`heedrank.index.memory.InMemoryDocStore`).
+        bm25: :class:`heedrank.index.bm25.BM25Index` (with its delta and deleted rows).
+        dense: :class:`heedrank.index.dense.DenseIndex`, or ``None`` when built without vectors.
+        planner: :class:`heedrank.index.planner.PlannerParams` of filtered vector search.
+        passages: :class:`heedrank.index.passages.PassageParams` when documents are chunked, else ``None``.
 
     Build with :meth:`open` (a directory) or :meth:`from_documents` (in memory).
 
     Raises:
-        TypeError: ``docstore`` is not a :class:`attnrank.protocols.WritableDocStore`.
+        TypeError: ``docstore`` is not a :class:`heedrank.protocols.WritableDocStore`.
     """
 
     def __init__(
@@ -100,11 +100,11 @@ class Index:
         writable: bool = True,
         kv_cache_bytes: int | None = None,
     ) -> None:
-        from attnrank.index.passages import PassageParams
-        from attnrank.index.planner import PlannerParams
+        from heedrank.index.passages import PassageParams
+        from heedrank.index.planner import PlannerParams
 
         if not isinstance(docstore, WritableDocStore):
-            raise TypeError(f"an Index needs a WritableDocStore (see attnrank.protocols), got {type(docstore).__name__}")
+            raise TypeError(f"an Index needs a WritableDocStore (see heedrank.protocols), got {type(docstore).__name__}")
         self.path = path
         self.params = dict(params)
         self.docstore = docstore
@@ -145,7 +145,7 @@ class Index:
         cls, path: str | Path, *, embedder: str | None = None, encoder: Encoder | None = None,
         show_progress: bool = False, kv_cache_bytes: int | None = None,
     ) -> Index:
-        """Open an index directory written by :func:`attnrank.index.builder.build_index`.
+        """Open an index directory written by :func:`heedrank.index.builder.build_index`.
 
         A format-2 directory is caught up with its document store (see the module
         docstring); a format-1 directory is opened read-only (updates raise).
@@ -159,27 +159,27 @@ class Index:
                 equal the recorded one), e.g. the one given to ``build_index``.
             show_progress: Progress bars in the retrievers built over this index.
             kv_cache_bytes: RAM LRU of the document KV store, bytes (``None``: the library
-                default, :data:`attnrank.config.KV_CACHE_BUDGET`; the service passes
+                default, :data:`heedrank.config.KV_CACHE_BUDGET`; the service passes
                 ``Settings.kv_cache_bytes``).
 
         Raises:
-            NotFoundError: missing or corrupt index (run ``attnrank index build``).
+            NotFoundError: missing or corrupt index (run ``heedrank index build``).
             IndexMismatchError: ``embedder`` or ``encoder`` differs (weights sha256) from
                 the build's embedder, or the index format version is not supported.
             ModelLoadError: ``embedder`` is not a usable local directory.
         """
-        from attnrank.index.bm25 import BM25Index
-        from attnrank.index.builder import BM25_DIR, DOCS_FILE, FORMAT_VERSION, READABLE_VERSIONS, read_params
-        from attnrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
-        from attnrank.index.docstore import SQLiteDocStore
+        from heedrank.index.bm25 import BM25Index
+        from heedrank.index.builder import BM25_DIR, DOCS_FILE, FORMAT_VERSION, READABLE_VERSIONS, read_params
+        from heedrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
+        from heedrank.index.docstore import SQLiteDocStore
 
         root = Path(path).expanduser().absolute()
         params = read_params(root)
-        hint = f"; rebuild it with `attnrank index build --corpus DATA --out {root} --overwrite`"
+        hint = f"; rebuild it with `heedrank index build --corpus DATA --out {root} --overwrite`"
         version = params.get("format_version")
         if version not in READABLE_VERSIONS:
             raise IndexMismatchError(
-                f"index at {root} has format version {version!r}; this attnrank reads versions "
+                f"index at {root} has format version {version!r}; this heedrank reads versions "
                 f"{list(READABLE_VERSIONS)} (writes {FORMAT_VERSION}){hint}"
             )
         maintenance.recover_swapped_dir(root, BM25_DIR)
@@ -230,8 +230,8 @@ class Index:
         return index
 
     def _label_rows(self, vids: Sequence[int] | np.ndarray, vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Labels and stacked vectors of documents' vector arrays (see :mod:`attnrank.index.passages`)."""
-        from attnrank.index.passages import label_rows
+        """Labels and stacked vectors of documents' vector arrays (see :mod:`heedrank.index.passages`)."""
+        from heedrank.index.passages import label_rows
 
         return label_rows(vids, vecs, self.group_bits, self.dense.dim)
 
@@ -253,19 +253,19 @@ class Index:
         Args:
             docs: The documents (vids 0, 1, ... in this order).
             encoder: Dense encoder; ``None`` = BM25 only.
-            bm25_params: :class:`attnrank.index.bm25.BM25Params`.
-            dense_params: :class:`attnrank.index.dense.DenseParams` (default: flat).
-            passages: :class:`attnrank.index.passages.PassageParams` to chunk documents (MaxP).
-            planner: :class:`attnrank.index.planner.PlannerParams`.
+            bm25_params: :class:`heedrank.index.bm25.BM25Params`.
+            dense_params: :class:`heedrank.index.dense.DenseParams` (default: flat).
+            passages: :class:`heedrank.index.passages.PassageParams` to chunk documents (MaxP).
+            planner: :class:`heedrank.index.planner.PlannerParams`.
             show_progress: Progress bars.
 
         Raises:
             ValidationError: no documents, or a doc id repeats.
         """
-        from attnrank.index.bm25 import BM25Builder, BM25Params
-        from attnrank.index.dense import DenseIndex, DenseParams
-        from attnrank.index.memory import InMemoryDocStore
-        from attnrank.index.passages import label_rows
+        from heedrank.index.bm25 import BM25Builder, BM25Params
+        from heedrank.index.dense import DenseIndex, DenseParams
+        from heedrank.index.memory import InMemoryDocStore
+        from heedrank.index.passages import label_rows
 
         store = InMemoryDocStore(docs)
         vids, ids = store.vid_doc_pairs()
@@ -335,7 +335,7 @@ class Index:
                 raise NotFoundError("this index was built without dense vectors (--no-dense); it has no encoder")
             with self._lock:
                 if self._encoder is None:
-                    from attnrank.index.encoder import SentenceTransformerEncoder
+                    from heedrank.index.encoder import SentenceTransformerEncoder
 
                     emb = (self.params.get("dense") or {}).get("embedder") or {}
                     self._encoder = SentenceTransformerEncoder(
@@ -347,7 +347,7 @@ class Index:
 
     def _encode(self, docs: Sequence[Document]) -> list[np.ndarray]:
         """float32 ``(p, d)`` vectors per document: one, or one per passage."""
-        from attnrank.index.passages import encode_documents
+        from heedrank.index.passages import encode_documents
 
         return encode_documents(self.encoder, docs, self.passages)
 
@@ -359,14 +359,14 @@ class Index:
     def filter_vids(self, flt: Any) -> np.ndarray | None:
         """Sorted int64 vids matching a metadata filter; ``None`` for no filter.
 
-        ``flt`` is a parsed :class:`attnrank.index.filters.BoolFilter` (used as it is), the
+        ``flt`` is a parsed :class:`heedrank.index.filters.BoolFilter` (used as it is), the
         JSON form (parsed here), or ``None``. Results are cached per filter until the next
         update.
 
         Raises:
             FilterError: an invalid filter (HTTP 422; the message names the clause).
         """
-        from attnrank.index.filters import as_filter, cache_key
+        from heedrank.index.filters import as_filter, cache_key
 
         parsed: BoolFilter | None = as_filter(flt)
         if parsed is None:
@@ -386,7 +386,7 @@ class Index:
         return vids
 
     def search_bm25(self, texts: Sequence[str], k: int, *, filter: Any = None) -> list[tuple[list[str], np.ndarray]]:
-        """BM25 top-``k`` per query (see :meth:`attnrank.index.bm25.BM25Index.search`) among live
+        """BM25 top-``k`` per query (see :meth:`heedrank.index.bm25.BM25Index.search`) among live
         documents matching ``filter``.
 
         Returns:
@@ -414,12 +414,12 @@ class Index:
         Returns:
             ``(rows, report)``: per query ``(doc_ids, scores float32 (r,))`` sorted by
             descending cosine similarity, ``r = min(k, matching documents)``, and the
-            :class:`attnrank.index.planner.SearchReport`.
+            :class:`heedrank.index.planner.SearchReport`.
 
         Raises:
             NotFoundError: no dense vectors. FilterError: an invalid filter.
         """
-        from attnrank.index.planner import planned_search
+        from heedrank.index.planner import planned_search
 
         if self.dense is None:
             raise NotFoundError("this index was built without dense vectors (--no-dense)")
@@ -439,7 +439,7 @@ class Index:
         if not self.writable:
             raise IndexMismatchError(
                 f"index at {self.path} has format version {self.params.get('format_version')!r} and is read-only; "
-                "rebuild it with `attnrank index build ... --overwrite` to add or delete documents"
+                "rebuild it with `heedrank index build ... --overwrite` to add or delete documents"
             )
 
     def add_documents(self, docs: Iterable[Document]) -> dict[str, Any]:
@@ -462,7 +462,7 @@ class Index:
         docs = list(docs)
         if not docs:
             return {"added": [], "replaced": [], "vids": {}}
-        from attnrank.index.docstore import _check_unique, metadata_json
+        from heedrank.index.docstore import _check_unique, metadata_json
 
         _check_unique(docs)
         for d in docs:
@@ -531,7 +531,7 @@ class Index:
         with self._cache_lock:
             self._cache.clear()
 
-    # -- maintenance (see attnrank.index.maintenance) -----------------------------------
+    # -- maintenance (see heedrank.index.maintenance) -----------------------------------
     def stats(self) -> dict[str, Any]:
         """Live documents, BM25 delta and masked rows, vectors and tombstones."""
         return maintenance.stats(self)
@@ -609,22 +609,22 @@ class Index:
     def store_dir(cls, header: KVHeader | Mapping[str, Any]) -> str:
         """The folder (under the index) of the document store for ``header``: ``probe`` for a
         keys-only probe store, ``window`` for a window store, else ``kv``."""
-        from attnrank.blocks import as_header
+        from heedrank.blocks import as_header
 
         return {"probe": cls.PROBE_DIR, "window": cls.WINDOW_DIR}.get(as_header(header).layout, cls.KV_DIR)
     """Folder of the document KV store inside an index directory."""
 
     def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True,
                     full_fallback: bool = True) -> KVStore | None:
-        """The index's document KV store (:class:`attnrank.index.kv.KVStore` at
+        """The index's document KV store (:class:`heedrank.index.kv.KVStore` at
         ``<index>/kv``, a probe store at ``<index>/probe``, a window store at ``<index>/window``) for a reranker whose blocks were computed as ``header`` says (a
-        :class:`attnrank.blocks.KVHeader`, or its fields), opened once, with this index's
+        :class:`heedrank.blocks.KVHeader`, or its fields), opened once, with this index's
         ``kv_cache_bytes``, and kept until :meth:`close`; ``None`` for an in-memory index, or
         when the store does not exist and ``create`` is false.
 
         A probe or window header (issue #23) with no store of its layout yet is served,
         read-only, from a full store at ``<index>/kv`` that holds its layers
-        (:class:`attnrank.index.kv.LayerView`), unless ``full_fallback`` is false (the
+        (:class:`heedrank.index.kv.LayerView`), unless ``full_fallback`` is false (the
         build, which writes that store).
 
         Raises:
@@ -634,8 +634,8 @@ class Index:
         """
         if self.path is None:
             return None
-        from attnrank.blocks import as_header
-        from attnrank.index.kv import KVStore
+        from heedrank.blocks import as_header
+        from heedrank.index.kv import KVStore
 
         want = as_header(header)
         stores = self._block_stores
@@ -646,7 +646,7 @@ class Index:
                 full = Path(self.path) / self.KV_DIR
                 if (want.layout != "full" and full_fallback and not (path / "header.json").exists()
                         and (full / "header.json").exists()):
-                    from attnrank.index.kv import LayerView
+                    from heedrank.index.kv import LayerView
 
                     stored = as_header(json.loads((full / "header.json").read_text(encoding="utf-8")))
                     try:
@@ -656,7 +656,7 @@ class Index:
                         logger.info("full store %s cannot serve the %s layers (%s)", full, want.layout, exc)
                     else:
                         logger.warning("index %s: serving the %s store's layers from its full store %s (read-only); "
-                                       "`attnrank index kv build --index %s` writes the %s store (%s)", self.path,
+                                       "`heedrank index kv build --index %s` writes the %s store (%s)", self.path,
                                        want.layout, full, self.path, want.layout, self.store_dir(want))
                         stores[key] = view
                         return view
@@ -686,13 +686,13 @@ class Index:
 def _warn_old_analyzer(root: Path, version: int, writable: bool) -> None:
     """Log that the index's BM25 predates the current analyzer, and how to upgrade it: its
     queries are analysed as its documents were (so it answers as before), without the Unicode
-    folding of :data:`attnrank.index.bm25.ANALYZER_VERSION`."""
-    from attnrank.index.bm25 import ANALYZER_VERSION
+    folding of :data:`heedrank.index.bm25.ANALYZER_VERSION`."""
+    from heedrank.index.bm25 import ANALYZER_VERSION
 
     if version >= ANALYZER_VERSION:
         return
-    how = (f"`attnrank index compact {root}` (rebuilds BM25 only, keeps documents and vectors)" if writable
-           else f"`attnrank index build --corpus DATA --out {root} --overwrite`")
+    how = (f"`heedrank index compact {root}` (rebuilds BM25 only, keeps documents and vectors)" if writable
+           else f"`heedrank index build --corpus DATA --out {root} --overwrite`")
     logger.warning(
         "index at %s: its BM25 was built with analyzer version %s, before Unicode folding (version %s): NFC/NFD "
         "accents, full-width letters, ligatures, zero-width characters and soft hyphens do not match their plain "
@@ -702,7 +702,7 @@ def _warn_old_analyzer(root: Path, version: int, writable: bool) -> None:
 
 def _check_embedder(root: Path, dense_params: Mapping[str, Any], embedder: str | None) -> Path:
     """The embedder directory to encode queries with; raises IndexMismatchError on a different model."""
-    from attnrank.index.encoder import model_sha256, packaged_model_dir, resolve_model_dir
+    from heedrank.index.encoder import model_sha256, packaged_model_dir, resolve_model_dir
 
     recorded = dense_params.get("embedder") or {}
     want = recorded.get("sha256")

@@ -1,8 +1,8 @@
 """Query adapters on disk and in the model: LoRA layers injected in place, switched off for
 document blocks (they are always the base model's), saved and loaded.
 
-A query-side adapter (trained by :mod:`attnrank.reranker.query_adapter`) is injected in
-place into the LM; block 0 and candidate blocks (:mod:`attnrank.reranker.doccache`) are
+A query-side adapter (trained by :mod:`heedrank.reranker.query_adapter`) is injected in
+place into the LM; block 0 and candidate blocks (:mod:`heedrank.reranker.doccache`) are
 encoded with it switched off, so the document KV store built without it stays valid.
 Depends on nothing else of the reranker (it sits below blockrank, doccache and the trainer).
 
@@ -20,8 +20,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import ValidationError
-from attnrank.files import file_sha256
+from heedrank.errors import ValidationError
+from heedrank.files import file_sha256
 
 ADAPTER_FORMAT = 1
 QUERY = "default"
@@ -149,20 +149,20 @@ def resolve_adapter(value: str, identity: dict[str, Any]) -> Path:
     Raises:
         NotFoundError: no adapter ships for the model, or the folder lacks its files.
     """
-    from attnrank.errors import NotFoundError
+    from heedrank.errors import NotFoundError
 
     if value == "packaged":
-        from attnrank.reranker.heads import packaged_data_dir
+        from heedrank.reranker.heads import packaged_data_dir
 
         path = packaged_data_dir() / f"{identity.get('name')}.query-adapter"
         if not path.is_dir():
             raise NotFoundError(f"no query adapter ships for model {identity.get('name')!r}; train one with "
-                                "`attnrank train query-adapter` and pass --opt query_adapter=DIR")
+                                "`heedrank train query-adapter` and pass --opt query_adapter=DIR")
         return path
     path = Path(value).expanduser()
     if not (path / "adapter.json").is_file():
         raise NotFoundError(f"{path} is not a query adapter (adapter.json and adapter.safetensors expected); "
-                            "train one with `attnrank train query-adapter`")
+                            "train one with `heedrank train query-adapter`")
     return path
 
 
@@ -188,12 +188,12 @@ def load_adapter(path: str | Path, model: Any, identity: dict[str, Any] | None =
     """
     from safetensors.torch import load_file
 
-    from attnrank.errors import NotFoundError
+    from heedrank.errors import NotFoundError
 
     path = Path(path)
     if not (path / "adapter.json").is_file() or not (path / "adapter.safetensors").is_file():
         raise NotFoundError(f"{path} is not a query adapter (adapter.json and adapter.safetensors expected); "
-                            "train one with `attnrank train query-adapter`")
+                            "train one with `heedrank train query-adapter`")
     card = json.loads((path / "adapter.json").read_text())
     sha = (card.get("model") or {}).get("sha256")
     if identity is not None and sha and sha != identity.get("sha256"):

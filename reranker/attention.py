@@ -1,9 +1,9 @@
 """Query-row attention capture: read ``A[l,h][i,:]`` for a few rows without materialising
 ``(layers, heads, seq, seq)``.
 
-The LM runs with the attention implementation ``"attnrank"``, registered here: it lets
+The LM runs with the attention implementation ``"heedrank"``, registered here: it lets
 PyTorch SDPA compute each layer's output (the fast path), and, when the forward pass is
-given an :class:`AttentionCapture` (keyword ``attnrank_capture``, passed down by
+given an :class:`AttentionCapture` (keyword ``heedrank_capture``, passed down by
 transformers to every attention call), it also computes
 ``softmax(Q_rows K^T / sqrt(d_head) + mask)`` for the captured query rows only, from the
 same query and key states (after RoPE, with the cache's keys). Cost per layer:
@@ -14,7 +14,7 @@ The capture can also stop the forward pass after a given layer (raising
 :class:`StopForward`), so that layers above the deepest layer that is read never run; the
 attention output of that last layer is never computed (only its captured rows are).
 
-Split query passes (:class:`ContextSplit`, passed as keyword ``attnrank_split``): a short
+Split query passes (:class:`ContextSplit`, passed as keyword ``heedrank_split``): a short
 query pass over a long cached context whose every key each query row may attend to (the
 BlockRank query block over block 0 and the candidates). Inference only (no autograd):
 
@@ -38,7 +38,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnrank.cancel import check as check_cancelled
+from heedrank.cancel import check as check_cancelled
 
 _REGISTERED = False
 
@@ -61,7 +61,7 @@ class AttentionCapture:
             ``(batch, heads, rows, keys)`` float32 per layer; ``"probs"`` keeps the
             softmax probabilities per row, ``(batch, heads, rows, keys)``; ``"probe"`` keeps
             the rows themselves for a later probe of keys the pass never saw
-            (:mod:`attnrank.reranker.probe`): ``{"q": (batch, heads, rows, head_dim)`` query
+            (:mod:`heedrank.reranker.probe`): ``{"q": (batch, heads, rows, head_dim)`` query
             states after RoPE, ``"lse": (batch, heads, rows)`` log-sum-exp of the scaled,
             masked logits over the pass's keys``}`` float32 per layer.
         stop_after: Raise :class:`StopForward` after this layer's attention (``None`` =
@@ -358,7 +358,7 @@ def _lse_over(qg, key, start: int, end: int, scaling: float):
 
 def _split_forward(module, query, key, value, attention_mask, scaling: float, split: ContextSplit,
                    capture: AttentionCapture | None, last: bool, candidates: CandidateMask | None = None):
-    """The split fast path of :func:`attnrank_attention_forward` (see the module docstring)."""
+    """The split fast path of :func:`heedrank_attention_forward` (see the module docstring)."""
     layer = int(module.layer_idx)
     wanted = capture is not None and capture.wants(layer)
     if wanted and capture.mode != "mean":
@@ -382,26 +382,26 @@ def _split_forward(module, query, key, value, attention_mask, scaling: float, sp
     return out, None
 
 
-def attnrank_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention function registered as ``"attnrank"``: SDPA output plus optional row capture.
+def heedrank_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention function registered as ``"heedrank"``: SDPA output plus optional row capture.
 
-    Keywords (passed down by transformers): ``attnrank_capture`` (:class:`AttentionCapture`),
-    ``attnrank_split`` (:class:`ContextSplit`, the fast path of a query pass over a
+    Keywords (passed down by transformers): ``heedrank_capture`` (:class:`AttentionCapture`),
+    ``heedrank_split`` (:class:`ContextSplit`, the fast path of a query pass over a
     cached context; ``attention_mask`` must still be the full 4-D mask, which the general
-    path uses) and ``attnrank_candidates`` (:class:`CandidateMask`: layers whose output
+    path uses) and ``heedrank_candidates`` (:class:`CandidateMask`: layers whose output
     does not read the candidates).
 
     Raises:
         StopForward: after the capture's ``stop_after`` layer (whose attention output is
             not computed).
-        JobCancelledError: the thread's cancellation token is set (:mod:`attnrank.cancel`).
+        JobCancelledError: the thread's cancellation token is set (:mod:`heedrank.cancel`).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    check_cancelled()  # a layer boundary: stop here when nobody waits for the result (attnrank.cancel)
-    capture: AttentionCapture | None = kwargs.pop("attnrank_capture", None)
-    split: ContextSplit | None = kwargs.pop("attnrank_split", None)
-    candidates: CandidateMask | None = kwargs.pop("attnrank_candidates", None)
+    check_cancelled()  # a layer boundary: stop here when nobody waits for the result (heedrank.cancel)
+    capture: AttentionCapture | None = kwargs.pop("heedrank_capture", None)
+    split: ContextSplit | None = kwargs.pop("heedrank_split", None)
+    candidates: CandidateMask | None = kwargs.pop("heedrank_candidates", None)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     layer = int(module.layer_idx)
@@ -430,15 +430,15 @@ def attnrank_attention_forward(module, query, key, value, attention_mask, scalin
 
 
 def ensure_registered() -> None:
-    """Register the ``"attnrank"`` attention and mask functions with transformers (idempotent)."""
+    """Register the ``"heedrank"`` attention and mask functions with transformers (idempotent)."""
     global _REGISTERED
     if _REGISTERED:
         return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register("attnrank", attnrank_attention_forward)
-    AttentionMaskInterface.register("attnrank", sdpa_mask)
+    AttentionInterface.register("heedrank", heedrank_attention_forward)
+    AttentionMaskInterface.register("heedrank", sdpa_mask)
     _REGISTERED = True
 
 
@@ -448,6 +448,6 @@ def run_with_capture(model, capture: AttentionCapture | None = None, **inputs: A
     try:
         if capture is None:
             return model(**inputs)
-        return model(**inputs, attnrank_capture=capture)
+        return model(**inputs, heedrank_capture=capture)
     except StopForward:
         return None

@@ -3,7 +3,7 @@
 :meth:`AttentionReranker.rerank` is the same for every method:
 
 1. refuse an empty query and duplicate doc ids (:class:`ValidationError`);
-2. collapse candidates with identical text (:func:`attnrank.reranker.scoring.distinct_texts`):
+2. collapse candidates with identical text (:func:`heedrank.reranker.scoring.distinct_texts`):
    each distinct text is scored once and its duplicates get the same score (docs/RESULTS.md,
    "Position sensitivity");
 3. cut a query longer than its token budget (:meth:`query_budget`, default a quarter of
@@ -12,7 +12,7 @@
    :meth:`score_prompt` under the LM's lock (ICR overrides it to add windows);
 5. :meth:`Ranking.from_hits`, truncation, timings, warnings.
 
-Subclasses set ``options_class`` (:mod:`attnrank.reranker.options`) and implement the two
+Subclasses set ``options_class`` (:mod:`heedrank.reranker.options`) and implement the two
 hooks. Options are parsed once, at construction (``self.options``).
 """
 
@@ -25,12 +25,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from attnrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
-from attnrank.errors import ValidationError
-from attnrank.protocols import RerankResult
-from attnrank.reranker.options import RerankerOptions
-from attnrank.reranker.scoring import distinct_texts
-from attnrank.types import Document, Query, Ranking, ScoredDoc
+from heedrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
+from heedrank.errors import ValidationError
+from heedrank.protocols import RerankResult
+from heedrank.reranker.options import RerankerOptions
+from heedrank.reranker.scoring import distinct_texts
+from heedrank.types import Document, Query, Ranking, ScoredDoc
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +119,9 @@ class AttentionReranker:
 
     @property
     def lm(self):
-        """The loaded LM (:class:`attnrank.reranker.lm.LoadedLM`), loaded on first use."""
+        """The loaded LM (:class:`heedrank.reranker.lm.LoadedLM`), loaded on first use."""
         if self._lm is None:
-            from attnrank.reranker.lm import load_lm
+            from heedrank.reranker.lm import load_lm
 
             self._lm = load_lm(
                 self.config.model, device=self.config.device, dtype=self.config.dtype, cache_dir=self.config.cache_dir
@@ -183,7 +183,7 @@ class AttentionReranker:
         The query is tokenised as the prompts place it (a leading space, special-token
         strings split); a cut query is decoded back to text and re-checked.
         """
-        from attnrank.reranker.prompt import encode_untrusted
+        from heedrank.reranker.prompt import encode_untrusted
 
         tok = self.lm.tokenizer
         budget = self.query_budget(candidates)
@@ -235,7 +235,7 @@ class AttentionReranker:
         """Rerank ``candidates`` (first-stage order) for ``query``.
 
         ``block_store``: a collection's document KV store
-        (:class:`attnrank.protocols.BlockStore`) that a method reading stored candidate
+        (:class:`heedrank.protocols.BlockStore`) that a method reading stored candidate
         blocks (``blockrank-cached``) reads, and writes the blocks it lacks to; ``None`` =
         its RAM cache only. Other methods ignore it.
 

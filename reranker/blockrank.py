@@ -29,9 +29,9 @@ block-sparse mask (quadratic; for tests). Both are differentiable when called un
 Fast path (docs/RESULTS.md, "Document KV store"; without gradients only, :attr:`BlockRankReranker.fast_path`): the
 context is copied once into a buffer reused across queries, with room after it where the
 query pass writes its own keys/values in place (no per-layer concatenation,
-:func:`attnrank.reranker.doccache.query_cache`); attention splits into the unmasked
+:func:`heedrank.reranker.doccache.query_cache`); attention splits into the unmasked
 context (chunked CPU flash attention) and the block's own keys, merged by log-sum-exp
-(:class:`attnrank.reranker.attention.ContextSplit`); the last layer computes only its
+(:class:`heedrank.reranker.attention.ContextSplit`); the last layer computes only its
 captured rows; ``scoring="calibrated"``/``"learned"`` run the query and ``N/A`` blocks as
 ONE pass (:func:`merged_query_pass`, their common prefix once) and read mean attention
 from log-sum-exps. Scores equal the exact path's to float32 rounding (oracle tests in
@@ -56,17 +56,17 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from attnrank.blocks import KVHeader
-from attnrank.config import RerankerConfig
-from attnrank.errors import ContextOverflowError, ValidationError
-from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
-from attnrank.reranker.doccache import cache_from as _cache_from
-from attnrank.reranker.doccache import neg_inf as _neg
-from attnrank.reranker.doccache import query_cache as _query_cache
-from attnrank.reranker.options import BlockRankOptions
-from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
-from attnrank.reranker.scoring import CALIBRATION_QUERY, masked_document_scores, spans_from_lengths
-from attnrank.types import Document
+from heedrank.blocks import KVHeader
+from heedrank.config import RerankerConfig
+from heedrank.errors import ContextOverflowError, ValidationError
+from heedrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
+from heedrank.reranker.doccache import cache_from as _cache_from
+from heedrank.reranker.doccache import neg_inf as _neg
+from heedrank.reranker.doccache import query_cache as _query_cache
+from heedrank.reranker.options import BlockRankOptions
+from heedrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from heedrank.reranker.scoring import CALIBRATION_QUERY, masked_document_scores, spans_from_lengths
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +152,13 @@ def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int 
     Args:
         reserve, buffer: Under inference, room left after the context for the query pass's
             own keys/values, and reused storage
-            (:func:`attnrank.reranker.doccache.assemble_kv`); ignored with gradients enabled.
+            (:func:`heedrank.reranker.doccache.assemble_kv`); ignored with gradients enabled.
 
     Returns:
         ``([(keys, values)] per layer, each (1, kv_heads, L0 + D, head_dim)), timings``
         (seconds).
     """
-    from attnrank.reranker.doccache import assemble_kv, encode_blocks, instruction_kv
+    from heedrank.reranker.doccache import assemble_kv, encode_blocks, instruction_kv
 
     timings: dict[str, float] = {}
     # (1) block 0
@@ -181,14 +181,14 @@ def _use_fast(fast: bool | None) -> bool:
 
 
 def _candidate_mask(prompt: BlockPrompt, below: int) -> dict[str, Any]:
-    """The ``attnrank_candidates`` keyword of a query pass whose layers ``< below`` skip the
+    """The ``heedrank_candidates`` keyword of a query pass whose layers ``< below`` skip the
     candidates (empty when ``below <= 0``)."""
     if below <= 0:
         return {}
-    from attnrank.reranker.attention import CandidateMask
+    from heedrank.reranker.attention import CandidateMask
 
     L0 = len(prompt.instruction_ids)
-    return {"attnrank_candidates": CandidateMask(L0, L0 + sum(prompt.doc_lengths), below)}
+    return {"heedrank_candidates": CandidateMask(L0, L0 + sum(prompt.doc_lengths), below)}
 
 
 def query_pass(
@@ -199,7 +199,7 @@ def query_pass(
 
     Args:
         kv: :func:`context_kv` output.
-        capture: :class:`attnrank.reranker.attention.AttentionCapture` (its ``stop_after`` decides
+        capture: :class:`heedrank.reranker.attention.AttentionCapture` (its ``stop_after`` decides
             where the pass ends).
         query_ids: Query block (default ``prompt.query_ids``), possibly followed by answer
             tokens (training).
@@ -207,21 +207,21 @@ def query_pass(
             states of the query block) is returned.
         fast: ``None`` (default): without gradients (``torch.inference_mode``/``no_grad``)
             take the fast path: the query block's keys/values are written in place into the
-            room ``kv`` reserves (:func:`attnrank.reranker.doccache.query_cache`; the context
+            room ``kv`` reserves (:func:`heedrank.reranker.doccache.query_cache`; the context
             is never copied) and attention splits into the unmasked context and the block's
-            own keys (:class:`attnrank.reranker.attention.ContextSplit`). With gradients
+            own keys (:class:`heedrank.reranker.attention.ContextSplit`). With gradients
             enabled, or ``False``: the concatenating cache and SDPA under the full mask
             (differentiable; the exact path the fast one is tested against).
         candidates_below: Layers ``0..candidates_below-1`` do not attend to the candidates
             (their captures still probe the candidates' keys):
-            :class:`attnrank.reranker.attention.CandidateMask`; 0 (default) = every layer does.
+            :class:`heedrank.reranker.attention.CandidateMask`; 0 (default) = every layer does.
 
     Returns:
         The base model's output, or ``None`` when the pass stopped early.
     """
     import torch
 
-    from attnrank.reranker.attention import ContextSplit, run_with_capture
+    from heedrank.reranker.attention import ContextSplit, run_with_capture
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -233,7 +233,7 @@ def query_pass(
     blocked = ~torch.tril(torch.ones(Lq, Lq, dtype=torch.bool, device=dev))
     qmask[0, 0, :, K:].masked_fill_(blocked, _neg(dtype))
     qpos = (prompt.query_offset + torch.arange(Lq, device=dev))[None]
-    extra: dict[str, Any] = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    extra: dict[str, Any] = {"heedrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
     extra.update(_candidate_mask(prompt, candidates_below))
     return run_with_capture(
         lm.model.base_model, capture, input_ids=torch.tensor([qids], device=dev), position_ids=qpos,
@@ -312,7 +312,7 @@ def merged_query_pass(
 
     Args:
         kv: :func:`context_kv` output (its reserved room should hold the merged rows).
-        capture: An :class:`attnrank.reranker.attention.AttentionCapture` in ``"mean"`` mode
+        capture: An :class:`heedrank.reranker.attention.AttentionCapture` in ``"mean"`` mode
             with ``rows=None``; its ``row_weights`` are set here, so ``capture.out[layer]`` is
             ``(len(blocks), heads, K + R)``: block ``g``'s mean attention over the context's
             ``K`` keys and the ``R`` merged rows (zero on rows it cannot see).
@@ -327,7 +327,7 @@ def merged_query_pass(
     """
     import torch
 
-    from attnrank.reranker.attention import ContextSplit, run_with_capture
+    from heedrank.reranker.attention import ContextSplit, run_with_capture
 
     if capture.mode != "mean" or capture.rows is not None:
         raise ValueError("merged_query_pass reads per-block mean attention: capture mode 'mean' with rows=None")
@@ -341,7 +341,7 @@ def merged_query_pass(
     qmask[0, 0, :, K:].masked_fill_(~rows.allowed, _neg(dtype))
     qpos = (prompt.query_offset + torch.tensor(rows.positions, device=dev))[None]
     capture.row_weights = rows.weights()
-    extra: dict[str, Any] = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    extra: dict[str, Any] = {"heedrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
     extra.update(_candidate_mask(prompt, candidates_below))
     run_with_capture(
         lm.model.base_model, capture, input_ids=torch.tensor([rows.ids], device=dev), position_ids=qpos,
@@ -367,7 +367,7 @@ def block_forward(
     :func:`query_pass`.
 
     Args:
-        lm: :class:`attnrank.reranker.lm.LoadedLM`.
+        lm: :class:`heedrank.reranker.lm.LoadedLM`.
         prompt: The block prompt.
         layer: Scoring layer ``l*``: no layer above it runs.
         query_ids: Query block to run (default ``prompt.query_ids``).
@@ -377,7 +377,7 @@ def block_forward(
         doc_batch_size: Candidate blocks per batched prefill (bounds memory).
         kv: Keys/values of block 0 and the candidates for layers ``0..>= layer``, as
             :func:`context_kv` returns them, when already computed (or read from a document
-            KV store, :mod:`attnrank.reranker.doccache`): then only the query block runs.
+            KV store, :mod:`heedrank.reranker.doccache`): then only the query block runs.
         fast: As :func:`query_pass` (the default takes the fast path without gradients).
         candidates_below: As :func:`query_pass`.
 
@@ -388,7 +388,7 @@ def block_forward(
     """
     import torch
 
-    from attnrank.reranker.attention import AttentionCapture
+    from heedrank.reranker.attention import AttentionCapture
 
     timings: dict[str, float] = {}
     Lq = len(prompt.query_ids if query_ids is None else query_ids)
@@ -426,7 +426,7 @@ def calibrated_forward(
     """
     import torch
 
-    from attnrank.reranker.attention import AttentionCapture
+    from heedrank.reranker.attention import AttentionCapture
 
     Lq, Lc = len(prompt.query_ids), len(prompt.calib_ids)
     timings: dict[str, float] = {}
@@ -468,7 +468,7 @@ def reference_forward(lm: Any, prompt: BlockPrompt, layer: int) -> Any:
     """
     import torch
 
-    from attnrank.reranker.attention import AttentionCapture, run_with_capture
+    from heedrank.reranker.attention import AttentionCapture, run_with_capture
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -563,7 +563,7 @@ def check_query_block(prompt: BlockPrompt, max_positions: int, *, overlap: bool 
 class BlockRankReranker(AttentionReranker):
     """BlockRank reranker (registry name ``"blockrank"``).
 
-    Options: :class:`attnrank.reranker.options.BlockRankOptions` (``RerankerConfig.options``
+    Options: :class:`heedrank.reranker.options.BlockRankOptions` (``RerankerConfig.options``
     keys, parsed at construction; unknown keys are a :class:`ValidationError`): ``layer``,
     ``scoring``, ``query_offset``, ``n_signal``, ``chat_template``, ``doc_batch_size``,
     ``mask_std``, ``heads`` (with ``scoring="signal"``: average the signal attention of
@@ -581,7 +581,7 @@ class BlockRankReranker(AttentionReranker):
     name = "blockrank"
     template_version = "v1"
     cached: bool = False
-    """Whether candidate blocks come from a document KV store (:class:`~attnrank.reranker.cached.CachedBlockRankReranker`)."""
+    """Whether candidate blocks come from a document KV store (:class:`~heedrank.reranker.cached.CachedBlockRankReranker`)."""
     options_class = BlockRankOptions
     options: BlockRankOptions
     fast_path: bool = True
@@ -593,9 +593,9 @@ class BlockRankReranker(AttentionReranker):
         """A configuration that names cached BlockRank (``method="blockrank-cached"``, also
         the deprecated ``blockrank`` + ``query_in_instruction=false`` spelling, which
         :class:`RerankerConfig` translates) builds a
-        :class:`attnrank.reranker.cached.CachedBlockRankReranker` (for one release)."""
+        :class:`heedrank.reranker.cached.CachedBlockRankReranker` (for one release)."""
         if cls is BlockRankReranker and getattr(config, "method", None) == "blockrank-cached":
-            from attnrank.registry import reranker_class
+            from heedrank.registry import reranker_class
 
             return super().__new__(reranker_class("blockrank-cached"))
         return super().__new__(cls)
@@ -612,12 +612,12 @@ class BlockRankReranker(AttentionReranker):
 
     def context_buffer(self):
         """Storage for the query's context reused across queries
-        (:class:`attnrank.reranker.doccache.ContextBuffer`), or ``None`` when
+        (:class:`heedrank.reranker.doccache.ContextBuffer`), or ``None`` when
         :attr:`fast_path` is off. Used under the LM's lock only."""
         if not self.fast_path:
             return None
         if self._context_buffer is None:
-            from attnrank.reranker.doccache import ContextBuffer
+            from heedrank.reranker.doccache import ContextBuffer
 
             self._context_buffer = ContextBuffer()
         return self._context_buffer
@@ -657,7 +657,7 @@ class BlockRankReranker(AttentionReranker):
     def heads(self) -> list[tuple[int, int]] | None:
         """Selected ``(layer, head)`` pairs (option ``heads``, resolved once the model is
         known), or ``None`` for all heads of ``l*``."""
-        from attnrank.reranker.heads import resolve_heads
+        from heedrank.reranker.heads import resolve_heads
 
         heads, _ = resolve_heads(self.options.heads, self.lm.identity)
         self.check_model_indices(heads=heads or [])
@@ -805,7 +805,7 @@ class BlockRankReranker(AttentionReranker):
 
     def reattn_scores(self, prompt: BlockPrompt, mass: Any, bounds: list[tuple[int, int]]) -> list[float]:
         """ReAttn re-weighting (option ``reattn``) of the signal tokens' per-token mass."""
-        from attnrank.reranker.reattn import reattn_scores, token_forms
+        from heedrank.reranker.reattn import reattn_scores, token_forms
 
         tok = self.lm.tokenizer
         forms = [token_forms(tok, d) for d in prompt.doc_ids]
@@ -834,7 +834,7 @@ class BlockRankReranker(AttentionReranker):
         """
         import torch
 
-        from attnrank.errors import ValidationError
+        from heedrank.errors import ValidationError
 
         if not layers:
             raise ValidationError("layer_scores needs at least one layer")

@@ -4,9 +4,9 @@ Source: BlockRank (Gupta et al. 2025, arXiv 2510.05396, Sections 3-4) with the
 ``query_in_instruction`` extension of ``shared/design/ALGORITHMS.md`` section 3: block 0 is
 the fixed instruction only and a candidate block carries no id, so each block's keys and
 values (layers ``0..l*``) depend on the document alone. They are encoded once, at index
-time, into the index's document KV store (``attnrank index kv build``), and a query runs
+time, into the index's document KV store (``heedrank index kv build``), and a query runs
 only its query block (about 40 tokens) against them
-(:mod:`attnrank.reranker.doccache`: layout, encoding, context assembly, the RAM tier).
+(:mod:`heedrank.reranker.doccache`: layout, encoding, context assembly, the RAM tier).
 
 Scorers (option ``scoring``): ``learned`` (learned weights over the calibrated attention of
 every (layer, head) of ``0..l*``, each z-scored over the query's candidates: a weights card,
@@ -22,12 +22,12 @@ card also records the fusion weight with the first stage (:attr:`default_fusion`
 
 Which layers of the query pass read the candidates (option ``attend``, issue #23): ``all``
 (``0..l*``, a full store of keys and values of every layer), a first layer ``m`` (a
-:class:`attnrank.reranker.attention.CandidateMask` below it), or ``none``: the *probe store*
-(:mod:`attnrank.reranker.probe`, ``shared/design/ALGORITHMS.md`` section 6, design A). Then
+:class:`heedrank.reranker.attention.CandidateMask` below it), or ``none``: the *probe store*
+(:mod:`heedrank.reranker.probe`, ``shared/design/ALGORITHMS.md`` section 6, design A). Then
 the query pass runs against block 0 alone, once per query whatever the number of
 candidates, and at the probe layers its rows are dotted with the candidates' stored keys;
 the store keeps only those keys (``<index>/probe``, float16, int8 or int4), and an index
-with only a full store serves it read-only (:class:`attnrank.index.kv.ProbeView`).
+with only a full store serves it read-only (:class:`heedrank.index.kv.ProbeView`).
 
 Evidence (:meth:`CachedBlockRankReranker.rerank_with_evidence`): each candidate token's
 share of the document score, mapped back to character offsets.
@@ -44,13 +44,13 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
-from attnrank.blocks import BlockKey, KVHeader
-from attnrank.config import BLOCK_CACHE_BUDGET, RerankerConfig
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.protocols import RerankResult
-from attnrank.reranker.base import DocumentScores, ScoredPass
-from attnrank.reranker.blockrank import BlockPrompt, BlockRankReranker, calibrated_forward, check_query_block
-from attnrank.reranker.doccache import (
+from heedrank.blocks import BlockKey, KVHeader
+from heedrank.config import BLOCK_CACHE_BUDGET, RerankerConfig
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.protocols import RerankResult
+from heedrank.reranker.base import DocumentScores, ScoredPass
+from heedrank.reranker.blockrank import BlockPrompt, BlockRankReranker, calibrated_forward, check_query_block
+from heedrank.reranker.doccache import (
     CACHE_TEMPLATE_VERSION,
     BlockSource,
     assemble_kv,
@@ -62,8 +62,8 @@ from attnrank.reranker.doccache import (
     instruction_kv,
     query_block,
 )
-from attnrank.reranker.options import AUTO, CachedBlockRankOptions
-from attnrank.reranker.scoring import (
+from heedrank.reranker.options import AUTO, CachedBlockRankOptions
+from heedrank.reranker.scoring import (
     CALIBRATION_QUERY,
     content_offsets,
     linear_head_scores,
@@ -73,13 +73,13 @@ from attnrank.reranker.scoring import (
     spans_from_lengths,
     top_spans,
 )
-from attnrank.types import Document, Query
+from heedrank.types import Document, Query
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_CACHE_BYTES = BLOCK_CACHE_BUDGET.default
 """RAM cache of ad-hoc candidate blocks (``/rerank``), bytes (1 GiB), unless ``block_cache_bytes``
-or ``$ATTNRANK_BLOCK_CACHE_BYTES`` says otherwise."""
+or ``$HEEDRANK_BLOCK_CACHE_BYTES`` says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class Context:
 class CachedBlockRankReranker(BlockRankReranker):
     """Cached BlockRank (registry name ``"blockrank-cached"``; ``"default"`` names it).
 
-    Options: :class:`attnrank.reranker.options.CachedBlockRankOptions`. :meth:`rerank`
+    Options: :class:`heedrank.reranker.options.CachedBlockRankOptions`. :meth:`rerank`
     takes the collection's document KV store as ``block_store``; blocks it lacks are
     computed and written back, and without a store they come from the RAM cache
     (``block_cache_bytes``) or are computed. Scores: ``learned`` a weighted sum of z-scores
@@ -114,12 +114,12 @@ class CachedBlockRankReranker(BlockRankReranker):
         config: Its ``max_doc_tokens`` is the block's content budget (``None``: 128).
         lm: A loaded LM to share (else loaded on first use).
         block_cache_bytes: RAM cache of blocks not in a store, bytes (``None``:
-            :data:`attnrank.config.BLOCK_CACHE_BUDGET`, i.e. ``$ATTNRANK_BLOCK_CACHE_BYTES`` or
+            :data:`heedrank.config.BLOCK_CACHE_BUDGET`, i.e. ``$HEEDRANK_BLOCK_CACHE_BYTES`` or
             1 GiB; the service passes its ``Settings.block_cache_bytes`` through the reranker
-            factory, :func:`attnrank.registry.build_reranker`).
+            factory, :func:`heedrank.registry.build_reranker`).
 
     Raises:
-        ValidationError: bad options, or ``$ATTNRANK_BLOCK_CACHE_BYTES`` is not a byte count.
+        ValidationError: bad options, or ``$HEEDRANK_BLOCK_CACHE_BYTES`` is not a byte count.
     """
 
     name = "blockrank-cached"
@@ -127,7 +127,7 @@ class CachedBlockRankReranker(BlockRankReranker):
     options_class = CachedBlockRankOptions
     options: CachedBlockRankOptions  # type: ignore[assignment]
     build_resources = ("block_cache_bytes",)
-    """What :func:`attnrank.registry.build_reranker` may pass to :meth:`from_config`."""
+    """What :func:`heedrank.registry.build_reranker` may pass to :meth:`from_config`."""
 
     def __init__(self, config: RerankerConfig, lm: Any = None, *, block_cache_bytes: int | None = None) -> None:
         super().__init__(config, lm)
@@ -148,7 +148,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         return cls(config, block_cache_bytes=block_cache_bytes)
 
     def block_source(self) -> BlockSource:
-        """The RAM tier in front of the store (:class:`attnrank.reranker.doccache.BlockSource`),
+        """The RAM tier in front of the store (:class:`heedrank.reranker.doccache.BlockSource`),
         sized at construction."""
         return self._block_source
 
@@ -176,7 +176,7 @@ class CachedBlockRankReranker(BlockRankReranker):
     @property
     def block_adapter(self) -> str | None:
         """peft adapter active while candidate blocks are encoded: the document tower
-        (:data:`attnrank.reranker.adapters.DOCUMENT`, option ``document_adapter``, or one being
+        (:data:`heedrank.reranker.adapters.DOCUMENT`, option ``document_adapter``, or one being
         trained: :meth:`use_block_adapter`), or ``None`` (the base model)."""
         if self.options.document_adapter is not None:
             self.lm  # loads it
@@ -202,7 +202,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         path = self.options.scorer_weights
         if path is None:
-            from attnrank.reranker.heads import packaged_data_dir
+            from heedrank.reranker.heads import packaged_data_dir
 
             name = self.base_lm.identity.get("name", "")
             shipped = packaged_data_dir() / f"{name}.blockrank-cached.json"
@@ -213,7 +213,7 @@ class CachedBlockRankReranker(BlockRankReranker):
                 return None
             path = str(shipped)
         if not Path(path).is_file():
-            raise NotFoundError(f"weights card {path} not found; write one with `attnrank eval study-fit --export`")
+            raise NotFoundError(f"weights card {path} not found; write one with `heedrank eval study-fit --export`")
         card = json.loads(Path(path).read_text(encoding="utf-8"))
         card["_path"] = str(path)
         return card
@@ -258,7 +258,7 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     @property
     def probe(self) -> bool:
-        """Whether this is the probe-store scorer (``attend='none'``, :mod:`attnrank.reranker.probe`)."""
+        """Whether this is the probe-store scorer (``attend='none'``, :mod:`heedrank.reranker.probe`)."""
         return self.attend == "none"
 
     @property
@@ -339,7 +339,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         Raises:
             NotFoundError: ``'packaged'`` for a model without one, or a path that is not an adapter.
         """
-        from attnrank.reranker.adapters import resolve_adapter
+        from heedrank.reranker.adapters import resolve_adapter
 
         value = self.options.query_adapter
         if value is None:
@@ -366,13 +366,13 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     @cached_property
     def calibration(self) -> Any:
-        """The relevance cut-off's maps (:class:`attnrank.calibration.Calibration`) recorded in
-        the weights card (``"calibration"``, written by ``attnrank eval calibrate``), or ``None``:
+        """The relevance cut-off's maps (:class:`heedrank.calibration.Calibration`) recorded in
+        the weights card (``"calibration"``, written by ``heedrank eval calibrate``), or ``None``:
         no card, another scorer than ``learned``, or a query adapter other than the one the
         maps were fitted with (they hold only for the scores they were fitted on)."""
         if self.scoring != "learned" or self.card is None or not self.card.get("calibration"):
             return None
-        from attnrank.calibration import Calibration
+        from heedrank.calibration import Calibration
 
         calibration = Calibration.from_json(self.card["calibration"])
         want = calibration.info.get("query_adapter_sha256")
@@ -383,7 +383,7 @@ class CachedBlockRankReranker(BlockRankReranker):
     @cached_property
     def _adapter_sha256(self) -> str | None:
         """sha256 of the query adapter in use (:attr:`adapter_path`), ``None`` without one."""
-        from attnrank.reranker.adapters import adapter_hash
+        from heedrank.reranker.adapters import adapter_hash
 
         path = self.adapter_path
         return None if path is None else adapter_hash(path)
@@ -405,12 +405,12 @@ class CachedBlockRankReranker(BlockRankReranker):
         Raises:
             ValidationError: an adapter trained for another model, ``l*``, block length or
                 layout, or a query adapter given as the document adapter (or the reverse:
-                :func:`attnrank.reranker.adapters.load_adapter`).
+                :func:`heedrank.reranker.adapters.load_adapter`).
         """
         import copy
 
-        from attnrank.reranker.adapters import DOCUMENT, QUERY, adapter_hash, load_adapter
-        from attnrank.reranker.lm import LoadedLM
+        from heedrank.reranker.adapters import DOCUMENT, QUERY, adapter_hash, load_adapter
+        from heedrank.reranker.lm import LoadedLM
 
         model = copy.deepcopy(base.model)
         for where, name, tower in ((path, "query adapter", "query"), (document, "document adapter", "document")):
@@ -432,7 +432,7 @@ class CachedBlockRankReranker(BlockRankReranker):
     # -- the cached prompt ------------------------------------------------------------------
     @cached_property
     def layout(self) -> Any:
-        """The cached prompt's fixed part (:class:`attnrank.reranker.doccache.BlockLayout`)."""
+        """The cached prompt's fixed part (:class:`heedrank.reranker.doccache.BlockLayout`)."""
         return build_layout(self.base_lm.tokenizer, self.config.max_doc_tokens, chat_template=self.options.chat_template)
 
     @staticmethod
@@ -487,7 +487,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         )
 
     def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[BlockKey, Any, Any]]:
-        """``(key, keys, values)`` per text for a document KV store (``attnrank index kv build``):
+        """``(key, keys, values)`` per text for a document KV store (``heedrank index kv build``):
         float32 numpy arrays ``(kv_depth + 1, kv_heads, T, head_dim)`` (a probe store:
         keys ``(len(probe_layers), kv_heads, T, head_dim)`` and values ``None``; a window
         store: the keys and values of :attr:`window_layers`), always from the base
@@ -606,7 +606,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         if card is None:
             name = self.base_lm.identity.get("name", "")
             raise NotFoundError(f"no learned BlockRank weights ship for model {name!r}; fit them with "
-                                "`attnrank eval study-fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
+                                "`heedrank eval study-fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
         want = {"layer": self.layer, "max_doc_tokens": self.config.max_doc_tokens,
                 "template": self.layout_version(), "spec": "heads", "attend": self.attend,
                 "layers": self.feature_layers}
@@ -660,7 +660,7 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     def _probe_scores(self, prompt: BlockPrompt, block_store: Any) -> DocumentScores:
         """The probe-store scorer (``attend='none'``): one query pass against block 0, then the
-        candidates' keys at the probe layers (:mod:`attnrank.reranker.probe`); ``learned``
+        candidates' keys at the probe layers (:mod:`heedrank.reranker.probe`); ``learned``
         weighs the calibrated (layer, head) mass, ``calibrated`` sums it.
 
         Raises:
@@ -668,7 +668,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         import torch
 
-        from attnrank.reranker.probe import probe_features, probe_query_pass
+        from heedrank.reranker.probe import probe_features, probe_query_pass
 
         if self.scoring == "signal":
             raise ValidationError("attend='none' (a probe store) scores with 'learned' or 'calibrated', not 'signal'")
@@ -696,7 +696,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         :func:`linear_head_token_scores` on the probe's per-token calibrated mass."""
         import torch
 
-        from attnrank.reranker.probe import probe_mass
+        from heedrank.reranker.probe import probe_mass
 
         layers = list(self.probe_layers)
         L0, D = len(prompt.instruction_ids), sum(prompt.doc_lengths)
@@ -739,7 +739,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         sum of its tokens' up to a per-query constant; with ``calibrated`` the calibrated
         attention summed over layers and heads; with ``signal`` the signal tokens' attention.
         Tokens group into words, the best positive words merge into spans (as ICR's
-        :meth:`~attnrank.reranker.icr.ICRReranker.evidence_from`); offsets are characters
+        :meth:`~heedrank.reranker.icr.ICRReranker.evidence_from`); offsets are characters
         into ``doc.text`` (or ``doc.title``): ``text[start:end] == span.text``.
 
         Raises:

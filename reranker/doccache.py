@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnrank.blocks import BlockKey
-from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from heedrank.blocks import BlockKey
+from heedrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
 
 INSTRUCTION = (
     "You will be given a list of documents and then a query. Read all of the documents carefully; "
@@ -89,7 +89,7 @@ def build_layout(tokenizer: Any, max_doc_tokens: int, *, chat_template: bool = T
     Raises:
         ValidationError: ``max_doc_tokens < 1``.
     """
-    from attnrank.errors import ValidationError
+    from heedrank.errors import ValidationError
 
     if max_doc_tokens < 1:
         raise ValidationError(f"max_doc_tokens must be >= 1, got {max_doc_tokens}")
@@ -251,8 +251,8 @@ def instruction_kv(lm: Any, instruction_ids: Sequence[int], layer: int) -> list[
     """Keys/values of block 0 for layers ``0..layer``: per layer ``(1, kv_heads, L0, head_dim)``."""
     import torch
 
-    from attnrank.reranker.attention import AttentionCapture, run_with_capture
-    from attnrank.reranker.adapters import adapter_disabled
+    from heedrank.reranker.attention import AttentionCapture, run_with_capture
+    from heedrank.reranker.adapters import adapter_disabled
 
     cache = cache_from([], lm.model.config)
     with adapter_disabled(lm.model):  # block 0 is the base model's: a query adapter never touches it
@@ -275,13 +275,13 @@ def encode_blocks(
     (training runs through it); callers that only score wrap it in ``torch.inference_mode``.
 
     Args:
-        lm: :class:`attnrank.reranker.lm.LoadedLM`.
+        lm: :class:`heedrank.reranker.lm.LoadedLM`.
         kv0: :func:`instruction_kv` output (``layer + 1`` entries).
         blocks: Token ids per block (each non-empty).
         layer: Deepest layer whose keys/values are kept (``l*``).
         batch_size: Blocks per batched prefill (bounds memory).
         adapter: peft adapter name active while the blocks are encoded (the document
-            tower, :data:`attnrank.reranker.adapters.DOCUMENT`); ``None`` = the base model
+            tower, :data:`heedrank.reranker.adapters.DOCUMENT`); ``None`` = the base model
             (every adapter off).
 
     Returns:
@@ -290,8 +290,8 @@ def encode_blocks(
     """
     import torch
 
-    from attnrank.reranker.attention import AttentionCapture, run_with_capture
-    from attnrank.reranker.adapters import adapter_disabled, only_adapter
+    from heedrank.reranker.attention import AttentionCapture, run_with_capture
+    from heedrank.reranker.adapters import adapter_disabled, only_adapter
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -382,7 +382,7 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
                 layers: tuple[Sequence[int], Sequence[int]] | None = None) -> list[BlockKV]:
     """Block 0's and the candidates' keys/values concatenated per layer (no padding):
     per layer ``(1, kv_heads, L0 + D, head_dim)`` in block 0's dtype, the input
-    :func:`attnrank.reranker.blockrank.query_pass` takes.
+    :func:`heedrank.reranker.blockrank.query_pass` takes.
 
     Args:
         kv0: Block 0, per layer ``(1, kv_heads, L0, head_dim)`` (``layer + 1`` entries or more).
@@ -491,7 +491,7 @@ class BlockFetch:
 
 class BlockSource:
     """Candidate blocks for the cached path: a RAM LRU, then a persistent store (a
-    collection's document KV store, :class:`attnrank.protocols.BlockStore`), then the LM.
+    collection's document KV store, :class:`heedrank.protocols.BlockStore`), then the LM.
 
     Blocks are keyed by :func:`block_key` (the hash of their token ids), so the same text
     shares one entry across collections and a replaced document never reads a stale block.
@@ -505,7 +505,7 @@ class BlockSource:
     """
 
     def __init__(self, memory_bytes: int) -> None:
-        from attnrank.lru import ByteLRU
+        from heedrank.lru import ByteLRU
 
         self.memory = ByteLRU(memory_bytes)
 

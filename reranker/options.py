@@ -3,7 +3,7 @@
 ``RerankerConfig.options`` is an untyped mapping (it comes from ``--opt KEY=VALUE``, from a
 ``/search`` request or from a Python caller). Each reranker turns it into its options class
 once, at construction, with :meth:`RerankerOptions.parse`: unknown keys are refused with a
-:class:`~attnrank.errors.ValidationError` naming the valid ones (``--opt lyaer=18`` no
+:class:`~heedrank.errors.ValidationError` naming the valid ones (``--opt lyaer=18`` no
 longer scores silently at the default layer), values are type- and range-checked, and
 missing keys take their defaults. ``describe()`` of a reranker records the parsed,
 default-filled options (:meth:`RerankerOptions.to_dict`); ``GET /info`` lists every
@@ -17,7 +17,7 @@ Example:
     18
     >>> parse_options("blockrank", {"lyaer": 18})  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
-    attnrank.errors.ValidationError: unknown blockrank option 'lyaer'; valid options: ...
+    heedrank.errors.ValidationError: unknown blockrank option 'lyaer'; valid options: ...
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from attnrank.blocks import KV_DTYPES
-from attnrank.errors import ValidationError
-from attnrank.reranker.reattn import ReAttnConfig
+from heedrank.blocks import KV_DTYPES
+from heedrank.errors import ValidationError
+from heedrank.reranker.reattn import ReAttnConfig
 
 NO_RERANK = "none"
 """The method name that means "no reranking" (first-stage order); it takes no options."""
@@ -396,13 +396,13 @@ class CachedBlockRankOptions(RerankerOptions):
     )
     scorer_weights: str | None = _option(
         None, "path | null",
-        "weights card (JSON) of scoring='learned', written by `attnrank eval study-fit --export`; null = the "
+        "weights card (JSON) of scoring='learned', written by `heedrank eval study-fit --export`; null = the "
         "card shipped for the model (reranker/data/<model>.blockrank-cached.json)",
         _path_or(),
     )
     query_adapter: str | None = _option(
         AUTO, "'auto' | 'packaged' | path | null",
-        "query-side LoRA adapter (`attnrank train query-adapter`) applied to the query and N/A passes only, so "
+        "query-side LoRA adapter (`heedrank train query-adapter`) applied to the query and N/A passes only, so "
         "stored blocks stay valid; 'packaged' = the adapter shipped for the model "
         "(reranker/data/<model>.query-adapter); 'auto' = the packaged one when it ships for the model and the "
         "reranker's l* and block length, else none; null = none",
@@ -410,7 +410,7 @@ class CachedBlockRankOptions(RerankerOptions):
     )
     document_adapter: str | None = _option(
         None, "path | null",
-        "document-side LoRA adapter (`attnrank train query-adapter --tower document`, issue #24 lever 3) active "
+        "document-side LoRA adapter (`heedrank train query-adapter --tower document`, issue #24 lever 3) active "
         "while candidate blocks are encoded: a document KV store must be built with it (its header records the "
         "adapter's sha256); null = blocks from the base model",
         _path_or(),
@@ -512,8 +512,8 @@ def canonical(method: str, options: Mapping[str, Any] | None) -> tuple[str, dict
 
 def default_max_doc_tokens(method: str) -> int:
     """Per-document LM token budget of ``method`` when none is given: the method's own
-    (``blockrank-cached``: 128, its card's) or :data:`attnrank.config.DEFAULT_MAX_DOC_TOKENS`."""
-    from attnrank.config import DEFAULT_MAX_DOC_TOKENS
+    (``blockrank-cached``: 128, its card's) or :data:`heedrank.config.DEFAULT_MAX_DOC_TOKENS`."""
+    from heedrank.config import DEFAULT_MAX_DOC_TOKENS
 
     cls = OPTION_CLASSES.get(METHOD_ALIASES.get(method, method))
     return int(getattr(cls, "default_max_doc_tokens", DEFAULT_MAX_DOC_TOKENS))
@@ -561,8 +561,8 @@ def packaged_card(model: str | None) -> dict[str, Any] | None:
     parsed, or ``None`` (a local model directory, or no card ships)."""
     import json
 
-    from attnrank.config import DEFAULT_LM
-    from attnrank.reranker.heads import packaged_data_dir
+    from heedrank.config import DEFAULT_LM
+    from heedrank.reranker.heads import packaged_data_dir
 
     name = DEFAULT_LM if model is None else model
     path = packaged_data_dir() / f"{name}.blockrank-cached.json"

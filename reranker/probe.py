@@ -5,7 +5,7 @@ the candidates' stored keys.
 
 Why it is enough: BlockRank's learned scorer reads, per layer ``l`` and head ``h``, the
 query rows' attention mass on each candidate (minus the ``N/A`` block's). Under a
-:class:`attnrank.reranker.attention.CandidateMask` with ``below = l* + 1`` those rows never
+:class:`heedrank.reranker.attention.CandidateMask` with ``below = l* + 1`` those rows never
 take a candidate's value, so their queries ``q_i`` (after RoPE) and their log-sum-exp over
 what they did attend to (block 0 and their own block), ``lse_i``, do not depend on the
 candidates. The mass follows from the candidates' keys alone::
@@ -56,12 +56,12 @@ def probe_query_pass(lm: Any, prompt: Any, kv0: Sequence[tuple[Any, Any]], layer
     deepest read layer, keeping their rows at ``layers``.
 
     Args:
-        lm: :class:`attnrank.reranker.lm.LoadedLM` (with a query adapter: its LM).
-        prompt: :class:`attnrank.reranker.blockrank.BlockPrompt` (its candidates are not read).
+        lm: :class:`heedrank.reranker.lm.LoadedLM` (with a query adapter: its LM).
+        prompt: :class:`heedrank.reranker.blockrank.BlockPrompt` (its candidates are not read).
         kv0: Block 0's keys/values, per layer ``(1, kv_heads, L0, head_dim)`` (at least
-            ``max(layers) + 1`` entries), e.g. :func:`attnrank.reranker.doccache.instruction_kv`.
+            ``max(layers) + 1`` entries), e.g. :func:`heedrank.reranker.doccache.instruction_kv`.
         layers: Layers to keep.
-        fast: As :func:`attnrank.reranker.blockrank.query_pass`.
+        fast: As :func:`heedrank.reranker.blockrank.query_pass`.
 
     Returns:
         :class:`ProbeRows`. Differentiable in the LM's parameters under ``torch.enable_grad``
@@ -69,9 +69,9 @@ def probe_query_pass(lm: Any, prompt: Any, kv0: Sequence[tuple[Any, Any]], layer
     """
     import torch
 
-    from attnrank.reranker.attention import AttentionCapture, ContextSplit, run_with_capture
-    from attnrank.reranker.blockrank import MergedRows, _use_fast
-    from attnrank.reranker.doccache import assemble_kv, cache_from, neg_inf, query_cache
+    from heedrank.reranker.attention import AttentionCapture, ContextSplit, run_with_capture
+    from heedrank.reranker.blockrank import MergedRows, _use_fast
+    from heedrank.reranker.doccache import assemble_kv, cache_from, neg_inf, query_cache
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -90,7 +90,7 @@ def probe_query_pass(lm: Any, prompt: Any, kv0: Sequence[tuple[Any, Any]], layer
     qmask[0, 0, :, K:].masked_fill_(~rows.allowed, neg_inf(dtype))
     qpos = (prompt.query_offset + torch.tensor(rows.positions, device=dev))[None]
     cap = AttentionCapture(layers=set(layers), mode="probe", stop_after=depth, detach=not torch.is_grad_enabled())
-    extra = {"attnrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
+    extra = {"heedrank_split": ContextSplit(K, qmask[0, 0, :, K:])} if fast else {}
     run_with_capture(lm.model.base_model, cap, input_ids=torch.tensor([rows.ids], device=dev), position_ids=qpos,
                      attention_mask=qmask, cache=qcache, use_cache=True, **extra)
     cfg = lm.model.config
@@ -166,7 +166,7 @@ def probe_mass(rows: ProbeRows, layer: int, keys: Any, lengths: Sequence[int], b
 def probe_features(rows: ProbeRows, keys: Mapping[int, Any], lengths: Sequence[int], layers: Sequence[int]) -> Any:
     """Calibrated per-(layer, head) mass of each candidate: the query block's minus the
     ``N/A`` block's (:func:`probe_mass`), float32 ``(N, len(layers), heads)``, the input of
-    :func:`attnrank.reranker.scoring.linear_head_scores`.
+    :func:`heedrank.reranker.scoring.linear_head_scores`.
 
     Args:
         keys: ``{layer: (kv_heads, D, head_dim)}`` candidates' keys.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-_PLACEHOLDER = "\x00ATTNRANK_USER_MESSAGE\x00"
+_PLACEHOLDER = "\x00HEEDRANK_USER_MESSAGE\x00"
 
 
 @dataclass(frozen=True)

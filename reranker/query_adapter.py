@@ -2,14 +2,14 @@
 
 Source: the issue-#14 study (docs/RESULTS.md, "Training and fusion study"); LoRA is Hu et
 al. 2021 (arXiv 2106.09685); the scorer trained through it is the learned per-(layer,
-head) calibrated attention mass of :func:`attnrank.reranker.scoring.linear_head_scores`
+head) calibrated attention mass of :func:`heedrank.reranker.scoring.linear_head_scores`
 (QRRanker-style head weights), or BlockRank's signal-token attention (Gupta et al. 2025,
 arXiv 2510.05396, Section 4, ``L_aux``).
 
 A document KV store holds candidate blocks computed by the *base* model. An adapter that
 changes only the query block's computation keeps every stored block valid: the adapter is
 enabled for the query and ``N/A`` calibration passes and disabled while block 0 and
-candidate blocks are encoded (:func:`attnrank.reranker.adapters.adapter_disabled`). Training therefore reads every
+candidate blocks are encoded (:func:`heedrank.reranker.adapters.adapter_disabled`). Training therefore reads every
 candidate block from the store (or computes it once with the base model) and back-propagates
 through the query passes alone: a step costs two query-block passes, not a prompt.
 
@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import ValidationError
-from attnrank.reranker.adapters import DOCUMENT, QUERY, adapter_state, inject_lora, save_adapter
-from attnrank.types import Document
+from heedrank.errors import ValidationError
+from heedrank.reranker.adapters import DOCUMENT, QUERY, adapter_state, inject_lora, save_adapter
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class RankingExample:
 
 @dataclass(frozen=True)
 class QueryAdapterConfig:
-    """Options of a query-adapter training run (``attnrank train query-adapter --help``).
+    """Options of a query-adapter training run (``heedrank train query-adapter --help``).
 
     Attributes:
         out_dir: Output folder (checkpoints, the adapter, the history).
@@ -142,7 +142,7 @@ def context_for(reranker: Any, prompt: Any, kv0: Any, *, store: Any = None) -> l
     off), as ordinary (non-inference) tensors without gradient: constants of a training step."""
     import torch
 
-    from attnrank.reranker.doccache import assemble_kv
+    from heedrank.reranker.doccache import assemble_kv
 
     if getattr(reranker, "probe", False):  # a probe scorer reads the candidates' keys at its layers only
         with torch.no_grad():  # clones: normal tensors (the fetch runs under inference mode)
@@ -159,7 +159,7 @@ def base_instruction_kv(reranker: Any) -> list[tuple[Any, Any]]:
     """Block 0's keys/values from the base model, ``l* + 1`` entries ``(1, kv_heads, L0, d)``."""
     import torch
 
-    from attnrank.reranker.doccache import instruction_kv
+    from heedrank.reranker.doccache import instruction_kv
 
     with torch.no_grad():
         return instruction_kv(reranker.lm, reranker.layout.instruction_ids, reranker.layer)
@@ -171,26 +171,26 @@ def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, w
 
     A probe scorer (``attend='none'``, issue #23): ``kv`` is :func:`context_for`'s
     ``{layer: keys}``, the query pass runs against block 0 alone and the candidates' keys
-    are probed at the probe layers (:mod:`attnrank.reranker.probe`), ``weights`` over
+    are probed at the probe layers (:mod:`heedrank.reranker.probe`), ``weights`` over
     ``(len(probe_layers) * heads,)``; ``kv0`` is block 0's keys/values
     (:func:`base_instruction_kv`, computed here when not given: pass it in a loop).
 
     ``"learned"``: z-scored calibrated attention mass per (layer, head) over layers
     ``0..l*`` (query rows' mean attention minus the ``N/A`` query's) times ``weights``
     (``((l* + 1) * heads,)``); unitless. ``"signal"``: the signal tokens' attention mass per
-    candidate at ``l*`` (probabilities summing to 1, :func:`attnrank.reranker.blockrank.signal_scores`).
+    candidate at ``l*`` (probabilities summing to 1, :func:`heedrank.reranker.blockrank.signal_scores`).
     """
 
-    from attnrank.reranker.attention import AttentionCapture
-    from attnrank.reranker.blockrank import query_pass, signal_scores
-    from attnrank.reranker.scoring import linear_head_scores, per_head_document_mass
+    from heedrank.reranker.attention import AttentionCapture
+    from heedrank.reranker.blockrank import query_pass, signal_scores
+    from heedrank.reranker.scoring import linear_head_scores, per_head_document_mass
 
     lm = reranker.lm
     layer = reranker.layer
     L0 = len(prompt.instruction_ids)
     lengths = prompt.doc_lengths
     if getattr(reranker, "probe", False):  # issue #23: the query pass never reads the candidates (kv: their keys)
-        from attnrank.reranker.probe import probe_features, probe_query_pass
+        from heedrank.reranker.probe import probe_features, probe_query_pass
 
         if objective != "learned":
             raise ValidationError("a probe scorer (attend='none') trains with objective 'learned'")
@@ -229,7 +229,7 @@ def listwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
 def pairwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
     """RankNet (Burges et al. 2005): the mean over candidate pairs ``(i, j)`` with
     ``grade_i > grade_j`` of ``log(1 + exp(-(s_i - s_j) / tau))``, each pair weighted
-    ``grade_i - grade_j`` (the study's pairwise fit, :mod:`attnrank.eval.study`). ``scores``:
+    ``grade_i - grade_j`` (the study's pairwise fit, :mod:`heedrank.eval.study`). ``scores``:
     ``(N,)`` float tensor; a list without two grades gives 0 (no gradient)."""
     import torch
 
@@ -284,7 +284,7 @@ def train_query_adapter(
     every ``cfg.eval_every`` steps; the best dev adapter is saved to ``out/best``.
 
     Args:
-        reranker: A :class:`attnrank.reranker.cached.CachedBlockRankReranker`
+        reranker: A :class:`heedrank.reranker.cached.CachedBlockRankReranker`
             (``query_in_instruction=false``); its LM gets the LoRA layers in place.
         examples: Training queries (those without a positive or a negative are skipped).
         block_stores: Document KV store per example ``source`` (read-only is fine; a writable
@@ -400,7 +400,7 @@ def train_query_adapter(
                 docs, grades = _with_in_batch(ex, docs, grades, batch, cfg.in_batch, rng)
             prompt = reranker.build_prompt(ex.query, docs)
             if document:  # through the block encoder, the document adapter active
-                from attnrank.reranker.doccache import assemble_kv, encode_blocks
+                from heedrank.reranker.doccache import assemble_kv, encode_blocks
 
                 lm.model.train()
                 blocks = encode_blocks(lm, kv0, prompt.doc_ids, reranker.layer,
@@ -470,7 +470,7 @@ def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequenc
     import torch
     from safetensors.torch import load_file
 
-    from attnrank.errors import NotFoundError
+    from heedrank.errors import NotFoundError
 
     if not (path / "adapter.json").is_file() or not (path / "adapter.safetensors").is_file():
         raise NotFoundError(f"--init {path} is not a query adapter (adapter.json and adapter.safetensors expected)")

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnrank.errors import ValidationError
+from heedrank.errors import ValidationError
 
 _PREFIX_MARKS = ("Ġ", "▁", "##", "Ċ")
 

@@ -9,7 +9,7 @@
   is scored once and its duplicates share its score (docs/RESULTS.md, "Duplicates").
 - :func:`per_head_document_mass`, :func:`linear_head_scores`, :func:`linear_head_token_scores`:
   the learned head scorer of cached BlockRank, the one implementation serving, the
-  query-adapter training and the study use (standardisation: :mod:`attnrank.fusion`).
+  query-adapter training and the study use (standardisation: :mod:`heedrank.fusion`).
 - :class:`EvidenceSpan`, :func:`content_offsets`, :func:`top_spans`: evidence spans from
   token scores, in character offsets.
 
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from attnrank.errors import ValidationError
-from attnrank.fusion import standardize
-from attnrank.types import Document
+from heedrank.errors import ValidationError
+from heedrank.fusion import standardize
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def per_head_document_mass(attn: Any, L0: int, lengths: Sequence[int], layers: S
 
 def linear_head_scores(features: Any, weights: Any) -> Any:
     """The learned head scorer: each ``(layer, head)`` feature z-scored over the query's
-    candidates (:func:`attnrank.fusion.standardize`), times its weight, summed.
+    candidates (:func:`heedrank.fusion.standardize`), times its weight, summed.
 
     Args:
         features: ``(N, L, H)`` per-candidate calibrated attention mass
@@ -216,7 +216,7 @@ def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bo
     Raises:
         ValidationError: the tokenizer gives no offsets (not a "fast" tokenizer).
     """
-    from attnrank.reranker.prompt import truncate
+    from heedrank.reranker.prompt import truncate
 
     content = doc.content
     lead = len(content) - len(content.lstrip()) if strip else 0

@@ -7,11 +7,11 @@ section 3:
     L = L_NTP + lambda * L_aux,   L_aux = -log( sum_{p in pos} exp(S_p / tau) / sum_k exp(S_k / tau) )
 
 with ``S`` the signal tokens' block-restricted attention at layer ``l*``
-(:func:`attnrank.reranker.blockrank.signal_scores`), ``lambda = 0.1``, ``tau = 0.05``. ``L_NTP`` is the
+(:func:`heedrank.reranker.blockrank.signal_scores`), ``lambda = 0.1``, ``tau = 0.05``. ``L_NTP`` is the
 cross-entropy of the relevant document's id and the closing ``]`` after the answer prefix
 ``Final Answer: [``; LM logits are computed for those answer tokens only. Training runs
-through the same exact linear block forward as inference (:func:`attnrank.reranker.blockrank.context_kv`,
-:func:`attnrank.reranker.blockrank.query_pass`), never the dense 4-D mask. ``aux_only`` runs layers
+through the same exact linear block forward as inference (:func:`heedrank.reranker.blockrank.context_kv`,
+:func:`heedrank.reranker.blockrank.query_pass`), never the dense 4-D mask. ``aux_only`` runs layers
 ``0..l*`` only (no LM head, no NTP).
 
 Checkpoints (``out/checkpoints/step-N``: weights or LoRA adapter, optimizer, state) make
@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnrank.config import RerankerConfig
-from attnrank.errors import ValidationError
-from attnrank.types import Document
+from heedrank.config import RerankerConfig
+from heedrank.errors import ValidationError
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class TrainingExample:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Options of a BlockRank fine-tuning run (see ``attnrank train blockrank --help``)."""
+    """Options of a BlockRank fine-tuning run (see ``heedrank train blockrank --help``)."""
 
     out_dir: str
     model: str | None = None
@@ -93,9 +93,9 @@ def example_losses(reranker: Any, ex: TrainingExample, cfg: TrainConfig) -> dict
     """
     import torch
 
-    from attnrank.reranker.attention import AttentionCapture
-    from attnrank.reranker.blockrank import context_kv, query_pass, signal_scores
-    from attnrank.reranker.prompt import encode_trusted
+    from heedrank.reranker.attention import AttentionCapture
+    from heedrank.reranker.blockrank import context_kv, query_pass, signal_scores
+    from heedrank.reranker.prompt import encode_trusted
 
     lm = reranker.lm
     layer = reranker.layer
@@ -154,8 +154,8 @@ def train_blockrank(
     """
     import torch
 
-    from attnrank.reranker.blockrank import BlockRankReranker
-    from attnrank.reranker.lm import LoadedLM, load_trainable_lm
+    from heedrank.reranker.blockrank import BlockRankReranker
+    from heedrank.reranker.lm import LoadedLM, load_trainable_lm
 
     if not examples:
         raise ValidationError("no training examples")
@@ -261,7 +261,7 @@ def train_blockrank(
         "seconds_per_step": seconds / steps_run if steps_run else None,
         "history": state.history, "model_dir": str(final), "plot": str(out / "losses.png"),
     }
-    (out / "attnrank-train.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=1))
+    (out / "heedrank-train.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=1))
     return summary
 
 
@@ -331,7 +331,7 @@ def plot_losses(history: Sequence[dict[str, float]], path: str | Path) -> Path |
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - optional extra
-        logger.warning("matplotlib is not installed (pip install 'attnrank[train]'); no loss plot")
+        logger.warning("matplotlib is not installed (pip install -e '.[train]' (in the heedrank checkout)); no loss plot")
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, style in (("loss", "-"), ("aux", "-"), ("ntp", "-"), ("dev_aux", "o-")):

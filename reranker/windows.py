@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from attnrank.errors import ContextOverflowError
+from heedrank.errors import ContextOverflowError
 
 
 @dataclass(frozen=True)

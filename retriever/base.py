@@ -5,11 +5,11 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING
 
-from attnrank.errors import ValidationError
-from attnrank.protocols import FilterArg
+from heedrank.errors import ValidationError
+from heedrank.protocols import FilterArg
 
 if TYPE_CHECKING:
-    from attnrank.index.filters import BoolFilter
+    from heedrank.index.filters import BoolFilter
 
 
 def check_args(k: int, filter: FilterArg | None = None) -> tuple[int, BoolFilter | None]:
@@ -17,13 +17,13 @@ def check_args(k: int, filter: FilterArg | None = None) -> tuple[int, BoolFilter
 
     A JSON filter is parsed here, once, so that a malformed one fails before any work and
     the stages below get the parsed object; a filter parsed already (by the pipeline) is
-    passed through (:func:`attnrank.index.filters.as_filter`). ``{}`` means no filter (``None``).
+    passed through (:func:`heedrank.index.filters.as_filter`). ``{}`` means no filter (``None``).
 
     Raises:
         ValidationError: ``k`` is not an integer >= 1.
         FilterError: an invalid filter (the message names the offending clause).
     """
-    from attnrank.index.filters import as_filter
+    from heedrank.index.filters import as_filter
 
     try:
         kk = operator.index(k)

@@ -1,4 +1,4 @@
-"""BM25 first stage over an index's bm25s matrix and delta (see :mod:`attnrank.index.bm25` for
+"""BM25 first stage over an index's bm25s matrix and delta (see :mod:`heedrank.index.bm25` for
 scoring and tokenisation)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attnrank.protocols import FilterArg
-from attnrank.types import Query, Ranking, ScoredDoc
-from attnrank.retriever.base import check_args
+from heedrank.protocols import FilterArg
+from heedrank.types import Query, Ranking, ScoredDoc
+from heedrank.retriever.base import check_args
 
 
 class BM25Retriever:
@@ -20,7 +20,7 @@ class BM25Retriever:
     only matching documents are scored (exactly: BM25 scores every document).
 
     Args:
-        index: :class:`attnrank.index.store.Index`.
+        index: :class:`heedrank.index.store.Index`.
     """
 
     name = "bm25"
@@ -30,9 +30,9 @@ class BM25Retriever:
 
     @classmethod
     def from_index(cls, index: Any, **options: Any) -> BM25Retriever:
-        """Build over an :class:`attnrank.index.store.Index` (no options)."""
+        """Build over an :class:`heedrank.index.store.Index` (no options)."""
         if options:
-            from attnrank.errors import ValidationError
+            from heedrank.errors import ValidationError
 
             raise ValidationError(f"unknown bm25 retriever options: {sorted(options)}")
         return cls(index)

@@ -1,5 +1,5 @@
 """Dense first stage: bi-encoder query embedding + vector search (exact, HNSW or IVF) with
-metadata filters planned by :mod:`attnrank.index.planner`."""
+metadata filters planned by :mod:`heedrank.index.planner`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.errors import ValidationError
-from attnrank.protocols import FilterArg
-from attnrank.types import Query, Ranking, ScoredDoc
-from attnrank.retriever.base import check_args
+from heedrank.errors import ValidationError
+from heedrank.protocols import FilterArg
+from heedrank.types import Query, Ranking, ScoredDoc
+from heedrank.retriever.base import check_args
 
 TIE_MARGIN = 8
 """Extra neighbours fetched so that ties at the ``k``-th score are broken by doc id."""
@@ -27,7 +27,7 @@ class DenseRetriever:
     padding. HNSW and IVF indexes are approximate; flat is exact.
 
     Args:
-        index: :class:`attnrank.index.store.Index` with vectors.
+        index: :class:`heedrank.index.store.Index` with vectors.
         show_progress: tqdm bar while encoding query batches.
         strategy: ``"auto"`` (the planner), ``"exact"`` or ``"ann"``.
     """
@@ -44,7 +44,7 @@ class DenseRetriever:
 
     @classmethod
     def from_index(cls, index: Any, **options: Any) -> DenseRetriever:
-        """Build over an :class:`attnrank.index.store.Index`; the encoder loads on first retrieve.
+        """Build over an :class:`heedrank.index.store.Index`; the encoder loads on first retrieve.
 
         Options: ``show_progress`` (bool; default: the index's), ``strategy``
         (``"auto"``, ``"exact"``, ``"ann"``).

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnrank.errors import ValidationError
-from attnrank.types import Ranking
+from heedrank.errors import ValidationError
+from heedrank.types import Ranking
 
 RRF_K = 60
 """The constant of reciprocal rank fusion (Cormack et al., SIGIR 2009)."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attnrank.errors import ValidationError
-from attnrank.protocols import FilterArg, Retriever
-from attnrank.types import Query, Ranking
-from attnrank.retriever.base import check_args
-from attnrank.retriever.fusion import NORMALIZATIONS, RRF_K, reciprocal_rank_fusion, weighted_score_fusion
+from heedrank.errors import ValidationError
+from heedrank.protocols import FilterArg, Retriever
+from heedrank.types import Query, Ranking
+from heedrank.retriever.base import check_args
+from heedrank.retriever.fusion import NORMALIZATIONS, RRF_K, reciprocal_rank_fusion, weighted_score_fusion
 
 DEFAULT_DEPTH = 100
 """Hits taken from each fused retriever (at least ``k``)."""
@@ -23,7 +23,7 @@ class HybridRetriever:
     Each retriever returns its top ``max(k, depth)`` under the same metadata filter;
     ``fusion="rrf"`` scores documents ``sum_r 1 / (rrf_k + rank_r(d))``,
     ``fusion="weighted"`` ``sum_r w_r * norm_r(d)`` (see
-    :func:`attnrank.retriever.fusion.weighted_score_fusion`). Scores are unitless, higher = better;
+    :func:`heedrank.retriever.fusion.weighted_score_fusion`). Scores are unitless, higher = better;
     the top ``k`` are kept.
 
     Args:
@@ -68,7 +68,7 @@ class HybridRetriever:
 
     @classmethod
     def from_index(cls, index: Any, **options: Any) -> HybridRetriever:
-        """BM25 + dense over an :class:`attnrank.index.store.Index`.
+        """BM25 + dense over an :class:`heedrank.index.store.Index`.
 
         Options: ``depth`` (int), ``rrf_k`` (int), ``fusion`` (``"rrf"``/``"weighted"``),
         ``weights`` ([bm25, dense]), ``normalization``, ``show_progress`` and ``strategy``
@@ -77,8 +77,8 @@ class HybridRetriever:
         Raises:
             ValidationError: the index has no vectors, or an unknown option.
         """
-        from attnrank.retriever.bm25 import BM25Retriever
-        from attnrank.retriever.dense import DenseRetriever
+        from heedrank.retriever.bm25 import BM25Retriever
+        from heedrank.retriever.dense import DenseRetriever
 
         kwargs = {k: options.pop(k) for k in ("depth", "rrf_k", "fusion", "weights", "normalization") if k in options}
         dense_opts = {k: options.pop(k) for k in ("show_progress", "strategy") if k in options}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from attnrank.protocols import FilterArg
-from attnrank.types import Query, Ranking
-from attnrank.retriever.base import check_args
+from heedrank.protocols import FilterArg
+from heedrank.types import Query, Ranking
+from heedrank.retriever.base import check_args
 
 
 class RunRetriever:
@@ -39,7 +39,7 @@ class RunRetriever:
         """
         k, parsed = check_args(k, filter)
         if parsed is not None:
-            from attnrank.errors import ValidationError
+            from heedrank.errors import ValidationError
 
             raise ValidationError(f"the fixed run {self.name!r} cannot apply a metadata filter")
         out = []

@@ -3,22 +3,22 @@
 # attention reranking on http://127.0.0.1:${PORT:-8000}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=${ATTNRANK_DATA:-../shared/data}
-INDEX=${ATTNRANK_INDEX:-indexes/nfcorpus}
+DATA=${HEEDRANK_DATA:-../shared/data}
+INDEX=${HEEDRANK_INDEX:-indexes/nfcorpus}
 PORT=${PORT:-8000}
 bash scripts/setup.sh
 if [ ! -f "$INDEX/params.json" ]; then
-  .venv/bin/attnrank index build --corpus "$DATA/beir-nfcorpus" --out "$INDEX"
+  .venv/bin/heedrank index build --corpus "$DATA/beir-nfcorpus" --out "$INDEX"
 fi
 # Fill the index's document KV store before serving (progress bar; resumable, a rerun skips what is
 # stored): ~10 min on 2 cores, after which a reranked /search takes ~0.3 s instead of ~2.4 s with
 # cold blocks (docs/RESULTS.md, "A first run that is fast").
-.venv/bin/attnrank index kv build --index "$INDEX"
+.venv/bin/heedrank index kv build --index "$INDEX"
 # The default configuration is the best measured one (README, "Where it stands"): cached BlockRank with
 # the learned head weights and the query adapter shipped for SmolLM2, fused with the first stage
 # (hybrid here). `"method": "icr"` in a request picks ICR, `"fusion": "none"` the reranker's own order.
-ATTNRANK_DEFAULT_RETRIEVER=${ATTNRANK_DEFAULT_RETRIEVER:-hybrid} \
-    .venv/bin/attnrank serve --index "$INDEX" --port "$PORT" &
+HEEDRANK_DEFAULT_RETRIEVER=${HEEDRANK_DEFAULT_RETRIEVER:-hybrid} \
+    .venv/bin/heedrank serve --index "$INDEX" --port "$PORT" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT INT TERM
 for _ in $(seq 1 600); do
@@ -28,7 +28,7 @@ for _ in $(seq 1 600); do
 done
 cat <<MSG
 
-attnrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Try:
+heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Try:
 
   curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
     -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "rerank": {}, "explain": true}'

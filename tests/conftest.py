@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(os.environ.get("ATTNRANK_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 NFCORPUS = SHARED_DATA / "beir-nfcorpus"
 DL19 = SHARED_DATA / "msmarco-trec-dl-2019-passage"
 
@@ -15,17 +15,17 @@ DL19 = SHARED_DATA / "msmarco-trec-dl-2019-passage"
 @pytest.fixture(scope="session")
 def nfcorpus_dir() -> Path:
     if not (NFCORPUS / "corpus.jsonl.gz").exists():
-        pytest.skip(f"real data not found at {NFCORPUS} (set ATTNRANK_SHARED_DATA)")
+        pytest.skip(f"real data not found at {NFCORPUS} (set HEEDRANK_SHARED_DATA)")
     return NFCORPUS
 
 
 @pytest.fixture(scope="session")
 def nfcorpus_head(nfcorpus_dir):
-    """The first 40 NFCorpus documents (corpus file order), as :class:`attnrank.types.Document`."""
+    """The first 40 NFCorpus documents (corpus file order), as :class:`heedrank.types.Document`."""
     import gzip
     import json
 
-    from attnrank.types import Document
+    from heedrank.types import Document
 
     docs = []
     with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
@@ -40,13 +40,13 @@ def nfcorpus_head(nfcorpus_dir):
 @pytest.fixture(scope="session")
 def dl19_dir() -> Path:
     if not (DL19 / "qrels.dl19-passage.txt").exists():
-        pytest.skip(f"real data not found at {DL19} (set ATTNRANK_SHARED_DATA)")
+        pytest.skip(f"real data not found at {DL19} (set HEEDRANK_SHARED_DATA)")
     return DL19
 
 
 @pytest.fixture(scope="session")
 def default_lm():
     """The packaged SmolLM2-135M-Instruct, loaded once per test session."""
-    from attnrank.reranker.lm import load_lm
+    from heedrank.reranker.lm import load_lm
 
     return load_lm()

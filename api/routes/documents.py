@@ -1,11 +1,11 @@
 """``POST /documents`` (batch upsert), ``GET`` and ``DELETE /documents/{doc_id}``.
 
-Writes go to the collection's index directory through :meth:`attnrank.index.store.Index.add_documents`
-and :meth:`attnrank.index.store.Index.delete_documents`: one SQLite transaction (WAL mode,
+Writes go to the collection's index directory through :meth:`heedrank.index.store.Index.add_documents`
+and :meth:`heedrank.index.store.Index.delete_documents`: one SQLite transaction (WAL mode,
 ``synchronous=FULL``), then BM25 (delta) and the vector index in memory. The answer is sent
 only after the commit, so an acknowledged upsert survives a ``kill -9`` at any later
 moment: when the index is opened again, the vector and BM25 files catch up from SQLite
-(:meth:`attnrank.index.store.Index.open`). Writes run in the bounded ``ingest`` pool, never on the
+(:meth:`heedrank.index.store.Index.open`). Writes run in the bounded ``ingest`` pool, never on the
 event loop; a full queue answers 429.
 """
 
@@ -16,12 +16,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query as QueryParam
 
-from attnrank.api.deps import RuntimeDep, SettingsDep
-from attnrank.api.schemas import DeleteResponse, ErrorBody, DocumentOut, UpsertRequest, UpsertResponse
-from attnrank.errors import IndexMismatchError, NotFoundError, PayloadTooLargeError
-from attnrank.pipeline import Pipeline
-from attnrank.settings import Settings
-from attnrank.types import Document
+from heedrank.api.deps import RuntimeDep, SettingsDep
+from heedrank.api.schemas import DeleteResponse, ErrorBody, DocumentOut, UpsertRequest, UpsertResponse
+from heedrank.errors import IndexMismatchError, NotFoundError, PayloadTooLargeError
+from heedrank.pipeline import Pipeline
+from heedrank.settings import Settings
+from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def _writable_index(pipeline: Pipeline, name: str):
     if index is None or not hasattr(index, "add_documents"):
         raise IndexMismatchError(
             f"collection {name!r} is not backed by an index directory and cannot be updated; "
-            "serve an index built by `attnrank index build`"
+            "serve an index built by `heedrank index build`"
         )
     return index
 
@@ -60,7 +60,7 @@ def _writable_index(pipeline: Pipeline, name: str):
 def _encode_blocks_later(runtime: Any, pipeline: Pipeline, docs: list[Document]) -> None:
     """After the commit (the acknowledgement does not wait), compute the new documents'
     blocks for the collection's document KV store in the ingest pool
-    (:meth:`attnrank.blocks.BlockSync.encode_new`); a full pool or a failure only
+    (:meth:`heedrank.blocks.BlockSync.encode_new`); a full pool or a failure only
     leaves them to be computed on first use, and is logged."""
 
     async def run() -> None:
@@ -130,7 +130,7 @@ async def delete_document(doc_id: str, runtime: RuntimeDep, settings: SettingsDe
     """Delete ``doc_id``; answered once the deletion is durable, after which no search
     returns it. Its block in the collection's document KV store (cached BlockRank) is
     dropped right after the commit, before the answer
-    (:meth:`attnrank.pipeline.Pipeline.delete_documents`). 404 if the collection does not
+    (:meth:`heedrank.pipeline.Pipeline.delete_documents`). 404 if the collection does not
     hold it."""
     name = collection or settings.default_collection
     pipeline = runtime.pipeline(name)

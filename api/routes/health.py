@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from attnrank.api.deps import RuntimeDep
-from attnrank.api.schemas import HealthResponse, HealthUnavailable
+from heedrank.api.deps import RuntimeDep
+from heedrank.api.schemas import HealthResponse, HealthUnavailable
 
 router = APIRouter(tags=["health"])
 

@@ -9,13 +9,13 @@ from typing import Any
 import anyio
 from fastapi import APIRouter
 
-from attnrank import __version__
-from attnrank.api.deps import RuntimeDep, SettingsDep
-from attnrank.api.runtime import Runtime, served_model_ids
-from attnrank.api.schemas import InfoResponse, RerankerInfo
-from attnrank import registry
-from attnrank.jsonable import jsonable
-from attnrank.settings import Settings
+from heedrank import __version__
+from heedrank.api.deps import RuntimeDep, SettingsDep
+from heedrank.api.runtime import Runtime, served_model_ids
+from heedrank.api.schemas import InfoResponse, RerankerInfo
+from heedrank import registry
+from heedrank.jsonable import jsonable
+from heedrank.settings import Settings
 
 router = APIRouter(tags=["info"])
 
@@ -30,7 +30,7 @@ def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]
     """
     from dataclasses import replace
 
-    from attnrank.errors import AttnrankError
+    from heedrank.errors import HeedrankError
 
     base = loaded.get(settings.rerank_method) or next(iter(loaded.values()), None)
     lm = getattr(base, "loaded_lm", None)
@@ -43,7 +43,7 @@ def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]
             if reranker is None or not hasattr(reranker, "limits"):
                 reranker = registry.reranker_class(method)(replace(base.config, method=method, options={}), lm=lm)
             limits = dict(reranker.limits())
-        except (AttnrankError, TypeError, AttributeError):
+        except (HeedrankError, TypeError, AttributeError):
             continue  # a plugin without limits()
         held = limits.get("max_candidates")
         limits["max_candidates"] = settings.max_candidates if held is None else min(held, settings.max_candidates)
@@ -57,7 +57,7 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
     fusion weight, and the dev and test nDCG@10 of its weights card (``configuration``: the
     shipped configuration with the query adapter, fused; ``pure``/``fused``: the card's own
     weights without the adapter)."""
-    from attnrank.reranker.options import DEFAULT_METHOD, describe_options, packaged_card
+    from heedrank.reranker.options import DEFAULT_METHOD, describe_options, packaged_card
 
     options = {o["name"]: o["default"] for o in describe_options([DEFAULT_METHOD])[DEFAULT_METHOD]}
     out: dict[str, Any] = {"name": "default", "method": DEFAULT_METHOD, "options": options,
@@ -73,27 +73,27 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
 def explain_methods(methods: list[str]) -> list[str]:
     """The methods among ``methods`` (and the aliases naming them) whose reranker can explain
     (``rerank_with_evidence``), sorted; classes are imported, no model is loaded."""
-    from attnrank.errors import AttnrankError
+    from heedrank.errors import HeedrankError
 
     able = set()
     for m in methods:
         try:
             if hasattr(registry.reranker_class(m), "rerank_with_evidence"):
                 able.add(m)
-        except (AttnrankError, ImportError):
+        except (HeedrankError, ImportError):
             continue
     able |= {alias for alias, target in registry.reranker_aliases().items() if target in able}
     return sorted(able)
 
 
 def registry_config(settings: Settings) -> Any:
-    from attnrank.config import RerankerConfig
+    from heedrank.config import RerankerConfig
 
     return RerankerConfig(method="default", model=settings.model)
 
 
 def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
-    from attnrank.reranker.options import describe_options
+    from heedrank.reranker.options import describe_options
 
     model = None
     methods = sorted(set(registry.reranker_names()) | set(registry.reranker_aliases()) | {settings.rerank_method})

@@ -1,11 +1,11 @@
-"""``GET /metrics``: Prometheus text exposition (see :mod:`attnrank.api.metrics`)."""
+"""``GET /metrics``: Prometheus text exposition (see :mod:`heedrank.api.metrics`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from attnrank.api.deps import RuntimeDep
+from heedrank.api.deps import RuntimeDep
 
 router = APIRouter(tags=["metrics"])
 

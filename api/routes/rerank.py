@@ -3,14 +3,14 @@
 Request: ``{model?, query, documents: [str | {text}], top_n?, max_tokens_per_doc?,
 return_documents?, deadline_ms?}``; response: ``{id, results: [{index, relevance_score,
 raw_score, document?}], meta}`` with results best first (see
-:class:`attnrank.api.schemas.CohereRerankResponse`).
+:class:`heedrank.api.schemas.CohereRerankResponse`).
 
 Cohere's clients: the same route answers at ``/v2/rerank`` (``cohere.ClientV2``) and
 ``/v1/rerank`` (``cohere.Client``, the v1 request with ``return_documents`` and
 ``rank_fields``), the paths Cohere's SDK posts to, so the SDK and the LangChain and
 LlamaIndex Cohere rerankers can be pointed at this service with ``base_url``. Their
 required ``model`` (a Cohere id such as ``rerank-v3.5``) is accepted when the operator maps
-it to the served reranker (``ATTNRANK_MODEL_ALIASES``). ``relevance_score`` lies in [0, 1],
+it to the served reranker (``HEEDRANK_MODEL_ALIASES``). ``relevance_score`` lies in [0, 1],
 where Cohere's does and where users set thresholds (:func:`relevance_scores`); the
 reranker's own score is ``raw_score``.
 
@@ -37,9 +37,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from attnrank.api.deps import ReadyRuntimeDep, SettingsDep
-from attnrank.api.runtime import Runtime, lm_name, resolve_model, served_model_ids
-from attnrank.api.schemas import (
+from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
+from heedrank.api.runtime import Runtime, lm_name, resolve_model, served_model_ids
+from heedrank.api.schemas import (
     ApiVersion,
     CohereRerankMeta,
     CohereRerankRequest,
@@ -49,13 +49,13 @@ from attnrank.api.schemas import (
     RerankedDocument,
     TokenCounts,
 )
-from attnrank.calibration import apply_cutoff, resolve_cutoff
-from attnrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
-from attnrank.fusion import resolve_weight, standardize_list
-from attnrank.pipeline import NO_RERANK, calibration_map, fuse_scores
-from attnrank.protocols import RerankResult
-from attnrank.settings import Settings
-from attnrank.types import Document, Query, Ranking, ScoredDoc
+from heedrank.calibration import apply_cutoff, resolve_cutoff
+from heedrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
+from heedrank.fusion import resolve_weight, standardize_list
+from heedrank.pipeline import NO_RERANK, calibration_map, fuse_scores
+from heedrank.protocols import RerankResult
+from heedrank.settings import Settings
+from heedrank.types import Document, Query, Ranking, ScoredDoc
 
 router = APIRouter(tags=["rerank"])
 
@@ -102,11 +102,11 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
         ModelLoadError: the service has no reranker.
     """
     if settings.rerank_method == NO_RERANK:
-        raise ModelLoadError("this service has no reranker (ATTNRANK_RERANK_METHOD=none)")
+        raise ModelLoadError("this service has no reranker (HEEDRANK_RERANK_METHOD=none)")
     if body.model is not None and resolve_model(settings, body.model) is None:
         raise ValidationError(
             f"model {body.model!r} is not served here; omit it or use one of {served_model_ids(settings)}, or map it "
-            f"to the served reranker with ATTNRANK_MODEL_ALIASES='{{\"{body.model}\": \"{settings.rerank_method}\"}}'"
+            f"to the served reranker with HEEDRANK_MODEL_ALIASES='{{\"{body.model}\": \"{settings.rerank_method}\"}}'"
         )
     if body.rank_fields is not None and body.rank_fields != ["text"]:
         raise ValidationError(f"rank_fields {body.rank_fields} is not supported; documents are ranked on 'text'")
@@ -138,7 +138,7 @@ icr 0.29 over 18 queries; blockrank-cached calibrated 0.029 and learned 1.05 ove
 The zero stays at 0.5: for calibrated attention, as much attention as the content-free
 query draws; for learned scores, the candidates' mean. BlockRank's ``scoring='signal'``
 scores are probabilities (kept); another method's scores are its own (kept).
-``ATTNRANK_RERANK_SCORE_SCALE`` sets the scale for every method but the probabilities."""
+``HEEDRANK_RERANK_SCORE_SCALE`` sets the scale for every method but the probabilities."""
 
 
 def score_scale(described: dict[str, Any], settings: Settings) -> float | None:

@@ -6,11 +6,11 @@ import time
 
 from fastapi import APIRouter, Request
 
-from attnrank.api.deps import ReadyRuntimeDep, SettingsDep
-from attnrank.api.schemas import ErrorBody, Evidence, Hit, RerankInfo, SearchRequest, SearchResponse, Timings
-from attnrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
-from attnrank.settings import Settings
-from attnrank.types import Query
+from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
+from heedrank.api.schemas import ErrorBody, Evidence, Hit, RerankInfo, SearchRequest, SearchResponse, Timings
+from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
+from heedrank.settings import Settings
+from heedrank.types import Query
 
 router = APIRouter(tags=["search"])
 
@@ -29,7 +29,7 @@ _ERRORS = {
 def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) -> SearchOptions:
     """The pipeline options of a request: the service's defaults filled in (rerank method,
     candidates, evidence spans), then checked, and the filter parsed, by
-    :meth:`attnrank.pipeline.Pipeline.validate`, the one owner of these checks (the library
+    :meth:`heedrank.pipeline.Pipeline.validate`, the one owner of these checks (the library
     gives the same messages).
 
     Raises:

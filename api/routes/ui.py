@@ -4,7 +4,7 @@ as package data in ``api/static/``, no build step), and its two assets under ``/
 The page calls the JSON API from the browser (``GET /info``, ``POST /search`` with
 ``explain``, ``/documents``) with relative URLs, so it also works behind a path prefix. It
 holds no data itself, so it is served without the API key (:data:`UI_PATHS` are public in
-:class:`attnrank.api.middleware.AuthMiddleware`); the key, when the service has one, is
+:class:`heedrank.api.middleware.AuthMiddleware`); the key, when the service has one, is
 typed into the page, kept in the tab's ``sessionStorage`` and sent as
 ``Authorization: Bearer <key>`` by its requests. A strict Content-Security-Policy (scripts,
 styles and requests from this origin only, no inline script) backs up the page's rule of
@@ -21,7 +21,7 @@ from fastapi.responses import Response
 router = APIRouter(tags=["ui"], include_in_schema=False)
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
-"""The page's files (package data of ``attnrank.api``)."""
+"""The page's files (package data of ``heedrank.api``)."""
 
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
 """Files served under ``/ui/``, with their media types."""

@@ -1,4 +1,4 @@
-// attnrank search page. Plain JavaScript, no build step, no dependencies.
+// heedrank search page. Plain JavaScript, no build step, no dependencies.
 //
 // Safety: every string that comes from the service (documents are untrusted) is put on
 // the page as text (textContent, Text nodes, attributes via setAttribute); this file never
@@ -6,7 +6,7 @@
 "use strict";
 
 (() => {
-  const KEY_STORAGE = "attnrank.apiKey";
+  const KEY_STORAGE = "heedrank.apiKey";
   const STAGES = ["queue", "retrieve", "hydrate", "rerank"];
   const $ = (id) => document.getElementById(id);
 

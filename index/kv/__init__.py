@@ -1,21 +1,21 @@
 """The document KV store of an index (``<index>/kv``): cached BlockRank's blocks, computed
 once per distinct document text and read by every query.
 
-* :mod:`~attnrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
-* :mod:`~attnrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`,
+* :mod:`~heedrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
+* :mod:`~heedrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`,
   :class:`Int4Codec` for keys-only probe stores, issue #23).
-* :mod:`~attnrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh).
-* :mod:`~attnrank.index.kv.maintenance`: verify, compact, adopt a distributed build's parts.
-* :mod:`~attnrank.index.kv.build`: the resumable build driver (``attnrank index kv build``).
+* :mod:`~heedrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh).
+* :mod:`~heedrank.index.kv.maintenance`: verify, compact, adopt a distributed build's parts.
+* :mod:`~heedrank.index.kv.build`: the resumable build driver (``heedrank index kv build``).
 
 The header (:class:`KVHeader`) and the block key (:data:`BlockKey`) are the core package's
-(:mod:`attnrank.blocks`), which the reranker speaks too.
+(:mod:`heedrank.blocks`), which the reranker speaks too.
 """
 
 from __future__ import annotations
 
-from attnrank.blocks import BlockKey, KVHeader
-from attnrank.index.kv.build import (
+from heedrank.blocks import BlockKey, KVHeader
+from heedrank.index.kv.build import (
     BlockBuildPlan,
     BuildReport,
     build_index_blocks,
@@ -27,10 +27,10 @@ from attnrank.index.kv.build import (
     prune_blocks,
     put_batches,
 )
-from attnrank.index.kv.codec import CODECS, Codec, Float16Codec, Int4Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
-from attnrank.index.kv.format import FORMAT_VERSION
-from attnrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
-from attnrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats, LayerView, ProbeView
+from heedrank.index.kv.codec import CODECS, Codec, Float16Codec, Int4Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
+from heedrank.index.kv.format import FORMAT_VERSION
+from heedrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
+from heedrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats, LayerView, ProbeView
 
 __all__ = [
     "CODECS",

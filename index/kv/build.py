@@ -1,11 +1,11 @@
-"""Filling a document KV store: the resumable build driver (``attnrank index kv build``).
+"""Filling a document KV store: the resumable build driver (``heedrank index kv build``).
 
 :func:`put_batches` commits one shard per batch, so a build stopped at any point (even
 ``kill -9``) resumes where it stopped. :func:`plan_build` is the one planner of both
 engines (open the index's store, adopt what an interrupted distributed build left, key
 every live document's block with a cached-mode reranker,
-:class:`attnrank.blocks.BlockCachingReranker`, and leave out the stored ones);
-:func:`build_index_blocks` plans, has an engine (:mod:`attnrank.engine`) encode what is
+:class:`heedrank.blocks.BlockCachingReranker`, and leave out the stored ones);
+:func:`build_index_blocks` plans, has an engine (:mod:`heedrank.engine`) encode what is
 missing, and prunes with :func:`prune_blocks`. :func:`build_missing` is the same loop over
 any keys, and :func:`build_part` one part of a distributed build.
 """
@@ -20,14 +20,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnrank.blocks import BlockCachingReranker, BlockKey, KVHeader
-from attnrank.errors import KVStoreError, ValidationError
-from attnrank.index.kv.store import KVStore
+from heedrank.blocks import BlockCachingReranker, BlockKey, KVHeader
+from heedrank.errors import KVStoreError, ValidationError
+from heedrank.index.kv.store import KVStore
 
 if TYPE_CHECKING:
-    from attnrank.config import RerankerConfig
-    from attnrank.engine import Engine
-    from attnrank.index.store import Index
+    from heedrank.config import RerankerConfig
+    from heedrank.engine import Engine
+    from heedrank.index.store import Index
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +169,8 @@ def build_part(
     *,
     batch_size: int = 32,
 ) -> dict[str, Any]:
-    """One part of a distributed document KV store build (``attnrank index kv build
-    --engine ray``, :meth:`attnrank.engine.ray.RayEngine.build_blocks`): compute and store
+    """One part of a distributed document KV store build (``heedrank index kv build
+    --engine ray``, :meth:`heedrank.engine.ray.RayEngine.build_blocks`): compute and store
     one part's blocks in a store of its own.
 
     Opens (or creates) the KV store at ``store_dir`` for ``header`` and runs
@@ -249,7 +249,7 @@ def prune_blocks(store: KVStore, keep: Iterable[BlockKey], *, show_progress: boo
 @dataclass
 class BlockBuildPlan:
     """What a build of an index's document KV store has left to do (:func:`plan_build`),
-    the same for either engine (an :class:`attnrank.engine.BlockPlan`): the engine encodes
+    the same for either engine (an :class:`heedrank.engine.BlockPlan`): the engine encodes
     :attr:`todo` (:meth:`encode_here` in this process, or parts on Ray: :meth:`part_dirs`,
     :meth:`adopt`).
 
@@ -278,7 +278,7 @@ class BlockBuildPlan:
     @property
     def header(self) -> dict[str, Any]:
         """The encoder's store header as its fields (the mapping view of
-        :class:`attnrank.blocks.KVHeader`, as the encoder's ``block_store_header()`` gives
+        :class:`heedrank.blocks.KVHeader`, as the encoder's ``block_store_header()`` gives
         them): what every encoded block must match, in a form that crosses to workers as it is."""
         return dict(self.store.header)  # the store was opened for the encoder's header
 
@@ -336,7 +336,7 @@ def build_index_blocks(
     index: Index, encoder: BlockCachingReranker, *, engine: Engine | None = None, config: RerankerConfig | None = None,
     batch_size: int = 32, show_progress: bool = False, verify_existing: bool = False, prune: bool = False,
 ) -> tuple[KVStore, BuildReport]:
-    """Fill an index's document KV store (``attnrank index kv build``) with every live
+    """Fill an index's document KV store (``heedrank index kv build``) with every live
     document's block, resumably: :func:`plan_build`, then the engine encodes what is missing
     (one committed shard per batch; a rerun after ``kill -9`` skips finished shards; a
     corrupt entry is recomputed, never read), then the optional prune. Parts left by an
@@ -349,9 +349,9 @@ def build_index_blocks(
         encoder: A cached-mode reranker (method ``blockrank-cached``); its
             ``encode_block_arrays(texts)`` computes the blocks. With an engine that encodes
             elsewhere it only gives the header and tokenises.
-        engine: Where the blocks are encoded (:class:`attnrank.engine.Engine`); default:
+        engine: Where the blocks are encoded (:class:`heedrank.engine.Engine`); default:
             this process, with ``encoder``.
-        config: The encoder's :class:`~attnrank.config.RerankerConfig`: an engine that encodes
+        config: The encoder's :class:`~heedrank.config.RerankerConfig`: an engine that encodes
             elsewhere builds its encoders from it (the Ray engine needs it).
         batch_size: Blocks per LM batch and per shard.
         show_progress: tqdm bars (tokenising; blocks committed).

@@ -28,7 +28,7 @@ None)``. A window store (values at the layers ``m..l*-1`` only) sums its keys pa
 values part: one layer's values of a 132-token block take 15,840 bytes in int4.
 
 A codec is chosen once per store by its header's dtype (:func:`codec_for`); a third dtype
-is one more class in :data:`CODECS` and one more name in :data:`attnrank.blocks.KV_DTYPES`.
+is one more class in :data:`CODECS` and one more name in :data:`heedrank.blocks.KV_DTYPES`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnrank.blocks import KV_DTYPES, KVHeader
-from attnrank.errors import ValidationError
+from heedrank.blocks import KV_DTYPES, KVHeader
+from heedrank.errors import ValidationError
 
 __all__ = ["CODECS", "Codec", "Float16Codec", "Int4Codec", "Int8Codec", "codec_for", "dequantize_int8", "quantize_int4",
            "quantize_int8", "quantize_keys_int8"]
@@ -327,7 +327,7 @@ class Int4Codec(Codec):
 
 
 CODECS: dict[str, type[Codec]] = {c.dtype: c for c in (Float16Codec, Int8Codec, Int4Codec)}
-"""The codec class of each dtype of :data:`attnrank.blocks.KV_DTYPES`."""
+"""The codec class of each dtype of :data:`heedrank.blocks.KV_DTYPES`."""
 
 
 def codec_for(header: KVHeader) -> Codec:
@@ -344,4 +344,4 @@ def codec_for(header: KVHeader) -> Codec:
 
 
 if set(CODECS) != set(KV_DTYPES):  # pragma: no cover - a dtype added on one side only
-    raise ImportError(f"KV store codecs {sorted(CODECS)} do not match attnrank.blocks.KV_DTYPES {sorted(KV_DTYPES)}")
+    raise ImportError(f"KV store codecs {sorted(CODECS)} do not match heedrank.blocks.KV_DTYPES {sorted(KV_DTYPES)}")

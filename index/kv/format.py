@@ -5,12 +5,12 @@ Layout of a store directory (conventionally ``<index dir>/kv``)::
     header.json              KVHeader.to_dict(): what the keys/values were computed with
                              (written once; indent 2, sorted keys)
     MANIFEST.json            committed state: shard list, tombstones, next shard id
-                             (replaced atomically: attnrank.files.write_atomic)
+                             (replaced atomically: heedrank.files.write_atomic)
     shard-000000.bin         append-once payloads, each entry 64-byte aligned
     shard-000000.idx.json    per-shard index: [key, offset, length, T, crc32] per entry
     LOCK                     flock'ed by the one writable opener (cross-process writer lock)
     parts/part-00000/ ...    only during a distributed build: each Ray actor's own store,
-                             adopted into this one by the driver (:func:`attnrank.index.kv.maintenance.adopt`)
+                             adopted into this one by the driver (:func:`heedrank.index.kv.maintenance.adopt`)
 
 A shard is *committed* only once the manifest lists it (with its size and the crc32 of its
 index file); anything else (a writer killed mid-shard, a full disk) is an orphan that
@@ -28,7 +28,7 @@ A shard index file (compact JSON, one line)::
     {"format_version": 1, "shard": <id>, "header_fingerprint": ..., "entries": [[key, offset, length, T, crc32], ...]}
 
 The payload of an entry (``length`` bytes at ``offset`` of the ``.bin``, crc32 over exactly
-these bytes) is its dtype's codec's (:mod:`attnrank.index.kv.codec`).
+these bytes) is its dtype's codec's (:mod:`heedrank.index.kv.codec`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from attnrank.blocks import KV_FORMAT_VERSION, KVHeader
-from attnrank.errors import KVStoreError
+from heedrank.blocks import KV_FORMAT_VERSION, KVHeader
+from heedrank.errors import KVStoreError
 
 logger = logging.getLogger(__name__)
 

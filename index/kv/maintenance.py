@@ -1,9 +1,9 @@
 """Upkeep of a document KV store: checksum verification, compaction, and the adoption of
 the part stores a distributed build writes.
 
-Each function works on an open, writable :class:`attnrank.index.kv.KVStore` (the store's
+Each function works on an open, writable :class:`heedrank.index.kv.KVStore` (the store's
 methods of the same names call them) under the store's writer lock, and keeps its commit
-rule (:mod:`attnrank.index.kv.format`): new files are orphans until one manifest commit
+rule (:mod:`heedrank.index.kv.format`): new files are orphans until one manifest commit
 lists them, so a crash at any point leaves the store as it was before or after, never in
 between.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnrank.blocks import BlockKey
-from attnrank.errors import KVStoreError
-from attnrank.files import fsync_dir
-from attnrank.index.kv.format import (
+from heedrank.blocks import BlockKey
+from heedrank.errors import KVStoreError
+from heedrank.files import fsync_dir
+from heedrank.index.kv.format import (
     ALIGN,
     HEADER_FILE,
     BadEntry,
@@ -36,7 +36,7 @@ from attnrank.index.kv.format import (
 )
 
 if TYPE_CHECKING:  # the store calls these functions; they never import it
-    from attnrank.index.kv.store import KVStore
+    from heedrank.index.kv.store import KVStore
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def compact(store: KVStore, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES, s
 
 def adopt(store: KVStore, source: str | os.PathLike[str], *, verify: bool = False, remove: bool = True) -> int:
     """Commit the blocks of another store directory built for the same header (a Ray
-    actor's part of a distributed build, :func:`attnrank.eval.distributed.build_index_blocks_ray`)
+    actor's part of a distributed build, :func:`heedrank.eval.distributed.build_index_blocks_ray`)
     into ``store``, in ONE manifest commit, without rewriting their bytes.
 
     Only what ``source``'s own manifest commits is taken (its shards are fsynced before it

@@ -5,14 +5,14 @@ fixed instruction (block 0) and the document itself (docs/RESULTS.md, "Document 
 and cached BlockRank"), so its keys and values for layers ``0..l*`` can be computed once per
 distinct block at index time and reused by every query. This module is the *storage* for
 them; the LM code that fills it calls :meth:`KVStore.put_many` /
-:func:`attnrank.index.kv.build.build_missing` with numpy arrays.
+:func:`heedrank.index.kv.build.build_missing` with numpy arrays.
 
 Per block the payload is ``keys`` and ``values``, each ``(n_layers, kv_heads, T, head_dim)``
 with ``n_layers = l* + 1`` and ``1 <= T <= max_doc_tokens`` (``T`` varies per block), keyed
-by :data:`attnrank.blocks.BlockKey` (the hash of its token ids). The files and the commit
-rule are :mod:`attnrank.index.kv.format`'s, the payload bytes its dtype's codec's
-(:mod:`attnrank.index.kv.codec`); compaction, verification and the adoption of a
-distributed build's parts are :mod:`attnrank.index.kv.maintenance`'s.
+by :data:`heedrank.blocks.BlockKey` (the hash of its token ids). The files and the commit
+rule are :mod:`heedrank.index.kv.format`'s, the payload bytes its dtype's codec's
+(:mod:`heedrank.index.kv.codec`); compaction, verification and the adoption of a
+distributed build's parts are :mod:`heedrank.index.kv.maintenance`'s.
 
 Integrity: every read from disk verifies the entry's crc32 (zlib.crc32, ~6 GB/s on one
 core: ~0.2 ms for a 1.2 MB entry, small next to decoding it to float32; LRU hits skip it).
@@ -36,13 +36,13 @@ from typing import Any, Self
 
 import numpy as np
 
-from attnrank.blocks import BlockKey, KVHeader
-from attnrank.config import KV_CACHE_BUDGET
-from attnrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
-from attnrank.files import fsync_dir, write_all, write_atomic, write_new
-from attnrank.index.kv import maintenance
-from attnrank.index.kv.codec import codec_for
-from attnrank.index.kv.format import (
+from heedrank.blocks import BlockKey, KVHeader
+from heedrank.config import KV_CACHE_BUDGET
+from heedrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
+from heedrank.files import fsync_dir, write_all, write_atomic, write_new
+from heedrank.index.kv import maintenance
+from heedrank.index.kv.codec import codec_for
+from heedrank.index.kv.format import (
     ALIGN,
     FORMAT_VERSION,
     HEADER_FILE,
@@ -63,16 +63,16 @@ from attnrank.index.kv.format import (
     shard_names,
     unlink_quiet,
 )
-from attnrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
-from attnrank.index.rwlock import RWLock
-from attnrank.lru import ByteLRU, CacheStats
+from heedrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
+from heedrank.index.rwlock import RWLock
+from heedrank.lru import ByteLRU, CacheStats
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ENV_CACHE_BYTES", "FORMAT_VERSION", "KVHeader", "KVStore", "KVStoreStats"]
 
 ENV_CACHE_BYTES = KV_CACHE_BUDGET.env
-"""``ATTNRANK_KV_CACHE_BYTES``: the RAM LRU budget of a store opened without ``cache_bytes``."""
+"""``HEEDRANK_KV_CACHE_BYTES``: the RAM LRU budget of a store opened without ``cache_bytes``."""
 DEFAULT_CACHE_BYTES = KV_CACHE_BUDGET.default
 """512 MiB: that budget when the variable is unset."""
 
@@ -93,7 +93,7 @@ def _mismatch(path: Path, stored: KVHeader, expected: KVHeader) -> KVStoreMismat
     return KVStoreMismatchError(
         f"the document KV store at {path} was built with other parameters ({diffs}); it is not "
         f"served, as its keys/values belong to another model, adapter, prompt, layer or dtype. "
-        f"Rebuild it with `attnrank index kv build --index {path.parent} --layer {expected.layer} "
+        f"Rebuild it with `heedrank index kv build --index {path.parent} --layer {expected.layer} "
         f"--dtype {expected.dtype}` and the reranker's --model and --max-doc-tokens (block length "
         f"{expected.max_doc_tokens} tokens with its markers), or delete {path}; or serve the reranker "
         f"with the store's parameters (layer {stored.layer}, dtype {stored.dtype}).",
@@ -136,7 +136,7 @@ class KVStoreStats:
 
 class KVStore:
     """A persistent, append-only, checksummed store of BlockRank document blocks
-    (an :class:`attnrank.blocks.BlockStore`).
+    (an :class:`heedrank.blocks.BlockStore`).
 
     Open it with :meth:`create`, :meth:`open` or :meth:`open_or_create`. One process at a
     time may open a store writable (an ``flock`` on ``LOCK``); any number may open it
@@ -146,7 +146,7 @@ class KVStore:
 
     Args (of the constructors):
         cache_bytes: RAM LRU budget in bytes for decoded blocks (0 disables it; ``None``:
-            :data:`attnrank.config.KV_CACHE_BUDGET`, i.e. ``$ATTNRANK_KV_CACHE_BYTES`` or
+            :data:`heedrank.config.KV_CACHE_BUDGET`, i.e. ``$HEEDRANK_KV_CACHE_BYTES`` or
             512 MiB; the service passes its ``Settings.kv_cache_bytes``).
         out_dtype: What reads return: ``"float32"`` (default) or ``"float16"`` (half the RAM
             in the LRU, and for a float16 store a plain copy instead of a conversion: ~3x
@@ -154,7 +154,7 @@ class KVStore:
         readonly: Open without the writer lock; writes raise :class:`KVStoreError`.
 
     Raises (of the constructors):
-        ValidationError: a bad ``out_dtype``, or ``$ATTNRANK_KV_CACHE_BYTES`` is not a byte count.
+        ValidationError: a bad ``out_dtype``, or ``$HEEDRANK_KV_CACHE_BYTES`` is not a byte count.
     """
 
     def __init__(
@@ -174,7 +174,7 @@ class KVStore:
         self.path = path
         self.header = header
         self.codec = codec
-        """The payload layout of :attr:`header`'s dtype (:mod:`attnrank.index.kv.codec`)."""
+        """The payload layout of :attr:`header`'s dtype (:mod:`heedrank.index.kv.codec`)."""
         self.readonly = readonly
         self._lock_fd = lock_fd
         self._cache = ByteLRU(budget)
@@ -238,7 +238,7 @@ class KVStore:
         if not header_file.is_file():
             raise KVStoreError(
                 f"no document KV store at {path} (no {HEADER_FILE}); build one with "
-                f"`attnrank index kv build --index {path.parent} ...`"
+                f"`heedrank index kv build --index {path.parent} ...`"
             )
         try:
             stored = KVHeader.from_dict(json.loads(header_file.read_text()))
@@ -633,22 +633,22 @@ class KVStore:
                     self._cache.pop(key)
         return len(live)
 
-    # ---- maintenance (attnrank.index.kv.maintenance)
+    # ---- maintenance (heedrank.index.kv.maintenance)
 
     def verify(self, keys: Iterable[BlockKey] | None = None, *, show_progress: bool = False) -> list[BlockKey]:
         """Check the crc32 of stored blocks (all by default) and drop the bad ones
-        (:func:`attnrank.index.kv.maintenance.verify`). Returns the dropped keys."""
+        (:func:`heedrank.index.kv.maintenance.verify`). Returns the dropped keys."""
         return maintenance.verify(self, keys, show_progress=show_progress)
 
     def compact(self, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES, show_progress: bool = False) -> CompactReport:
         """Rewrite the live blocks into shards of about ``shard_max_bytes`` bytes and remove
-        the old ones (:func:`attnrank.index.kv.maintenance.compact`)."""
+        the old ones (:func:`heedrank.index.kv.maintenance.compact`)."""
         return maintenance.compact(self, shard_max_bytes=shard_max_bytes, show_progress=show_progress)
 
     def adopt(self, source: str | os.PathLike[str], *, verify: bool = False, remove: bool = True) -> int:
         """Commit the blocks of another store directory built for the same header (a Ray
         actor's part of a distributed build) in one manifest commit, without rewriting their
-        bytes (:func:`attnrank.index.kv.maintenance.adopt`). Returns the blocks adopted."""
+        bytes (:func:`heedrank.index.kv.maintenance.adopt`). Returns the blocks adopted."""
         return maintenance.adopt(self, source, verify=verify, remove=remove)
 
     def parts_dir(self) -> Path:
@@ -658,7 +658,7 @@ class KVStore:
 
     def adopt_parts(self, *, verify: bool = False, show_progress: bool = False) -> int:
         """:meth:`adopt` every part store under :meth:`parts_dir` and remove them
-        (:func:`attnrank.index.kv.maintenance.adopt_parts`). Returns the blocks adopted."""
+        (:func:`heedrank.index.kv.maintenance.adopt_parts`). Returns the blocks adopted."""
         return maintenance.adopt_parts(self, verify=verify, show_progress=show_progress)
 
     # ---- stats
@@ -689,7 +689,7 @@ class LayerView:
     """A full store read as a probe or window store (issue #23): of every block, the keys
     of the header's stored layers and the values of its value layers (none for a probe
     header), read-only. An index whose store predates those layouts keeps serving them
-    from it until ``attnrank index kv build`` writes their own store.
+    from it until ``heedrank index kv build`` writes their own store.
 
     Args:
         store: An open full store (``values`` stored, layers ``0..layer``).
@@ -740,7 +740,7 @@ class LayerView:
 
     def put_many(self, items: Any) -> int:
         raise KVStoreError(f"{self.path} is a full store read as a {self.header.layout} store (read-only); build "
-                           f"the {self.header.layout} store with `attnrank index kv build --index {self.path.parent}`")
+                           f"the {self.header.layout} store with `heedrank index kv build --index {self.path.parent}`")
 
     def delete(self, keys: Iterable[BlockKey]) -> int:
         return 0

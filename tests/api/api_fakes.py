@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from attnrank.config import RerankerConfig
-from attnrank.pipeline import Pipeline, reranker_factory
-from attnrank.protocols import RerankResult
-from attnrank.types import Document, Query, Ranking
+from heedrank.config import RerankerConfig
+from heedrank.pipeline import Pipeline, reranker_factory
+from heedrank.protocols import RerankResult
+from heedrank.types import Document, Query, Ranking
 
 DOCS = [
     Document("d01", "Apples are red or green fruit grown in orchards.", "Apples", {"year": 2020, "tags": ["fruit"]}),
@@ -99,7 +99,7 @@ class FakeReranker:
 
 
 def make_pipeline(retriever: OverlapRetriever | None = None, factory=None) -> Pipeline:
-    from attnrank.index.memory import InMemoryDocStore
+    from heedrank.index.memory import InMemoryDocStore
 
     retriever = retriever or OverlapRetriever(DOCS)
     return Pipeline(
@@ -151,7 +151,7 @@ class ExplainingReranker(FakeReranker):
     name = "explain"
 
     def rerank_with_evidence(self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3) -> RerankResult:
-        from attnrank.reranker.icr import EvidenceSpan
+        from heedrank.reranker.icr import EvidenceSpan
 
         rr = self.rerank(query, candidates)
         ev = {}
@@ -163,7 +163,7 @@ class ExplainingReranker(FakeReranker):
 
 class BatchedReranker(FakeReranker):
     """A fake that scores its candidates in batches of ``batch_size``, sleeping ``batch_seconds``
-    per batch and calling :func:`attnrank.cancel.check` between batches, as the attention
+    per batch and calling :func:`heedrank.cancel.check` between batches, as the attention
     rerankers do at each layer: a job whose caller stopped waiting stops at its next batch.
     Registered as ``"batched"``; ``calls`` counts the rerankings started, ``batches`` the
     batches scored."""
@@ -175,7 +175,7 @@ class BatchedReranker(FakeReranker):
     batches = 0
 
     def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult:
-        from attnrank.cancel import check
+        from heedrank.cancel import check
 
         t0 = time.perf_counter()
         BatchedReranker.calls += 1

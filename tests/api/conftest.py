@@ -12,9 +12,9 @@ from api_fakes import (
     SlowReranker,
     make_pipeline,
 )
-from attnrank import registry
-from attnrank.pipeline import Pipeline
-from attnrank.settings import Settings
+from heedrank import registry
+from heedrank.pipeline import Pipeline
+from heedrank.settings import Settings
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def pipeline(fake_reranker) -> Pipeline:
 def client(settings, pipeline):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
+    from heedrank.api.app import create_app
 
     with TestClient(create_app(settings, pipeline=pipeline)) as c:
         assert c.app.state.runtime.wait_ready(10)  # the fake reranker "loads" in the background

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from attnrank.api.app import create_app
-from attnrank.settings import Settings
+from heedrank.api.app import create_app
+from heedrank.settings import Settings
 
 from api_fakes import FakeReranker
 
@@ -42,7 +42,7 @@ def test_no_preload_loads_on_first_request(settings, pipeline):
 
 
 def test_startup_fails_on_missing_index(tmp_path):
-    from attnrank.errors import NotFoundError
+    from heedrank.errors import NotFoundError
 
     app = create_app(Settings(index=str(tmp_path / "no-such-index"), preload=False))
     with pytest.raises(NotFoundError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnrank.settings import Settings
+from heedrank.settings import Settings
 
 
 def test_settings_default_to_the_default_configuration():
@@ -50,7 +50,7 @@ def test_search_cutoff_returns_the_calibrated_hits(client, monkeypatch):
     each hit with its ``probability``; ``rerank.cutoff`` is echoed in ``rerank.cutoff``."""
     from api_fakes import FakeReranker
 
-    from attnrank.calibration import Calibration, PlattMap
+    from heedrank.calibration import Calibration, PlattMap
 
     body = {"query": "apples", "top_k": 4, "rerank": {"method": "fake", "candidates": 4, "fusion": "none"}}
     plain = client.post("/search", json=body).json()

@@ -17,7 +17,7 @@ OTHER = [{"_id": "o1", "title": "Rivers", "text": "The Danube flows into the Bla
 
 
 def _build(root, name, rows):
-    from attnrank.index.builder import build_index
+    from heedrank.index.builder import build_index
 
     corpus = root / f"{name}.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -31,7 +31,7 @@ def dirs(tmp_path):
 
 
 def _settings(dirs, **kw):
-    from attnrank.settings import Settings
+    from heedrank.settings import Settings
 
     fruit, rivers = dirs
     return Settings(index=str(fruit), collections={"rivers": str(rivers)}, rerank_method="none", warmup=False, **kw)
@@ -40,7 +40,7 @@ def _settings(dirs, **kw):
 def _client(settings):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
+    from heedrank.api.app import create_app
 
     return TestClient(create_app(settings))
 
@@ -127,8 +127,8 @@ def test_collection_without_index_is_read_only(fake_reranker):
     from api_fakes import make_pipeline
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
-    from attnrank.settings import Settings
+    from heedrank.api.app import create_app
+    from heedrank.settings import Settings
 
     settings = Settings(index="unused", rerank_method="fake", warmup=False)
     with TestClient(create_app(settings, pipeline=make_pipeline())) as c:

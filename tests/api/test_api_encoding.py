@@ -12,7 +12,7 @@ import zlib
 import pytest
 from fastapi.testclient import TestClient
 
-from attnrank.api.app import create_app
+from heedrank.api.app import create_app
 
 BODY = {"query": "apples", "documents": ["a long document about apples and orchards", "short", "tiny!"]}
 ORDER = [1, 2, 0]  # the fake reranker ranks shorter documents first ("short" and "tiny!" tie: by index)
@@ -70,7 +70,7 @@ def test_compressed_search(small):
     assert r.status_code == 200, r.text
     assert len(r.json()["results"]) == 3
     metrics = small.get("/metrics").text  # counted under its route, not "unmatched"
-    assert 'attnrank_requests_total{method="POST",route="/search",status="200"}' in metrics
+    assert 'heedrank_requests_total{method="POST",route="/search",status="200"}' in metrics
 
 
 def test_bomb_is_413_on_the_decompressed_size(small):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from attnrank.api.app import create_app
-from attnrank.errors import ModelLoadError, NotFoundError
+from heedrank.api.app import create_app
+from heedrank.errors import ModelLoadError, NotFoundError
 
 from api_fakes import DOCS, OverlapRetriever, make_pipeline
 
@@ -71,7 +71,7 @@ def _client(settings, pipeline):
     return TestClient(create_app(settings, pipeline=pipeline), raise_server_exceptions=False)
 
 
-def test_attnrank_error_keeps_its_status(settings, fake_reranker):
+def test_heedrank_error_keeps_its_status(settings, fake_reranker):
     pipe = make_pipeline(OverlapRetriever(DOCS, fail=NotFoundError("collection 'x' does not exist")))
     with _client(settings, pipe) as client:
         assert "collection" in _error(client.post("/search", json={"query": "apples"}), 404, "not_found")
@@ -90,7 +90,7 @@ def test_model_load_error_is_503(settings, fake_reranker):
 def test_unexpected_error_is_500_internal(settings, fake_reranker, caplog):
     pipe = make_pipeline(OverlapRetriever(DOCS, fail=RuntimeError("boom")))
     with _client(settings, pipe) as client:
-        with caplog.at_level("ERROR", logger="attnrank.api.app"):
+        with caplog.at_level("ERROR", logger="heedrank.api.app"):
             msg = _error(client.post("/search", json={"query": "apples"}), 500, "internal")
     assert "RuntimeError" in msg and "boom" not in msg  # no internals leak to the client
     assert any("unhandled error" in rec.message for rec in caplog.records)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from api_fakes import DOCS
-from attnrank import registry
-from attnrank.config import RerankerConfig
-from attnrank.types import Document
+from heedrank import registry
+from heedrank.config import RerankerConfig
+from heedrank.types import Document
 
 COLOURS = {"d01": "red", "d02": "green", "d05": "red", "d06": "green", "d07": "red", "d11": "red"}
 FILTER_DOCS = [
@@ -22,10 +22,10 @@ FILTER_DOCS = [
 def filter_client(settings, fake_reranker):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
-    from attnrank.pipeline import Pipeline
-    from attnrank.index.hashing import HashingEncoder
-    from attnrank.index.store import Index
+    from heedrank.api.app import create_app
+    from heedrank.pipeline import Pipeline
+    from heedrank.index.hashing import HashingEncoder
+    from heedrank.index.store import Index
 
     index = Index.from_documents(FILTER_DOCS, encoder=HashingEncoder(64))
     pipeline = Pipeline(

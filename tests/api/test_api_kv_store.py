@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnrank import registry
-from attnrank.protocols import RerankResult
-from attnrank.types import Document, Query, Ranking
+from heedrank import registry
+from heedrank.protocols import RerankResult
+from heedrank.types import Document, Query, Ranking
 
 CORPUS = [
     {"_id": "a1", "title": "Apples", "text": "Apples are red or green fruit grown in orchards."},
@@ -29,7 +29,7 @@ CORPUS = [
 
 
 class CachedFake:
-    """A cached-mode reranker in miniature (:class:`attnrank.protocols.BlockCachingReranker`):
+    """A cached-mode reranker in miniature (:class:`heedrank.protocols.BlockCachingReranker`):
     blocks keyed by the hash of the text, ``(layer + 1, 1, 1, 2)`` arrays, read from and
     written back to the store; scores are text lengths."""
 
@@ -84,7 +84,7 @@ def cached_fake(monkeypatch):
 
 @pytest.fixture
 def index_dir(tmp_path):
-    from attnrank.index.builder import build_index
+    from heedrank.index.builder import build_index
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS), encoding="utf-8")
@@ -94,8 +94,8 @@ def index_dir(tmp_path):
 
 def _build_store(index_dir, reranker) -> list[str]:
     """``index kv build`` with ``reranker``; the stored block keys."""
-    from attnrank.index.kv import build_index_blocks
-    from attnrank.index.store import Index
+    from heedrank.index.kv import build_index_blocks
+    from heedrank.index.store import Index
 
     ix = Index.open(index_dir)
     try:
@@ -108,8 +108,8 @@ def _build_store(index_dir, reranker) -> list[str]:
 def _client(index_dir, method="cachedfake", options=None, **kw):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
-    from attnrank.settings import Settings
+    from heedrank.api.app import create_app
+    from heedrank.settings import Settings
 
     settings = Settings(index=str(index_dir), rerank_method=method, rerank_options=options or {}, warmup=False, **kw)
     return TestClient(create_app(settings))
@@ -141,7 +141,7 @@ def test_delete_drops_the_documents_block(cached_fake, index_dir):
         assert body["results"][0]["doc_id"] == "a4" and body["rerank"]["cache"]["misses"] == 1
         assert _stored(c) == {key["a3"], key["a4"]}
         assert c.delete("/documents/a2").status_code == 404  # already gone: nothing else changes
-    from attnrank.index.kv import KVHeader, KVStore
+    from heedrank.index.kv import KVHeader, KVStore
 
     with KVStore.open(index_dir / "kv", KVHeader.from_dict(fake.block_store_header()), readonly=True) as store:
         assert set(store.doc_ids()) == {key["a3"], key["a4"]}  # durable
@@ -157,7 +157,7 @@ def test_delete_without_a_store_or_a_cached_reranker(cached_fake, index_dir):
     assert len(keys) == 2  # a1 and a4 share one block, a3
     with _client(index_dir, method="none") as c:  # no cached reranker built: the store is left alone
         assert c.delete("/documents/a3").status_code == 200
-    from attnrank.index.kv import KVHeader, KVStore
+    from heedrank.index.kv import KVHeader, KVStore
 
     with KVStore.open(index_dir / "kv", KVHeader.from_dict(fake.block_store_header()), readonly=True) as store:
         assert sorted(store.doc_ids()) == keys  # a3's block is stale until `index kv build --prune`
@@ -171,10 +171,10 @@ def test_startup_fails_on_a_store_of_another_configuration(cached_fake, index_di
         health = c.get("/health")
         assert health.status_code == 503
         error = health.json()["error"]
-        assert "collection 'default'" in error and "layer" in error and "attnrank index kv build" in error
+        assert "collection 'default'" in error and "layer" in error and "heedrank index kv build" in error
         assert "--layer 2" in error
         r = c.post("/search", json={"query": "apples", "retriever": "bm25", "rerank": {"method": "cachedfake"}})
-        assert r.status_code == 503 and "attnrank index kv build" in r.json()["error"]
+        assert r.status_code == 503 and "heedrank index kv build" in r.json()["error"]
     with _client(index_dir, options={"layer": 1}) as c:  # the store's own configuration starts
         assert c.app.state.runtime.wait_ready(10) and c.app.state.runtime.status == "ok"
 
@@ -182,7 +182,7 @@ def test_startup_fails_on_a_store_of_another_configuration(cached_fake, index_di
 def test_startup_check_with_the_real_blockrank(index_dir):
     """The real cached BlockRank: a store built at layer 3 and a service configured for layer 4."""
     pytest.importorskip("torch")
-    from attnrank.config import RerankerConfig
+    from heedrank.config import RerankerConfig
 
     options = {"query_in_instruction": False, "layer": 3}
     _build_store(index_dir, registry.build_reranker(RerankerConfig(method="blockrank", max_doc_tokens=32,

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from api_fakes import DOCS, BatchedReranker, FakeReranker
-from attnrank.api.app import create_app
+from heedrank.api.app import create_app
 from live_server import serve
 
 httpx = pytest.importorskip("httpx")
@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 
 def _metric_lines(base: str) -> list[str]:
     return [line for line in httpx.get(f"{base}/metrics", trust_env=False).text.splitlines()
-            if line.startswith("attnrank_requests_total{")]
+            if line.startswith("heedrank_requests_total{")]
 
 
 def _count(lines: list[str], **labels: str) -> float:
@@ -73,7 +73,7 @@ def test_clients_that_hang_up_are_499_and_free_the_worker_at_the_next_batch(sett
     assert BatchedReranker.batches <= 5 + 1
     assert not [rec for rec in caplog.records if "Exception in ASGI application" in rec.getMessage()]
     gone = [rec for rec in caplog.records if "client closed the connection" in rec.getMessage()]
-    assert len([rec for rec in gone if rec.name == "attnrank.api.middleware"]) == 4
+    assert len([rec for rec in gone if rec.name == "heedrank.api.middleware"]) == 4
     assert all(rec.levelno == logging.INFO and rec.exc_info is None for rec in gone)
     assert any("job stopped after" in rec.getMessage() for rec in caplog.records)
 
@@ -131,7 +131,7 @@ def test_head_keeps_errors_and_metrics_label_it_head(client):
     assert client.head("/nope").status_code == 404
     assert client.head("/documents/nope").status_code == 404
     metrics = client.get("/metrics").text
-    assert 'attnrank_requests_total{method="HEAD",route="/documents/{doc_id:path}",status="404"} 1.0' in metrics
+    assert 'heedrank_requests_total{method="HEAD",route="/documents/{doc_id:path}",status="404"} 1.0' in metrics
 
 
 def test_head_through_a_real_server(settings, pipeline):
@@ -188,7 +188,7 @@ def test_invented_methods_fold_into_one_label(settings, pipeline):
 
 
 def test_method_label_function():
-    from attnrank.api.middleware import method_label
+    from heedrank.api.middleware import method_label
 
     assert [method_label(m) for m in ("GET", "HEAD", "POST", "DELETE", "OPTIONS", "PATCH")] == [
         "GET", "HEAD", "POST", "DELETE", "OPTIONS", "PATCH"]
@@ -206,7 +206,7 @@ class UnboundedReranker(FakeReranker):
     def rerank(self, query, candidates):
         from dataclasses import replace
 
-        from attnrank.types import Ranking
+        from heedrank.types import Ranking
 
         rr = super().rerank(query, candidates)
         scores = {d.doc_id: 1.4 - len(d.content) / 25 for d in candidates}
@@ -221,7 +221,7 @@ def cohere_server(settings, pipeline, monkeypatch):
     pytest.importorskip("cohere")
     from pydantic import SecretStr
 
-    from attnrank import registry
+    from heedrank import registry
 
     monkeypatch.setitem(registry._RERANKERS, "unbounded", UnboundedReranker)
     settings = settings.model_copy(update={"rerank_method": "unbounded", "api_key": SecretStr("co-key"),
@@ -239,7 +239,7 @@ ORDER = sorted(range(len(TEXTS)), key=lambda i: (len(TEXTS[i]), i))  # shorter f
 
 
 def _expected(i: int) -> float:
-    from attnrank.api.routes.rerank import SCORE_SCALES
+    from heedrank.api.routes.rerank import SCORE_SCALES
 
     raw = 1.4 - len(TEXTS[i]) / 25
     return 1 / (1 + math.exp(-raw / SCORE_SCALES["icr"]))
@@ -278,7 +278,7 @@ def test_cohere_sdk_errors_are_its_own(cohere_server):
     with pytest.raises(ApiError) as err:
         cohere.ClientV2(api_key="co-key", base_url=cohere_server).rerank(
             model="rerank-english-v2.0", query="apples", documents=TEXTS)
-    assert err.value.status_code == 422 and "ATTNRANK_MODEL_ALIASES" in err.value.body["error"]
+    assert err.value.status_code == 422 and "HEEDRANK_MODEL_ALIASES" in err.value.body["error"]
     with pytest.raises(ApiError) as err:
         cohere.ClientV2(api_key="wrong", base_url=cohere_server).rerank(
             model="rerank-v3.5", query="apples", documents=TEXTS)
@@ -292,9 +292,9 @@ def test_cohere_sdk_against_the_real_icr_reranker(tmp_path):
     pytest.importorskip("torch")
     import json
 
-    from attnrank.api.routes.rerank import SCORE_SCALES
-    from attnrank.index.builder import build_index
-    from attnrank.settings import Settings
+    from heedrank.api.routes.rerank import SCORE_SCALES
+    from heedrank.index.builder import build_index
+    from heedrank.settings import Settings
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "unused"}) + "\n", encoding="utf-8")
@@ -331,7 +331,7 @@ def test_cohere_sdk_against_the_real_icr_reranker(tmp_path):
     ],
 )
 def test_score_scale_by_kind(settings, described, scale):
-    from attnrank.api.routes.rerank import score_scale
+    from heedrank.api.routes.rerank import score_scale
 
     assert score_scale(described, settings.model_copy(update={"rerank_method": "x"})) == scale
     override = settings.model_copy(update={"rerank_score_scale": 2.0})
@@ -339,7 +339,7 @@ def test_score_scale_by_kind(settings, described, scale):
 
 
 def test_relevance_scores_are_in_0_1_monotone_and_per_document():
-    from attnrank.api.routes.rerank import relevance_scores
+    from heedrank.api.routes.rerank import relevance_scores
 
     raw = [1e6, 3.1, 1.36, 0.2, 0.0, -0.91, -1e6]
     rel = relevance_scores(raw, 0.3)
@@ -365,7 +365,7 @@ def test_a_client_that_hangs_up_while_sending_its_body_is_499(client, caplog):
              "path": "/search", "raw_path": b"/search", "root_path": "", "query_string": b"",
              "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
              "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80), "app": client.app}
-    with caplog.at_level(logging.INFO, logger="attnrank.api.app"):
+    with caplog.at_level(logging.INFO, logger="heedrank.api.app"):
         client.portal.call(client.app, scope, receive, send)
     assert sent[0]["status"] == 499
     assert b'"error_type":"client_closed"' in sent[1]["body"]

@@ -10,7 +10,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from attnrank.api.app import create_app
+from heedrank.api.app import create_app
 
 NFC, NFD = "caf\u00e9", "cafe\u0301"
 ROWS = [
@@ -23,7 +23,7 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def index_dir(tmp_path_factory):
-    from attnrank.index.builder import build_index
+    from heedrank.index.builder import build_index
 
     root = tmp_path_factory.mktemp("values")
     corpus = root / "corpus.jsonl"

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from attnrank.api.app import create_app
+from heedrank.api.app import create_app
 from api_fakes import FakeReranker, SlowReranker
 
 DOCS = ["a long document about apples and orchards", "short", "a medium document", "tiny!"]
@@ -124,7 +124,7 @@ def test_deadline_passes_answers_in_given_order(slow_client):
     r = slow_client.post("/rerank", json={"query": "apples", "documents": DOCS, "deadline_ms": 50})
     assert r.status_code == 200, r.text
     _fallback(r.json(), len(DOCS))
-    assert 'attnrank_deadline_fallbacks_total{reason="timeout"} 1.0' in slow_client.get("/metrics").text
+    assert 'heedrank_deadline_fallbacks_total{reason="timeout"} 1.0' in slow_client.get("/metrics").text
 
 
 def test_deadline_estimate_skips_reranking_at_once(slow_client):
@@ -135,7 +135,7 @@ def test_deadline_estimate_skips_reranking_at_once(slow_client):
     r = slow_client.post("/rerank", json={"query": "apples", "documents": DOCS, "deadline_ms": 20, "top_n": 2})
     _fallback(r.json(), 2)
     assert SlowReranker.started == started  # never queued
-    assert 'attnrank_deadline_fallbacks_total{reason="estimate"} 1.0' in slow_client.get("/metrics").text
+    assert 'heedrank_deadline_fallbacks_total{reason="estimate"} 1.0' in slow_client.get("/metrics").text
 
 
 def test_generous_deadline_reranks(slow_client):
@@ -211,7 +211,7 @@ def test_fusion_with_the_given_order_is_an_extension_field(client, monkeypatch):
     recorded weight by default (none for the fake), a number, or ``"none"``."""
     import math
 
-    from attnrank.fusion import fuse, reciprocal_ranks
+    from heedrank.fusion import fuse, reciprocal_ranks
 
     pure = client.post("/rerank", json={"query": "apples", "documents": DOCS}).json()
     assert pure["meta"].get("fusion") is None and [x["index"] for x in pure["results"]] == BY_LENGTH
@@ -233,13 +233,13 @@ def test_fusion_with_the_given_order_is_an_extension_field(client, monkeypatch):
 
 
 def test_cutoff_returns_the_documents_above_the_calibrated_probability(client, monkeypatch):
-    """``cutoff`` (attnrank extension): only documents whose calibrated probability is at least
+    """``cutoff`` (heedrank extension): only documents whose calibrated probability is at least
     the threshold ("auto": the map's), each result with its ``probability``; a reranker without
     a calibration, or a fusion weight it was not fitted at, is a 422."""
     import math
 
-    from attnrank.calibration import Calibration, PlattMap
-    from attnrank.fusion import fuse, reciprocal_ranks
+    from heedrank.calibration import Calibration, PlattMap
+    from heedrank.fusion import fuse, reciprocal_ranks
 
     body = {"query": "apples", "documents": DOCS}
     assert "probability" not in client.post("/rerank", json=body).json()["results"][0]  # the fake has no calibration

@@ -129,7 +129,7 @@ def test_rerank_option_errors(client, payload, needle):
 
 
 def test_heads_and_reattn_reach_the_reranker_options(client, pipeline, monkeypatch):
-    from attnrank import registry
+    from heedrank import registry
 
     monkeypatch.setitem(registry._RERANKERS, "icr", registry._RERANKERS["fake"])  # a fake standing for icr
     for _ in range(2):

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from attnrank.api.app import create_app
+from heedrank.api.app import create_app
 from api_fakes import DOCS, BlockingLoadReranker, OverlapRetriever, SlowReranker, make_pipeline
-from attnrank.types import Document
+from heedrank.types import Document
 
 
 def _error(r, status: int, error_type: str) -> str:
@@ -42,16 +42,16 @@ def test_loading_then_ok(settings, pipeline):
         assert "loading" in _error(client.post("/search", json={"query": "apples"}), 503, "unhealthy")
         _error(client.post("/rerank", json={"query": "apples", "documents": ["a"]}), 503, "unhealthy")
         assert client.get("/info").json()["status"] == "loading"  # info and metrics answer while loading
-        assert "attnrank_ready 0.0" in client.get("/metrics").text
+        assert "heedrank_ready 0.0" in client.get("/metrics").text
         BlockingLoadReranker.gate.set()
         assert client.app.state.runtime.wait_ready(10)
         assert client.get("/health").json() == {"status": "ok"}
         assert client.post("/search", json={"query": "apples"}).status_code == 200
-        assert "attnrank_ready 1.0" in client.get("/metrics").text
+        assert "heedrank_ready 1.0" in client.get("/metrics").text
 
 
 def test_failed_load_is_unhealthy(settings, pipeline):
-    from attnrank.errors import ModelLoadError
+    from heedrank.errors import ModelLoadError
 
     BlockingLoadReranker.fail = ModelLoadError("weights missing")
     settings = settings.model_copy(update={"rerank_method": "blockload"})
@@ -147,8 +147,8 @@ def test_full_queue_answers_429_quickly_and_admitted_requests_complete(settings,
             SlowReranker.gate.set()
             assert [f.result(timeout=30).status_code for f in admitted] == [200, 200, 200]
         metrics = client.get("/metrics").text
-        assert 'attnrank_requests_total{method="POST",route="/search",status="429"} 1.0' in metrics
-        assert 'attnrank_rejected_total{pool="rerank",reason="overloaded"} 2.0' in metrics
+        assert 'heedrank_requests_total{method="POST",route="/search",status="429"} 1.0' in metrics
+        assert 'heedrank_rejected_total{pool="rerank",reason="overloaded"} 2.0' in metrics
 
 
 def test_many_concurrent_clients_get_200_or_429_never_5xx(settings, pipeline):
@@ -184,13 +184,13 @@ def test_metrics(client):
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
-    assert 'attnrank_requests_total{method="POST",route="/search",status="200"} 2.0' in text
-    assert 'attnrank_requests_total{method="POST",route="/search",status="422"} 1.0' in text
-    assert 'attnrank_request_duration_seconds_count{route="/search"} 3.0' in text
+    assert 'heedrank_requests_total{method="POST",route="/search",status="200"} 2.0' in text
+    assert 'heedrank_requests_total{method="POST",route="/search",status="422"} 1.0' in text
+    assert 'heedrank_request_duration_seconds_count{route="/search"} 3.0' in text
     for stage in ("retrieve", "hydrate", "rerank"):
-        assert f'attnrank_stage_duration_seconds_count{{stage="{stage}"}}' in text
-    assert 'attnrank_queue_depth{pool="rerank"} 0.0' in text
-    assert 'attnrank_job_seconds_count{pool="search"} 1.0' in text
+        assert f'heedrank_stage_duration_seconds_count{{stage="{stage}"}}' in text
+    assert 'heedrank_queue_depth{pool="rerank"} 0.0' in text
+    assert 'heedrank_job_seconds_count{pool="search"} 1.0' in text
 
 
 # -------------------------------------------------------------------- collections
@@ -198,7 +198,7 @@ def test_collections(settings, fake_reranker):
     other_docs = [Document("x1", "Zebras are striped.", "Zebras"), Document("x2", "Apples again.", "Apples")]
     default = make_pipeline()
     other = make_pipeline(OverlapRetriever(other_docs))
-    from attnrank.index.memory import InMemoryDocStore
+    from heedrank.index.memory import InMemoryDocStore
 
     other.docstore = InMemoryDocStore(other_docs)
     with TestClient(create_app(settings, pipeline=default, collections={"zoo": other})) as client:
@@ -232,7 +232,7 @@ def test_warmup_seeds_the_wait_estimate(settings, pipeline):
 def test_a_waiting_job_of_a_client_that_went_away_is_dropped():
     import asyncio
 
-    from attnrank.api.inference import InferencePool
+    from heedrank.api.inference import InferencePool
 
     async def main():
         pool = InferencePool("t", workers=1, queue_size=4).start()

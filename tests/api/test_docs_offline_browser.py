@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from attnrank.api.app import create_app
+from heedrank.api.app import create_app
 from live_server import serve
 from test_ui_browser import _browser_or_skip
 
@@ -74,7 +74,7 @@ def test_swagger_ui_lists_the_operations_offline(browser, settings, pipeline):
             expect(paths.first).to_be_visible(timeout=15_000)
             shown = {p.strip() for p in paths.all_inner_texts()}
             assert set(OPERATIONS) <= {re.sub(r"\s+", "", p) for p in shown}, shown
-            expect(page.locator(".info .title")).to_contain_text("attnrank")
+            expect(page.locator(".info .title")).to_contain_text("heedrank")
         finally:
             context.close()
     assert outside == [] and errors == []

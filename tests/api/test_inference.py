@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from attnrank.api.inference import InferencePool
-from attnrank.errors import OverloadedError, UnhealthyError
+from heedrank.api.inference import InferencePool
+from heedrank.errors import OverloadedError, UnhealthyError
 
 
 def _run(coro):
@@ -158,8 +158,8 @@ def test_max_wait_refuses_when_the_estimated_wait_is_too_long():
 
 
 def _stepping_job(steps: list[int], n: int = 100, seconds: float = 0.02):
-    """A job of ``n`` steps that checks its cancellation token before each (attnrank.cancel)."""
-    from attnrank.cancel import check
+    """A job of ``n`` steps that checks its cancellation token before each (heedrank.cancel)."""
+    from heedrank.cancel import check
 
     def job():
         for i in range(n):
@@ -190,7 +190,7 @@ def test_a_started_job_stops_at_its_next_step_when_the_deadline_passes():
 
 
 def test_a_started_job_of_a_client_that_went_away_stops_and_says_why():
-    from attnrank.api.inference import ClientGoneError
+    from heedrank.api.inference import ClientGoneError
 
     steps: list[int] = []
 

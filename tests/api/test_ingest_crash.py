@@ -1,4 +1,4 @@
-"""Crash test of durable ingest: a real server process (`attnrank serve`, BM25 + dense
+"""Crash test of durable ingest: a real server process (`heedrank serve`, BM25 + dense
 index) takes a stream of ``POST /documents`` batches and is killed with SIGKILL mid-stream;
 after a restart every acknowledged document is retrievable by id and findable by BM25 and
 by dense search (the vector file catches up from SQLite). About 30-60 s on 2 cores."""
@@ -31,9 +31,9 @@ def _word(n: int) -> str:
 
 
 def _start(index_dir, port, log):
-    env = {**os.environ, "ATTNRANK_WARMUP": "false", "OMP_NUM_THREADS": "1", "ATTNRANK_SEARCH_WORKERS": "1"}
+    env = {**os.environ, "HEEDRANK_WARMUP": "false", "OMP_NUM_THREADS": "1", "HEEDRANK_SEARCH_WORKERS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnrank.cli", "serve", "--index", str(index_dir), "--port", str(port),
+        [sys.executable, "-m", "heedrank.cli", "serve", "--index", str(index_dir), "--port", str(port),
          "--rerank-method", "none"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
@@ -53,7 +53,7 @@ def _start(index_dir, port, log):
 
 
 def test_kill_9_mid_ingest_loses_no_acknowledged_document(tmp_path):
-    from attnrank.index.builder import build_index
+    from heedrank.index.builder import build_index
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(

@@ -16,9 +16,9 @@ N_DOCS = 60
 def real_client(nfcorpus_dir, tmp_path_factory):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
-    from attnrank.settings import Settings
-    from attnrank.index.builder import build_index
+    from heedrank.api.app import create_app
+    from heedrank.settings import Settings
+    from heedrank.index.builder import build_index
 
     root = tmp_path_factory.mktemp("nfcorpus60")
     corpus = root / "corpus.jsonl"

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from api_fakes import DOCS
-from attnrank import registry
-from attnrank.config import PipelineConfig, RerankerConfig, SearchLimits
-from attnrank.errors import ValidationError
-from attnrank.pipeline import Pipeline, SearchOptions
-from attnrank.settings import Settings
-from attnrank.types import Document, Query
+from heedrank import registry
+from heedrank.config import PipelineConfig, RerankerConfig, SearchLimits
+from heedrank.errors import ValidationError
+from heedrank.pipeline import Pipeline, SearchOptions
+from heedrank.settings import Settings
+from heedrank.types import Document, Query
 
 BAD_FILTER = {"must": [{"key": "n", "range": {"between": [1, 3]}}]}
 
@@ -50,7 +50,7 @@ def test_api_and_library_give_the_same_message(client, pipeline, body, options, 
 
 
 def test_validate_returns_the_options_with_the_filter_parsed(pipeline):
-    from attnrank.index.filters import BoolFilter
+    from heedrank.index.filters import BoolFilter
 
     flt = {"must": [{"key": "year", "range": {"gte": 2015}}]}
     checked = pipeline.validate(SearchOptions(filter=flt))
@@ -80,8 +80,8 @@ RED_BELOW_9 = {d.doc_id for d in FILTER_DOCS if d.metadata["colour"] == "red" an
 
 @pytest.fixture
 def parses(monkeypatch):
-    """Counts the calls of the filter parser (``attnrank.index.filters.parse_filter``)."""
-    import attnrank.index.filters as filters
+    """Counts the calls of the filter parser (``heedrank.index.filters.parse_filter``)."""
+    import heedrank.index.filters as filters
 
     calls: list[object] = []
     real = filters.parse_filter
@@ -96,8 +96,8 @@ def parses(monkeypatch):
 
 @pytest.fixture
 def hybrid_pipeline(fake_reranker):
-    from attnrank.index.hashing import HashingEncoder
-    from attnrank.index.store import Index
+    from heedrank.index.hashing import HashingEncoder
+    from heedrank.index.store import Index
 
     index = Index.from_documents(FILTER_DOCS, encoder=HashingEncoder(64))
     return Pipeline(
@@ -120,7 +120,7 @@ def test_a_filtered_hybrid_search_parses_its_filter_once(hybrid_pipeline, parses
 def test_a_filtered_hybrid_search_through_the_api_parses_its_filter_once(settings, hybrid_pipeline, parses):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
+    from heedrank.api.app import create_app
 
     with TestClient(create_app(settings, pipeline=hybrid_pipeline)) as client:
         assert client.app.state.runtime.wait_ready(10)

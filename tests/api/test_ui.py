@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from api_fakes import make_pipeline
-from attnrank.settings import Settings
+from heedrank.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "api" / "static"
@@ -22,7 +22,7 @@ STATIC = ROOT / "api" / "static"
 def keyed_client(fake_reranker):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
+    from heedrank.api.app import create_app
 
     settings = Settings(index="unused", rerank_method="fake", warmup=False, api_key="s3cret",
                         max_top_k=20, max_candidates=8, default_candidates=4)
@@ -83,7 +83,7 @@ def test_script_never_writes_html():
 
 def test_static_files_are_package_data():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    patterns = conf["tool"]["setuptools"]["package-data"]["attnrank.api"]
+    patterns = conf["tool"]["setuptools"]["package-data"]["heedrank.api"]
     for f in ("index.html", "app.js", "app.css"):
         assert any(Path("static", f).match(p) for p in patterns), f
     assert any(r.startswith("playwright") for r in conf["project"]["optional-dependencies"]["test"])

@@ -10,8 +10,8 @@ errors against the API's 422 message; they add, open and delete a document throu
 panel, and use the page with the keyboard alone in a narrow window.
 
 Without playwright or a chromium executable the tests skip, saying why; with the ``CI``
-environment variable set that is a failure instead. ``ATTNRANK_CHROMIUM`` names the
-browser executable (default: ``chromium`` on the PATH). ``ATTNRANK_UI_SCREENSHOT=PATH``
+environment variable set that is a failure instead. ``HEEDRANK_CHROMIUM`` names the
+browser executable (default: ``chromium`` on the PATH). ``HEEDRANK_UI_SCREENSHOT=PATH``
 saves the results page's screenshot there (``docs/search-page.png`` in the README).
 """
 
@@ -70,7 +70,7 @@ class SpanReranker(FakeReranker):
     name = "spans"
 
     def rerank_with_evidence(self, query, candidates, *, max_spans: int = 3):
-        from attnrank.reranker.icr import EvidenceSpan
+        from heedrank.reranker.icr import EvidenceSpan
 
         rr = self.rerank(query, candidates)
         stems = {w.lower()[:5] for w in re.findall(r"\w+", query.text) if len(w) > 2}
@@ -92,10 +92,10 @@ def _browser_or_skip() -> str:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         reason = "playwright is not installed (pip install playwright, or bash scripts/setup.sh)"
-    exe = os.environ.get("ATTNRANK_CHROMIUM") or next(filter(None, map(shutil.which, BROWSERS)), None)
+    exe = os.environ.get("HEEDRANK_CHROMIUM") or next(filter(None, map(shutil.which, BROWSERS)), None)
     if reason is None and (exe is None or not os.access(exe, os.X_OK)):
-        reason = ("no chromium executable (apt-get install chromium, or set ATTNRANK_CHROMIUM)"
-                  if exe is None else f"ATTNRANK_CHROMIUM={exe} is not an executable")
+        reason = ("no chromium executable (apt-get install chromium, or set HEEDRANK_CHROMIUM)"
+                  if exe is None else f"HEEDRANK_CHROMIUM={exe} is not an executable")
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"the browser tests cannot run and CI is set: {reason}", pytrace=False)
@@ -109,7 +109,7 @@ def test_the_browser_is_available():
 
 
 def test_a_missing_browser_skips_but_fails_under_ci(monkeypatch):
-    monkeypatch.setenv("ATTNRANK_CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("HEEDRANK_CHROMIUM", "/nonexistent/chromium")
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match="not an executable"):
         _browser_or_skip()
@@ -149,10 +149,10 @@ def ui(tmp_path_factory):
     import httpx
     from playwright.sync_api import expect, sync_playwright
 
-    from attnrank import registry
-    from attnrank.api.app import create_app
-    from attnrank.index.builder import build_index
-    from attnrank.settings import Settings
+    from heedrank import registry
+    from heedrank.api.app import create_app
+    from heedrank.index.builder import build_index
+    from heedrank.settings import Settings
 
     root = tmp_path_factory.mktemp("ui")
     corpus = root / "corpus.jsonl"
@@ -288,8 +288,8 @@ def test_results_highlight_the_evidence_spans_at_the_api_offsets(page, ui, tmp_p
     shot = tmp_path / "search-page.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
-    if os.environ.get("ATTNRANK_UI_SCREENSHOT"):
-        target = Path(os.environ["ATTNRANK_UI_SCREENSHOT"])
+    if os.environ.get("HEEDRANK_UI_SCREENSHOT"):
+        target = Path(os.environ["HEEDRANK_UI_SCREENSHOT"])
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, target)
 
@@ -402,7 +402,7 @@ def test_api_errors_are_shown_as_the_api_gives_them(page, ui):
     page.press("#api-key", "Enter")
     expect(page.locator("#service")).to_contain_text("status ok")
     expect(err).to_be_hidden()
-    assert page.evaluate("sessionStorage.getItem('attnrank.apiKey')") == KEY
+    assert page.evaluate("sessionStorage.getItem('heedrank.apiKey')") == KEY
     assert page.evaluate("localStorage.length") == 0 and page.context.cookies() == []
 
     # a 422 from the service, word for word

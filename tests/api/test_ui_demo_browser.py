@@ -25,25 +25,25 @@ def demo(tmp_path_factory, nfcorpus_head):
     import httpx
     from playwright.sync_api import sync_playwright
 
-    from attnrank.api.app import create_app
-    from attnrank.config import RerankerConfig
-    from attnrank.index.builder import build_index
-    from attnrank.index.kv import build_index_blocks
-    from attnrank.index.store import Index
-    from attnrank.registry import build_reranker
-    from attnrank.settings import Settings
+    from heedrank.api.app import create_app
+    from heedrank.config import RerankerConfig
+    from heedrank.index.builder import build_index
+    from heedrank.index.kv import build_index_blocks
+    from heedrank.index.store import Index
+    from heedrank.registry import build_reranker
+    from heedrank.settings import Settings
 
     root = tmp_path_factory.mktemp("demo")
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": d.doc_id, "title": d.title, "text": d.text}) + "\n"
                               for d in nfcorpus_head), encoding="utf-8")
     build_index(corpus, root / "index", dense=True, show_progress=False)
-    ix = Index.open(root / "index")  # what the demo does before serving: `attnrank index kv build`
+    ix = Index.open(root / "index")  # what the demo does before serving: `heedrank index kv build`
     try:
         build_index_blocks(ix, build_reranker(RerankerConfig(method="default", options={"query_adapter": None})))
     finally:
         ix.close()
-    # the demo's settings: the defaults, with the hybrid first stage (ATTNRANK_DEFAULT_RETRIEVER=hybrid)
+    # the demo's settings: the defaults, with the hybrid first stage (HEEDRANK_DEFAULT_RETRIEVER=hybrid)
     settings = Settings(index=str(root / "index"), default_retriever="hybrid", warmup=False)
     server, thread, sock, base = _serve(create_app(settings))
     http = httpx.Client(base_url=base, trust_env=False, timeout=120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnrank import registry
+from heedrank import registry
 from eval_fakes import FakeReranker
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attnrank.config import RerankerConfig
-from attnrank.protocols import RerankResult
-from attnrank.types import Document, Query, Ranking
+from heedrank.config import RerankerConfig
+from heedrank.protocols import RerankResult
+from heedrank.types import Document, Query, Ranking
 
 
 class FakeReranker:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from eval_fakes import FakeReranker
 
-from attnrank.errors import ModelLoadError
-from attnrank.protocols import RerankResult
-from attnrank.types import Ranking
+from heedrank.errors import ModelLoadError
+from heedrank.protocols import RerankResult
+from heedrank.types import Ranking
 
 _STARTED = []
 
@@ -32,7 +32,7 @@ def ray_local():
         import ray
         import ray.data  # noqa: F401
     except ImportError as exc:
-        message = f"Ray is not installed ({exc}); pip install 'attnrank[ray]'"
+        message = f"Ray is not installed ({exc}); pip install -e '.[ray]' (in the heedrank checkout)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -104,7 +104,7 @@ class HashFactory:
 
 def register_fake() -> None:
     """Worker setup: register the eval tests' ``fake`` reranker in this process's registry."""
-    from attnrank import registry
+    from heedrank import registry
 
     registry._RERANKERS["fake"] = FakeReranker
 
@@ -117,7 +117,7 @@ def broken_setup() -> None:
 def dl19_batch_inputs(dl19_dir: Path, tmp_path: Path, queries: int = 5, depth: int = 30):
     """(topics, run, docs) of the first ``queries`` DL19 topics with BM25 hits, the run cut to
     ``depth`` hits per query, and the rank_llm run JSON with the passages."""
-    from attnrank.data import load_trec_run
+    from heedrank.data import load_trec_run
 
     run = load_trec_run(dl19_dir / "trec_results_BM25_dl19_top100.txt.gz")
     lines = [line for line in (dl19_dir / "topics.dl19-passage.txt").read_text().splitlines() if line.strip()]
@@ -144,8 +144,8 @@ class StopAfterFirstShard:
         self.flag, self.mode = flag, mode
 
     def __call__(self) -> None:
-        from attnrank.errors import KVStoreError
-        from attnrank.index import kv as kvstore
+        from heedrank.errors import KVStoreError
+        from heedrank.index import kv as kvstore
 
         original = kvstore.KVStore.put_many
         flag, mode = self.flag, self.mode

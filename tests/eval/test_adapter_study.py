@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.eval.adapter_study import dev_evaluator, examples_from, source_store  # noqa: E402
-from attnrank.eval.metrics import evaluate_run  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from attnrank.types import Query  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.eval.adapter_study import dev_evaluator, examples_from, source_store  # noqa: E402
+from heedrank.eval.metrics import evaluate_run  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.types import Query  # noqa: E402
 
 
 @pytest.fixture(scope="module")

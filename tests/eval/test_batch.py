@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.errors import ContextOverflowError, ValidationError
-from attnrank.protocols import RerankResult
-from attnrank.types import Ranking
-from attnrank.eval.batch import rerank_batch
+from heedrank.errors import ContextOverflowError, ValidationError
+from heedrank.protocols import RerankResult
+from heedrank.types import Ranking
+from heedrank.eval.batch import rerank_batch
 
 QIDS = ["q3", "q1", "q4", "q2"]  # topics-file order (not sorted) is the processing order
 DOCS = {f"p{i}": f"passage number {i} about topic {i % 3}" for i in range(12)}
@@ -81,7 +81,7 @@ def test_output_format_and_order(inputs, tmp_path):
     assert [ln.split()[0] for ln in lines[::8]] == QIDS  # streamed in topics order
     first = [ln.split() for ln in lines[:8]]
     assert [int(f[3]) for f in first] == list(range(1, 9))
-    assert all(f[1] == "Q0" and f[5] == "attnrank-hash-c5" for f in first)
+    assert all(f[1] == "Q0" and f[5] == "heedrank-hash-c5" for f in first)
     scores = [float(f[4]) for f in first]
     assert scores == sorted(scores, reverse=True)
     progress = [json.loads(x) for x in out.with_name("out.trec.progress").read_text().splitlines()]
@@ -112,7 +112,7 @@ def test_torn_output_and_progress_tails_are_dropped(inputs, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         _batch(inputs, out, HashReranker(interrupt_at=2))
     with open(out, "a") as f:  # a query half written when the process died
-        f.write("q1 Q0 p3 1 0.9 attnrank-hash-c5\nq1 Q0 p4 2 0.")
+        f.write("q1 Q0 p3 1 0.9 heedrank-hash-c5\nq1 Q0 p4 2 0.")
     with open(out.with_name("torn.trec.progress"), "a") as f:
         f.write('{"qid": "q1", "off')
     _batch(inputs, out, HashReranker())
@@ -128,7 +128,7 @@ def test_a_failing_document_is_isolated_and_the_query_completes(inputs, tmp_path
         json.dump([{"query": "x", "hits": [{"qid": "q1", "docid": d, "content": t, "rank": 1, "score": 1.0}
                                            for d, t in docs.items()]}], f)
     out = tmp_path / "out.trec"
-    with caplog.at_level("WARNING", logger="attnrank.eval.batch"):
+    with caplog.at_level("WARNING", logger="heedrank.eval.batch"):
         summary = rerank_batch(topics, run, poisoned, out, method="hash", candidates=5,
                                factory=lambda m: HashReranker(), show_progress=False)
     assert summary.done == 4
@@ -180,8 +180,8 @@ def test_max_queries_and_depth(inputs, tmp_path):
 def test_cli_command(inputs, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from attnrank import registry
-    from attnrank.cli import app
+    from heedrank import registry
+    from heedrank.cli import app
 
     class Registered(HashReranker):
         @classmethod

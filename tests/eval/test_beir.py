@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from attnrank.data import load_trec_run
-from attnrank.eval.beir import cached_index_dir, evaluate_beir
-from attnrank.eval.harness import file_sha256
-from attnrank.eval.report import load_report
+from heedrank.data import load_trec_run
+from heedrank.eval.beir import cached_index_dir, evaluate_beir
+from heedrank.eval.harness import file_sha256
+from heedrank.eval.report import load_report
 
 TOPICS = ["apple orchard harvest", "banana plantation export", "cherry blossom festival", "date palm oasis"]
 
@@ -37,7 +37,7 @@ def beir_dir(tmp_path):
 
 
 def test_builds_cached_index_once_and_evaluates(beir_dir, tmp_path, monkeypatch, fake_reranker):
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "runs"
     report = evaluate_beir(beir_dir, rerank="none", out_dir=out, build_dense=False, show_progress=False)
     index_dir = cached_index_dir(beir_dir, file_sha256(beir_dir / "corpus.jsonl"))
@@ -64,7 +64,7 @@ def test_builds_cached_index_once_and_evaluates(beir_dir, tmp_path, monkeypatch,
 
 
 def test_explicit_index_dir(beir_dir, tmp_path):
-    from attnrank.index.builder import build_index
+    from heedrank.index.builder import build_index
 
     idx = tmp_path / "idx"
     build_index(beir_dir, idx, dense=False, show_progress=False)
@@ -92,7 +92,7 @@ def self_hit_dir(tmp_path):
 def test_identical_ids_are_dropped_as_beir_does(self_hit_dir, tmp_path, monkeypatch, fake_reranker):
     import math
 
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "runs"
     kw = dict(out_dir=out, build_dense=False, show_progress=False)
     # By hand: one relevant document (grade 1), ideal DCG = 1; at rank r, nDCG@10 = 1 / log2(r + 1).
@@ -122,9 +122,9 @@ def test_identical_ids_are_dropped_as_beir_does(self_hit_dir, tmp_path, monkeypa
 def test_cli_keep_identical_ids(self_hit_dir, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from attnrank.cli import app
+    from heedrank.cli import app
 
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     r = CliRunner().invoke(app, ["eval", "beir", "--data", str(self_hit_dir), "--out", str(tmp_path / "runs"),
                                  "--keep-identical-ids"])
     assert r.exit_code == 0, r.output

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.eval.compare import compare_reports, format_comparison, randomization_test
-from attnrank.eval.report import EvalReport, save_report
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.eval.compare import compare_reports, format_comparison, randomization_test
+from heedrank.eval.report import EvalReport, save_report
 
 
 def make_report(name: str, per_query: dict[str, dict[str, float]], rerank: str = "none") -> EvalReport:

@@ -1,4 +1,4 @@
-"""Fitting the relevance cut-off on study dumps (:mod:`attnrank.eval.calibration`): the scores it
+"""Fitting the relevance cut-off on study dumps (:mod:`heedrank.eval.calibration`): the scores it
 fits on are the ones the service serves, the fit finds a real signal, and the figures are
 precision, recall and F1 of the returned prefix."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnrank.calibration import PlattMap
-from attnrank.eval.calibration import evaluate_cutoff, fit_calibration, per_query, prf, served, subset
-from attnrank.eval.study import QueryItem, variant_scores
-from attnrank.pipeline import fuse_scores, served_probabilities
-from attnrank.types import Ranking, ScoredDoc
+from heedrank.calibration import PlattMap
+from heedrank.eval.calibration import evaluate_cutoff, fit_calibration, per_query, prf, served, subset
+from heedrank.eval.study import QueryItem, variant_scores
+from heedrank.pipeline import fuse_scores, served_probabilities
+from heedrank.types import Ranking, ScoredDoc
 
 L, H = 2, 3
 

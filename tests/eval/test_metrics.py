@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from attnrank.errors import UnknownNameError, ValidationError
-from attnrank.eval.metrics import BEIR_METRICS, TREC_DL_METRICS, evaluate_run, parse_metrics, rank_scores
+from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.eval.metrics import BEIR_METRICS, TREC_DL_METRICS, evaluate_run, parse_metrics, rank_scores
 
 QRELS = {
     "q1": {"a": 2, "b": 1, "c": 0},
@@ -67,8 +67,8 @@ def test_cutoff_applies():
     assert ev.per_query["q1"]["R@100"] == 0.5
 
 
-def test_ties_follow_attnrank_order_not_trec_eval():
-    # equal scores: attnrank ranks a before b (doc id ascending); trec_eval would put b first
+def test_ties_follow_heedrank_order_not_trec_eval():
+    # equal scores: heedrank ranks a before b (doc id ascending); trec_eval would put b first
     ev = evaluate_run({"q": {"a": 1.0, "b": 1.0}}, {"q": {"a": 1}}, ["RR@10"])
     assert ev.aggregate["RR@10"] == 1.0
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from attnrank.errors import MissingDependencyError, ModelLoadError
-from attnrank.eval.batch import rerank_batch
+from heedrank.errors import MissingDependencyError, ModelLoadError
+from heedrank.eval.batch import rerank_batch
 from ray_fakes import HashFactory, broken_setup, dl19_batch_inputs, ray_local  # noqa: F401 - ray_local: a fixture
 
 
@@ -23,7 +23,7 @@ def _batch(inputs, out, factory, runner=None, **kw):
 
 
 def _engine(actors=2, **kw):
-    from attnrank.eval.distributed import RayEngine, RayOptions
+    from heedrank.eval.distributed import RayEngine, RayOptions
 
     return RayEngine(RayOptions(actors=actors, **kw))
 
@@ -107,15 +107,15 @@ def test_typed_worker_error_stops_and_a_rerun_resumes(inputs, local_out, tmp_pat
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
-    from attnrank.eval.distributed import RayEngine
+    from heedrank.eval.distributed import RayEngine
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'attnrank\[ray\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[ray\]'"):
         RayEngine()
 
 
 def test_cli_engine_flags(monkeypatch, tmp_path):
-    from attnrank.cli import app
+    from heedrank.cli import app
 
     runner = CliRunner()
     args = ["rerank-batch", "--topics", str(tmp_path / "t"), "--run", str(tmp_path / "r"), "--docs", str(tmp_path),
@@ -128,9 +128,9 @@ def test_cli_engine_flags(monkeypatch, tmp_path):
     assert res.exit_code == 2 and "actors must be an integer >= 1" in res.output
     monkeypatch.setitem(sys.modules, "ray", None)
     res = runner.invoke(app, [*args, "--engine", "ray"])
-    assert res.exit_code == 2 and "pip install 'attnrank[ray]'" in res.output
+    assert res.exit_code == 2 and "pip install -e '.[ray]' (in the heedrank checkout)" in res.output
     res = runner.invoke(app, ["eval", "trec-dl", "--data", str(tmp_path), "--engine", "ray"])
-    assert res.exit_code == 2 and "pip install 'attnrank[ray]'" in res.output
+    assert res.exit_code == 2 and "pip install -e '.[ray]' (in the heedrank checkout)" in res.output
 
 
 @pytest.mark.slow
@@ -138,7 +138,7 @@ def test_cli_engine_flags(monkeypatch, tmp_path):
 def test_cli_real_lm_on_ray_matches_local(dl19_dir, tmp_path):
     """The packaged LM (ICR, 8 candidates, 2 queries) through the CLI: one Ray actor builds its
     own reranker and loads the LM; the output is byte-identical to the local engine's."""
-    from attnrank.cli import app
+    from heedrank.cli import app
 
     topics, run, docs = dl19_batch_inputs(dl19_dir, tmp_path, queries=2, depth=12)
     runner = CliRunner()
@@ -160,7 +160,7 @@ def _unimportable_setup():  # defined in this test module, which Ray workers can
 
 @pytest.mark.usefixtures("ray_local")
 def test_untyped_worker_error_is_a_ray_error_with_the_traceback(inputs, tmp_path):
-    from attnrank.eval.distributed import RayExecutionError
+    from heedrank.eval.distributed import RayExecutionError
 
     out = tmp_path / "ray.trec"
     with pytest.raises(RayExecutionError, match="no GPU driver on this node") as info:
@@ -171,8 +171,8 @@ def test_untyped_worker_error_is_a_ray_error_with_the_traceback(inputs, tmp_path
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_worker_that_cannot_start_fails_the_run_with_a_hint(inputs, tmp_path):
-    """What a node without attnrank looks like: the actor's constructor cannot be unpickled."""
-    from attnrank.eval.distributed import RayExecutionError
+    """What a node without heedrank looks like: the actor's constructor cannot be unpickled."""
+    from heedrank.eval.distributed import RayExecutionError
 
     with pytest.raises(RayExecutionError, match=r"(?s)Ray gave up after 0 of 5 queries.*every Ray node"):
         _batch(inputs, tmp_path / "ray.trec", HashFactory(),

@@ -1,4 +1,4 @@
-"""``attnrank eval trec-dl|beir --engine ray``: the queries reranked by a Ray actor pool,
+"""``heedrank eval trec-dl|beir --engine ray``: the queries reranked by a Ray actor pool,
 the report identical to a local run's apart from timings (and ``params.engine``), the run
 file byte-identical. A few DL19 queries; a tiny BEIR dataset; the fake reranker registered
 in each worker through ``RayOptions.worker_setup``."""
@@ -11,10 +11,10 @@ from dataclasses import asdict
 import pytest
 from typer.testing import CliRunner
 
-from attnrank.config import RerankerConfig
-from attnrank.errors import ValidationError
-from attnrank.eval.beir import evaluate_beir
-from attnrank.eval.trecdl import evaluate_trec_dl
+from heedrank.config import RerankerConfig
+from heedrank.errors import ValidationError
+from heedrank.eval.beir import evaluate_beir
+from heedrank.eval.trecdl import evaluate_trec_dl
 from ray_fakes import ray_local, register_fake  # noqa: F401 - ray_local: a fixture
 
 TIMING_FIELDS = ("timings", "latency", "timestamp", "argv", "reranker_load_seconds")
@@ -31,7 +31,7 @@ def _comparable(report):
 
 
 def _engine(actors=2):
-    from attnrank.eval.distributed import RayEngine, RayOptions
+    from heedrank.eval.distributed import RayEngine, RayOptions
 
     return RayEngine(RayOptions(actors=actors, worker_setup=register_fake))
 
@@ -52,7 +52,7 @@ def test_trec_dl_fake_reranker_report_same_as_local(dl19_dir, tmp_path, fake_rer
 
 @pytest.mark.usefixtures("ray_local")
 def test_cli_trec_dl_rerank_none_on_ray(dl19_dir, tmp_path):
-    from attnrank.cli import app
+    from heedrank.cli import app
 
     local = evaluate_trec_dl(dl19_dir, rerank="none", max_queries=3, seed=0, out_dir=tmp_path / "local",
                              show_progress=False)
@@ -80,7 +80,7 @@ def test_beir_on_ray_same_as_local(tmp_path, monkeypatch, fake_reranker):
     with open(d / "qrels" / "test.tsv", "w") as f:
         f.write("query-id\tcorpus-id\tscore\n")
         f.writelines(f"q{t}\tt{t}-0\t2\nq{t}\tt{t}-1\t1\n" for t in range(3))
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     kw = dict(rerank="fake", candidates=4, build_dense=False, show_progress=False)
     local = evaluate_beir(d, out_dir=tmp_path / "local", **kw)
     remote = evaluate_beir(d, out_dir=tmp_path / "ray", engine=_engine(actors=1), **kw)

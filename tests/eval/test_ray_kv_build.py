@@ -1,4 +1,4 @@
-"""``attnrank index kv build --engine ray`` (``build_index_blocks_ray``) with the real LM on
+"""``heedrank index kv build --engine ray`` (``build_index_blocks_ray``) with the real LM on
 a handful of real NFCorpus documents (blocks of 32 tokens, layers 0..3): the Ray-built
 store holds the local store's keys and blocks, an actor killed right after committing its
 first shard is restarted and its part resumes, and a build stopped after one committed
@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import KVStoreError  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import KVStoreError  # noqa: E402
 from ray_fakes import StopAfterFirstShard, ray_local  # noqa: E402,F401 - ray_local: a fixture
 
 N_DOCS = 8
@@ -45,14 +45,14 @@ def corpus(nfcorpus_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def encoder():
-    from attnrank.registry import build_reranker
+    from heedrank.registry import build_reranker
 
     return build_reranker(CONFIG)
 
 
 def _index(corpus, root):
-    from attnrank.index.builder import build_index
-    from attnrank.index.store import Index
+    from heedrank.index.builder import build_index
+    from heedrank.index.store import Index
 
     build_index(corpus, root, dense=False, show_progress=False)
     return Index.open(root)
@@ -67,7 +67,7 @@ def _blocks(store):
 @pytest.fixture(scope="module")
 def local_blocks(corpus, encoder, tmp_path_factory):
     """The local engine's store of the corpus, as float32 arrays by block key."""
-    from attnrank.index.kv import build_index_blocks
+    from heedrank.index.kv import build_index_blocks
 
     ix = _index(corpus, tmp_path_factory.mktemp("local") / "ix")
     try:
@@ -94,7 +94,7 @@ def _parts_left(store):
 
 @pytest.mark.usefixtures("ray_local")
 def test_ray_build_equals_local_and_a_killed_actor_resumes(corpus, encoder, local_blocks, tmp_path):
-    from attnrank.eval.distributed import RayOptions, build_index_blocks_ray
+    from heedrank.eval.distributed import RayOptions, build_index_blocks_ray
 
     flag = tmp_path / "killed"
     ix = _index(corpus, tmp_path / "ix")
@@ -113,8 +113,8 @@ def test_ray_build_equals_local_and_a_killed_actor_resumes(corpus, encoder, loca
 
 @pytest.mark.usefixtures("ray_local")
 def test_ray_build_stopped_after_one_shard_resumes(corpus, encoder, local_blocks, tmp_path):
-    from attnrank.eval.distributed import RayOptions, build_index_blocks_ray
-    from attnrank.index.kv import KVHeader, KVStore, build_index_blocks
+    from heedrank.eval.distributed import RayOptions, build_index_blocks_ray
+    from heedrank.index.kv import KVHeader, KVStore, build_index_blocks
 
     ix = _index(corpus, tmp_path / "ix")
     try:
@@ -128,7 +128,7 @@ def test_ray_build_stopped_after_one_shard_resumes(corpus, encoder, local_blocks
             assert len(part) == BATCH  # the one shard the actor committed
     finally:
         ix.close()
-    from attnrank.index.store import Index
+    from heedrank.index.store import Index
 
     ix = Index.open(tmp_path / "ix")  # a new run (another process would do the same)
     try:
@@ -141,7 +141,7 @@ def test_ray_build_stopped_after_one_shard_resumes(corpus, encoder, local_blocks
 
 
 def test_cli_engine_flags(tmp_path):
-    from attnrank.cli import app
+    from heedrank.cli import app
 
     runner = CliRunner()
     args = ["index", "kv", "build", "--index", str(tmp_path)]
@@ -174,9 +174,9 @@ def _code_step(x, dtype, axis):
 def test_ray_build_of_a_probe_or_window_store_equals_the_local_one(corpus, tmp_path, config, folder, n_keys, n_values):
     """Issue #23: the keys-only probe layout (int8) and the window layout (int4) built by Ray
     actors hold the local build's blocks in ``INDEX/probe`` and ``INDEX/window``."""
-    from attnrank.eval.distributed import RayOptions, build_index_blocks_ray
-    from attnrank.index.kv import build_index_blocks
-    from attnrank.registry import build_reranker
+    from heedrank.eval.distributed import RayOptions, build_index_blocks_ray
+    from heedrank.index.kv import build_index_blocks
+    from heedrank.registry import build_reranker
 
     dtype = config.options["kv_dtype"]
     enc = build_reranker(config)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnrank.errors import ValidationError
-from attnrank.eval.distributed import build_kv_shard, kv_shards
-from attnrank.index.kv import KVHeader, KVStore
+from heedrank.errors import ValidationError
+from heedrank.eval.distributed import build_kv_shard, kv_shards
+from heedrank.index.kv import KVHeader, KVStore
 
 HEADER = KVHeader(model_hash="m" * 8, prompt_template_version="t1", instruction_hash="i" * 8, layer=1,
                   kv_heads=2, head_dim=4, max_doc_tokens=8)

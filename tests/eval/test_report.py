@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.eval.report import EvalReport, format_table, latency_summary, load_report, save_report, summarize_latency
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.eval.report import EvalReport, format_table, latency_summary, load_report, save_report, summarize_latency
 
 
 def sample_report(**over) -> EvalReport:
@@ -29,7 +29,7 @@ def sample_report(**over) -> EvalReport:
         index={"path": "/tmp/idx", "retrievers": ["bm25"]},
         truncation={"docs_reranked": 40, "docs_truncated": 3, "queries_with_truncation": 2},
         prompt_tokens={"total": 9000, "mean": 4500.0},
-        params={"max_queries": 2, "seed": 0}, argv=["attnrank", "eval", "beir"], run_file="runs/x.trec",
+        params={"max_queries": 2, "seed": 0}, argv=["heedrank", "eval", "beir"], run_file="runs/x.trec",
     )
     fields.update(over)
     return EvalReport(**fields)
@@ -58,7 +58,7 @@ def test_load_errors(tmp_path):
     with pytest.raises(ValidationError):
         load_report(bad)
     bad.write_text(json.dumps({"name": "x"}))
-    with pytest.raises(ValidationError, match="not an attnrank evaluation report"):
+    with pytest.raises(ValidationError, match="not an heedrank evaluation report"):
         load_report(bad)
 
 

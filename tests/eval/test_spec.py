@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from attnrank.config import RerankerConfig
-from attnrank.errors import ValidationError
-from attnrank.eval.spec import EvalSpec, as_spec
-from attnrank.eval.trecdl import evaluate_trec_dl
+from heedrank.config import RerankerConfig
+from heedrank.errors import ValidationError
+from heedrank.eval.spec import EvalSpec, as_spec
+from heedrank.eval.trecdl import evaluate_trec_dl
 
 
 def test_spec_and_keyword_form_write_the_same_report(dl19_dir, tmp_path, fake_reranker):

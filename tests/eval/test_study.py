@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from attnrank.eval.study import (  # noqa: E402
+from heedrank.eval.study import (  # noqa: E402
     QueryItem, design, fit_listwise, format_study, load_items, run_study, save_items, variant_run, variant_scores,
 )
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.config import RerankerConfig
-from attnrank.data import load_trec_qrels, load_trec_run
-from attnrank.errors import NotFoundError, UnknownNameError
-from attnrank.eval.compare import compare_reports
-from attnrank.eval.report import format_table, load_report
-from attnrank.eval.trecdl import evaluate_trec_dl
+from heedrank.config import RerankerConfig
+from heedrank.data import load_trec_qrels, load_trec_run
+from heedrank.errors import NotFoundError, UnknownNameError
+from heedrank.eval.compare import compare_reports
+from heedrank.eval.report import format_table, load_report
+from heedrank.eval.trecdl import evaluate_trec_dl
 
 def test_bm25_run_matches_published_figure(dl19_dir, tmp_path):
     report = evaluate_trec_dl(dl19_dir, run_name="BM25", rerank="none", out_dir=tmp_path, show_progress=False)
@@ -127,7 +127,7 @@ def test_explicit_paths_and_year(tmp_path):
 def test_cli_trec_dl_with_year_and_explicit_files(tmp_path):
     from typer.testing import CliRunner
 
-    from attnrank.cli import app
+    from heedrank.cli import app
 
     d = _folder(tmp_path / "two", "topics.dl20.txt", "qrels.dl20-passage.txt", "retrieve_results_BM25_dl20_top100.json")
     _folder(d, "topics.dl21.txt", "qrels.dl21-passage.txt", "retrieve_results_BM25_dl21_top100.json")
@@ -142,7 +142,7 @@ def test_cli_trec_dl_with_year_and_explicit_files(tmp_path):
     assert missing.exit_code == 2 and "give the TREC DL folder (--data)" in missing.output
 
 
-DL21 = Path(os.environ.get("ATTNRANK_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data")
+DL21 = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data")
             ) / "msmarco-trec-dl-2021-passage"
 
 

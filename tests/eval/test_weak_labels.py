@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from attnrank.errors import ValidationError
-from attnrank.eval.weak_labels import (
+from heedrank.errors import ValidationError
+from heedrank.eval.weak_labels import (
     PseudoQuery,
     clean_generation,
     first_stage_filter,
@@ -20,7 +20,7 @@ from attnrank.eval.weak_labels import (
     title_queries,
     write_folder,
 )
-from attnrank.types import Document
+from heedrank.types import Document
 
 
 def test_guard_drops_near_copies_of_protected_queries() -> None:
@@ -70,7 +70,7 @@ def test_write_folder_links_the_corpus(tmp_path) -> None:
 
 
 def test_first_stage_filter_keeps_lists_with_a_high_positive() -> None:
-    from attnrank.eval.study import QueryItem
+    from heedrank.eval.study import QueryItem
 
     def item(qid, labels):
         return QueryItem(qid, [f"d{i}" for i in range(len(labels))], np.zeros(len(labels)), np.asarray(labels), {})

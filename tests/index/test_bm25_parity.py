@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnrank.index.bm25 import Analyzer, BM25Builder, BM25Params
+from heedrank.index.bm25 import Analyzer, BM25Builder, BM25Params
 
 NFCORPUS = Path("/work/shared/data/beir-nfcorpus")
 pytestmark = pytest.mark.skipif(not NFCORPUS.is_dir(), reason="NFCorpus not available")

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.errors import IndexMismatchError
-from attnrank.index.bm25 import ANALYZER_FILE, ANALYZER_VERSION, Analyzer, BM25Params
-from attnrank.index.builder import build_index
-from attnrank.index.store import Index
-from attnrank.retriever.bm25 import BM25Retriever
-from attnrank.textrules import fold_text, is_blank
-from attnrank.types import Document, Query
+from heedrank.errors import IndexMismatchError
+from heedrank.index.bm25 import ANALYZER_FILE, ANALYZER_VERSION, Analyzer, BM25Params
+from heedrank.index.builder import build_index
+from heedrank.index.store import Index
+from heedrank.retriever.bm25 import BM25Retriever
+from heedrank.textrules import fold_text, is_blank
+from heedrank.types import Document, Query
 
 NFC, NFD = "caf\u00e9", "cafe\u0301"
 # (what a document says, how a query spells the same word)
@@ -76,7 +76,7 @@ def test_the_version_is_recorded_in_the_index_params(tmp_path: Path):
 
 
 def _legacy_index(tmp_path: Path) -> Path:
-    """An index as attnrank wrote it before the analyzer had a version (lower-casing only)."""
+    """An index as heedrank wrote it before the analyzer had a version (lower-casing only)."""
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in [
         {"_id": "d1", "title": "", "text": f"a {NFC} review"},
@@ -102,11 +102,11 @@ def _hits(ix: Index, text: str) -> list[str]:
 
 def test_an_index_of_the_old_analyzer_answers_as_before_and_says_how_to_upgrade(tmp_path: Path, caplog):
     out = _legacy_index(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="attnrank.index.store"):
+    with caplog.at_level(logging.WARNING, logger="heedrank.index.store"):
         ix = Index.open(out)
     try:
         warning = " ".join(r.getMessage() for r in caplog.records)
-        assert "analyzer version 1" in warning and f"attnrank index compact {out}" in warning
+        assert "analyzer version 1" in warning and f"heedrank index compact {out}" in warning
         assert ix.bm25.params.analyzer_version == 1 and ix.describe()["bm25"]["analyzer_version"] == 1
         assert _hits(ix, NFC) == ["d1"] and _hits(ix, NFD) == []  # as it answered before: no folding
         ix.compact()  # the upgrade: BM25 rebuilt with the current analyzer
@@ -115,7 +115,7 @@ def test_an_index_of_the_old_analyzer_answers_as_before_and_says_how_to_upgrade(
     finally:
         ix.close()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="attnrank.index.store"):
+    with caplog.at_level(logging.WARNING, logger="heedrank.index.store"):
         again = Index.open(out)
     try:
         assert again.bm25.params.analyzer_version == ANALYZER_VERSION and _hits(again, NFD) == ["d1"]
@@ -131,5 +131,5 @@ def test_an_unknown_analyzer_version_is_refused_with_the_rebuild_command(tmp_pat
     path.write_text(json.dumps({**json.loads(path.read_text()), "analyzer_version": 99}))
     with pytest.raises(IndexMismatchError) as err:
         Index.open(out)
-    assert "analyzer version 99" in str(err.value) and "attnrank index build" in str(err.value)
+    assert "analyzer version 99" in str(err.value) and "heedrank index build" in str(err.value)
     assert err.value.status_code == 409

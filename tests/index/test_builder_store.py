@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnrank import registry
-from attnrank.config import PipelineConfig
-from attnrank.errors import IndexMismatchError, NotFoundError, ValidationError
-from attnrank.pipeline import Pipeline, SearchOptions
-from attnrank.types import Query
-from attnrank.index.builder import build_index
-from attnrank.index.encoder import model_sha256
-from attnrank.index.store import Index
+from heedrank import registry
+from heedrank.config import PipelineConfig
+from heedrank.errors import IndexMismatchError, NotFoundError, ValidationError
+from heedrank.pipeline import Pipeline, SearchOptions
+from heedrank.types import Query
+from heedrank.index.builder import build_index
+from heedrank.index.encoder import model_sha256
+from heedrank.index.store import Index
 
 NFCORPUS = Path("/work/shared/data/beir-nfcorpus")
 pytestmark = pytest.mark.skipif(not NFCORPUS.is_dir(), reason="NFCorpus not available")
@@ -28,7 +28,7 @@ N_DOCS = 200
 @pytest.fixture(scope="module")
 def cache_env(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNRANK_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("HEEDRANK_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         yield
 
 
@@ -127,8 +127,8 @@ def test_embedder_mismatch(built, tmp_path: Path) -> None:
 
 def test_hnsw_passages_and_prefixes(tmp_path: Path, corpus) -> None:
     """HNSW + passage chunking + instruction prefixes are built, saved and reopened (real MiniLM)."""
-    from attnrank.index.dense import DenseParams
-    from attnrank.index.passages import PassageParams
+    from heedrank.index.dense import DenseParams
+    from heedrank.index.passages import PassageParams
 
     small = tmp_path / "nf40"
     small.mkdir()
@@ -196,7 +196,7 @@ def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_missing_and_corrupt_index(tmp_path: Path, built) -> None:
-    with pytest.raises(NotFoundError, match="attnrank index build"):
+    with pytest.raises(NotFoundError, match="heedrank index build"):
         Index.open(tmp_path / "nowhere")
     out, _ = built
     broken = tmp_path / "broken"

@@ -1,4 +1,4 @@
-"""``attnrank index build / stats / compact`` on a tiny corpus (BM25 only: no model load)."""
+"""``heedrank index build / stats / compact`` on a tiny corpus (BM25 only: no model load)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from attnrank.cli import app
-from attnrank.types import Document
-from attnrank.index.store import Index
+from heedrank.cli import app
+from heedrank.types import Document
+from heedrank.index.store import Index
 
 
 def test_build_stats_compact(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     rows = [{"_id": f"d{i}", "title": "", "text": f"vitamin number {i}"} for i in range(12)]
@@ -43,7 +43,7 @@ def test_build_stats_compact(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_build_refuses_an_id_a_run_file_cannot_carry(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.jsonl"
     rows = [{"_id": "d1", "text": "vitamin one"}, {"_id": "d2", "text": "vitamin two"}, {"_id": "a b", "text": "spaced"}]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -56,7 +56,7 @@ def test_build_refuses_an_id_a_run_file_cannot_carry(tmp_path: Path, monkeypatch
 
 
 def test_build_refuses_metadata_that_is_not_valid_unicode(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"_id": "d1", "text": "vitamin"}) + "\n")
     meta = tmp_path / "meta.jsonl"

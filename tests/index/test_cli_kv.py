@@ -1,4 +1,4 @@
-"""``attnrank index kv build`` / ``index info`` on a tiny BM25 index with the real LM (small
+"""``heedrank index kv build`` / ``index info`` on a tiny BM25 index with the real LM (small
 blocks, low layer): blocks for every document, a rerun computes nothing, the info reports
 coverage, a store of another configuration is a clean error, and /search-style reranking
 through the pipeline reads the stored blocks."""
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from attnrank.cli import app  # noqa: E402
+from heedrank.cli import app  # noqa: E402
 
 TEXTS = ["vitamin d and bone density in older adults", "statins lower ldl cholesterol",
          "green tea polyphenols", "vitamin d and bone density in older adults",  # same text as d0: one block
@@ -22,7 +22,7 @@ TEXTS = ["vitamin d and bone density in older adults", "statins lower ldl choles
 
 @pytest.fixture()
 def tiny_index(tmp_path: Path, monkeypatch) -> Path:
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     rows = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(TEXTS)]
@@ -49,7 +49,7 @@ def test_kv_build_info_rerun_and_mismatch(tiny_index: Path) -> None:
     assert info.exit_code == 0, info.output
     kv = json.loads(info.stdout)["kv_store"]
     assert kv["blocks"] == 5 and kv["documents"] == 6 and kv["bytes_on_disk"] > 5 * kv["header"]["n_layers"]
-    from attnrank.index.store import Index
+    from heedrank.index.store import Index
 
     ix = Index.open(tiny_index)
     ix.delete_documents(["d1"])  # its text is its own: its block becomes stale
@@ -64,8 +64,8 @@ def test_kv_build_info_rerun_and_mismatch(tiny_index: Path) -> None:
 
 
 def test_pipeline_reads_the_index_store(tiny_index: Path) -> None:
-    from attnrank.config import PipelineConfig, RerankerConfig
-    from attnrank.pipeline import Pipeline, SearchOptions
+    from heedrank.config import PipelineConfig, RerankerConfig
+    from heedrank.pipeline import Pipeline, SearchOptions
 
     runner = CliRunner()
     built = runner.invoke(app, ["index", "kv", "build", "--index", str(tiny_index), "--layer", "3",
@@ -86,9 +86,9 @@ def test_pipeline_reads_the_index_store(tiny_index: Path) -> None:
 
 
 def test_new_documents_get_their_blocks_at_ingest(tiny_index: Path) -> None:
-    from attnrank.config import PipelineConfig, RerankerConfig
-    from attnrank.pipeline import Pipeline, SearchOptions
-    from attnrank.types import Document
+    from heedrank.config import PipelineConfig, RerankerConfig
+    from heedrank.pipeline import Pipeline, SearchOptions
+    from heedrank.types import Document
 
     options = {"query_in_instruction": False, "layer": 3}
     cfg = PipelineConfig(index_dir=str(tiny_index),

@@ -1,4 +1,4 @@
-"""attnrank.index.dense (faiss flat / HNSW / IVF) against brute force, padding, deletes, persistence;
+"""heedrank.index.dense (faiss flat / HNSW / IVF) against brute force, padding, deletes, persistence;
 index.hashing; encoder resolution."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnrank.errors import ModelLoadError, NotFoundError, ValidationError
-from attnrank.protocols import Encoder
-from attnrank.index.dense import DenseIndex, DenseParams, auto_nlist
-from attnrank.index.encoder import SentenceTransformerEncoder, file_sha256, model_sha256, packaged_model_dir, resolve_model_dir
-from attnrank.index.hashing import HashingEncoder
+from heedrank.errors import ModelLoadError, NotFoundError, ValidationError
+from heedrank.protocols import Encoder
+from heedrank.index.dense import DenseIndex, DenseParams, auto_nlist
+from heedrank.index.encoder import SentenceTransformerEncoder, file_sha256, model_sha256, packaged_model_dir, resolve_model_dir
+from heedrank.index.hashing import HashingEncoder
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -181,7 +181,7 @@ def test_encoder_resolution_without_loading(tmp_path: Path) -> None:
 
 
 def test_default_prefixes(tmp_path: Path) -> None:
-    from attnrank.index.encoder import default_prefixes
+    from heedrank.index.encoder import default_prefixes
 
     assert default_prefixes(None) == ("", "")  # packaged all-MiniLM-L6-v2: symmetric, no prefixes
     for name, expected in [

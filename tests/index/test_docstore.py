@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.protocols import DocStore
-from attnrank.types import Document
-from attnrank.index.docstore import SQLiteDocStore
-from attnrank.index.memory import InMemoryDocStore
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.protocols import DocStore
+from heedrank.types import Document
+from heedrank.index.docstore import SQLiteDocStore
+from heedrank.index.memory import InMemoryDocStore
 
 DOCS = [
     Document("d1", "Bones need vitamin D.", "Vitamin D", {"year": 2020, "tags": ["bone", "diet"], "nested": {"a": 1}}),

@@ -10,15 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnrank.types import Document, Query
-from attnrank.index.dense import DenseParams
-from attnrank.index.filters import matches, parse_filter
-from attnrank.index.hashing import HashingEncoder
-from attnrank.index.planner import PlannerParams
-from attnrank.index.store import Index
-from attnrank.retriever.bm25 import BM25Retriever
-from attnrank.retriever.dense import DenseRetriever
-from attnrank.retriever.hybrid import HybridRetriever
+from heedrank.types import Document, Query
+from heedrank.index.dense import DenseParams
+from heedrank.index.filters import matches, parse_filter
+from heedrank.index.hashing import HashingEncoder
+from heedrank.index.planner import PlannerParams
+from heedrank.index.store import Index
+from heedrank.retriever.bm25 import BM25Retriever
+from heedrank.retriever.dense import DenseRetriever
+from heedrank.retriever.hybrid import HybridRetriever
 from test_filters import filters  # random JSON filters over keys a, b, c.d
 
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")  # the recursive filter strategy

@@ -1,4 +1,4 @@
-"""attnrank.index.filters: parsing and validation, SQL compilation against the pure-Python oracle."""
+"""heedrank.index.filters: parsing and validation, SQL compilation against the pure-Python oracle."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnrank.errors import ValidationError
-from attnrank.index.filters import (
+from heedrank.errors import ValidationError
+from heedrank.index.filters import (
     MAX_CONDITIONS,
     BoolFilter,
     FilterError,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnrank.index.filters import (
+from heedrank.index.filters import (
     BoolFilter,
     FilterError,
     IsEmpty,

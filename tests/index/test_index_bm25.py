@@ -1,4 +1,4 @@
-"""attnrank.index.bm25: tokenisation, Lucene BM25 scores against a hand-written oracle, top-k."""
+"""heedrank.index.bm25: tokenisation, Lucene BM25 scores against a hand-written oracle, top-k."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnrank.errors import NotFoundError, ValidationError
-from attnrank.index.bm25 import Analyzer, BM25Builder, BM25Index, BM25Params, topk_indices
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.index.bm25 import Analyzer, BM25Builder, BM25Index, BM25Params, topk_indices
 
 TEXTS = [
     "Vitamin D and bone health in older adults",

@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from attnrank.errors import KVStoreError, KVStoreMismatchError
-from attnrank.index.kv import maintenance as kvstore
-from attnrank.index.kv import KVHeader, KVStore, build_missing
+from heedrank.errors import KVStoreError, KVStoreMismatchError
+from heedrank.index.kv import maintenance as kvstore
+from heedrank.index.kv import KVHeader, KVStore, build_missing
 
 HEADER = KVHeader(model_hash="m" * 8, prompt_template_version="t1", instruction_hash="i" * 8, layer=1,
                   kv_heads=2, head_dim=4, max_doc_tokens=8)

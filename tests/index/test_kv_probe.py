@@ -14,10 +14,10 @@ import json
 import numpy as np
 import pytest
 import test_kvstore as base
-from attnrank.index.kv import KVHeader, KVStore, ProbeView
-from attnrank.index.kv.codec import codec_for
+from heedrank.index.kv import KVHeader, KVStore, ProbeView
+from heedrank.index.kv.codec import codec_for
 
-from attnrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
+from heedrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
 
 HP = KVHeader(**{**base.H.__dict__, "layers": (0, 2), "keys_only": True})
 
@@ -54,7 +54,7 @@ def probe_layout(request, monkeypatch):
 def index_with_full_store(tmp_path):
     """An index at ``tmp_path/ix`` (one document, no dense vectors) whose full store
     (``base.H``) holds block ``a``: one built before the probe and window layouts."""
-    from attnrank.index.builder import build_index
+    from heedrank.index.builder import build_index
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "statins and cancer"}) + "\n", encoding="utf-8")
@@ -153,7 +153,7 @@ def test_a_full_store_reads_as_a_probe_store(tmp_path) -> None:
     k, _ = base.arrays("a")
     np.testing.assert_array_equal(found["a"][0], k[[0, 2]].astype(np.float32))
     assert found["a"][1] is None and view.readonly and view.contains("b") and len(view) == 2
-    with pytest.raises(KVStoreError, match="attnrank index kv build"):
+    with pytest.raises(KVStoreError, match="heedrank index kv build"):
         view.put_many({"c": probe_arrays("c")})
     with pytest.raises(KVStoreMismatchError):
         ProbeView(full, KVHeader(**{**HP.__dict__, "layer": 5, "layers": (4,)}))
@@ -166,7 +166,7 @@ def test_an_index_serves_the_probe_layout_from_its_full_store_until_the_probe_st
     """The upgrade path: an index built before the probe store has only ``kv/``; the probe
     scorer reads it (read-only), the build writes ``probe/`` beside it, and from then on the
     probe store serves."""
-    from attnrank.index.store import Index
+    from heedrank.index.store import Index
 
     ix = Index.open(index_with_full_store(tmp_path))
     try:

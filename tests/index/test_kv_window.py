@@ -16,10 +16,10 @@ import json
 import numpy as np
 import pytest
 import test_kvstore as base
-from attnrank.index.kv import KVHeader, KVStore, LayerView
-from attnrank.index.kv.codec import codec_for
+from heedrank.index.kv import KVHeader, KVStore, LayerView
+from heedrank.index.kv.codec import codec_for
 
-from attnrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
+from heedrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
 
 HW = KVHeader(**{**base.H.__dict__, "layers": (0, 1, 2), "value_layers": (1,)})
 """Keys of layers 0..2, values of layer 1 (attend = 1, read layers 0 and 2)."""
@@ -114,7 +114,7 @@ def test_a_full_store_reads_as_a_window_store(tmp_path) -> None:
 
 
 def test_an_index_keeps_its_window_store_beside_the_full_one(tmp_path) -> None:
-    from attnrank.index.store import Index
+    from heedrank.index.store import Index
     from test_kv_probe import index_with_full_store
 
     ix = Index.open(index_with_full_store(tmp_path))

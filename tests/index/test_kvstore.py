@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from attnrank.index.kv import KVHeader, KVStore, build_missing
-from attnrank.index.kv import store as kv
+from heedrank.index.kv import KVHeader, KVStore, build_missing
+from heedrank.index.kv import store as kv
 
-from attnrank.errors import (
+from heedrank.errors import (
     IndexMismatchError,
     KVStoreError,
     KVStoreMismatchError,
@@ -90,7 +90,7 @@ def test_header_mismatch_names_fields_and_rebuild_command(tmp_path):
     msg = str(err)
     assert "layer: stored 2, expected 5" in msg
     assert "adapter_hash: stored None, expected 'sha256:lora1'" in msg
-    assert f"attnrank index kv build --index {tmp_path / 'idx'}" in msg
+    assert f"heedrank index kv build --index {tmp_path / 'idx'}" in msg
     assert isinstance(err, IndexMismatchError) and isinstance(err, KVStoreError) and err.status_code == 409
     # the same header opens fine; dtype alone differing is also refused
     with KVStore.open(path, H) as s:
@@ -204,7 +204,7 @@ def test_corrupt_byte_is_a_miss_with_warning_then_recomputed(tmp_path, caplog):
         f.write(bytes([byte[0] ^ 0x40]))
     with KVStore.open(path, H, cache_bytes=0) as s:
         assert s.contains("b")  # the checksum is checked on read
-        with caplog.at_level("WARNING", logger="attnrank.index.kvstore"):
+        with caplog.at_level("WARNING", logger="heedrank.index.kvstore"):
             found, missing = s.get_many(ids)
         assert missing == ["b"] and list(found) == ["a", "c"]
         assert any("'b'" in r.message and "crc32 mismatch" in r.message for r in caplog.records)
@@ -230,7 +230,7 @@ def test_truncated_shard_is_a_miss_on_open(tmp_path, caplog):
     rows = sorted(entries(path, shard.name), key=lambda r: r[1])
     first, second = rows[0][0], rows[1][0]
     os.truncate(shard, rows[1][1] + 10)  # cut inside the second entry
-    with caplog.at_level("WARNING", logger="attnrank.index.kvstore"):
+    with caplog.at_level("WARNING", logger="heedrank.index.kvstore"):
         s = KVStore.open(path, H)
     assert any("truncated" in r.message for r in caplog.records)
     found, missing = s.get_many([r[0] for r in rows])
@@ -248,7 +248,7 @@ def test_shard_truncated_after_mapping_is_a_miss_not_a_crash(tmp_path, caplog):
     with KVStore.open(path, H, readonly=True, cache_bytes=0) as s:
         assert_exact(s, [rows[0][0]])  # the shard is now mapped
         os.truncate(shard, rows[1][1])
-        with caplog.at_level("WARNING", logger="attnrank.index.kvstore"):
+        with caplog.at_level("WARNING", logger="heedrank.index.kvstore"):
             found, missing = s.get_many([r[0] for r in rows])  # would SIGBUS without the size check
         assert list(found) == [rows[0][0]] and missing == [rows[1][0], rows[2][0]]
         assert any("truncated" in r.message for r in caplog.records)
@@ -403,7 +403,7 @@ def test_lru_budget_and_counters(tmp_path, monkeypatch):
     with KVStore.open(tmp_path / "kv", H) as s:
         assert s.cache_stats().max_bytes == 12345
     monkeypatch.setenv(kv.ENV_CACHE_BYTES, "lots")
-    with pytest.raises(ValidationError, match="ATTNRANK_KV_CACHE_BYTES"):
+    with pytest.raises(ValidationError, match="HEEDRANK_KV_CACHE_BYTES"):
         KVStore.open(tmp_path / "kv", H)
 
 
@@ -498,7 +498,7 @@ def test_resumable_build(tmp_path):
 
 _CHILD = GEN_SRC + '''
 import json, sys, time
-from attnrank.index.kv import store as kv
+from heedrank.index.kv import store as kv
 path, slow_from, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 h = kv.KVHeader(**json.loads(sys.argv[4]))
 store = kv.KVStore.open_or_create(path, h, cache_bytes=0)

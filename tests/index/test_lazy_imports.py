@@ -8,9 +8,9 @@ import sys
 
 HEAVY = ["torch", "faiss", "sentence_transformers", "transformers", "bm25s", "datasets", "Stemmer"]
 MODULES = [
-    "attnrank.data", "attnrank.index.bm25", "attnrank.index.builder", "attnrank.index.dense", "attnrank.index.docstore", "attnrank.index.encoder",
-    "attnrank.index.filters", "attnrank.index.hashing", "attnrank.index.memory", "attnrank.index.passages", "attnrank.index.planner", "attnrank.index.rwlock",
-    "attnrank.index.store", "attnrank.retriever.bm25", "attnrank.retriever.dense", "attnrank.retriever.fusion", "attnrank.retriever.hybrid", "attnrank.retriever.run",
+    "heedrank.data", "heedrank.index.bm25", "heedrank.index.builder", "heedrank.index.dense", "heedrank.index.docstore", "heedrank.index.encoder",
+    "heedrank.index.filters", "heedrank.index.hashing", "heedrank.index.memory", "heedrank.index.passages", "heedrank.index.planner", "heedrank.index.rwlock",
+    "heedrank.index.store", "heedrank.retriever.bm25", "heedrank.retriever.dense", "heedrank.retriever.fusion", "heedrank.retriever.hybrid", "heedrank.retriever.run",
 ]
 
 

@@ -12,18 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import attnrank.index.maintenance as maintenance
-import attnrank.index.store as store_module
-from attnrank.index.builder import build_index
-from attnrank.index.dense import DenseParams
-from attnrank.index.docstore import SQLiteDocStore
-from attnrank.index.hashing import HashingEncoder
-from attnrank.index.memory import InMemoryDocStore
-from attnrank.index.store import Index
-from attnrank.protocols import DocStore, WritableDocStore
-from attnrank.retriever.bm25 import BM25Retriever
-from attnrank.retriever.dense import DenseRetriever
-from attnrank.types import Document, Query
+import heedrank.index.maintenance as maintenance
+import heedrank.index.store as store_module
+from heedrank.index.builder import build_index
+from heedrank.index.dense import DenseParams
+from heedrank.index.docstore import SQLiteDocStore
+from heedrank.index.hashing import HashingEncoder
+from heedrank.index.memory import InMemoryDocStore
+from heedrank.index.store import Index
+from heedrank.protocols import DocStore, WritableDocStore
+from heedrank.retriever.bm25 import BM25Retriever
+from heedrank.retriever.dense import DenseRetriever
+from heedrank.types import Document, Query
 
 
 def _docs(n: int = 30) -> list[Document]:

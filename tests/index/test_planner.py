@@ -1,4 +1,4 @@
-"""attnrank.index.planner: filtered vector search never comes back short, every hit is allowed, and
+"""heedrank.index.planner: filtered vector search never comes back short, every hit is allowed, and
 recall against exact filtered search stays >= 0.95 at every selectivity (flat, HNSW, IVF)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnrank.errors import ValidationError
-from attnrank.index.dense import DenseIndex, DenseParams
-from attnrank.index.planner import PlannerParams, group_max, make_plan, planned_search
+from heedrank.errors import ValidationError
+from heedrank.index.dense import DenseIndex, DenseParams
+from heedrank.index.planner import PlannerParams, group_max, make_plan, planned_search
 
 N, D = 4000, 32
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)

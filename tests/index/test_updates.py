@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.errors import IndexMismatchError, ValidationError
-from attnrank.types import Document, Query
-from attnrank.index.bm25 import Analyzer, BM25Params
-from attnrank.index.builder import build_index
-from attnrank.index.dense import DenseParams
-from attnrank.index.hashing import HashingEncoder
-from attnrank.index.passages import PassageParams
-from attnrank.index.store import Index
-from attnrank.retriever.bm25 import BM25Retriever
-from attnrank.retriever.dense import DenseRetriever
-from attnrank.retriever.hybrid import HybridRetriever
+from heedrank.errors import IndexMismatchError, ValidationError
+from heedrank.types import Document, Query
+from heedrank.index.bm25 import Analyzer, BM25Params
+from heedrank.index.builder import build_index
+from heedrank.index.dense import DenseParams
+from heedrank.index.hashing import HashingEncoder
+from heedrank.index.passages import PassageParams
+from heedrank.index.store import Index
+from heedrank.retriever.bm25 import BM25Retriever
+from heedrank.retriever.dense import DenseRetriever
+from heedrank.retriever.hybrid import HybridRetriever
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = ["vitamin bone", "statin cancer", "tea cholesterol", "running knee", "diet sugar"]
@@ -138,7 +138,7 @@ def _build(corpus_dir: Path, out: Path, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
 def test_on_disk_updates_survive_reopen_and_compaction(tmp_path: Path, corpus_dir: Path, monkeypatch, kind) -> None:
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "ix"
     _build(corpus_dir, out, kind)
     params = json.loads((out / "params.json").read_text())
@@ -173,9 +173,9 @@ def test_on_disk_updates_survive_reopen_and_compaction(tmp_path: Path, corpus_di
 _CRASH = """
 import os, sys
 sys.path.insert(0, {root!r})
-from attnrank.types import Document
-from attnrank.index.hashing import HashingEncoder
-from attnrank.index.store import Index
+from heedrank.types import Document
+from heedrank.index.hashing import HashingEncoder
+from heedrank.index.store import Index
 ix = Index.open({out!r}, encoder=HashingEncoder(64))
 ix.add_documents([Document("crash1", "zebra acknowledged before the crash", "", {{"cat": "c9"}})])
 ix.delete_documents(["d003"])
@@ -185,7 +185,7 @@ os._exit(0)  # no close(), no flush: the process dies
 
 
 def test_acknowledged_update_survives_a_crash(tmp_path: Path, corpus_dir: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "ix"
     _build(corpus_dir, out, "hnsw")
     proc = subprocess.run([sys.executable, "-c", _CRASH.format(root=str(ROOT), out=str(out))],
@@ -201,7 +201,7 @@ def test_acknowledged_update_survives_a_crash(tmp_path: Path, corpus_dir: Path, 
 
 
 def test_format_1_index_is_read_only(tmp_path: Path, corpus_dir: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "ix"
     build_index(corpus_dir, out, dense=False, show_progress=False)
     params = json.loads((out / "params.json").read_text())
@@ -255,7 +255,7 @@ def test_concurrent_searches_and_updates() -> None:
 
 @pytest.mark.parametrize("kind", ["hnsw", "flat"])
 def test_background_compaction_replays_concurrent_updates(kind: str, monkeypatch) -> None:
-    import attnrank.index.bm25 as bm25_module
+    import heedrank.index.bm25 as bm25_module
 
     ix = Index.from_documents(_docs(300), encoder=HashingEncoder(64), dense_params=DenseParams(kind, hnsw_m=8))
     ix.delete_documents([f"d{i:03d}" for i in range(0, 300, 3)])

@@ -10,9 +10,9 @@ def random_query_adapter(tmp_path, identity, *, layer: int, tokens: int, name: s
     :data:`TARGETS` of layers ``0..layer``, ``step`` 7) and the LM it was built in."""
     import torch
 
-    from attnrank.reranker.adapters import inject_lora, save_adapter
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
-    from attnrank.reranker.lm import load_trainable_lm
+    from heedrank.reranker.adapters import inject_lora, save_adapter
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+    from heedrank.reranker.lm import load_trainable_lm
 
     carrier = load_trainable_lm()
     inject_lora(carrier.model, 4, 8, TARGETS, range(layer + 1))

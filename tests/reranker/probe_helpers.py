@@ -10,8 +10,8 @@ MASK_LAYER = 5
 
 def calibrated_cached(lm: Any) -> Any:
     """A cached BlockRank at ``l* = MASK_LAYER`` with 40-token blocks, calibrated scoring and no adapter."""
-    from attnrank.config import RerankerConfig
-    from attnrank.reranker.cached import CachedBlockRankReranker
+    from heedrank.config import RerankerConfig
+    from heedrank.reranker.cached import CachedBlockRankReranker
 
     return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=40, options={
         "layer": MASK_LAYER, "scoring": "calibrated", "query_adapter": None}), lm=lm)

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.reranker.attention import AttentionCapture, run_with_capture  # noqa: E402
+from heedrank.reranker.attention import AttentionCapture, run_with_capture  # noqa: E402
 
 
 def test_query_rows_match_eager_full_attention(default_lm):
@@ -20,7 +20,7 @@ def test_query_rows_match_eager_full_attention(default_lm):
         try:
             ref = model(input_ids=ids, output_attentions=True)
         finally:
-            model.config._attn_implementation = "attnrank"
+            model.config._attn_implementation = "heedrank"
         cache = DynamicCache(config=model.config)
         model(input_ids=ids[:, :-n_q], cache=cache, use_cache=True)
         cap = AttentionCapture(mode="probs")

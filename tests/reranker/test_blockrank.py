@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import ValidationError  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import ValidationError  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.index.kv import KVHeader, KVStore  # noqa: E402
-from attnrank.reranker import attention  # noqa: E402
-from attnrank.reranker.attention import AttentionCapture  # noqa: E402
-from attnrank.reranker.blockrank import (  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.index.kv import KVHeader, KVStore  # noqa: E402
+from heedrank.reranker import attention  # noqa: E402
+from heedrank.reranker.attention import AttentionCapture  # noqa: E402
+from heedrank.reranker.blockrank import (  # noqa: E402
     BlockRankReranker,
     MergedRows,
     block_forward,
@@ -29,7 +29,7 @@ from attnrank.reranker.blockrank import (  # noqa: E402
     query_pass,
     signal_scores,
 )
-from attnrank.reranker.doccache import (  # noqa: E402
+from heedrank.reranker.doccache import (  # noqa: E402
     ContextBuffer,
     ReservedKV,
     assemble_kv,
@@ -37,7 +37,7 @@ from attnrank.reranker.doccache import (  # noqa: E402
     document_blocks,
     query_cache,
 )
-from attnrank.types import Query  # noqa: E402
+from heedrank.types import Query  # noqa: E402
 
 LAYER = 6
 MAX_TOKENS = 48

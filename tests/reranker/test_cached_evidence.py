@@ -8,14 +8,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.registry import build_reranker  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.registry import build_reranker  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def default_reranker(default_lm):
-    from attnrank.reranker.cached import CachedBlockRankReranker
+    from heedrank.reranker.cached import CachedBlockRankReranker
 
     r = CachedBlockRankReranker(RerankerConfig(method="default"), lm=default_lm)
     assert r.scoring == "learned" and r.layer == 15 and r.config.max_doc_tokens == 128

@@ -1,6 +1,6 @@
 """A reranking whose result nobody will read stops at its next layer (issue #20.1): the
 attention function every LM layer runs checks the thread's cancellation token
-(:mod:`attnrank.cancel`), so ICR and BlockRank on the real small LM raise
+(:mod:`heedrank.cancel`), so ICR and BlockRank on the real small LM raise
 :class:`JobCancelledError` at the layer after the token is set, and the reranker answers the
 next query as if nothing had happened."""
 
@@ -12,13 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.cancel import CancelToken, cancel_scope, check, current_token  # noqa: E402
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import JobCancelledError  # noqa: E402
-from attnrank.reranker import attention  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from attnrank.reranker.icr import ICRReranker  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
+from heedrank.cancel import CancelToken, cancel_scope, check, current_token  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import JobCancelledError  # noqa: E402
+from heedrank.reranker import attention  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.icr import ICRReranker  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
 
 QUERY = Query("q", "What is the boiling point of water at sea level?")
 DOCS = [

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from probe_helpers import MASK_LAYER, calibrated_cached  # noqa: E402
-from attnrank.reranker.attention import CandidateMask  # noqa: E402
-from attnrank.reranker.blockrank import calibrated_forward  # noqa: E402
+from heedrank.reranker.attention import CandidateMask  # noqa: E402
+from heedrank.reranker.blockrank import calibrated_forward  # noqa: E402
 
 LAYER = MASK_LAYER
 

@@ -9,12 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import KVStoreMismatchError, ValidationError  # noqa: E402
-from attnrank.index.kv import KVHeader, KVStore  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
-from attnrank.reranker.doccache import block_key, build_layout, document_block  # noqa: E402
-from attnrank.types import Query  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import KVStoreMismatchError, ValidationError  # noqa: E402
+from heedrank.index.kv import KVHeader, KVStore  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
+from heedrank.reranker.doccache import block_key, build_layout, document_block  # noqa: E402
+from heedrank.types import Query  # noqa: E402
 
 LAYER = 6
 
@@ -132,8 +132,8 @@ def test_outside_cached_mode_there_is_no_store_header(default_lm) -> None:
 def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default_lm, nf_docs, tmp_path) -> None:
     import numpy as np
 
-    from attnrank.eval.study import block_features
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+    from heedrank.eval.study import block_features
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
     L, H = LAYER + 1, default_lm.num_heads
     w = np.random.default_rng(0).normal(size=L * H)
@@ -155,7 +155,7 @@ def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default
 
 
 def test_the_shipped_weights_card_matches_the_default_model(default_lm) -> None:
-    from attnrank.reranker.heads import packaged_data_dir
+    from heedrank.reranker.heads import packaged_data_dir
 
     card = json.loads((packaged_data_dir() / "smollm2-135m-instruct.blockrank-cached.json").read_text())
     assert card["model_sha256"] == default_lm.identity["sha256"]

@@ -15,13 +15,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import ValidationError  # noqa: E402
-from attnrank.reranker.adapters import DOCUMENT, QUERY, adapter_hash, adapter_state, inject_lora, only_adapter  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from attnrank.reranker.doccache import assemble_kv, encode_blocks  # noqa: E402
-from attnrank.reranker.lm import load_trainable_lm  # noqa: E402
-from attnrank.reranker.query_adapter import (  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import ValidationError  # noqa: E402
+from heedrank.reranker.adapters import DOCUMENT, QUERY, adapter_hash, adapter_state, inject_lora, only_adapter  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.doccache import assemble_kv, encode_blocks  # noqa: E402
+from heedrank.reranker.lm import load_trainable_lm  # noqa: E402
+from heedrank.reranker.query_adapter import (  # noqa: E402
     QueryAdapterConfig,
     RankingExample,
     _with_in_batch,
@@ -29,7 +29,7 @@ from attnrank.reranker.query_adapter import (  # noqa: E402
     differentiable_scores,
     train_query_adapter,
 )
-from attnrank.types import Document, Query  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
 from adapter_helpers import TARGETS, random_query_adapter  # noqa: E402
 
 LAYER = 3
@@ -42,7 +42,7 @@ def nf_docs(nfcorpus_head):
 
 
 def _card(path, lm) -> str:
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
     w = np.random.default_rng(0).normal(size=(LAYER + 1) * lm.num_heads)
     path.write_text(json.dumps({"layer": LAYER, "max_doc_tokens": TOKENS, "template": CACHE_TEMPLATE_VERSION,
@@ -94,7 +94,7 @@ def test_document_tower_trains_its_adapter_only(default_lm, nf_docs, tmp_path) -
     moved = _scores(r, query, nf_docs[:4], DOCUMENT)
     assert max(abs(a - b) for a, b in zip(moved, before)) > 1e-4
     # the dev callback's path (context_for: the reranker's block source) encodes with the tower too
-    from attnrank.reranker.query_adapter import context_for
+    from heedrank.reranker.query_adapter import context_for
 
     r.block_source().memory.clear()
     prompt = r.build_prompt(query, nf_docs[:4])

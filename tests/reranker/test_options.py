@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from attnrank.errors import ValidationError
-from attnrank.reranker.options import (
+from heedrank.errors import ValidationError
+from heedrank.reranker.options import (
     BlockRankOptions,
     ICROptions,
     describe_options,
     parse_options,
 )
-from attnrank.reranker.reattn import ReAttnConfig
+from heedrank.reranker.reattn import ReAttnConfig
 
 
 def test_unknown_key_is_refused_with_the_valid_names():
@@ -106,12 +106,12 @@ def test_describe_lists_name_type_default_doc():
 
 
 def test_options_import_without_torch_and_cli_refuses_before_loading(tmp_path):
-    code = ("import sys\nfrom attnrank.reranker.options import parse_options\n"
+    code = ("import sys\nfrom heedrank.reranker.options import parse_options\n"
             "parse_options('icr', {'heads': 'qr'})\nprint('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
     cli = subprocess.run(
-        [sys.executable, "-m", "attnrank", "eval", "trec-dl", "--data", str(tmp_path / "missing"),
+        [sys.executable, "-m", "heedrank", "eval", "trec-dl", "--data", str(tmp_path / "missing"),
          "--rerank", "blockrank", "--opt", "lyaer=18"],
         capture_output=True, text=True,
     )
@@ -121,8 +121,8 @@ def test_options_import_without_torch_and_cli_refuses_before_loading(tmp_path):
 
 
 def test_learned_scoring_needs_the_cached_prompt():
-    from attnrank.errors import ValidationError
-    from attnrank.reranker.options import parse_options
+    from heedrank.errors import ValidationError
+    from heedrank.reranker.options import parse_options
 
     with pytest.raises(ValidationError, match="use method 'blockrank-cached'"):
         parse_options("blockrank", {"scoring": "learned"})

@@ -1,7 +1,7 @@
 """The probe scorer (issue #23, design A) against the masked pass it replaces.
 
 Oracle: a query pass against block 0 alone, its rows then dotted with the candidates'
-keys (:mod:`attnrank.reranker.probe`), gives the same calibrated per-(layer, head) mass as
+keys (:mod:`heedrank.reranker.probe`), gives the same calibrated per-(layer, head) mass as
 the full-context pass under ``CandidateMask(below = l* + 1)``, on both the fast and the
 exact (differentiable) paths, at every layer.
 """
@@ -12,12 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
 from probe_helpers import MASK_LAYER, calibrated_cached  # noqa: E402
-from attnrank.reranker import probe  # noqa: E402
-from attnrank.reranker.blockrank import calibrated_forward  # noqa: E402
-from attnrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
-from attnrank.reranker.scoring import per_head_document_mass  # noqa: E402
+from heedrank.reranker import probe  # noqa: E402
+from heedrank.reranker.blockrank import calibrated_forward  # noqa: E402
+from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
+from heedrank.reranker.scoring import per_head_document_mass  # noqa: E402
 
 LAYER = MASK_LAYER
 
@@ -75,8 +75,8 @@ def _probe_reranker(lm, **options):
 @pytest.mark.parametrize("dtype", ["float16", "int8", "int4"])
 def test_probe_store_holds_keys_of_its_layers_only_and_serves_the_same_scores(default_lm, nfcorpus_head, tmp_path,
                                                                                dtype) -> None:
-    from attnrank.index.kv import KVStore
-    from attnrank.types import Query
+    from heedrank.index.kv import KVStore
+    from heedrank.types import Query
 
     r = _probe_reranker(default_lm, probe_layers=[3, LAYER], kv_dtype=dtype)
     header = r.block_store_header()
@@ -105,7 +105,7 @@ def test_probe_reranker_equals_the_masked_full_pass(default_lm, nfcorpus_head) -
     """Served scores of the probe store equal those of the full-store pass under attend='none'
     computed the long way (today's context, every layer masked), for calibrated scoring
     summed over the same layers."""
-    from attnrank.types import Query
+    from heedrank.types import Query
 
     docs = nfcorpus_head[10:22]
     query = Query("q", "vitamin d and bone health")
@@ -123,7 +123,7 @@ def test_probe_reranker_equals_the_masked_full_pass(default_lm, nfcorpus_head) -
 
 
 def test_probe_options_are_checked(default_lm) -> None:
-    from attnrank.errors import ValidationError
+    from heedrank.errors import ValidationError
 
     cut = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", options={
         "layer": LAYER, "scoring": "calibrated", "query_adapter": None, "probe_layers": [3], "attend": "all"}),
@@ -146,7 +146,7 @@ def test_probe_options_are_checked(default_lm) -> None:
 def test_the_shipped_probe_card_selects_the_probe_store_by_itself(default_lm) -> None:
     """``reranker/data/<model>.blockrank-probe.json`` (issue #23's best probe point, not the
     default): the card alone turns on attend='none', layers 7-9 and the int4 store."""
-    from attnrank.reranker.heads import packaged_data_dir
+    from heedrank.reranker.heads import packaged_data_dir
 
     card = packaged_data_dir() / "smollm2-135m-instruct.blockrank-probe.json"
     r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", options={

@@ -14,13 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import NotFoundError, ValidationError  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from attnrank.reranker.doccache import encode_blocks  # noqa: E402
-from attnrank.reranker.lm import load_trainable_lm  # noqa: E402
-from attnrank.reranker.adapters import adapter_disabled, has_adapter, inject_lora, load_adapter, save_adapter  # noqa: E402
-from attnrank.reranker.query_adapter import (  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import NotFoundError, ValidationError  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.doccache import encode_blocks  # noqa: E402
+from heedrank.reranker.lm import load_trainable_lm  # noqa: E402
+from heedrank.reranker.adapters import adapter_disabled, has_adapter, inject_lora, load_adapter, save_adapter  # noqa: E402
+from heedrank.reranker.query_adapter import (  # noqa: E402
     QueryAdapterConfig,
     RankingExample,
     base_instruction_kv,
@@ -31,7 +31,7 @@ from attnrank.reranker.query_adapter import (  # noqa: E402
     sample_candidates,
     train_query_adapter,
 )
-from attnrank.types import Document, Query  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
 from adapter_helpers import random_query_adapter  # noqa: E402
 
 LAYER = 3
@@ -52,7 +52,7 @@ def lm():
 def _card(path, lm, seed: int = 0):
     rng = np.random.default_rng(seed)
     w = rng.normal(size=(LAYER + 1) * lm.num_heads)
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
     path.write_text(json.dumps({"layer": LAYER, "max_doc_tokens": TOKENS, "template": CACHE_TEMPLATE_VERSION,
                                 "spec": "heads", "model_sha256": lm.identity.get("sha256"), "weights": w.tolist()}))
@@ -283,7 +283,7 @@ def test_query_adapter_option_refuses_a_mismatch(default_lm, tmp_path) -> None:
 
 
 def _probe_card(path, lm, layers=(1, LAYER), seed: int = 1):
-    from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
     w = np.random.default_rng(seed).normal(size=len(layers) * lm.num_heads)
     path.write_text(json.dumps({"layer": LAYER, "max_doc_tokens": TOKENS, "template": CACHE_TEMPLATE_VERSION,
@@ -293,7 +293,7 @@ def _probe_card(path, lm, layers=(1, LAYER), seed: int = 1):
 
 
 def _probe_reranker(lm, card):
-    from attnrank.reranker.cached import CachedBlockRankReranker
+    from heedrank.reranker.cached import CachedBlockRankReranker
 
     return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
         "layer": LAYER, "scoring": "learned", "scorer_weights": card, "query_adapter": None}), lm=lm)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from attnrank.errors import ValidationError
-from attnrank.reranker.reattn import ReAttnConfig, idf_weights, normalised_entropy, reattn_scores, surface_form
+from heedrank.errors import ValidationError
+from heedrank.reranker.reattn import ReAttnConfig, idf_weights, normalised_entropy, reattn_scores, surface_form
 
 
 def test_surface_form_strips_prefix_marks_and_case():

@@ -12,14 +12,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.eval.study import QueryItem, block_features, load_items, save_items, variant_scores  # noqa: E402
-from attnrank.fusion import fuse, standardize  # noqa: E402
-from attnrank.pipeline import fuse_scores  # noqa: E402
-from attnrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
-from attnrank.reranker.doccache import CACHE_TEMPLATE_VERSION  # noqa: E402
-from attnrank.reranker.scoring import linear_head_scores  # noqa: E402
-from attnrank.types import Query, Ranking, ScoredDoc  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.eval.study import QueryItem, block_features, load_items, save_items, variant_scores  # noqa: E402
+from heedrank.fusion import fuse, standardize  # noqa: E402
+from heedrank.pipeline import fuse_scores  # noqa: E402
+from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
+from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION  # noqa: E402
+from heedrank.reranker.scoring import linear_head_scores  # noqa: E402
+from heedrank.types import Query, Ranking, ScoredDoc  # noqa: E402
 
 LAYER = 5
 QUERY = "vitamin d and bone fractures"
@@ -51,7 +51,7 @@ def dump(default_lm, nfcorpus_head, tmp_path_factory):
 
 
 def test_served_training_and_study_scorers_agree_on_a_saved_dump(default_lm, card, dump) -> None:
-    from attnrank.reranker.query_adapter import differentiable_scores  # noqa: F401  (the training path's scorer)
+    from heedrank.reranker.query_adapter import differentiable_scores  # noqa: F401  (the training path's scorer)
 
     _, w = card
     docs, item = dump
@@ -89,7 +89,7 @@ def test_the_served_reranker_scores_what_the_dump_says(default_lm, card, dump) -
 
 
 def test_the_shipped_card_carries_the_cut_off_for_its_adapter(default_lm) -> None:
-    """The default configuration's card holds the cut-off's maps (``attnrank eval calibrate``);
+    """The default configuration's card holds the cut-off's maps (``heedrank eval calibrate``);
     they hold only with the query adapter they were fitted with, so without it there are none."""
     r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128), lm=default_lm)
     cal = r.calibration

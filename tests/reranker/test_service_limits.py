@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.pipeline import Pipeline, reranker_factory  # noqa: E402
-from attnrank.settings import Settings  # noqa: E402
-from attnrank.types import Document, Query, Ranking  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.pipeline import Pipeline, reranker_factory  # noqa: E402
+from heedrank.settings import Settings  # noqa: E402
+from heedrank.types import Document, Query, Ranking  # noqa: E402
 
 DOCS = [Document(f"p{i:02d}", f"{text} {text}") for i, text in enumerate([  # ~25 tokens each
     "Water boils at 100 degrees Celsius at sea level.",
@@ -43,8 +43,8 @@ class AllDocs:
 def client(default_lm):
     from fastapi.testclient import TestClient
 
-    from attnrank.api.app import create_app
-    from attnrank.index.memory import InMemoryDocStore
+    from heedrank.api.app import create_app
+    from heedrank.index.memory import InMemoryDocStore
 
     base = RerankerConfig(method="icr", max_doc_tokens=32, options={"window_tokens": 256})
     pipeline = Pipeline(retrievers={"bm25": AllDocs()}, docstore=InMemoryDocStore(DOCS),

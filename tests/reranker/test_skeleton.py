@@ -8,12 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import ContextOverflowError, ValidationError  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from attnrank.reranker.icr import ICRReranker  # noqa: E402
-from attnrank.reranker.windows import plan_windows  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import ContextOverflowError, ValidationError  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.icr import ICRReranker  # noqa: E402
+from heedrank.reranker.windows import plan_windows  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
 
 QUERY = Query("q", "What is the boiling point of water at sea level?")
 DOCS = [
@@ -152,8 +152,8 @@ def test_blockrank_query_budget_keeps_the_query_block_inside_the_context(default
 
 def test_info_states_per_method_limits_the_model_holds(default_lm):
     pytest.importorskip("fastapi")
-    from attnrank.api.routes.info import method_limits
-    from attnrank.settings import Settings
+    from heedrank.api.routes.info import method_limits
+    from heedrank.settings import Settings
 
     settings = Settings(max_candidates=100, max_documents=100)
     icr = ICRReranker(RerankerConfig(), lm=default_lm)

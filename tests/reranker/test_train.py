@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
-from attnrank.errors import ValidationError  # noqa: E402
-from attnrank.types import Document, Query  # noqa: E402
-from attnrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from attnrank.reranker.train import TrainConfig, TrainingExample, example_losses, train_blockrank  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
+from heedrank.errors import ValidationError  # noqa: E402
+from heedrank.types import Document, Query  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.train import TrainConfig, TrainingExample, example_losses, train_blockrank  # noqa: E402
 
 DOCS = (
     Document("cat", "Cats are small furry pets."),
@@ -52,7 +52,7 @@ def test_tiny_aux_only_run_resumes_and_loads(tmp_path):
     # resuming with more steps continues from step 3
     more = train_blockrank(EXAMPLES, TrainConfig(**{**cfg.__dict__, "steps": 4}), show_progress=False)
     assert more["steps"] == 4 and more["steps_this_run"] == 1
-    meta = json.loads((out / "attnrank-train.json").read_text())
+    meta = json.loads((out / "heedrank-train.json").read_text())
     assert meta["config"]["steps"] == 4
     # the output directory loads as the reranker's model
     r = BlockRankReranker(RerankerConfig(method="blockrank", model=str(out), max_doc_tokens=16))
@@ -73,7 +73,7 @@ def test_full_objective_lowers_the_training_loss(tmp_path):
 def test_freeze_below_trains_only_the_upper_layers(tmp_path):
     from safetensors.torch import load_file
 
-    from attnrank.reranker.lm import load_trainable_lm
+    from heedrank.reranker.lm import load_trainable_lm
 
     base = load_trainable_lm().model.state_dict()
     out = tmp_path / "frozen"

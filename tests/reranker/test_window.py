@@ -13,12 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attnrank.config import RerankerConfig  # noqa: E402
+from heedrank.config import RerankerConfig  # noqa: E402
 from probe_helpers import MASK_LAYER, calibrated_cached  # noqa: E402
-from attnrank.reranker.blockrank import calibrated_forward  # noqa: E402
-from attnrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
-from attnrank.reranker.scoring import masked_document_scores, spans_from_lengths  # noqa: E402
-from attnrank.types import Query  # noqa: E402
+from heedrank.reranker.blockrank import calibrated_forward  # noqa: E402
+from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
+from heedrank.reranker.scoring import masked_document_scores, spans_from_lengths  # noqa: E402
+from heedrank.types import Query  # noqa: E402
 
 M, READ = 3, [1, 4]
 """attend from layer 3; read layers 1 (below m: a probe of keys) and 4 (the deepest)."""
@@ -64,7 +64,7 @@ def test_window_scores_equal_the_masked_full_pass(default_lm, nfcorpus_head, fas
 
 @pytest.mark.parametrize("dtype", ["float16", "int8", "int4"])
 def test_window_store_serves_the_same_scores(default_lm, nfcorpus_head, tmp_path, dtype) -> None:
-    from attnrank.index.kv import KVStore
+    from heedrank.index.kv import KVStore
 
     r = _window(default_lm, kv_dtype=dtype)
     header = r.block_store_header()
@@ -89,7 +89,7 @@ def test_window_store_serves_the_same_scores(default_lm, nfcorpus_head, tmp_path
 
 
 def test_window_options_are_checked(default_lm, nfcorpus_head) -> None:
-    from attnrank.errors import ValidationError
+    from heedrank.errors import ValidationError
 
     with pytest.raises(ValidationError, match="attend='none'"):
         _window(default_lm, attend=4).block_store_header()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from attnrank.errors import ContextOverflowError
-from attnrank.reranker.scoring import distinct_texts, spans_from_lengths
-from attnrank.reranker.windows import WindowPlan, align_to_anchors, plan_windows
-from attnrank.types import Document
+from heedrank.errors import ContextOverflowError
+from heedrank.reranker.scoring import distinct_texts, spans_from_lengths
+from heedrank.reranker.windows import WindowPlan, align_to_anchors, plan_windows
+from heedrank.types import Document
 
 
 def test_everything_that_fits_is_one_window():

@@ -7,9 +7,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnrank.errors import ValidationError
-from attnrank.types import Ranking
-from attnrank.retriever.fusion import reciprocal_rank_fusion, weighted_score_fusion
+from heedrank.errors import ValidationError
+from heedrank.types import Ranking
+from heedrank.retriever.fusion import reciprocal_rank_fusion, weighted_score_fusion
 
 
 def test_hand_computed_example() -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries
-from attnrank.types import rankings_to_run
-from attnrank.index.store import Index
-from attnrank.retriever.bm25 import BM25Retriever
+from heedrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries
+from heedrank.types import rankings_to_run
+from heedrank.index.store import Index
+from heedrank.retriever.bm25 import BM25Retriever
 
 NFCORPUS = Path("/work/shared/data/beir-nfcorpus")
 
@@ -17,7 +17,7 @@ NFCORPUS = Path("/work/shared/data/beir-nfcorpus")
 @pytest.mark.skipif(not NFCORPUS.is_dir(), reason="NFCorpus not available")
 def test_bm25_ndcg10_nfcorpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ir_measures = pytest.importorskip("ir_measures")
-    monkeypatch.setenv("ATTNRANK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path))
     index = Index.from_documents(iter_beir_documents(NFCORPUS))
     qrels = load_beir_qrels(NFCORPUS, "test")
     queries = load_beir_queries(NFCORPUS)

@@ -1,9 +1,9 @@
 """Regression (slow): dense, hybrid and MaxP nDCG@10 on the full NFCorpus test split (323
 queries) with the packaged all-MiniLM-L6-v2, pinned to the figures measured on this code.
 
-Indexes are built once into the cache (``$ATTNRANK_CACHE_DIR/indexes``; about 5 minutes
+Indexes are built once into the cache (``$HEEDRANK_CACHE_DIR/indexes``; about 5 minutes
 for truncation and 15 for passages on two busy cores), or taken from
-``$ATTNRANK_NFCORPUS_INDEX`` / ``$ATTNRANK_NFCORPUS_MAXP_INDEX``. nDCG@10 is ``trec_eval``'s
+``$HEEDRANK_NFCORPUS_INDEX`` / ``$HEEDRANK_NFCORPUS_MAXP_INDEX``. nDCG@10 is ``trec_eval``'s
 on the raw run (as in ``test_nfcorpus_bm25.py``); references (ALGORITHMS.md): BM25 32.2,
 all-MiniLM-L6-v2 31.6.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.types import rankings_to_run
+from heedrank.types import rankings_to_run
 
 NFCORPUS = Path("/work/shared/data/beir-nfcorpus")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not NFCORPUS.is_dir(), reason="NFCorpus not available")]
@@ -29,7 +29,7 @@ def _ndcg(rankings, qrels) -> float:
 
 @pytest.fixture(scope="module")
 def queries():
-    from attnrank.data import load_beir_qrels, load_beir_queries
+    from heedrank.data import load_beir_qrels, load_beir_queries
 
     qrels = load_beir_qrels(NFCORPUS, "test")
     all_queries = load_beir_queries(NFCORPUS)
@@ -38,10 +38,10 @@ def queries():
 
 @pytest.fixture(scope="module")
 def truncation_index():
-    from attnrank.eval.beir import ensure_index
-    from attnrank.index.store import Index
+    from heedrank.eval.beir import ensure_index
+    from heedrank.index.store import Index
 
-    path = os.environ.get("ATTNRANK_NFCORPUS_INDEX") or ensure_index(NFCORPUS, dense=True)
+    path = os.environ.get("HEEDRANK_NFCORPUS_INDEX") or ensure_index(NFCORPUS, dense=True)
     index = Index.open(path)
     yield index
     index.close()
@@ -49,13 +49,13 @@ def truncation_index():
 
 @pytest.fixture(scope="module")
 def maxp_index():
-    from attnrank.data import default_cache_dir, find_beir_corpus
-    from attnrank.files import file_sha256
-    from attnrank.index.builder import PARAMS_FILE, build_index
-    from attnrank.index.passages import PassageParams
-    from attnrank.index.store import Index
+    from heedrank.data import default_cache_dir, find_beir_corpus
+    from heedrank.files import file_sha256
+    from heedrank.index.builder import PARAMS_FILE, build_index
+    from heedrank.index.passages import PassageParams
+    from heedrank.index.store import Index
 
-    path = os.environ.get("ATTNRANK_NFCORPUS_MAXP_INDEX")
+    path = os.environ.get("HEEDRANK_NFCORPUS_MAXP_INDEX")
     if not path:
         digest = file_sha256(find_beir_corpus(NFCORPUS))[:12]
         path = default_cache_dir() / "indexes" / f"beir-nfcorpus-maxp-{digest}"
@@ -68,9 +68,9 @@ def maxp_index():
 
 
 def test_dense_and_hybrid(truncation_index, queries) -> None:
-    from attnrank.retriever.bm25 import BM25Retriever
-    from attnrank.retriever.dense import DenseRetriever
-    from attnrank.retriever.hybrid import HybridRetriever
+    from heedrank.retriever.bm25 import BM25Retriever
+    from heedrank.retriever.dense import DenseRetriever
+    from heedrank.retriever.hybrid import HybridRetriever
 
     qs, qrels = queries
     bm25 = _ndcg(BM25Retriever.from_index(truncation_index).retrieve(qs, 100), qrels)
@@ -85,8 +85,8 @@ def test_dense_and_hybrid(truncation_index, queries) -> None:
 
 
 def test_maxp_passages(maxp_index, queries) -> None:
-    from attnrank.retriever.dense import DenseRetriever
-    from attnrank.retriever.hybrid import HybridRetriever
+    from heedrank.retriever.dense import DenseRetriever
+    from heedrank.retriever.hybrid import HybridRetriever
 
     qs, qrels = queries
     dense = _ndcg(DenseRetriever.from_index(maxp_index).retrieve(qs, 100), qrels)

@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnrank import registry
-from attnrank.errors import ValidationError
-from attnrank.protocols import Retriever
-from attnrank.types import Document, Query, Ranking, ScoredDoc
-from attnrank.index.hashing import HashingEncoder
-from attnrank.index.store import Index
-from attnrank.retriever.bm25 import BM25Retriever
-from attnrank.retriever.dense import DenseRetriever
-from attnrank.retriever.fusion import reciprocal_rank_fusion
-from attnrank.retriever.hybrid import HybridRetriever
-from attnrank.retriever.run import RunRetriever
+from heedrank import registry
+from heedrank.errors import ValidationError
+from heedrank.protocols import Retriever
+from heedrank.types import Document, Query, Ranking, ScoredDoc
+from heedrank.index.hashing import HashingEncoder
+from heedrank.index.store import Index
+from heedrank.retriever.bm25 import BM25Retriever
+from heedrank.retriever.dense import DenseRetriever
+from heedrank.retriever.fusion import reciprocal_rank_fusion
+from heedrank.retriever.hybrid import HybridRetriever
+from heedrank.retriever.run import RunRetriever
 
 DOCS = [
     Document("d1", "vitamin d supplements strengthen bone", "Vitamin D", {"topic": "bone", "year": 2019}),
@@ -83,7 +83,7 @@ def test_hybrid_is_rrf_of_bm25_and_dense(index: Index) -> None:
 
 
 def test_filters_and_bad_k(index: Index) -> None:
-    from attnrank.index.filters import FilterError
+    from heedrank.index.filters import FilterError
 
     cancer = {"must": [{"key": "topic", "match": {"value": "cancer"}}]}
     for name in ("bm25", "dense", "hybrid"):
@@ -104,7 +104,7 @@ def test_filters_and_bad_k(index: Index) -> None:
 
 
 def test_weighted_hybrid(index: Index) -> None:
-    from attnrank.retriever.fusion import weighted_score_fusion
+    from heedrank.retriever.fusion import weighted_score_fusion
 
     h = HybridRetriever.from_index(index, fusion="weighted", weights=[0.7, 0.3], depth=5)
     bm25 = BM25Retriever.from_index(index).retrieve(QUERIES, 5)
@@ -158,7 +158,7 @@ FILTERS = [
     flt=st.sampled_from(FILTERS),
 )
 def test_retriever_invariants(index: Index, words: list[str], k: int, name: str, flt) -> None:
-    from attnrank.index.filters import matches, parse_filter
+    from heedrank.index.filters import matches, parse_filter
 
     r = registry.build_retriever(name, index)
     (out,) = r.retrieve([Query("q", " ".join(words))], k, filter=flt)

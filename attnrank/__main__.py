@@ -1,4 +1,0 @@
-from attnrank.cli import main
-
-if __name__ == "__main__":
-    main()

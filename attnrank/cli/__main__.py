@@ -1,3 +1,0 @@
-from attnrank.cli import main
-
-main()

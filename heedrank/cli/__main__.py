@@ -1,0 +1,3 @@
+from heedrank.cli import main
+
+main()

@@ -1,0 +1,755 @@
+"""The one search pipeline used by the API, the batch command and the evaluator:
+
+    retrieve top-k1 -> hydrate from the document store -> rerank the top N -> cut to k
+
+with per-stage timings in seconds.
+
+:meth:`Pipeline.validate` is the one owner of whether a search is valid: ``top_k`` and
+``candidates`` against the pipeline's :class:`~heedrank.config.SearchLimits`, the retriever
+and rerank method names, reranker options, ``explain``, and the metadata filter, which it
+parses once into the options it returns (the stages below pass the parsed filter on). The
+API route, :meth:`Pipeline.search_batch`, the evaluation harness and ``rerank-batch`` all go
+through it, so a bad value gets the same message everywhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from heedrank.blocks import BlockSync, block_store_for
+from heedrank.config import PipelineConfig, SearchLimits
+from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.protocols import (
+    DocStore,
+    ExplainingReranker,
+    FilterArg,
+    Reranker,
+    RerankResult,
+    Retriever,
+    SupportsClose,
+)
+from heedrank.types import Document, Query, Ranking, ScoredDoc
+
+logger = logging.getLogger(__name__)
+
+NO_RERANK = "none"
+
+HEAD_OPTIONS = ("heads", "reattn")
+"""Options that only some rerankers take (their options classes say which)."""
+
+DEFAULT_FUSION = "default"
+"""``SearchOptions.fusion`` value: the reranker's recorded fusion weight
+(``default_fusion``, e.g. cached BlockRank's weights card), none when it records none."""
+
+RerankerFactory = Callable[..., Reranker]
+"""Builds a reranker: ``factory(method)`` for the default configuration, and
+``factory(method, options=..., max_doc_tokens=...)`` for other ones (a factory whose
+signature has no ``options`` keyword builds by method name only)."""
+
+
+def options_key(options: Mapping[str, Any] | None) -> str:
+    """Canonical JSON of reranker options (sorted keys, compact): equal options, equal key.
+
+    Raises:
+        ValidationError: options that are not JSON-serialisable.
+    """
+    try:
+        return json.dumps(dict(options or {}), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"reranker options must be JSON values: {exc}") from None
+
+
+def _takes_options(factory: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+    return "options" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def check_explainer(reranker: Reranker, method: str) -> ExplainingReranker:
+    """``reranker`` if it can explain (``rerank_with_evidence``). Raises ValidationError."""
+    if not isinstance(reranker, ExplainingReranker):
+        raise ValidationError(f"explain is not supported by the {method!r} reranker; use method 'icr'")
+    return reranker
+
+
+class RerankerCache:
+    """Rerankers by ``(method, options, max_doc_tokens)``, built on first use and kept.
+
+    One cache can be shared by several pipelines (one per collection) so that each
+    reranker, and its model, exists once. Rerankers with the default configuration
+    (no options, default ``max_doc_tokens``) are kept for the cache's lifetime; the others
+    are evicted least-recently-used beyond ``max_entries`` (they share the process-wide LM
+    of :func:`heedrank.reranker.lm.load_lm`, so an eviction frees only the small reranker object).
+
+    Args:
+        factory: See :data:`RerankerFactory`.
+        max_entries: Most non-default rerankers kept.
+    """
+
+    def __init__(self, factory: RerankerFactory, max_entries: int = 16) -> None:
+        self.factory = factory
+        self.max_entries = max_entries
+        self._takes_options = _takes_options(factory)
+        self._default: dict[str, tuple[Reranker, threading.Lock]] = {}
+        self._custom: OrderedDict[tuple[str, str, int | None], tuple[Reranker, threading.Lock]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def get(
+        self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
+    ) -> tuple[Reranker, threading.Lock]:
+        """The reranker for ``(method, options, max_doc_tokens)`` and the lock that serialises
+        its calls, built on first use.
+
+        Raises:
+            UnknownNameError: unknown method.
+            ValidationError: options given to a factory that builds by name only, or
+                options the reranker rejects.
+            ModelLoadError: the reranker's model cannot be loaded (factories that load eagerly).
+        """
+        from heedrank import registry
+
+        base = getattr(self.factory, "base", None)
+        if not options and base is not None and method == getattr(base, "spelled", None):
+            method = base.method  # the base configuration's deprecated name (one release)
+        method, options = registry.canonical_reranker(method, options)
+        if not options and max_doc_tokens is None:
+            with self._guard:
+                if method not in self._default:
+                    self._default[method] = (self.factory(method), threading.Lock())
+                return self._default[method]
+        if not self._takes_options:
+            raise ValidationError(
+                "this pipeline builds rerankers by method name only; reranker options are not supported"
+            )
+        key = (method, options_key(options), max_doc_tokens)
+        with self._guard:
+            entry = self._custom.get(key)
+            if entry is None:
+                reranker = self.factory(method, options=dict(options or {}), max_doc_tokens=max_doc_tokens)
+                entry = (reranker, threading.Lock())
+                self._custom[key] = entry
+                while len(self._custom) > self.max_entries:
+                    self._custom.popitem(last=False)
+            self._custom.move_to_end(key)
+            return entry
+
+    def rerank(
+        self,
+        query: Query,
+        candidates: Sequence[Document],
+        method: str,
+        options: Mapping[str, Any] | None = None,
+        max_doc_tokens: int | None = None,
+        *,
+        explain: bool = False,
+        evidence_spans: int = 3,
+        index: Any = None,
+    ) -> RerankResult:
+        """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``.
+
+        With ``index`` (the collection's index), a reranker in cached mode reads candidate
+        blocks from the index's document KV store (:func:`block_store_for`).
+
+        With ``explain``, the reranker must offer ``rerank_with_evidence`` (ICR does); its
+        result carries ``details["evidence"] = {doc_id: [span, ...]}``.
+
+        Raises:
+            ValidationError: ``explain`` with a reranker that cannot explain; see :meth:`get`.
+        """
+        reranker, lock = self.get(method, options, max_doc_tokens)
+        explainer = check_explainer(reranker, method) if explain else None
+        with lock:
+            store = block_store_for(reranker, index) if index is not None else None
+            if explainer is not None:
+                if store is not None:
+                    return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans,
+                                                          block_store=store)
+                return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans)
+            if store is not None:
+                return reranker.rerank(query, candidates, block_store=store)  # type: ignore[call-arg]
+            return reranker.rerank(query, candidates)
+
+    def known_methods(self) -> list[str] | None:
+        """The methods this cache can build, sorted: the registry's plus those built, for a
+        factory made by :func:`reranker_factory`; ``None`` when the factory does not say
+        (a custom one), and only building tells."""
+        if not isinstance(self.factory, RegistryRerankerFactory):
+            return None
+        return sorted(set(self.factory.methods()) | self.methods())
+
+    def methods(self) -> set[str]:
+        """Methods whose default reranker has been built."""
+        with self._guard:
+            return set(self._default) | {m for m, _, _ in self._custom}
+
+    def entries(self) -> list[tuple[Reranker, threading.Lock]]:
+        """Every built reranker with the lock that serialises its calls."""
+        with self._guard:
+            return list(self._default.values()) + list(self._custom.values())
+
+    def loaded(self) -> dict[str, Reranker]:
+        """Built rerankers: the default ones by method name, the others as
+        ``method{options}[max_doc_tokens=N]``."""
+        with self._guard:
+            out = {m: r for m, (r, _) in self._default.items()}
+            for (m, opts, mdt), (r, _) in self._custom.items():
+                out[m + (opts if opts != "{}" else "") + (f"[max_doc_tokens={mdt}]" if mdt is not None else "")] = r
+            return out
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Options of one search.
+
+    Attributes:
+        top_k: Number of results returned (1..``max_top_k``).
+        retriever: First-stage retriever name.
+        rerank: Reranker name, or ``"none"`` for first-stage order.
+        candidates: How many first-stage hits the reranker reorders (1..``max_candidates``).
+            Results beyond the reranked candidates keep first-stage order below them.
+        filter: Metadata filter applied by the first stage: the JSON form, or the parsed
+            :class:`heedrank.index.filters.BoolFilter` that :meth:`Pipeline.validate` puts in
+            the options it returns (parsed once; never parsed again below).
+        rerank_options: Reranker options (``RerankerConfig.options`` keys, e.g. ICR's
+            ``heads`` and ``reattn``) merged over the configured ones; each distinct set
+            builds its own reranker (cached, the model shared).
+        explain: Ask the reranker for evidence spans (``RerankResult.details["evidence"]``);
+            only rerankers with ``rerank_with_evidence`` (ICR) can.
+        evidence_spans: Most evidence spans per document with ``explain``.
+        fusion: ``None`` (the reranker's order), ``alpha`` in [0, 1]: the candidates are
+            ordered by ``alpha * z(first-stage score) + (1 - alpha) * z(reranker score)``,
+            each z-scored over the query's candidates (:func:`fuse_scores`; the study's
+            fused variant, docs/RESULTS.md "Fusion"), or ``"default"``: the reranker's
+            recorded weight (cached BlockRank's card: 0.6, chosen on NFCorpus dev; none for
+            ICR and uncached BlockRank).
+        cutoff: ``None`` (return ``top_k`` hits), a probability in [0, 1], or ``"auto"``:
+            return only the reranked hits whose calibrated probability of relevance is at
+            least that (``"auto"``: the threshold chosen on dev), at most ``top_k``, possibly
+            none (:mod:`heedrank.calibration`). Needs a reranker with a calibration for the
+            fusion weight used (the default configuration: fusion ``"default"`` or none).
+    """
+
+    top_k: int = 10
+    retriever: str = "bm25"
+    rerank: str = NO_RERANK
+    candidates: int = 20
+    filter: FilterArg | None = None
+    rerank_options: Mapping[str, Any] | None = None
+    explain: bool = False
+    evidence_spans: int = 3
+    fusion: float | str | None = None
+    cutoff: float | str | None = None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Result of one search.
+
+    Attributes:
+        query: The query.
+        ranking: Final top-``k`` hits, hydrated (each ``ScoredDoc.document`` set). Scores
+            are the reranker's for reranked hits; hits below the candidates keep first-stage
+            scores shifted below the lowest reranked score so the order stays consistent.
+        first_stage: The first-stage ranking (top ``max(k, candidates)``), not hydrated.
+        timings: Seconds per stage: ``retrieve``, ``hydrate``, ``rerank``, ``total``.
+        rerank: The reranker's result, or ``None`` without reranking.
+        fusion: The fusion weight used (:func:`fuse_scores`), or ``None``.
+        probabilities: Calibrated probability of relevance of each reranked candidate, by doc
+            id, when the reranker has a calibration for the scores served (else ``None``).
+        cutoff: The probability threshold applied (``SearchOptions.cutoff``), or ``None``.
+    """
+
+    query: Query
+    ranking: Ranking
+    first_stage: Ranking
+    timings: Mapping[str, float]
+    rerank: RerankResult | None = None
+    fusion: float | None = None
+    probabilities: Mapping[str, float] | None = None
+    cutoff: float | None = None
+
+
+@dataclass(frozen=True)
+class FirstStageRow:
+    """One query's first stage, hydrated: what reranking starts from
+    (:meth:`Pipeline.first_stage_rows`, shared by :meth:`Pipeline.search_batch` and the
+    engines in :mod:`heedrank.engine`).
+
+    Attributes:
+        query: The query.
+        ranking: The retriever's ranking (``SearchResult.first_stage``), not hydrated.
+        top: Its top ``k1`` hits (``k1 = max(top_k, candidates)`` when reranking, else ``top_k``).
+        docs: The documents of ``top`` found in the document store, by id.
+        hydrated: ``top`` with documents; hits missing from the store are dropped (logged).
+        retrieve_seconds: The batch's retrieval time divided by its number of queries.
+        hydrate_seconds: Seconds spent hydrating this query.
+    """
+
+    query: Query
+    ranking: Ranking
+    top: Ranking
+    docs: Mapping[str, Document]
+    hydrated: Ranking
+    retrieve_seconds: float
+    hydrate_seconds: float
+
+
+def check_query_texts(queries: Sequence[Query]) -> None:
+    """Refuse a query without text. Raises ValidationError (naming the query)."""
+    for q in queries:
+        if not q.text or not q.text.strip():
+            raise ValidationError(f"query {q.query_id!r} is empty; send a non-empty query text")
+
+
+class Pipeline:
+    """Retrieve -> hydrate -> rerank -> cut.
+
+    Args:
+        retrievers: Retrievers by name.
+        docstore: Document store used to hydrate hits.
+        reranker_factory: Builds rerankers on first use (see :data:`RerankerFactory`;
+            models load once and are cached in this object); ``None`` disables reranking.
+        limits: Bounds of ``top_k`` and ``candidates`` (default: ``SearchLimits()``).
+        describe_index: The index's ``describe()`` (for ``/info`` and reports).
+        rerankers: A :class:`RerankerCache` to use instead of one built from
+            ``reranker_factory`` (share one between the pipelines of several collections).
+        index: The opened index object, when built by :meth:`from_config` (``None`` otherwise).
+        max_top_k: Shorthand: ``limits`` with this ``max_top_k``.
+        max_candidates: Shorthand: ``limits`` with this ``max_candidates``.
+    """
+
+    def __init__(
+        self,
+        retrievers: Mapping[str, Retriever],
+        docstore: DocStore,
+        reranker_factory: RerankerFactory | None = None,
+        *,
+        limits: SearchLimits | None = None,
+        describe_index: Mapping[str, Any] | None = None,
+        rerankers: RerankerCache | None = None,
+        index: Any = None,
+        max_top_k: int | None = None,
+        max_candidates: int | None = None,
+    ) -> None:
+        limits = limits or SearchLimits()
+        if max_top_k is not None or max_candidates is not None:
+            limits = replace(
+                limits,
+                max_top_k=limits.max_top_k if max_top_k is None else max_top_k,
+                max_candidates=limits.max_candidates if max_candidates is None else max_candidates,
+            )
+        self.retrievers = retrievers
+        self.docstore = docstore
+        self.reranker_factory = reranker_factory
+        self.limits = limits
+        self.describe_index: Mapping[str, Any] = describe_index if describe_index is not None else {}
+        self.rerankers = rerankers
+        if self.rerankers is None and reranker_factory is not None:
+            self.rerankers = RerankerCache(reranker_factory)
+        self.index = index
+
+    @property
+    def max_top_k(self) -> int:
+        """``limits.max_top_k``."""
+        return self.limits.max_top_k
+
+    @property
+    def max_candidates(self) -> int:
+        """``limits.max_candidates``."""
+        return self.limits.max_candidates
+
+    def __repr__(self) -> str:
+        return f"Pipeline(retrievers={sorted(self.retrievers)}, limits={self.limits}, docstore={self.docstore!r})"
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig, *, rerankers: RerankerCache | None = None) -> Pipeline:
+        """Open the index and build every retriever; rerankers load lazily by name.
+
+        Args:
+            config: Index directory, base reranker configuration and limits.
+            rerankers: A shared reranker cache (default: a new one over ``config.reranker``).
+        """
+        from heedrank import registry
+
+        extra = {} if config.kv_cache_bytes is None else {"kv_cache_bytes": config.kv_cache_bytes}
+        index = registry.open_index(config.index_dir, show_progress=config.show_progress, **extra)
+        retrievers = {}
+        for name in index.available_retrievers():
+            retrievers[name] = registry.build_retriever(name, index)
+
+        return cls(
+            retrievers=retrievers,
+            docstore=index.docstore,
+            reranker_factory=reranker_factory(config.reranker, block_cache_bytes=config.block_cache_bytes),
+            limits=config.limits,
+            describe_index=index.describe(),
+            rerankers=rerankers,
+            index=index,
+        )
+
+    def close(self) -> None:
+        """Close the index (or document store) this pipeline opened."""
+        target = self.index if self.index is not None else self.docstore
+        if isinstance(target, SupportsClose):
+            target.close()
+
+    # -- rerankers -------------------------------------------------------------------
+    def reranker(
+        self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
+    ) -> Reranker:
+        """The reranker ``method`` (with ``options`` merged over the configured ones), built
+        on first use and cached per distinct options. Raises UnknownNameError, ValidationError."""
+        return self._cache().get(method, options, max_doc_tokens)[0]
+
+    def _cache(self) -> RerankerCache:
+        if self.rerankers is None:
+            raise ValidationError("reranking is disabled in this pipeline; use rerank='none'")
+        return self.rerankers
+
+    def loaded_rerankers(self) -> dict[str, Reranker]:
+        return self.rerankers.loaded() if self.rerankers is not None else {}
+
+    # -- validation ------------------------------------------------------------------
+    def validate(self, options: SearchOptions) -> SearchOptions:
+        """Check a search's options and return them ready to run, with the filter parsed.
+
+        The one place a search is checked (the API route, :meth:`search_batch`, the eval
+        harness and ``rerank-batch`` call it), in this order: ``top_k`` (against
+        ``limits.max_top_k``), the retriever name, the rerank method (when the reranker
+        factory lists its methods; see :meth:`RerankerCache.known_methods`), ``candidates``
+        (when reranking, against ``limits.max_candidates``), ``heads``/``reattn`` options
+        (icr and blockrank only), ``explain`` (needs reranking), the metadata filter.
+
+        The filter is parsed here, once: the returned options carry the parsed filter
+        (validating them again parses nothing). Whether a built reranker can ``explain``
+        is checked when it is built (:meth:`search_batch`), since building may load a model.
+
+        Returns:
+            ``options`` with ``filter`` parsed (``None`` for no filter).
+
+        Raises:
+            ValidationError: ``top_k``/``candidates`` out of range, options of another
+                reranker, ``explain`` without reranking, reranking disabled.
+            UnknownNameError: unknown retriever or rerank method.
+            FilterError: an invalid metadata filter (the message names the clause).
+        """
+        from heedrank import registry
+
+        self.limits.check_top_k(options.top_k)
+        if options.retriever not in self.retrievers:
+            raise UnknownNameError(
+                f"unknown retriever {options.retriever!r}; choose one of {sorted(self.retrievers)}"
+            )
+        method = options.rerank
+        aliases = registry.reranker_aliases()
+        if method != NO_RERANK:
+            known = self._cache().known_methods()
+            if known is not None and aliases.get(method, method) not in known:
+                raise UnknownNameError(f"unknown rerank method {method!r}; choose one of "
+                                       f"{[NO_RERANK, *sorted(aliases), *known]}")
+            self.limits.check_candidates(options.candidates)
+        head_options = [k for k in HEAD_OPTIONS if k in (options.rerank_options or {})]
+        takers = registry.methods_with_options(HEAD_OPTIONS)
+        if head_options and aliases.get(method, method) not in takers:
+            named = " and ".join(m for m in ("icr", "blockrank") if m in takers)
+            more = [m for m in takers if m not in ("icr", "blockrank")]
+            raise ValidationError(
+                f"rerank.{'/'.join(head_options)} are options of the {named} rerankers"
+                f"{' (also ' + ', '.join(more) + ')' if more else ''}, not of {method!r}"
+            )
+        if options.explain and method == NO_RERANK:
+            raise ValidationError(
+                "explain needs reranking (evidence comes from the reranker's attention); add rerank"
+            )
+        if options.fusion is not None and options.fusion != DEFAULT_FUSION:
+            if method == NO_RERANK:
+                raise ValidationError("fusion needs reranking (it mixes first-stage and reranker scores); add rerank")
+            from heedrank.fusion import resolve_weight
+
+            resolve_weight(options.fusion, name="fusion (rerank.fusion, --fusion)")  # raises for a bad value
+        if options.cutoff is not None:
+            from heedrank.calibration import resolve_cutoff
+
+            cutoff = resolve_cutoff(options.cutoff)  # raises for a bad value
+            if cutoff is not None and method == NO_RERANK:
+                raise ValidationError("cutoff needs reranking (it thresholds the reranker's calibrated scores); add "
+                                      "rerank, or use top_k")
+            options = replace(options, cutoff=cutoff)
+        parsed = registry.parse_filter(options.filter)
+        return options if parsed is options.filter else replace(options, filter=parsed)
+
+    # -- documents -------------------------------------------------------------------
+    @property
+    def blocks(self) -> BlockSync:
+        """The upkeep of this pipeline's index's document KV store for its built rerankers
+        (:class:`heedrank.blocks.BlockSync`)."""
+        return BlockSync(self.index, self.rerankers)
+
+    def encode_blocks(self, documents: Sequence[Document]) -> int:
+        """:meth:`heedrank.blocks.BlockSync.encode_new` of :attr:`blocks`: the blocks of
+        ``documents`` the index's store lacks, computed and stored. Returns the blocks written."""
+        return self.blocks.encode_new(documents)
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> dict[str, Any]:
+        """Delete documents from this pipeline's index, durably, then drop their blocks from
+        the index's document KV store right after the delete is committed
+        (:meth:`heedrank.blocks.BlockSync.after_delete`: a failure there is logged and does
+        not undo or fail the delete). The API's ``DELETE /documents/{id}`` runs this in its
+        ingest pool.
+
+        Returns:
+            The index's answer, ``{"deleted": [doc ids], "missing": [doc ids]}``, plus
+            ``"blocks_dropped"`` (blocks deleted from the KV store).
+
+        Raises:
+            IndexMismatchError: the pipeline has no writable index (in memory, or read-only).
+        """
+        from heedrank.errors import IndexMismatchError
+
+        index = self.index
+        if index is None or not hasattr(index, "delete_documents"):
+            raise IndexMismatchError("this collection is not backed by an index directory and cannot be updated; "
+                                     "serve an index built by `heedrank index build`")
+        wanted = list(dict.fromkeys(doc_ids))
+        before = self.docstore.get_many(wanted)  # the texts give the block keys
+        result = dict(index.delete_documents(wanted))
+        result["blocks_dropped"] = self.blocks.after_delete([before[d] for d in result["deleted"] if d in before])
+        return result
+
+    # -- search ----------------------------------------------------------------------
+    def first_stage_rows(self, queries: Sequence[Query], options: SearchOptions) -> Iterator[FirstStageRow]:
+        """The first stage of a search: every query retrieved at once, then each query's top
+        ``k1`` hits hydrated from the document store as the iterator reaches it.
+
+        ``k1`` is ``max(top_k, candidates)`` when reranking, else ``top_k``. The one copy of
+        this step: :meth:`search_batch` reranks each row here, and the Ray engine ships the
+        rows to its actors (:mod:`heedrank.engine.ray`).
+
+        Args:
+            queries: Queries with text (see :func:`check_query_texts`).
+            options: Options checked by :meth:`validate` (the filter parsed).
+
+        Returns:
+            One :class:`FirstStageRow` per query, in query order. Retrieval has run when this
+            returns; hydration runs per row.
+
+        Raises:
+            Whatever the retriever raises (e.g. ValidationError: a filter it cannot apply).
+        """
+        k1 = max(options.top_k, options.candidates) if options.rerank != NO_RERANK else options.top_k
+        t0 = time.perf_counter()
+        first = self.retrievers[options.retriever].retrieve(queries, k1, filter=options.filter)
+        t_retrieve = (time.perf_counter() - t0) / max(1, len(queries))
+        return self._hydrated_rows(queries, first, k1, t_retrieve)
+
+    def _hydrated_rows(self, queries: Sequence[Query], first: Sequence[Ranking], k1: int,
+                       t_retrieve: float) -> Iterator[FirstStageRow]:
+        for q, ranking in zip(queries, first):
+            t1 = time.perf_counter()
+            top = ranking.top(k1)
+            docs = self.docstore.get_many(top.doc_ids)
+            hydrated = top.with_documents(docs)
+            if len(hydrated) < len(top):
+                logger.warning("query %s: %d hits missing from the document store", q.query_id,
+                               len(top) - len(hydrated))
+            yield FirstStageRow(q, ranking, top, docs, hydrated, t_retrieve, time.perf_counter() - t1)
+
+    def search(self, query: Query | str, options: SearchOptions = SearchOptions()) -> SearchResult:
+        """Search one query. See :meth:`search_batch`."""
+        q = query if isinstance(query, Query) else Query("q", query)
+        return self.search_batch([q], options)[0]
+
+    def search_batch(
+        self, queries: Sequence[Query], options: SearchOptions = SearchOptions(), *, show_progress: bool = False
+    ) -> list[SearchResult]:
+        """Search a batch of queries with the same options.
+
+        Raises:
+            ValidationError: empty query text; invalid options (see :meth:`validate`);
+                ``explain`` with a reranker that cannot explain.
+            UnknownNameError: unknown retriever or reranker.
+            FilterError: an invalid metadata filter.
+            ContextOverflowError: the reranking prompt does not fit the model's context.
+        """
+        options = self.validate(options)
+        check_query_texts(queries)
+        rerank = options.rerank != NO_RERANK
+        cache = self._cache() if rerank else None
+        plat: Any = None
+        if cache is not None:
+            reranker: Any = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
+            if options.explain:
+                check_explainer(reranker, options.rerank)
+            plat = calibration_map(reranker, options.rerank, fusion_weight(options.fusion, reranker), by="score",
+                                   required=options.cutoff is not None)
+
+        results = []
+        iterator: Any = self.first_stage_rows(queries, options)
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(iterator, total=len(queries), desc=f"search ({options.rerank})", unit="query")
+        for row in iterator:
+            q, ranking, hydrated = row.query, row.ranking, row.hydrated
+            t_retrieve, t_hydrate = row.retrieve_seconds, row.hydrate_seconds
+            rr: RerankResult | None = None
+            alpha: float | None = None
+            probs: dict[str, float] | None = None
+            threshold: float | None = None
+            t_rerank = 0.0
+            final = hydrated.top(options.top_k)
+            if cache is not None and len(hydrated):
+                cands = hydrated.top(options.candidates)
+                t2 = time.perf_counter()
+                rr = cache.rerank(q, [h.document for h in cands.hits], options.rerank, options.rerank_options,
+                                  explain=options.explain, evidence_spans=options.evidence_spans,
+                                  index=self.index)
+                t_rerank = time.perf_counter() - t2
+                alpha = fusion_weight(options.fusion, reranker)
+                reranked = rr.ranking if alpha is None else fuse_scores(cands, rr.ranking, alpha)
+                k = options.top_k
+                if plat is not None:
+                    probs, threshold, keep = served_probabilities(reranked, alpha, plat, options.cutoff)
+                    if options.cutoff is not None:
+                        k = min(k, keep)
+                        reranked = Ranking(reranked.query_id, reranked.hits[:k])
+                final = merge_reranked(hydrated, reranked, k)
+            timings = {
+                "retrieve": t_retrieve,
+                "hydrate": t_hydrate,
+                "rerank": t_rerank,
+                "total": t_retrieve + t_hydrate + t_rerank,
+            }
+            results.append(SearchResult(q, final, ranking, timings, rr, alpha, probs, threshold))
+        return results
+
+
+@dataclass(frozen=True)
+class RegistryRerankerFactory:
+    """A :data:`RerankerFactory` building registered rerankers from a base
+    :class:`~heedrank.config.RerankerConfig`: the method replaced, ``options`` merged over the
+    base options (only for the base's own method: options are typed per method),
+    ``max_doc_tokens`` replaced when given. It knows the methods it can build
+    (:meth:`methods`), so :meth:`Pipeline.validate` can refuse an unknown one up front."""
+
+    base: Any
+    block_cache_bytes: int | None = None
+    """RAM tier of a cached reranker's blocks outside a store, bytes (``None``: the library
+    default, :data:`heedrank.config.BLOCK_CACHE_BUDGET`)."""
+
+    def __call__(
+        self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
+    ) -> Reranker:
+        from heedrank import registry
+
+        # The base options are the base method's (typed per method: another method would refuse them).
+        method, options = registry.canonical_reranker(method, options)
+        inherited = self.base.options if method == self.base.method else {}
+        config = replace(self.base, method=method, options={**inherited, **(options or {})})
+        if max_doc_tokens is not None:
+            config = replace(config, max_doc_tokens=max_doc_tokens)
+        return registry.build_reranker(config, block_cache_bytes=self.block_cache_bytes)
+
+    @staticmethod
+    def methods() -> list[str]:
+        """The registered reranker names."""
+        from heedrank import registry
+
+        return registry.reranker_names()
+
+
+def reranker_factory(base: Any, *, block_cache_bytes: int | None = None) -> RerankerFactory:
+    """A :class:`RegistryRerankerFactory` over a base :class:`~heedrank.config.RerankerConfig`
+    (``block_cache_bytes``: see :attr:`RegistryRerankerFactory.block_cache_bytes`)."""
+    return RegistryRerankerFactory(base, block_cache_bytes)
+
+
+def fuse_scores(first_stage: Ranking, reranked: Ranking, alpha: float, *, by: str = "score") -> Ranking:
+    """The reranked candidates re-scored ``alpha * z(first) + (1 - alpha) * z(reranker)``
+    (:func:`heedrank.fusion.fuse`: each z-scored over the candidates; a constant list gives
+    zeros). ``by="score"``: the first stage's scores; ``by="rank"``: the reciprocal rank of
+    its order (``/rerank``, whose documents come without scores). Candidates missing from
+    ``first_stage`` get its lowest value. Scores are unitless."""
+    from heedrank.fusion import combine, reciprocal_ranks, standardize_list
+
+    ids = {h.doc_id for h in reranked.hits}
+    present = [h for h in first_stage.hits if h.doc_id in ids]
+    values = reciprocal_ranks(len(present)) if by == "rank" else [float(h.score) for h in present]
+    zf = dict(zip((h.doc_id for h in present), standardize_list(values)))
+    low = min(zf.values(), default=0.0)
+    zr = standardize_list([float(h.score) for h in reranked.hits])
+    return Ranking.from_hits(reranked.query_id, (
+        replace(h, score=combine(zf.get(h.doc_id, low), z, alpha)) for h, z in zip(reranked.hits, zr)))
+
+
+def fusion_weight(fusion: float | str | None, reranker: Any) -> float | None:
+    """The fusion weight ``alpha`` a search uses: ``fusion`` as given, or with
+    :data:`DEFAULT_FUSION` the reranker's ``default_fusion`` (``None`` when it has none)."""
+    from heedrank.fusion import resolve_weight
+
+    return resolve_weight(fusion, getattr(reranker, "default_fusion", None))
+
+
+def calibration_map(reranker: Any, method: str, alpha: float | None, *, by: str, required: bool) -> Any:
+    """The reranker's :class:`heedrank.calibration.PlattMap` for scores served with fusion
+    weight ``alpha`` (``by``: ``"score"`` or ``"rank"``), or ``None`` when it has none.
+
+    Raises:
+        ValidationError: ``required`` (a cut-off was asked for) and there is no map.
+    """
+    calibration = getattr(reranker, "calibration", None)
+    if calibration is None:
+        if required:
+            raise ValidationError(f"rerank method {method!r} has no calibrated scores, so it cannot apply a cutoff; "
+                                  "use the default configuration (blockrank-cached with its weights card), or top_k")
+        return None
+    try:
+        return calibration.map_for(alpha, by=by)
+    except ValidationError:
+        if required:
+            raise
+        return None
+
+
+def served_probabilities(reranked: Ranking, alpha: float | None, plat: Any, cutoff: float | str | None
+                         ) -> tuple[dict[str, float], float | None, int]:
+    """Calibrated probabilities of one query's reranked candidates (served order), the
+    threshold of ``cutoff`` (``None`` without one) and how many hits pass it
+    (:func:`heedrank.calibration.apply_cutoff`). Without fusion the map reads the reranker's
+    scores z-scored over the candidates."""
+    from heedrank.calibration import apply_cutoff
+    from heedrank.fusion import standardize_list
+
+    scores = [float(h.score) for h in reranked.hits]
+    if alpha is None:
+        scores = standardize_list(scores)
+    probs, threshold, keep = apply_cutoff(scores, 1.0 if cutoff is None else cutoff, plat)
+    return ({h.doc_id: p for h, p in zip(reranked.hits, probs)}, None if cutoff is None else threshold,
+            keep if cutoff is not None else len(probs))
+
+
+def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:
+    """Reranked candidates first, then the rest of the first stage in its order, cut to ``k``.
+
+    Hits below the candidates get scores strictly below the lowest reranked score
+    (``min_reranked - 1 - position``) so that the ``(-score, doc_id)`` order holds.
+    Documents are taken from ``first_stage`` hits.
+    """
+    docs = {h.doc_id: h.document for h in first_stage.hits}
+    hits = [replace(h, document=h.document or docs.get(h.doc_id)) for h in reranked.hits]
+    if len(hits) < k:
+        seen = {h.doc_id for h in hits}
+        floor = min((h.score for h in hits), default=0.0)
+        rest = [h for h in first_stage.hits if h.doc_id not in seen][: k - len(hits)]
+        hits += [ScoredDoc(h.doc_id, floor - 1.0 - i, h.document) for i, h in enumerate(rest)]
+    return Ranking(first_stage.query_id, tuple(hits[:k]))

@@ -1,0 +1,158 @@
+"""By-name registries of retrievers, rerankers and the index opener.
+
+Targets are ``"module:attribute"`` strings imported on first use, so that ``heedrank``
+never imports ``index``/``retriever``/``reranker`` at import time (dependencies point one
+way) and heavy libraries load only when a stage is built. Plugins add entries with
+:func:`register_retriever` / :func:`register_reranker`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from heedrank.errors import UnknownNameError
+
+_RETRIEVERS: dict[str, str | Callable[..., Any]] = {
+    "bm25": "heedrank.retriever.bm25:BM25Retriever",
+    "dense": "heedrank.retriever.dense:DenseRetriever",
+    "hybrid": "heedrank.retriever.hybrid:HybridRetriever",
+}
+_RERANKERS: dict[str, str | Callable[..., Any]] = {
+    "icr": "heedrank.reranker.icr:ICRReranker",
+    "blockrank": "heedrank.reranker.blockrank:BlockRankReranker",
+    "blockrank-cached": "heedrank.reranker.cached:CachedBlockRankReranker",
+}
+_CANONICAL = "heedrank.reranker.options:canonical"
+_DEFAULT_BUDGET = "heedrank.reranker.options:default_max_doc_tokens"
+_ALIASES = "heedrank.reranker.options:METHOD_ALIASES"
+_INDEX_OPENER = "heedrank.index.store:Index.open"
+_FILTER_PARSER = "heedrank.index.filters:as_filter"
+_KV_CODEC = "heedrank.index.kv.codec:codec_for"
+
+
+def _resolve(target: str | Callable[..., Any]) -> Any:
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def retriever_names() -> list[str]:
+    return sorted(_RETRIEVERS)
+
+
+def reranker_names() -> list[str]:
+    """Registered reranker methods, sorted (aliases such as ``"default"`` not included)."""
+    return sorted(_RERANKERS)
+
+
+def reranker_aliases() -> dict[str, str]:
+    """Method names that name a registered method: ``{"default": "blockrank-cached"}``."""
+    return dict(_resolve(_ALIASES))
+
+
+def canonical_reranker(method: str, options: Any = None) -> tuple[str, dict[str, Any]]:
+    """The registered method and options that ``(method, options)`` names (an alias such as
+    ``"default"`` resolved, a deprecated spelling translated; see
+    ``heedrank.reranker.options.canonical``). Other names pass through unchanged.
+
+    Raises:
+        ValidationError: options of another method (the message names it).
+    """
+    return _resolve(_CANONICAL)(method, options)
+
+
+def methods_with_options(names: Any) -> list[str]:
+    """The built-in reranker methods whose options class has every option in ``names``."""
+    classes = _resolve("heedrank.reranker.options:OPTION_CLASSES")
+    return sorted(m for m, cls in classes.items() if set(names) <= set(cls.names()))
+
+
+def recorded_fusion(config: Any) -> float | None:
+    """The fusion weight ``config``'s reranker records (``heedrank.reranker.options.recorded_fusion``),
+    read without loading a model; ``None`` when it records none."""
+    return _resolve("heedrank.reranker.options:recorded_fusion")(config)
+
+
+def default_max_doc_tokens(method: str) -> int:
+    """The per-document LM token budget of ``method`` when none is given."""
+    return int(_resolve(_DEFAULT_BUDGET)(method))
+
+
+def register_retriever(name: str, target: str | Callable[..., Any]) -> None:
+    """Register a retriever class (with ``from_index(index, **options)``) under ``name``."""
+    _RETRIEVERS[name] = target
+
+
+def register_reranker(name: str, target: str | Callable[..., Any]) -> None:
+    """Register a reranker class (with ``from_config(RerankerConfig)``) under ``name``."""
+    _RERANKERS[name] = target
+
+
+def _lookup(table: dict[str, Any], kind: str, name: str) -> Any:
+    try:
+        target = table[name]
+    except KeyError:
+        raise UnknownNameError(f"unknown {kind} {name!r}; choose one of {sorted(table)}") from None
+    return _resolve(target)
+
+
+def retriever_class(name: str) -> Any:
+    """The retriever class registered as ``name``. Raises UnknownNameError."""
+    return _lookup(_RETRIEVERS, "retriever", name)
+
+
+def reranker_class(name: str) -> Any:
+    """The reranker class registered as ``name`` (or named by an alias). Raises UnknownNameError."""
+    return _lookup(_RERANKERS, "reranker", reranker_aliases().get(name, name))
+
+
+def build_retriever(name: str, index: Any, **options: Any) -> Any:
+    """Build retriever ``name`` over an opened index. Raises UnknownNameError."""
+    return retriever_class(name).from_index(index, **options)
+
+
+def build_reranker(config: Any, *, block_cache_bytes: int | None = None) -> Any:
+    """Build the reranker named by ``config.method`` from a RerankerConfig. Raises UnknownNameError.
+
+    Args:
+        config: The reranker configuration.
+        block_cache_bytes: RAM budget of the reranker's tier of blocks outside a store, in
+            bytes, for a class that keeps one (it lists ``"block_cache_bytes"`` in its
+            ``build_resources`` and its ``from_config`` takes it); ``None``: the class's default
+            (:data:`heedrank.config.BLOCK_CACHE_BUDGET`). Other classes ignore it.
+    """
+    cls = reranker_class(config.method)
+    if block_cache_bytes is not None and "block_cache_bytes" in getattr(cls, "build_resources", ()):
+        return cls.from_config(config, block_cache_bytes=block_cache_bytes)
+    return cls.from_config(config)
+
+
+def open_index(path: str, **options: Any) -> Any:
+    """Open an index directory (``heedrank.index.store.Index.open``)."""
+    return _resolve(_INDEX_OPENER)(path, **options)
+
+
+def kv_codec(header: Any) -> Any:
+    """The codec of a document KV store's dtype for ``header`` (``heedrank.index.kv.codec.codec_for``:
+    byte counts, encoding and decoding of one block).
+
+    Raises:
+        ValidationError: a dtype without a codec.
+    """
+    return _resolve(_KV_CODEC)(header)
+
+
+def parse_filter(filter: Any) -> Any:
+    """A metadata filter in parsed form (``heedrank.index.filters.as_filter``): JSON is
+    parsed, an already parsed filter is returned as it is, ``None``/``{}`` give ``None``.
+
+    Raises:
+        FilterError: an invalid filter (a ValidationError naming the offending clause).
+    """
+    return _resolve(_FILTER_PARSER)(filter)
