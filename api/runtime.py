@@ -258,9 +258,15 @@ def lm_name(model: str | None) -> str:
 
 
 def native_model_ids(settings: Settings) -> list[str]:
-    """The served reranker's own ids: method, LM name, ``<lm>/<method>``."""
+    """The served reranker's own ids: method, LM name, ``<lm>/<method>``, then ``<name>`` and
+    ``<lm>/<name>`` for the method's other names (``default`` and the method it names)."""
+    from heedrank import registry
+
     lm = lm_name(settings.model)
-    return [settings.rerank_method, lm, f"{lm}/{settings.rerank_method}"]
+    method = settings.rerank_method
+    served = registry.resolve_method(method)
+    names = [served, *sorted(a for a, target in registry.reranker_aliases().items() if target == served)]
+    return [method, lm, f"{lm}/{method}"] + [i for n in names if n != method for i in (n, f"{lm}/{n}")]
 
 
 def served_model_ids(settings: Settings) -> list[str]:

@@ -1,12 +1,11 @@
-"""Benchmark: blocks encoded per second at index time, and their bytes, per store layout
-(issue #23: a shallower deepest layer runs fewer layers per block).
+"""Benchmark: blocks encoded per second at index time, and their bytes, per store dtype.
 
 Loads the packaged LM once, takes the first ``--docs`` NFCorpus documents, and encodes their
 blocks as ``heedrank index kv build`` does (:meth:`CachedBlockRankReranker.encode_block_arrays`,
 batches of ``--batch-size``) under each setting, the settings alternating for ``--rounds``
-rounds in one process (the ratio is measured side by side). Prints one table: layout, layers
-run per block, blocks per second (median over rounds), and the mean payload bytes per block
-of the setting's store (its codec, ``KVHeader.entry_nbytes``).
+rounds in one process (the ratio is measured side by side). Prints one table: layers run per
+block, blocks per second (median over rounds), and the mean payload bytes per block of the
+setting's store (its codec, ``KVHeader.entry_nbytes``).
 
     python bench/block_encode.py [--docs 64] [--rounds 3] [--torch-threads 1]
 """
@@ -21,11 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = {
-    "default": ("default", {}),  # the full store: keys and values of layers 0..15, float16
-    "int8": ("default", {"kv_dtype": "int8"}),  # the same in int8 (design B's best point)
-    "probe": ("blockrank-cached", {"scorer_weights": "PROBE"}),  # keys of layers 7-9, int4
-    "window-8": ("blockrank-cached", {"attend": 8, "probe_layers": [8, 9], "kv_dtype": "int4",
-                                      "scoring": "calibrated"}),  # keys of 8-9, values of 8, int4
+    "default": {},  # the default store: keys and values of layers 0..15, float16
+    "int8": {"kv_dtype": "int8"},  # the same in int8: about half the bytes
 }
 
 
@@ -35,14 +31,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--torch-threads", type=int, default=1)
-    ap.add_argument("--settings", default="default,int8,probe,window-8")
+    ap.add_argument("--settings", default="default,int8")
     args = ap.parse_args()
     import torch
 
     from heedrank.config import RerankerConfig
     from heedrank.data import load_beir_corpus
     from heedrank.reranker.cached import CachedBlockRankReranker
-    from heedrank.reranker.heads import packaged_data_dir
     from heedrank.reranker.lm import load_lm
     from heedrank.types import Document
 
@@ -53,9 +48,7 @@ def main() -> None:
     lm = None
     rerankers = {}
     for name in args.settings.split(","):
-        method, options = SETTINGS[name]
-        if options.get("scorer_weights") == "PROBE":
-            options = {"scorer_weights": str(packaged_data_dir() / "smollm2-135m-instruct.blockrank-probe.json")}
+        options = SETTINGS[name]
         config = RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
                                 options={**options, "query_adapter": None, "doc_batch_size": args.batch_size})
         if lm is None:
@@ -72,13 +65,12 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
             h = r.block_store_header()
             nbytes[name] = statistics.mean(h.entry_nbytes(k.shape[2]) for _, k, _ in out)
-    print("\n| setting | layout | layers run per block | blocks/s (median) | vs default | bytes per block (mean) |")
-    print("|---|---|---|---|---|---|")
+    print("\n| setting | layers run per block | blocks/s (median) | vs default | bytes per block (mean) |")
+    print("|---|---|---|---|---|")
     base = statistics.median(times.get("default", next(iter(times.values()))))
     for name, r in rerankers.items():
-        h = r.block_store_header()
         med = statistics.median(times[name])
-        print(f"| {name} | {h.layout} | {r.kv_depth + 1} | {len(texts) / med:.2f} | {base / med:.2f}x | "
+        print(f"| {name} | {r.kv_depth + 1} | {len(texts) / med:.2f} | {base / med:.2f}x | "
               f"{nbytes[name]:,.0f} |")
 
 

@@ -32,7 +32,7 @@ def convert(src_index: Path, dst_index: Path) -> dict:
     header = KVHeader.from_dict(json.loads((src_index / "kv" / "header.json").read_text()))
     src = KVStore.open(src_index / "kv", header, readonly=True, cache_bytes=0)
     dst = KVStore.open_or_create(dst_index / "kv", replace(header, dtype="int8"), cache_bytes=0)
-    ids = [d for d in src.doc_ids() if not dst.contains(d)]
+    ids = [d for d in src.keys() if not dst.contains(d)]
     for b in tqdm(range(0, len(ids), 64), desc="int8", unit="batch"):
         found, _ = src.get_many(ids[b : b + 64])
         dst.put_many(found)
@@ -61,7 +61,7 @@ def main() -> None:
         if name == "float16" and args.fp16_dump is not None:
             dump = args.fp16_dump
         else:
-            cmd = [sys.executable, "-m", "heedrank", "eval", "study-dump", "--out", str(dump), "--data", str(args.data),
+            cmd = [sys.executable, "-m", "heedrank", "lab", "dump", "--out", str(dump), "--data", str(args.data),
                    "--split", args.split, "--retriever", args.retriever, "--candidates", str(args.candidates),
                    "--index", str(index), "--layer", "15", "--max-doc-tokens", "128", "--kv-dtype", dtype]
             if args.max_queries:

@@ -102,7 +102,7 @@ def worker(args) -> None:
         import os
         import tempfile
 
-        from heedrank.index.kv import KVHeader, KVStore
+        from heedrank.index.kv import KVStore
         from heedrank.types import Query
 
         os.environ["HEEDRANK_BLOCK_CACHE_BYTES"] = "0"
@@ -137,14 +137,14 @@ def worker(args) -> None:
         prompt = r.build_prompt(query, docs)
         L0, lens, Lq = len(prompt.instruction_ids), prompt.doc_lengths, len(prompt.query_ids)
         if args.scoring != "signal":  # the query and N/A blocks share one pass (common prefix once)
-            from heedrank.reranker.blockrank import MergedRows
+            from heedrank.reranker.blockforward import MergedRows
 
             Lq = len(MergedRows.of([prompt.query_ids, prompt.calib_ids]).ids)
         tokens = Lq
         positions = prompt.query_offset + Lq
         pairs_ = Lq * (L0 + sum(lens)) + Lq * (Lq + 1) // 2
         flops = (r.layer + 1) * layer_flops(mc, tokens, pairs_)
-        store = KVStore.create(Path(tempfile.mkdtemp()) / "kv", KVHeader(**r.block_store_header()),
+        store = KVStore.create(Path(tempfile.mkdtemp()) / "kv", r.block_store_header(),
                               cache_bytes=16 << 30, out_dtype="float16")  # as Index.block_store opens it
         fill = r.rerank(Query("q", query), docs, block_store=store)  # index time: not timed
         assert fill.details["cache"]["misses"] == len(docs)
@@ -193,7 +193,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     ap.add_argument("--cached-options", default=None,
                     help="JSON options of method blockrank-cached for the cached path (e.g. '{}': the default "
-                         "configuration; '{\"attend\": \"all\"}': the full store); default: the old spelling above")
+                         "configuration; '{\"kv_dtype\": \"int8\"}': an int8 store); default: the old spelling above")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", choices=["icr", "blockrank", "cached"], help=argparse.SUPPRESS)
     ap.add_argument("--paths", default="icr,blockrank,cached", help="paths to measure, comma-separated")

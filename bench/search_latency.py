@@ -9,6 +9,13 @@ and misses (cached BlockRank). The first ``--warmup`` queries of a setting are n
 
     python bench/search_latency.py --index INDEX [--candidates 20,100] [--queries 30]
         [--settings cached-calibrated,cached-signal,cached-learned,icr] [--torch-threads 1]
+        [--code NAME=DIR ...] [--rounds 1]
+
+``--code NAME=DIR`` (repeatable) runs each server on another version of the code, side by side
+with this checkout (``NAME=.``): ``DIR`` is an import root made by ``bash bench/checkout.sh REV
+DIR`` (a git worktree of ``REV`` laid out as the installed package). Rounds interleave the
+versions, so a noisy machine slows them alike; the table has one row per version, setting and
+candidate count, over every round.
 """
 
 from __future__ import annotations
@@ -25,11 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = {
-    "default": ("default", {}),  # the default configuration (docs/RESULTS.md): today the probe store
-    "full-store": ("blockrank-cached", {"attend": "all"}),  # the previous default: keys and values of 0..l*
-    "cached-calibrated": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "calibrated"}),
-    "cached-signal": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "signal"}),
-    "cached-learned": ("blockrank", {"query_in_instruction": False, "layer": 15, "scoring": "learned"}),
+    "default": ("default", {}),  # the default configuration (docs/RESULTS.md): the full store of 0..l*
+    "cached-calibrated": ("blockrank-cached", {"layer": 15, "scoring": "calibrated", "query_adapter": None}),
+    "cached-signal": ("blockrank-cached", {"layer": 15, "scoring": "signal", "query_adapter": None}),
+    "cached-learned": ("blockrank-cached", {"layer": 15, "scoring": "learned", "query_adapter": None}),
     "icr": ("icr", {}),
     "blockrank": ("blockrank", {}),
 }
@@ -50,19 +56,21 @@ def test_queries(n: int) -> list[str]:
     return qs[:n]
 
 
-def run_setting(name: str, args, queries: list[str]) -> list[dict]:
+def run_setting(name: str, args, queries: list[str], code: str = ".", root: str = ".") -> list[dict]:
     import httpx
 
     method, options = SETTINGS[name]
-    env = {**os.environ, "HEEDRANK_INDEX": str(args.index), "HEEDRANK_RERANK_METHOD": method,
+    env = {**os.environ, **({"PYTHONPATH": str(Path(root).resolve())} if root != "." else {}),
+           "HEEDRANK_INDEX": str(Path(args.index).resolve()), "HEEDRANK_RERANK_METHOD": method,
            "HEEDRANK_RERANK_OPTIONS": json.dumps(options), "HEEDRANK_MAX_DOC_TOKENS": str(args.max_doc_tokens),
            "HEEDRANK_TORCH_THREADS": str(args.torch_threads), "HEEDRANK_MAX_CANDIDATES": "1000",
            "HEEDRANK_QUEUE_SIZE": "4"}
-    log = open(Path(args.log_dir) / f"server-{name}.log", "w")
+    log = open(Path(args.log_dir) / f"server-{code}-{name}.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--factory", "heedrank.api.app:create_app", "--host", "127.0.0.1",
          "--port", str(args.port), "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT if root == "." else Path(root).resolve(),  # the import root first on sys.path
+        env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{args.port}"
     rows = []
@@ -96,10 +104,11 @@ def run_setting(name: str, args, queries: list[str]) -> list[dict]:
                     cache = (out.get("rerank") or {}).get("cache") or {}
                     hits += cache.get("hits", 0)
                     misses += cache.get("misses", 0)
-                rows.append({"setting": name, "candidates": n, "queries": len(lat), "p50": pct(lat, 0.5),
+                rows.append({"code": code, "setting": name, "candidates": n, "queries": len(lat), "p50": pct(lat, 0.5),
                              "p95": pct(lat, 0.95), "mean": statistics.mean(lat), "rerank_p50": pct(stage, 0.5),
                              "hits": hits, "misses": misses})
                 print(json.dumps(rows[-1]), flush=True)
+                rows[-1].update(_lat=lat, _stage=stage)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -117,14 +126,29 @@ def main() -> None:
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--port", type=int, default=8771)
     ap.add_argument("--log-dir", default="/tmp")
+    ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
+                    help="another version of the code to run side by side (see the module docstring); "
+                         "this checkout is always run, as 'this'")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds over every version, interleaved")
     args = ap.parse_args()
     queries = test_queries(args.queries + args.warmup)
-    rows = [row for name in args.settings.split(",") for row in run_setting(name, args, queries)]
-    print("\n| setting | candidates | queries | p50 s | p95 s | mean s | rerank p50 s | block hits / misses |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['setting']} | {r['candidates']} | {r['queries']} | {r['p50']:.3f} | {r['p95']:.3f} | "
-              f"{r['mean']:.3f} | {r['rerank_p50']:.3f} | {r['hits']} / {r['misses']} |")
+    codes = [("this", "."), *(tuple(c.split("=", 1)) for c in args.code)]
+    raw = [row for _ in range(args.rounds) for code, root in codes for name in args.settings.split(",")
+           for row in run_setting(name, args, queries, code, root)]
+    merged: dict[tuple, dict] = {}
+    for r in raw:  # the rounds of one (version, setting, candidates) pooled: percentiles over every query
+        key = (r["code"], r["setting"], r["candidates"])
+        merged.setdefault(key, {"lat": [], "stage": [], "hits": 0, "misses": 0})
+        m = merged[key]
+        m["lat"] += r.pop("_lat")
+        m["stage"] += r.pop("_stage")
+        m["hits"] += r["hits"]
+        m["misses"] += r["misses"]
+    print("\n| code | setting | candidates | queries | p50 s | p95 s | mean s | rerank p50 s | block hits / misses |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (code, name, n), m in merged.items():
+        print(f"| {code} | {name} | {n} | {len(m['lat'])} | {pct(m['lat'], 0.5):.3f} | {pct(m['lat'], 0.95):.3f} | "
+              f"{statistics.mean(m['lat']):.3f} | {pct(m['stage'], 0.5):.3f} | {m['hits']} / {m['misses']} |")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,10 @@ pure reranker and of its interpolation with the first stage, over a fixed dev su
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +19,9 @@ from heedrank.fusion import fuse
 
 from heedrank.reranker.query_adapter import RankingExample
 from heedrank.types import Document, Query
+
+if TYPE_CHECKING:
+    from heedrank.reranker.cached import CachedBlockRankReranker
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
     return (*got, index)
 
 
-def source_store(reranker: Any, index: Path | None, scratch: Path | None, name: str) -> Any:
+def source_store(reranker: CachedBlockRankReranker, index: Path | None, scratch: Path | None, name: str) -> Any:
     """The document KV store that serves a source's blocks: the index's own store when its
     header matches the reranker (read-only), else a writable scratch store
     ``scratch/<name>`` (created on first use; blocks computed once are kept), else ``None``."""
@@ -66,22 +68,7 @@ def source_store(reranker: Any, index: Path | None, scratch: Path | None, name: 
     from heedrank.index.kv import KVHeader, KVStore
 
     header = KVHeader.from_dict(reranker.block_store_header())
-    if header.layout != "full" and index is not None:  # a probe/window scorer: its own store, else the full one
-        from heedrank.index.kv import LayerView
-        from heedrank.index.store import Index
-
-        own = index / Index.store_dir(header)
-        if (own / "header.json").is_file():
-            return KVStore.open(own, header, readonly=True)
-        if (index / "kv" / "header.json").is_file():
-            full = KVStore.open(index / "kv", KVHeader.from_dict(json.loads((index / "kv" / "header.json").read_text())),
-                                readonly=True)
-            try:
-                return LayerView(full, header)
-            except KVStoreMismatchError as exc:
-                full.close()
-                logger.warning("not using %s: %s", index / "kv", exc)
-    elif index is not None and (index / "kv" / "header.json").is_file():
+    if index is not None and (index / "kv" / "header.json").is_file():
         try:
             return KVStore.open(index / "kv", header, readonly=True)
         except KVStoreMismatchError as exc:  # a store for another model or layout: never read it
@@ -96,7 +83,7 @@ def dev_evaluator(
     queries: Sequence[Query], candidates: Mapping[str, Sequence[Document]], first_scores: Mapping[str, Sequence[float]],
     qrels: Mapping[str, Mapping[str, int]], *, objective: str, block_store: Any = None, alpha: float = 0.8,
     show_progress: bool = False,
-) -> Callable[[Any, Any], dict[str, float]]:
+) -> Callable[[CachedBlockRankReranker, Any], dict[str, float]]:
     """The dev callback of :func:`heedrank.reranker.query_adapter.train_query_adapter`.
 
     Returns ``{"dev": nDCG@10 x100 of the pure reranker, "dev_fused": of alpha z(first) +
@@ -116,7 +103,7 @@ def dev_evaluator(
         ev = evaluate_run(run, sub_qrels, ["nDCG@10"], query_ids=ids)
         return 100.0 * float(np.mean([v["nDCG@10"] for v in ev.per_query.values()]))
 
-    def evaluate(reranker: Any, weights: Any) -> dict[str, float]:
+    def evaluate(reranker: CachedBlockRankReranker, weights: Any) -> dict[str, float]:
         kv0 = base_instruction_kv(reranker)
         pure: dict[str, dict[str, float]] = {}
         fused: dict[str, dict[str, float]] = {}
@@ -128,7 +115,7 @@ def dev_evaluator(
             prompt = reranker.build_prompt(q.text, docs)
             kv = context_for(reranker, prompt, kv0, store=block_store)
             with torch.no_grad():
-                s = differentiable_scores(reranker, prompt, kv, objective, weights, kv0).numpy()
+                s = differentiable_scores(reranker, prompt, kv, objective, weights).numpy()
             f = np.asarray(first_scores[q.query_id], dtype=np.float64)
             mix = fuse(f, s, alpha)
             pure[q.query_id] = {d.doc_id: float(x) for d, x in zip(docs, s)}

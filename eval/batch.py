@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -289,7 +289,6 @@ def rerank_batch(
     factory: RerankerFactory | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
-    runner: BatchRunner | None = None,
     fusion: float | None = None,
     engine: Engine | None = None,
 ) -> BatchSummary:
@@ -315,15 +314,12 @@ def rerank_batch(
             :class:`~heedrank.engine.LocalEngine`, this process, one query at a time). The
             output and the resume rules are the same whichever runs (:func:`run_on_engine`),
             so a batch may be resumed on another engine.
-        runner: Instead of ``engine``, a :data:`BatchRunner` (the seam before the engines;
-            ``RayEngine(...).run_batch`` from :mod:`heedrank.eval.distributed` is one).
 
     Returns:
         The :class:`BatchSummary` of this call.
 
     Raises:
-        ValidationError: bad parameters (also both ``engine`` and ``runner``), or an
-            output/sidecar that does not match (see :class:`Progress`).
+        ValidationError: bad parameters, or an output/sidecar that does not match (see :class:`Progress`).
         NotFoundError: missing input files.
         UnknownNameError: unknown reranker.
         Whatever the engine raises (a typed worker error, RayExecutionError; the queries
@@ -336,8 +332,6 @@ def rerank_batch(
     t_start = time.perf_counter()
     if method == NO_RERANK:
         raise ValidationError("rerank-batch needs a reranker method")
-    if engine is not None and runner is not None:
-        raise ValidationError("give rerank_batch an engine or a runner, not both")
     if factory is None:
         reranker_class(method)  # fail on an unknown name before loading anything
     SearchLimits(max_candidates=max(candidates, 1)).check_candidates(candidates)  # the pipeline's check, early
@@ -354,7 +348,7 @@ def rerank_batch(
         "format": PROGRESS_FORMAT, "method": method, "candidates": candidates, "depth": k, "tag": tag,
         "max_queries": max_queries, "topics_sha256": file_sha256(topics), "run_sha256": file_sha256(run),
         "docs": str(docs.resolve()), "model": config.model, "max_doc_tokens": config.max_doc_tokens,
-        "options": dict(config.options), **({"fusion": fusion} if fusion is not None else {}),
+        "options": config.given_options, **({"fusion": fusion} if fusion is not None else {}),
     }
     summary = BatchSummary(out=out, queries=len(queries))
     store, closer = _open_docs(docs)
@@ -372,10 +366,7 @@ def rerank_batch(
             summary.skipped = len(queries) - len(todo)
             if summary.skipped:
                 logger.info("resuming %s: %d of %d queries already done", out, summary.skipped, len(queries))
-            if runner is not None:
-                runner(pipeline, options, todo, progress, tag, summary, show_progress)
-            else:
-                run_on_engine(engine or LocalEngine(), pipeline, options, todo, progress, tag, summary, show_progress)
+            run_on_engine(engine or LocalEngine(), pipeline, options, todo, progress, tag, summary, show_progress)
     finally:
         if closer is not None:
             closer.close()
@@ -388,14 +379,6 @@ def rerank_batch(
         sum(len(v) for v in summary.failed_documents.values()), len(summary.first_stage_queries),
     )
     return summary
-
-
-BatchRunner = Callable[[Pipeline, SearchOptions, Sequence[Query], Progress, str, BatchSummary, bool], None]
-"""Runs a batch's remaining queries: ``runner(pipeline, options, todo, progress, tag, summary,
-show_progress)`` reranks each query of ``todo`` (as :func:`rerank_query` does) and hands each
-outcome, in ``todo`` order, to :func:`commit_outcome`. :func:`rerank_batch` has already
-validated ``options`` and opened ``progress``; the runner loads the reranker itself.
-``functools.partial(run_on_engine, engine)`` is one."""
 
 
 @dataclass
@@ -471,10 +454,10 @@ def batch_record(pipeline: Pipeline, q: Query, options: SearchOptions, *, tag: s
 
 def run_on_engine(engine: Engine, pipeline: Pipeline, options: SearchOptions, todo: Sequence[Query],
                   progress: Progress, tag: str, summary: BatchSummary, show_progress: bool) -> None:
-    """The batch's driver on any engine (a :data:`BatchRunner` once ``engine`` is bound):
-    ``engine`` reranks each query of ``todo`` (:func:`batch_record`, where it runs the work)
-    and each outcome, in ``todo`` order, is committed here (:func:`commit_outcome`) under one
-    progress bar (queries/s, documents/s, failed documents).
+    """The batch's driver on any engine: ``engine`` reranks each query of ``todo``
+    (:func:`batch_record`, where it runs the work) and each outcome, in ``todo`` order, is
+    committed here (:func:`commit_outcome`) under one progress bar (queries/s, documents/s,
+    failed documents).
 
     Raises:
         ModelLoadError, MissingDependencyError: nothing can be reranked (the queries

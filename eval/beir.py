@@ -26,6 +26,7 @@ from typing import Any
 
 from heedrank.config import PipelineConfig, RerankerConfig
 from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.files import file_sha256
 from heedrank.pipeline import Pipeline
 from heedrank.protocols import FilterArg, Retriever
 from heedrank.types import Query, Ranking
@@ -33,14 +34,13 @@ from heedrank.eval.harness import (
     EvalTarget,
     check_rerank_name,
     config_dict,
-    file_sha256,
     run_evaluation,
     select_queries,
     spec_report_name,
 )
 from heedrank.eval.metrics import BEIR_METRICS
 from heedrank.eval.report import EvalReport
-from heedrank.eval.spec import EvalSpec, as_spec
+from heedrank.eval.spec import EvalSpec
 
 logger = logging.getLogger(__name__)
 
@@ -122,14 +122,13 @@ def ensure_index(data_dir: str | Path, *, dense: bool = True, corpus_sha256: str
     return target
 
 
-def evaluate_beir(spec: EvalSpec | str | Path | None = None, /, **fields: Any) -> EvalReport:
+def evaluate_beir(spec: EvalSpec) -> EvalReport:
     """Evaluate the pipeline on a BEIR dataset and write a TREC run and a JSON report.
 
     Args:
         spec: The evaluation (:class:`~heedrank.eval.spec.EvalSpec`: ``data_dir``, its BEIR
             fields ``split``, ``retriever``, ``index_dir``, ``build_dense``,
-            ``keep_identical_ids``, and the shared ones). Also callable as before the spec,
-            ``evaluate_beir(data_dir, **fields)`` with the spec's field names.
+            ``keep_identical_ids``, and the shared ones).
 
     Returns:
         The saved report; ``name`` is ``<dataset>-<split>-<retriever>-<rerank>[-c<candidates>][-f<alpha>][-<config>][-keepids][-q<n>-s<seed>]``.
@@ -139,12 +138,10 @@ def evaluate_beir(spec: EvalSpec | str | Path | None = None, /, **fields: Any) -
         NotFoundError: missing dataset files or index.
         UnknownNameError: unknown retriever, reranker or metric.
         ValidationError: bad ``candidates``/``max_queries``; no ``data_dir``; TREC DL fields set.
-        TypeError: an unknown field, or a spec and fields both.
     """
     from heedrank import registry
     from heedrank.data import find_beir_corpus, load_beir_qrels, load_beir_queries
 
-    spec = as_spec(spec, fields)
     spec.check_for("beir")
     if spec.data_dir is None:
         raise ValidationError("a BEIR evaluation needs data_dir, the dataset folder (--data)")

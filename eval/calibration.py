@@ -25,7 +25,8 @@ import numpy as np
 
 from heedrank.calibration import MODES, Calibration, PlattMap, features
 from heedrank.eval.study import QueryItem, variant_scores
-from heedrank.fusion import fuse, reciprocal_ranks, standardize
+from heedrank.fusion import standardize
+from heedrank.serving import ServePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +74,11 @@ def served(items: Sequence[QueryItem], qrels: Mapping[str, Mapping[str, int]], v
     for it in items:
         sub = subset(it, n) if n is not None else it
         r = variant_scores(sub, variant)
-        if mode == "none":
-            s = standardize(r)
-        else:
-            first = reciprocal_ranks(len(r)) if mode == "rank" else sub.first_stage
-            s = fuse(first, r, alpha)
+        policy = ServePolicy(None if mode == "none" else alpha, by="rank" if mode == "rank" else "score")
+        s = policy.served_scores(sub.first_stage, r)
         order = sorted(range(len(s)), key=lambda i: (-float(s[i]), sub.doc_ids[i]))  # Ranking's order
+        if mode == "none":  # the map reads the reranker's own scores z-scored (ServePolicy.apply)
+            s = list(standardize(np.asarray(s, dtype=np.float64)))
         rel = {d for d, g in qrels.get(it.query_id, {}).items() if g >= min_grade}
         ss = np.asarray([float(s[i]) for i in order])
         lab = np.asarray([sub.doc_ids[i] in rel for i in order], dtype=np.float64)

@@ -83,7 +83,7 @@ def load_dump(dump_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]
 
     d = Path(dump_dir)
     if not (d / "meta.json").exists():
-        raise NotFoundError(f"{d} is not an attention dump (no meta.json); create it with `heedrank heads dump`")
+        raise NotFoundError(f"{d} is not an attention dump (no meta.json); create it with `heedrank lab heads dump`")
     meta = json.loads((d / "meta.json").read_text())
     items = [torch.load(p, weights_only=False) for p in sorted(d.glob("*.pt"))]
     return meta, sorted(items, key=lambda x: x["query_id"])

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heedrank.engine import EngineSearch, LocalEngine
+from heedrank.engine import LocalEngine
 from heedrank.errors import UnknownNameError, ValidationError
-from heedrank.files import file_sha256 as file_sha256  # re-exported for the evaluators
 from heedrank.jsonable import jsonable
 from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions
 from heedrank.types import Qrels, Query
@@ -26,8 +25,8 @@ from heedrank.eval.metrics import evaluate_run
 from heedrank.eval.report import EvalReport, latency_summary, now_iso, save_report
 from heedrank.eval.spec import EvalSpec
 
-__all__ = ["EVAL_TOP_K", "EngineSearch", "EvalSpec", "EvalTarget", "check_rerank_name", "config_dict", "config_suffix",
-           "file_sha256", "report_name", "run_evaluation", "select_queries", "spec_report_name", "subset_suffix"]
+__all__ = ["EVAL_TOP_K", "EvalTarget", "check_rerank_name", "config_dict", "config_suffix", "report_name", "run_evaluation",
+           "select_queries", "spec_report_name", "subset_suffix"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +100,9 @@ def config_suffix(config: Any, reranking: bool) -> str | None:
 
         config = RerankerConfig()
     parts = [f"t{config.doc_tokens}"]
-    for key in sorted(k for k in config.options if k != "keep_attention"):
-        value = config.options[key]
+    given = config.given_options
+    for key in sorted(k for k in given if k != "keep_attention"):
+        value = given[key]
         text = value if isinstance(value, (str, int, float, bool)) else hashlib.sha256(
             repr(value).encode()).hexdigest()[:8]
         parts.append(f"{key}={text}")
@@ -129,12 +129,14 @@ def check_rerank_name(rerank: str) -> None:
     checks every option).
 
     Raises:
-        UnknownNameError: ``rerank`` is neither ``"none"`` nor a registered reranker.
+        UnknownNameError: ``rerank`` is neither ``"none"`` nor a registered reranker or alias
+            (``"default"``).
     """
     from heedrank import registry
 
-    if rerank != NO_RERANK and rerank not in registry.reranker_names():
-        raise UnknownNameError(f"unknown reranker {rerank!r}; choose one of {[NO_RERANK, *registry.reranker_names()]}")
+    known = [*registry.reranker_aliases(), *registry.reranker_names()]
+    if rerank != NO_RERANK and rerank not in known:
+        raise UnknownNameError(f"unknown reranker {rerank!r}; choose one of {[NO_RERANK, *known]}")
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,8 @@ from typing import Any
 
 from heedrank.config import RerankerConfig
 from heedrank.errors import ValidationError
-from heedrank.eval.dump import DUMP_FORMAT, dump_file_name, load_dump, save_dump_from_results, save_dump_item
+from heedrank.eval.dump import DUMP_FORMAT, dump_file_name, load_dump
 from heedrank.types import Document, Qrels, Query
-
-__all__ = ["DUMP_FORMAT", "load_dump", "save_dump_from_results", "save_dump_item"]  # re-exported: the dump format
 
 logger = logging.getLogger(__name__)
 

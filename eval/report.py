@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from heedrank.errors import NotFoundError, ValidationError
-from heedrank.jsonable import jsonable as jsonable  # re-exported: the reports' conversion
+from heedrank.jsonable import jsonable
 
 logger = logging.getLogger(__name__)
 

@@ -111,17 +111,3 @@ class EvalSpec:
             owner = "eval trec-dl" if dataset == "beir" else "eval beir"
             raise ValidationError(f"{', '.join(given)} apply to {owner} only; leave them out of a {dataset} evaluation")
 
-
-def as_spec(spec: EvalSpec | str | Path | None, fields_: dict[str, object]) -> EvalSpec:
-    """``spec`` itself, or the :class:`EvalSpec` of the keyword form that came before it:
-    ``evaluate_beir(data_dir, rerank="icr", ...)`` is ``evaluate_beir(EvalSpec(data_dir,
-    rerank="icr", ...))``.
-
-    Raises:
-        TypeError: a spec and keyword fields both, or an unknown field.
-    """
-    if isinstance(spec, EvalSpec):
-        if fields_:
-            raise TypeError(f"pass either an EvalSpec or keyword fields, not both (got {sorted(fields_)})")
-        return spec
-    return EvalSpec(**fields_) if spec is None else EvalSpec(spec, **fields_)

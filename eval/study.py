@@ -56,7 +56,7 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     """
     import torch
 
-    from heedrank.reranker.blockrank import block_forward
+    from heedrank.reranker.blockforward import block_forward
     from heedrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
 
     lm = reranker.lm
@@ -88,75 +88,6 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     signal = per_doc(alpha)
     return {"calibrated": cal.numpy(), "raw": raw.numpy(), "signal": signal.numpy(),
             "masked": np.asarray(masked, dtype=np.float32), "cache": cache}
-
-
-def mask_features(reranker: Any, query: str, docs: Sequence[Document], variants: Mapping[str, tuple[str, int]], *,
-                  block_store: Any = None) -> dict[str, Any]:
-    """:func:`block_features` for several query passes over ONE context (issue #23's deciding
-    experiment): per variant ``name -> (lm, below)``, the calibrated and raw mass of a merged
-    query + ``N/A`` pass whose layers ``< below`` do not attend to the candidates
-    (:class:`heedrank.reranker.attention.CandidateMask`; ``0``: today's pass, ``l* + 1``: the
-    probe store's), run on the reranker's ``"base"`` LM or its query-adapter LM
-    (``"adapter"``).
-
-    Returns:
-        ``{"calibrated@NAME": (N, L, H), "raw@NAME": (N, L, H), ..., "cache": ...}`` float32
-        numpy arrays, plus ``calibrated``, ``raw``, ``masked`` and ``signal`` of the first
-        variant (``signal``: the base LM's signal tokens at ``l*``, today's pass), so a dump
-        also serves every :func:`run_study` variant. When the first variant is a probe one
-        (``below > l*``), ``masked`` is the calibrated sum and ``signal`` zeros (no pass of
-        today's kind runs).
-    """
-    import torch
-
-    from heedrank.reranker.blockrank import block_forward, calibrated_forward
-    from heedrank.reranker.probe import probe_mass, probe_query_pass
-    from heedrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
-
-    layer = reranker.layer
-    prompt = reranker.build_prompt(query, docs)
-    L0 = len(prompt.instruction_ids)
-    lengths = prompt.doc_lengths
-    D = sum(lengths)
-    layers = list(range(layer + 1))
-    owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    lms = {"base": reranker.base_lm, "adapter": reranker.lm}
-    out: dict[str, Any] = {}
-    with reranker.base_lm.lock, torch.inference_mode():
-        ctx = reranker.cached_context(prompt, block_store)
-        kv = ctx.kv
-        keys = None
-        for i, (name, (which, below)) in enumerate(variants.items()):
-            if below > layer:  # no layer reads the candidates: the probe path, same figures (tested)
-                if keys is None:
-                    keys = {l: kv[l][0][0, :, L0: L0 + D] for l in layers}
-                rows = probe_query_pass(lms[which], prompt, reranker.instruction_kv(), layers)
-                masses = [probe_mass(rows, l, keys[l], lengths) for l in layers]  # (2, N, H) each
-                out[f"calibrated@{name}"] = torch.stack([m[0] - m[1] for m in masses], dim=1).float().numpy()
-                out[f"raw@{name}"] = torch.stack([m[0] for m in masses], dim=1).float().numpy()
-                if i == 0:  # a probe-only dump: no token mask, no signal pass
-                    out["calibrated"], out["raw"] = out[f"calibrated@{name}"], out[f"raw@{name}"]
-                    out["masked"] = out["calibrated"].sum(axis=(1, 2))
-                continue
-            qo, co, _ = calibrated_forward(lms[which], prompt, layer, read_layers=layers, kv=kv, candidates_below=below)
-            out[f"calibrated@{name}"] = per_head_document_mass(qo, L0, lengths, layers, minus=co).float().numpy()
-            out[f"raw@{name}"] = per_head_document_mass(qo, L0, lengths, layers).float().numpy()
-            if i == 0:
-                token_c = sum((qo[l][0, :, L0: L0 + D] - co[l][0, :, L0: L0 + D]).sum(0) for l in layers)
-                out["masked"] = np.asarray(masked_document_scores(token_c, spans_from_lengths(lengths),
-                                                                  reranker.options.mask_std), dtype=np.float32)
-                out["calibrated"], out["raw"] = out[f"calibrated@{name}"], out[f"raw@{name}"]
-        probe_only = next(iter(variants.values()))[1] > layer
-        if not probe_only:
-            sig, _ = block_forward(lms["base"], prompt, layer, read_layers=[layer], kv=kv)
-    if probe_only:
-        out["signal"] = np.zeros((len(lengths), reranker.lm.num_heads), dtype=np.float32)
-    else:
-        z = sig[layer][0, :, :, L0: L0 + D].float()  # (H, n_signal, D)
-        alpha = torch.softmax(z, dim=-1).mean(dim=1)  # (H, D)
-        out["signal"] = torch.zeros(len(lengths), alpha.shape[0]).index_add(0, owner, alpha.T).numpy()
-    out["cache"] = ctx.cache
-    return out
 
 
 @dataclass(frozen=True)
@@ -201,27 +132,6 @@ def load_items(path: str | Path) -> tuple[dict[str, Any], list[QueryItem]]:
                  and k.split("/", 1)[1] not in ("first_stage", "labels")}
         items.append(QueryItem(rec["query_id"], rec["doc_ids"], z[f"{i}/first_stage"], z[f"{i}/labels"], feats))
     return idx["meta"], items
-
-
-def with_features(items: Sequence[QueryItem], name: str) -> list[QueryItem]:
-    """``items`` with the ``calibrated@NAME`` and ``raw@NAME`` features of a dump written with
-    ``--variant NAME=...`` (:func:`mask_features`) as their ``calibrated`` and ``raw``.
-
-    Raises:
-        KeyError: a dump without that variant (the message lists the ones it has).
-    """
-    from dataclasses import replace
-
-    out = []
-    for it in items:
-        if f"calibrated@{name}" not in it.features:
-            have = sorted(k.split("@", 1)[1] for k in it.features if k.startswith("calibrated@"))
-            raise KeyError(f"no feature variant {name!r} in the dump (it has {have})")
-        feats = dict(it.features)
-        feats["calibrated"] = feats[f"calibrated@{name}"]
-        feats["raw"] = feats.get(f"raw@{name}", feats.get("raw"))
-        out.append(replace(it, features=feats))
-    return out
 
 
 # ------------------------------------------------------------------------------ variants
@@ -369,10 +279,9 @@ def dump_features(
     out: str | Path, queries: Sequence[Any], candidates: Mapping[str, Sequence[Document]],
     first_scores: Mapping[str, Sequence[float]], qrels: Mapping[str, Mapping[str, int]], reranker: Any, *,
     block_store: Any = None, meta: Mapping[str, Any] | None = None, show_progress: bool = True,
-    checkpoint_every: int = 50, variants: Mapping[str, tuple[str, int]] | None = None,
+    checkpoint_every: int = 50,
 ) -> list[QueryItem]:
-    """Run :func:`block_features` (with ``variants``: :func:`mask_features`) for every query
-    and save the dump to ``out``.
+    """Run :func:`block_features` for every query and save the dump to ``out``.
 
     Resumable: the dump is rewritten every ``checkpoint_every`` queries, and a rerun loads
     it and skips the queries it holds (a ``kill -9`` loses at most that many queries).
@@ -393,17 +302,14 @@ def dump_features(
     hits = misses = 0
     for i, q in enumerate(tqdm(todo, desc="features", unit="query", disable=not show_progress)):
         docs = list(candidates[q.query_id])
-        if variants:
-            f = mask_features(reranker, q.text, docs, variants, block_store=block_store)
-        else:
-            f = block_features(reranker, q.text, docs, block_store=block_store)
+        f = block_features(reranker, q.text, docs, block_store=block_store)
         hits += f["cache"]["hits"] if f["cache"] else 0
         misses += f["cache"]["misses"] if f["cache"] else 0
         grades = qrels.get(q.query_id, {})
         done.append(QueryItem(
             q.query_id, [d.doc_id for d in docs], np.asarray(first_scores[q.query_id], dtype=np.float64),
             np.asarray([int(grades.get(d.doc_id, 0)) for d in docs], dtype=np.int64),
-            {k: v for k, v in f.items() if k != "cache"},
+            {k: f[k] for k in ("calibrated", "raw", "signal", "masked")},
         ))
         if (i + 1) % checkpoint_every == 0:
             save_items(out, done, meta)
@@ -528,10 +434,23 @@ PURE = "learned head weights (pure reranker)"
 def weights_card(report: Mapping[str, Any], meta: Mapping[str, Any], *, command: str) -> dict[str, Any]:
     """The weights card of the study's pure learned reranker (``scoring='learned'`` of cached
     BlockRank): weights ``(l* + 1) * heads`` in (layer, head) order, what they fit (model
-    hash, ``l*``, block budget, template), how (train data, ``l2`` chosen on dev) and their
-    dev and test nDCG@10 with the first stage beside them."""
+    hash, ``l*``, block budget, template), how (train data, ``l2`` chosen on dev, the fit's
+    loss and layers) and their dev and test nDCG@10 with the first stage beside them;
+    ``command`` is the command line that wrote it.
+
+    Raises:
+        ValidationError: nothing was trained (``report`` has no learned weights), or the fit
+            weighed other layers than ``0..l*`` of the dumps ``meta`` describes.
+    """
+    from heedrank.errors import ValidationError
     from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
+    if PURE not in report["variants"]:
+        raise ValidationError("a weights card holds learned head weights: give training dumps (--train)")
+    layers = (report.get("fit") or {}).get("layers")
+    if layers is not None and layers != list(range(int(meta.get("layer", 0)) + 1)):
+        raise ValidationError("a weights card weighs layers 0..l* of its dumps: for another l*, dump with --layer N "
+                              "(not --max-layer)")
     variant = report["variants"][PURE]
     model = (meta.get("reranker") or {}).get("model") or {}
     return {
@@ -544,6 +463,7 @@ def weights_card(report: Mapping[str, Any], meta: Mapping[str, Any], *, command:
                              "p": rows[PURE]["p"]} for t, rows in report["tests"].items()},
         "fusion": _fused_summary(report),
         "command": command,
+        "fit": report.get("fit"),
     }
 
 

@@ -25,31 +25,30 @@ from pathlib import Path
 from typing import Any
 
 from heedrank.config import RerankerConfig
+from heedrank.files import file_sha256
 from heedrank.pipeline import Pipeline
 from heedrank.eval.harness import (
     EvalTarget,
     check_rerank_name,
     config_dict,
-    file_sha256,
     run_evaluation,
     select_queries,
     spec_report_name,
 )
 from heedrank.eval.metrics import TREC_DL_METRICS
 from heedrank.eval.report import EvalReport
-from heedrank.eval.spec import EvalSpec, as_spec
+from heedrank.eval.spec import EvalSpec
 
 logger = logging.getLogger(__name__)
 
 
-def evaluate_trec_dl(spec: EvalSpec | str | Path | None = None, /, **fields: Any) -> EvalReport:
+def evaluate_trec_dl(spec: EvalSpec) -> EvalReport:
     """Rerank a TREC DL first-stage run and evaluate it; writes a TREC run and a JSON report.
 
     Args:
         spec: The evaluation (:class:`~heedrank.eval.spec.EvalSpec`: ``data_dir``, its TREC
             DL fields ``run_name``, ``year``, ``topics``, ``qrels``, ``run_file``, and the
-            shared ones; at most 100 candidates exist per query). Also callable as before the
-            spec, ``evaluate_trec_dl(data_dir, **fields)`` with the spec's field names.
+            shared ones; at most 100 candidates exist per query).
 
     Returns:
         The saved report; ``name`` is ``<dataset>-<year>-<run>-<rerank>[-c<candidates>][-f<alpha>][-<config>][-q<n>-s<seed>]``
@@ -62,14 +61,12 @@ def evaluate_trec_dl(spec: EvalSpec | str | Path | None = None, /, **fields: Any
         UnknownNameError: unknown reranker or metric.
         ValidationError: bad ``candidates``/``max_queries``; several years in ``data_dir``
             and no ``year``; malformed files; BEIR fields set.
-        TypeError: an unknown field, or a spec and fields both.
     """
     from heedrank.data import load_run_json, load_trec_qrels, load_trec_topics, trec_dl_paths
     from heedrank.registry import build_reranker
     from heedrank.index.memory import InMemoryDocStore
     from heedrank.retriever.run import RunRetriever
 
-    spec = as_spec(spec, fields)
     spec.check_for("trec-dl")
     check_rerank_name(spec.rerank)
     run_name = spec.run_name

@@ -26,7 +26,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
 from heedrank.errors import HeedrankError, KVStoreError, KVStoreMismatchError, ValidationError
@@ -61,7 +61,7 @@ KV_FORMAT_VERSION = 1
 """On-disk format version of a document KV store (``header.json``, ``MANIFEST.json``, shards;
 :mod:`heedrank.index.kv.format`)."""
 
-KV_DTYPES = ("float16", "int8", "int4")
+KV_DTYPES = ("float16", "int8")
 """How a store may keep keys and values; each has its codec in :mod:`heedrank.index.kv.codec`
 (the reranker's ``kv_dtype`` option)."""
 
@@ -70,35 +70,23 @@ def header_diff(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple
     """Names of the fields of ``expected`` whose value in ``stored`` differs (a field ``stored``
     lacks differs unless ``expected``'s is ``None``), sorted. Works on :meth:`KVHeader.to_dict`
     forms and on the partial dicts of errors and plugins alike."""
-    def norm(d: Mapping[str, Any], k: str) -> Any:
-        v = d.get(k, _OPTIONAL.get(k))
-        return list(v) if isinstance(v, tuple) else v
-
-    return tuple(sorted(k for k in expected if norm(stored, k) != norm(expected, k)))
-
-
-_OPTIONAL = {"layers": None, "keys_only": False, "value_layers": None}
-"""Header fields a full store's ``header.json`` leaves out, with their values there."""
+    return tuple(sorted(k for k in expected if stored.get(k) != expected.get(k)))
 
 
 @dataclass(frozen=True)
-class KVHeader(Mapping[str, Any]):
+class KVHeader:
     """What a store's keys/values were computed with; a store only serves an identical header.
 
     A reranker in cached mode says what it needs with :meth:`BlockCachingReranker.block_store_header`
     and the index opens (or creates) its store for that header. ``header.json`` holds
-    :meth:`to_dict`.
-
-    As a read-only mapping, a header reads as the fields a reranker asks for (every field
-    but ``format_version``, which the store adds): ``dict(header)`` is the JSON form a
-    ``block_store_header()`` had before it was typed, and ``KVHeader(**header)`` rebuilds it.
+    :meth:`to_dict`, and :meth:`from_dict` reads it back.
 
     Attributes:
         model_hash: Hash of the LM's weights file(s) (e.g. sha256 hex).
         prompt_template_version: Version of the BlockRank prompt template (block format).
         instruction_hash: Hash of block 0's token ids (the fixed instruction: every document
             block attends to it and starts at position ``L0 = len(instruction)``).
-        layer: Scoring layer ``l*``; layers ``0..layer`` are stored (unless ``layers``).
+        layer: Scoring layer ``l*``; layers ``0..layer`` are stored.
         kv_heads: Key/value heads per layer (SmolLM2-135M: 3).
         head_dim: Channels per head (SmolLM2-135M: 64).
         max_doc_tokens: Block length: the most tokens ``T`` one document may have.
@@ -106,19 +94,6 @@ class KVHeader(Mapping[str, Any]):
             :data:`KV_DTYPES`.
         adapter_hash: Hash of a fine-tuned adapter (LoRA / BlockRank head), or ``None``.
         format_version: On-disk format version (:data:`KV_FORMAT_VERSION`).
-        layers: The stored layers, ascending, each ``<= layer`` (``None``: ``0..layer``, the
-            full store). A probe store (issue #23) keeps only the layers its scoring reads.
-        keys_only: No values stored (a keys-only probe store, whose query
-            pass never reads the candidates' values; ``shared/design/ALGORITHMS.md`` section 6,
-            design A).
-        value_layers: The layers whose values are stored, ascending, a subset of the stored
-            layers (``None``: every stored layer, or none with ``keys_only``). A *window store*
-            (issue #23): the query pass reads the candidates only from layer ``m`` up
-            (``attend = m``), so it needs values at ``m..l*-1`` and keys at those layers and
-            at the scoring layers.
-
-    The three layout fields are left out of :meth:`to_dict` at their defaults, so a full store
-    written before they existed keeps its header and fingerprint.
 
     Raises:
         ValidationError: an invalid field.
@@ -134,27 +109,8 @@ class KVHeader(Mapping[str, Any]):
     dtype: str = "float16"
     adapter_hash: str | None = None
     format_version: int = KV_FORMAT_VERSION
-    layers: tuple[int, ...] | None = None
-    keys_only: bool = False
-    value_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.layers is not None:
-            layers = tuple(self.layers)
-            if (not layers or any(isinstance(l, bool) or not isinstance(l, int) for l in layers)
-                    or list(layers) != sorted(set(layers)) or layers[0] < 0 or layers[-1] > self.layer):
-                raise ValidationError(f"KVHeader.layers must be ascending distinct layers in [0, {self.layer}], "
-                                      f"got {self.layers!r}")
-            object.__setattr__(self, "layers", layers)
-        if not isinstance(self.keys_only, bool):
-            raise ValidationError(f"KVHeader.keys_only must be a bool, got {self.keys_only!r}")
-        if self.value_layers is not None:
-            vl = tuple(self.value_layers)
-            if (self.keys_only or not vl or any(isinstance(l, bool) or not isinstance(l, int) for l in vl)
-                    or list(vl) != sorted(set(vl)) or not set(vl) <= set(self.stored_layers)):
-                raise ValidationError(f"KVHeader.value_layers must be ascending distinct stored layers "
-                                      f"{list(self.stored_layers)} (and no keys_only), got {self.value_layers!r}")
-            object.__setattr__(self, "value_layers", vl)
         for name in ("model_hash", "prompt_template_version", "instruction_hash"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -168,80 +124,26 @@ class KVHeader(Mapping[str, Any]):
         if self.dtype not in KV_DTYPES:
             raise ValidationError(f"KVHeader.dtype must be one of {KV_DTYPES}, got {self.dtype!r}")
 
-    # -- the mapping view: a reranker's requirement -----------------------------------------
-    def _names(self) -> tuple[str, ...]:
-        """The mapping's keys: every field but ``format_version``, and the probe fields only
-        when they differ from a full store's defaults."""
-        return tuple(n for n in _REQUIRED if n not in _OPTIONAL or getattr(self, n) != _OPTIONAL[n])
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._names():
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __len__(self) -> int:
-        return len(self._names())
-
     # -- derived ----------------------------------------------------------------------------
     @property
     def n_layers(self) -> int:
-        """Stored layers: ``len(layers)``, else ``layer + 1``."""
-        return len(self.layers) if self.layers is not None else self.layer + 1
-
-    @property
-    def stored_layers(self) -> tuple[int, ...]:
-        """The stored layers, ascending."""
-        return self.layers if self.layers is not None else tuple(range(self.layer + 1))
-
-    @property
-    def probe(self) -> bool:
-        """A keys-only probe store (``keys_only``)."""
-        return self.keys_only
-
-    @property
-    def stored_value_layers(self) -> tuple[int, ...]:
-        """The layers whose values are stored, ascending (empty in a keys-only store)."""
-        if self.keys_only:
-            return ()
-        return self.value_layers if self.value_layers is not None else self.stored_layers
-
-    @property
-    def n_value_layers(self) -> int:
-        """``len(stored_value_layers)``."""
-        return len(self.stored_value_layers)
-
-    @property
-    def layout(self) -> str:
-        """``"full"`` (keys and values of every stored layer), ``"window"`` (values of some
-        stored layers) or ``"probe"`` (keys only)."""
-        return "probe" if self.keys_only else "window" if self.value_layers is not None else "full"
+        """Stored layers: ``layer + 1``."""
+        return self.layer + 1
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (``header.json``): every field, ``n_layers`` included; ``layers`` and
-        ``keys_only`` only when they differ from the full store's defaults."""
+        """JSON form (``header.json``): every field, ``n_layers`` included."""
         d = asdict(self)
-        if self.layers is None:
-            d.pop("layers")
-        else:
-            d["layers"] = list(self.layers)
-        if not self.keys_only:
-            d.pop("keys_only")
-        if self.value_layers is None:
-            d.pop("value_layers")
-        else:
-            d["value_layers"] = list(self.value_layers)
         d["n_layers"] = self.n_layers
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> KVHeader:
-        """Inverse of :meth:`to_dict` (``n_layers`` optional; a :class:`KVHeader` is returned as is).
+    def from_dict(cls, data: KVHeader | Mapping[str, Any]) -> KVHeader:
+        """Inverse of :meth:`to_dict` (``n_layers`` optional; a :class:`KVHeader` is returned as
+        is).
 
         Raises:
-            KVStoreError: unknown or missing fields, or ``n_layers != layer + 1``.
+            KVStoreError: unknown or missing fields (the message says to rebuild the store), or
+                ``n_layers != layer + 1``.
         """
         if isinstance(data, KVHeader):
             return data
@@ -250,12 +152,12 @@ class KVHeader(Mapping[str, Any]):
         try:
             header = cls(**d)
         except TypeError as exc:
-            raise KVStoreError(f"invalid KV store header {dict(data)!r}: {exc}") from exc
+            raise KVStoreError(f"invalid KV store header {dict(data)!r}: {exc}; delete the store and rebuild it "
+                               "with `heedrank index kv build`") from exc
         except ValidationError as exc:
             raise KVStoreError(f"invalid KV store header: {exc}") from exc
         if n_layers is not None and n_layers != header.n_layers:
-            raise KVStoreError(f"invalid KV store header: n_layers={n_layers} but layer={header.layer}, "
-                               f"layers={header.layers}")
+            raise KVStoreError(f"invalid KV store header: n_layers={n_layers} but layer={header.layer}")
         return header
 
     def fingerprint(self) -> str:
@@ -263,13 +165,8 @@ class KVHeader(Mapping[str, Any]):
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode("utf-8")).hexdigest()
 
     def doc_shape(self, tokens: int) -> tuple[int, int, int, int]:
-        """``(n_layers, kv_heads, tokens, head_dim)``: the shape of one block's keys (and
-        values, in a full store)."""
+        """``(n_layers, kv_heads, tokens, head_dim)``: the shape of one block's keys (or values)."""
         return (self.n_layers, self.kv_heads, tokens, self.head_dim)
-
-    def value_shape(self, tokens: int) -> tuple[int, int, int, int]:
-        """``(n_value_layers, kv_heads, tokens, head_dim)``: the shape of one block's values."""
-        return (self.n_value_layers, self.kv_heads, tokens, self.head_dim)
 
     def entry_nbytes(self, tokens: int) -> int:
         """Payload bytes of one block of ``tokens`` tokens in a store (keys + values + scales;
@@ -282,9 +179,6 @@ class KVHeader(Mapping[str, Any]):
     def diff(self, other: KVHeader) -> tuple[str, ...]:
         """Fields (of :meth:`to_dict`, ``n_layers`` included) whose values differ, sorted."""
         return header_diff(self.to_dict(), other.to_dict())
-
-
-_REQUIRED = tuple(f.name for f in fields(KVHeader) if f.name != "format_version")
 
 
 def as_header(header: KVHeader | Mapping[str, Any]) -> KVHeader:
@@ -382,7 +276,8 @@ def block_store_for(reranker: Any, index: Any, *, create: bool = True) -> BlockS
     try:
         return index.block_store(header, create=create)
     except KVStoreMismatchError as exc:
-        raise KVStoreMismatchError(store_hint(reranker, header, exc.stored) + str(exc), exc.fields, exc.stored) from None
+        raise KVStoreMismatchError(store_hint(reranker, as_header(header).to_dict(), exc.stored) + str(exc),
+                                   exc.fields, exc.stored) from None
 
 
 def store_hint(reranker: Any, expected: Mapping[str, Any], stored: Mapping[str, Any]) -> str:
@@ -392,11 +287,11 @@ def store_hint(reranker: Any, expected: Mapping[str, Any], stored: Mapping[str, 
 
     Args:
         reranker: Its ``config.max_doc_tokens`` is the content budget of a block.
-        expected: The reranker's header (a :class:`KVHeader` or its fields).
+        expected: The reranker's header fields (:meth:`KVHeader.to_dict`).
         stored: The store's header fields (``{}`` when unknown).
     """
     differ = set(header_diff(stored, expected))
-    if not stored or differ - {"layer", "max_doc_tokens", "dtype", "instruction_hash"}:
+    if not stored or differ - {"layer", "n_layers", "max_doc_tokens", "dtype", "instruction_hash"}:
         return ""
     parts = []
     if "layer" in differ:
@@ -456,8 +351,6 @@ class BlockSync:
             return 0
         written = 0
         for reranker, lock, store in self._stores(create=True):
-            if getattr(store, "readonly", False):  # a full store read as a probe store: blocks computed on first use
-                continue
             texts = {k: d.content for k, d in zip(reranker.block_keys([d.content for d in documents]), documents)}
             todo = [k for k in texts if not store.contains(k)]
             if not todo:

@@ -17,7 +17,7 @@ A map holds only for the scores it was fitted on, so a :class:`Calibration` carr
 per way of serving (:data:`MODES`) and the fusion weight it was fitted at; ``/search`` and
 ``/rerank`` refuse a cut-off the reranker has no map for (:meth:`Calibration.map_for`).
 The maps are fitted on queries the reranker was not trained on, the thresholds chosen on dev
-(``heedrank eval calibrate``, :mod:`heedrank.eval.calibration`), and written into the
+(``heedrank lab calibrate``, :mod:`heedrank.eval.calibration`), and written into the
 reranker's weights card under ``"calibration"``.
 
 Pure Python (no numpy): it runs on every reranked request.
@@ -143,7 +143,7 @@ class Calibration:
         """
         if list(data.get("features", FEATURES)) != list(FEATURES):
             raise ValidationError(f"calibration features {data.get('features')} are not {list(FEATURES)}; refit it "
-                                  "with `heedrank eval calibrate`")
+                                  "with `heedrank lab calibrate`")
         maps = {}
         counts = [int(c) for c in data.get("counts") or []]
         span = (min(counts), max(counts)) if counts else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,16 +96,21 @@ store (:class:`heedrank.reranker.doccache.BlockSource`)."""
 
 @dataclass(frozen=True)
 class RerankerConfig:
-    """How to build a reranker.
+    """How to build a reranker: a frozen record, picklable (a Ray actor builds its reranker
+    from it).
 
-    The method is stored as the registered method it names (``"default"`` becomes
-    ``"blockrank-cached"``; the deprecated ``blockrank`` + ``query_in_instruction=false``
-    becomes ``blockrank-cached`` with that spelling's defaults; see
-    :func:`heedrank.reranker.options.canonical`).
+    The options are typed once, when the configuration is made: ``method`` is resolved to the
+    registered method it names (``"default"`` becomes ``"blockrank-cached"``) and ``options``,
+    given as a mapping (``--opt KEY=VALUE``, a request body, a Python caller) or as that
+    method's options object, becomes the method's frozen options object
+    (:mod:`heedrank.reranker.options`: ``ICROptions``, ``BlockRankOptions``,
+    ``CachedBlockRankOptions``; a registered plugin without an options class keeps a ``dict``).
+    :func:`dataclasses.replace` keeps the typed object; replacing ``method`` drops options that
+    are all defaults and refuses set ones (they are another method's).
 
     Attributes:
         method: Registry name (``"icr"``, ``"blockrank"``, ``"blockrank-cached"``) or
-            ``"default"``.
+            ``"default"``; stored as the registered name.
         model: LM to read attention from: ``None`` or ``"smollm2-135m-instruct"`` for the
             packaged default, an opt-in packaged one (``"gemma3-270m"``,
             ``"qwen2.5-coder-0.5b-instruct"``; :func:`heedrank.reranker.lm.packaged_models`), or
@@ -119,12 +123,11 @@ class RerankerConfig:
         dtype: Compute dtype (``"float32"``; ``"bfloat16"`` only on accelerators).
         cache_dir: Where converted model copies are cached; ``None`` = ``$HEEDRANK_CACHE_DIR``
             or ``~/.cache/heedrank``.
-        options: Method-specific options, ``{name: JSON value}``. Each method parses them
-            into its typed options class when the reranker is built
-            (:mod:`heedrank.reranker.options`: ``ICROptions``, ``BlockRankOptions``);
-            unknown names and bad values are a ValidationError. Check them without
-            building (or loading) anything with
-            ``heedrank.reranker.options.parse_options(method, options)``.
+        options: The method's typed options (see above; ``options.to_dict()`` for reports).
+
+    Raises:
+        ValidationError: unknown option names (the message lists the valid ones), bad values.
+        UnknownNameError: is not raised here; an unknown method fails when it is built.
     """
 
     method: str = DEFAULT_RERANK_METHOD
@@ -133,24 +136,34 @@ class RerankerConfig:
     device: str = "cpu"
     dtype: str = "float32"
     cache_dir: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-    spelled: str | None = field(default=None, compare=False, repr=False)
-    """The name this configuration was given when that names another method (a deprecated
-    spelling): a pipeline built from it still answers to that name for one release."""
+    options: Any = None
 
     def __post_init__(self) -> None:
-        from heedrank.registry import canonical_reranker, reranker_aliases
+        from heedrank.registry import resolve_method, typed_options
 
-        method, options = canonical_reranker(self.method, self.options)
-        if method != self.method and self.method not in reranker_aliases():  # a deprecated spelling
-            object.__setattr__(self, "spelled", self.method)
-            if self.max_doc_tokens is None:
-                object.__setattr__(self, "max_doc_tokens", DEFAULT_MAX_DOC_TOKENS)  # the old spelling's budget
+        method = resolve_method(self.method)
         object.__setattr__(self, "method", method)
-        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "options", typed_options(method, self.options))
+
+    @property
+    def option_values(self) -> dict[str, Any]:
+        """Every option with its value, JSON-ready (``options.to_dict()``; a plugin's dict as given)."""
+        to_dict = getattr(self.options, "to_dict", None)
+        return dict(to_dict() if to_dict is not None else self.options)
+
+    @property
+    def given_options(self) -> dict[str, Any]:
+        """The options that differ from the method's defaults, JSON-ready: what a report, a run
+        name or a progress header records (every option of a plugin without an options class)."""
+        values = self.option_values
+        if not hasattr(self.options, "to_dict"):
+            return values
+        defaults = type(self.options)().to_dict()
+        return {k: v for k, v in values.items() if defaults.get(k) != v}
 
     def with_options(self, **options: Any) -> RerankerConfig:
-        return replace(self, options={**self.options, **options})
+        """This configuration with ``options`` set over its own (parsed again: a boundary)."""
+        return replace(self, options={**self.option_values, **options})
 
     @property
     def doc_tokens(self) -> int:

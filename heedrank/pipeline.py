@@ -27,6 +27,7 @@ from typing import Any
 from heedrank.blocks import BlockSync, block_store_for
 from heedrank.config import PipelineConfig, SearchLimits
 from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.serving import Served, ServePolicy
 from heedrank.protocols import (
     DocStore,
     ExplainingReranker,
@@ -118,10 +119,7 @@ class RerankerCache:
         """
         from heedrank import registry
 
-        base = getattr(self.factory, "base", None)
-        if not options and base is not None and method == getattr(base, "spelled", None):
-            method = base.method  # the base configuration's deprecated name (one release)
-        method, options = registry.canonical_reranker(method, options)
+        method = registry.resolve_method(method)
         if not options and max_doc_tokens is None:
             with self._guard:
                 if method not in self._default:
@@ -263,7 +261,7 @@ class SearchResult:
         first_stage: The first-stage ranking (top ``max(k, candidates)``), not hydrated.
         timings: Seconds per stage: ``retrieve``, ``hydrate``, ``rerank``, ``total``.
         rerank: The reranker's result, or ``None`` without reranking.
-        fusion: The fusion weight used (:func:`fuse_scores`), or ``None``.
+        fusion: The fusion weight used (:class:`heedrank.serving.ServePolicy`), or ``None``.
         probabilities: Calibrated probability of relevance of each reranked candidate, by doc
             id, when the reranker has a calibration for the scores served (else ``None``).
         cutoff: The probability threshold applied (``SearchOptions.cutoff``), or ``None``.
@@ -585,13 +583,13 @@ class Pipeline:
         check_query_texts(queries)
         rerank = options.rerank != NO_RERANK
         cache = self._cache() if rerank else None
-        plat: Any = None
+        policy: ServePolicy | None = None
         if cache is not None:
             reranker: Any = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
             if options.explain:
                 check_explainer(reranker, options.rerank)
-            plat = calibration_map(reranker, options.rerank, fusion_weight(options.fusion, reranker), by="score",
-                                   required=options.cutoff is not None)
+            policy = ServePolicy.of(reranker, fusion=options.fusion, cutoff=options.cutoff, by="score",
+                                    method=options.rerank)
 
         results = []
         iterator: Any = self.first_stage_rows(queries, options)
@@ -603,34 +601,27 @@ class Pipeline:
             q, ranking, hydrated = row.query, row.ranking, row.hydrated
             t_retrieve, t_hydrate = row.retrieve_seconds, row.hydrate_seconds
             rr: RerankResult | None = None
-            alpha: float | None = None
-            probs: dict[str, float] | None = None
-            threshold: float | None = None
+            served: Served | None = None
             t_rerank = 0.0
             final = hydrated.top(options.top_k)
-            if cache is not None and len(hydrated):
+            if cache is not None and policy is not None and len(hydrated):
                 cands = hydrated.top(options.candidates)
                 t2 = time.perf_counter()
                 rr = cache.rerank(q, [h.document for h in cands.hits], options.rerank, options.rerank_options,
                                   explain=options.explain, evidence_spans=options.evidence_spans,
                                   index=self.index)
                 t_rerank = time.perf_counter() - t2
-                alpha = fusion_weight(options.fusion, reranker)
-                reranked = rr.ranking if alpha is None else fuse_scores(cands, rr.ranking, alpha)
-                k = options.top_k
-                if plat is not None:
-                    probs, threshold, keep = served_probabilities(reranked, alpha, plat, options.cutoff)
-                    if options.cutoff is not None:
-                        k = min(k, keep)
-                        reranked = Ranking(reranked.query_id, reranked.hits[:k])
-                final = merge_reranked(hydrated, reranked, k)
+                served = policy.apply(cands, rr.ranking)
+                k = options.top_k if options.cutoff is None else min(options.top_k, len(served.ranking))
+                final = merge_reranked(hydrated, served.ranking, k)
             timings = {
                 "retrieve": t_retrieve,
                 "hydrate": t_hydrate,
                 "rerank": t_rerank,
                 "total": t_retrieve + t_hydrate + t_rerank,
             }
-            results.append(SearchResult(q, final, ranking, timings, rr, alpha, probs, threshold))
+            results.append(SearchResult(q, final, ranking, timings, rr, policy.alpha if rr is not None and policy else None,
+                                        served.probabilities if served else None, served.threshold if served else None))
         return results
 
 
@@ -653,9 +644,13 @@ class RegistryRerankerFactory:
         from heedrank import registry
 
         # The base options are the base method's (typed per method: another method would refuse them).
-        method, options = registry.canonical_reranker(method, options)
-        inherited = self.base.options if method == self.base.method else {}
-        config = replace(self.base, method=method, options={**inherited, **(options or {})})
+        method = registry.resolve_method(method)
+        if method != self.base.method:
+            config = replace(self.base, method=method, options=dict(options or {}))
+        elif options:
+            config = self.base.with_options(**options)
+        else:
+            config = self.base
         if max_doc_tokens is not None:
             config = replace(config, max_doc_tokens=max_doc_tokens)
         return registry.build_reranker(config, block_cache_bytes=self.block_cache_bytes)
@@ -672,70 +667,6 @@ def reranker_factory(base: Any, *, block_cache_bytes: int | None = None) -> Rera
     """A :class:`RegistryRerankerFactory` over a base :class:`~heedrank.config.RerankerConfig`
     (``block_cache_bytes``: see :attr:`RegistryRerankerFactory.block_cache_bytes`)."""
     return RegistryRerankerFactory(base, block_cache_bytes)
-
-
-def fuse_scores(first_stage: Ranking, reranked: Ranking, alpha: float, *, by: str = "score") -> Ranking:
-    """The reranked candidates re-scored ``alpha * z(first) + (1 - alpha) * z(reranker)``
-    (:func:`heedrank.fusion.fuse`: each z-scored over the candidates; a constant list gives
-    zeros). ``by="score"``: the first stage's scores; ``by="rank"``: the reciprocal rank of
-    its order (``/rerank``, whose documents come without scores). Candidates missing from
-    ``first_stage`` get its lowest value. Scores are unitless."""
-    from heedrank.fusion import combine, reciprocal_ranks, standardize_list
-
-    ids = {h.doc_id for h in reranked.hits}
-    present = [h for h in first_stage.hits if h.doc_id in ids]
-    values = reciprocal_ranks(len(present)) if by == "rank" else [float(h.score) for h in present]
-    zf = dict(zip((h.doc_id for h in present), standardize_list(values)))
-    low = min(zf.values(), default=0.0)
-    zr = standardize_list([float(h.score) for h in reranked.hits])
-    return Ranking.from_hits(reranked.query_id, (
-        replace(h, score=combine(zf.get(h.doc_id, low), z, alpha)) for h, z in zip(reranked.hits, zr)))
-
-
-def fusion_weight(fusion: float | str | None, reranker: Any) -> float | None:
-    """The fusion weight ``alpha`` a search uses: ``fusion`` as given, or with
-    :data:`DEFAULT_FUSION` the reranker's ``default_fusion`` (``None`` when it has none)."""
-    from heedrank.fusion import resolve_weight
-
-    return resolve_weight(fusion, getattr(reranker, "default_fusion", None))
-
-
-def calibration_map(reranker: Any, method: str, alpha: float | None, *, by: str, required: bool) -> Any:
-    """The reranker's :class:`heedrank.calibration.PlattMap` for scores served with fusion
-    weight ``alpha`` (``by``: ``"score"`` or ``"rank"``), or ``None`` when it has none.
-
-    Raises:
-        ValidationError: ``required`` (a cut-off was asked for) and there is no map.
-    """
-    calibration = getattr(reranker, "calibration", None)
-    if calibration is None:
-        if required:
-            raise ValidationError(f"rerank method {method!r} has no calibrated scores, so it cannot apply a cutoff; "
-                                  "use the default configuration (blockrank-cached with its weights card), or top_k")
-        return None
-    try:
-        return calibration.map_for(alpha, by=by)
-    except ValidationError:
-        if required:
-            raise
-        return None
-
-
-def served_probabilities(reranked: Ranking, alpha: float | None, plat: Any, cutoff: float | str | None
-                         ) -> tuple[dict[str, float], float | None, int]:
-    """Calibrated probabilities of one query's reranked candidates (served order), the
-    threshold of ``cutoff`` (``None`` without one) and how many hits pass it
-    (:func:`heedrank.calibration.apply_cutoff`). Without fusion the map reads the reranker's
-    scores z-scored over the candidates."""
-    from heedrank.calibration import apply_cutoff
-    from heedrank.fusion import standardize_list
-
-    scores = [float(h.score) for h in reranked.hits]
-    if alpha is None:
-        scores = standardize_list(scores)
-    probs, threshold, keep = apply_cutoff(scores, 1.0 if cutoff is None else cutoff, plat)
-    return ({h.doc_id: p for h, p in zip(reranked.hits, probs)}, None if cutoff is None else threshold,
-            keep if cutoff is not None else len(probs))
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:

@@ -24,7 +24,7 @@ _RERANKERS: dict[str, str | Callable[..., Any]] = {
     "blockrank": "heedrank.reranker.blockrank:BlockRankReranker",
     "blockrank-cached": "heedrank.reranker.cached:CachedBlockRankReranker",
 }
-_CANONICAL = "heedrank.reranker.options:canonical"
+_OPTION_CLASSES = "heedrank.reranker.options:OPTION_CLASSES"
 _DEFAULT_BUDGET = "heedrank.reranker.options:default_max_doc_tokens"
 _ALIASES = "heedrank.reranker.options:METHOD_ALIASES"
 _INDEX_OPENER = "heedrank.index.store:Index.open"
@@ -56,20 +56,51 @@ def reranker_aliases() -> dict[str, str]:
     return dict(_resolve(_ALIASES))
 
 
-def canonical_reranker(method: str, options: Any = None) -> tuple[str, dict[str, Any]]:
-    """The registered method and options that ``(method, options)`` names (an alias such as
-    ``"default"`` resolved, a deprecated spelling translated; see
-    ``heedrank.reranker.options.canonical``). Other names pass through unchanged.
+def resolve_method(method: str) -> str:
+    """The registered method that ``method`` names (an alias such as ``"default"`` resolved);
+    other names pass through unchanged."""
+    return reranker_aliases().get(method, method)
+
+
+def options_class(method: str) -> Any:
+    """The typed options class of a built-in method (``heedrank.reranker.options``), or
+    ``None`` for a method without one (a registered plugin, ``"none"``)."""
+    return _resolve(_OPTION_CLASSES).get(method)
+
+
+def typed_options(method: str, value: Any) -> Any:
+    """``value`` as the options of the registered ``method``: the method's frozen options
+    object, parsed from a mapping (or ``None``: every default) or kept when it already is one;
+    for a method without an options class, a ``dict`` copy of the mapping.
 
     Raises:
-        ValidationError: options of another method (the message names it).
+        ValidationError: unknown names or bad values (the message names the valid ones), or
+            set options of another method (all-default ones are dropped: a ``replace`` of
+            the method).
     """
-    return _resolve(_CANONICAL)(method, options)
+    from heedrank.errors import ValidationError
+
+    cls = options_class(method)
+    if cls is None:
+        if value is not None and not isinstance(value, dict):
+            to_dict = getattr(value, "to_dict", None)
+            if to_dict is None:
+                raise ValidationError(f"{method} options must be a mapping of option names to values, got {value!r}")
+            value = to_dict() if value != type(value)() else {}
+        return dict(value or {})
+    if isinstance(value, cls):
+        return value
+    if value is not None and hasattr(value, "to_dict") and not isinstance(value, dict):
+        if value == type(value)():
+            return cls()
+        raise ValidationError(f"options {value!r} are {getattr(value, 'method', 'another method')}'s, not {method}'s; "
+                              "give this method's options")
+    return cls.parse(value)
 
 
 def methods_with_options(names: Any) -> list[str]:
     """The built-in reranker methods whose options class has every option in ``names``."""
-    classes = _resolve("heedrank.reranker.options:OPTION_CLASSES")
+    classes = _resolve(_OPTION_CLASSES)
     return sorted(m for m, cls in classes.items() if set(names) <= set(cls.names()))
 
 

@@ -111,7 +111,7 @@ class Settings(BaseSettings):
     rerank_score_scale: float | None = Field(
         None, gt=0,
         description="Scale s of /rerank's relevance_score = 1 / (1 + exp(-raw / s)) for methods whose raw score is "
-        "not a probability; unset = the method's default (heedrank.api.routes.rerank.SCORE_SCALES).",
+        "not a probability; unset = the reranker's own (score_scale: heedrank.reranker.base.SCORE_SCALES).",
     )
 
     kv_cache_bytes: int = Field(KV_CACHE_BUDGET.default, ge=0, description=KV_CACHE_BUDGET.description)

@@ -36,7 +36,6 @@ serves both the catch-up at open and compaction); the methods here delegate to i
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import OrderedDict
@@ -599,36 +598,17 @@ class Index:
         }
 
     KV_DIR = "kv"
-    PROBE_DIR = "probe"
-    """A probe store (keys of the scoring layers only, issue #23) lives beside the full store,
-    so that an index keeps serving the full-store configuration after an upgrade."""
-    WINDOW_DIR = "window"
-    """A window store (keys of the read layers, values of ``m..l*-1``, issue #23): beside them."""
-
-    @classmethod
-    def store_dir(cls, header: KVHeader | Mapping[str, Any]) -> str:
-        """The folder (under the index) of the document store for ``header``: ``probe`` for a
-        keys-only probe store, ``window`` for a window store, else ``kv``."""
-        from heedrank.blocks import as_header
-
-        return {"probe": cls.PROBE_DIR, "window": cls.WINDOW_DIR}.get(as_header(header).layout, cls.KV_DIR)
     """Folder of the document KV store inside an index directory."""
 
-    def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True,
-                    full_fallback: bool = True) -> KVStore | None:
+    def block_store(self, header: KVHeader | Mapping[str, Any], *, create: bool = True) -> KVStore | None:
         """The index's document KV store (:class:`heedrank.index.kv.KVStore` at
-        ``<index>/kv``, a probe store at ``<index>/probe``, a window store at ``<index>/window``) for a reranker whose blocks were computed as ``header`` says (a
+        ``<index>/kv``) for a reranker whose blocks were computed as ``header`` says (a
         :class:`heedrank.blocks.KVHeader`, or its fields), opened once, with this index's
         ``kv_cache_bytes``, and kept until :meth:`close`; ``None`` for an in-memory index, or
         when the store does not exist and ``create`` is false.
 
-        A probe or window header (issue #23) with no store of its layout yet is served,
-        read-only, from a full store at ``<index>/kv`` that holds its layers
-        (:class:`heedrank.index.kv.LayerView`), unless ``full_fallback`` is false (the
-        build, which writes that store).
-
         Raises:
-            KVStoreMismatchError: the store was built with another model, layout, layer,
+            KVStoreMismatchError: the store was built with another model, layer,
                 block length, dtype or adapter (the message names the rebuild command).
             KVStoreError: the store cannot be opened (e.g. another process writes it).
         """
@@ -642,24 +622,7 @@ class Index:
         key = want.fingerprint()
         with self._kv_lock:
             if key not in stores:
-                path = Path(self.path) / self.store_dir(want)
-                full = Path(self.path) / self.KV_DIR
-                if (want.layout != "full" and full_fallback and not (path / "header.json").exists()
-                        and (full / "header.json").exists()):
-                    from heedrank.index.kv import LayerView
-
-                    stored = as_header(json.loads((full / "header.json").read_text(encoding="utf-8")))
-                    try:
-                        view = LayerView(KVStore.open(full, stored, readonly=True, out_dtype="float16",
-                                                      cache_bytes=self.kv_cache_bytes), want)
-                    except Exception as exc:  # noqa: BLE001 - any reason the full store cannot stand in
-                        logger.info("full store %s cannot serve the %s layers (%s)", full, want.layout, exc)
-                    else:
-                        logger.warning("index %s: serving the %s store's layers from its full store %s (read-only); "
-                                       "`heedrank index kv build --index %s` writes the %s store (%s)", self.path,
-                                       want.layout, full, self.path, want.layout, self.store_dir(want))
-                        stores[key] = view
-                        return view
+                path = Path(self.path) / self.KV_DIR
                 if not (path / "header.json").exists() and not create:
                     return None
                 # float16 out: the RAM cache holds half the bytes; blocks are widened while

@@ -24,11 +24,6 @@ from heedrank.errors import ValidationError
 from heedrank.files import file_sha256
 
 ADAPTER_FORMAT = 1
-QUERY = "default"
-"""peft adapter name of the query-side adapter (peft's default name: older files keep their tensor names)."""
-DOCUMENT = "document"
-"""peft adapter name of the document-side adapter (issue #24 lever 3): active only while candidate blocks are
-encoded, so a store built with it holds its blocks (header ``adapter_hash``)."""
 
 
 def lora_layers(model: Any) -> list[Any]:
@@ -40,24 +35,6 @@ def lora_layers(model: Any) -> list[Any]:
     from peft.tuners.lora import LoraLayer
 
     return [m for m in model.modules() if isinstance(m, LoraLayer)]
-
-
-@contextlib.contextmanager
-def only_adapter(model: Any, name: str) -> Iterator[None]:
-    """Run with the LoRA adapter ``name`` alone active (layers without it run as the base
-    model): the document tower while blocks are encoded. Restores every layer's state on exit."""
-    layers = lora_layers(model)
-    before = [(m._active_adapter, m._disable_adapters) for m in layers]
-    for m in layers:  # the private fields: peft's setters would also flip requires_grad (training relies on it)
-        has = name in m.lora_A
-        m._active_adapter = [name] if has else m._active_adapter
-        m._disable_adapters = not has
-    try:
-        yield
-    finally:
-        for m, (active, off) in zip(layers, before):
-            m._active_adapter = active
-            m._disable_adapters = off
 
 
 @contextlib.contextmanager
@@ -76,39 +53,21 @@ def adapter_disabled(model: Any) -> Iterator[None]:
             m.enable_adapters(not off)
 
 
-def inject_lora(model: Any, r: int, alpha: int, targets: Sequence[str], layers: Sequence[int] | None = None,
-                adapter_name: str = QUERY) -> int:
+def inject_lora(model: Any, r: int, alpha: int, targets: Sequence[str], layers: Sequence[int] | None = None) -> int:
     """Add LoRA layers in place (the model keeps its class, so ``model.base_model`` is
     still the decoder) to ``targets`` of decoder ``layers`` (all when ``None``; the query
-    passes never run above ``l*``) under peft adapter ``adapter_name`` and freeze everything
-    else (another adapter already injected too). The query adapter (:data:`QUERY`) stays the
-    active one for ordinary forwards. Returns the trainable parameter count."""
+    passes never run above ``l*``) and freeze everything else. Returns the trainable
+    parameter count."""
     from peft import LoraConfig, inject_adapter_in_model
 
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(targets), bias="none",
                      layers_to_transform=None if layers is None else list(layers))
-    import warnings
-
-    with warnings.catch_warnings():  # "multiple adapters in the model": the query and the document tower
-        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
-        inject_adapter_in_model(cfg, model, adapter_name=adapter_name)
-    for m in lora_layers(model):  # ordinary forwards (the query passes) run the query adapter or none
-        if QUERY in m.lora_A:
-            m._active_adapter = [QUERY]
-            if adapter_name == QUERY:
-                m._disable_adapters = False
-        else:  # only another adapter (the document tower) here: off outside :func:`only_adapter`
-            m._active_adapter = [adapter_name]
-            m._disable_adapters = True
+    inject_adapter_in_model(cfg, model)
     n = 0
     for name, p in model.named_parameters():
-        p.requires_grad_(_is_lora(name, adapter_name))
+        p.requires_grad_("lora_" in name)
         n += p.numel() if p.requires_grad else 0
     return n
-
-
-def _is_lora(name: str, adapter_name: str | None) -> bool:
-    return "lora_" in name and (adapter_name is None or f".{adapter_name}." in name)
 
 
 def has_adapter(model: Any) -> bool:
@@ -116,23 +75,21 @@ def has_adapter(model: Any) -> bool:
     return bool(lora_layers(model))
 
 
-def adapter_state(model: Any, adapter_name: str | None = None) -> dict[str, Any]:
-    """The LoRA tensors of ``model`` (names as in ``named_parameters``; of one adapter when
-    ``adapter_name`` is given), detached."""
-    return {n: p.detach().contiguous().clone() for n, p in model.named_parameters() if _is_lora(n, adapter_name)}
+def adapter_state(model: Any) -> dict[str, Any]:
+    """The LoRA tensors of ``model`` (names as in ``named_parameters``), detached."""
+    return {n: p.detach().contiguous().clone() for n, p in model.named_parameters() if "lora_" in n}
 
 
-def save_adapter(path: str | Path, model: Any, card: dict[str, Any], weights: Any = None,
-                 adapter_name: str | None = None) -> Path:
+def save_adapter(path: str | Path, model: Any, card: dict[str, Any], weights: Any = None) -> Path:
     """Write ``adapter.safetensors`` and ``adapter.json`` to ``path`` atomically (a temporary
-    folder renamed into place); with ``adapter_name``, that adapter's tensors only."""
+    folder renamed into place)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    tensors = adapter_state(model, adapter_name)
+    tensors = adapter_state(model)
     if weights is not None:
         tensors["scorer.weights"] = weights.detach().float().contiguous().clone()
     save_file(tensors, str(tmp / "adapter.safetensors"))
@@ -157,12 +114,12 @@ def resolve_adapter(value: str, identity: dict[str, Any]) -> Path:
         path = packaged_data_dir() / f"{identity.get('name')}.query-adapter"
         if not path.is_dir():
             raise NotFoundError(f"no query adapter ships for model {identity.get('name')!r}; train one with "
-                                "`heedrank train query-adapter` and pass --opt query_adapter=DIR")
+                                "`heedrank lab train query-adapter` and pass --opt query_adapter=DIR")
         return path
     path = Path(value).expanduser()
     if not (path / "adapter.json").is_file():
         raise NotFoundError(f"{path} is not a query adapter (adapter.json and adapter.safetensors expected); "
-                            "train one with `heedrank train query-adapter`")
+                            "train one with `heedrank lab train query-adapter`")
     return path
 
 
@@ -172,11 +129,8 @@ def adapter_hash(path: str | Path) -> str:
     return file_sha256(Path(path) / "adapter.safetensors")
 
 
-def load_adapter(path: str | Path, model: Any, identity: dict[str, Any] | None = None,
-                 adapter_name: str = QUERY) -> tuple[dict[str, Any], Any]:
-    """Inject and load a saved adapter into ``model`` (in place) as peft adapter
-    ``adapter_name`` (:data:`QUERY`, or :data:`DOCUMENT` for a document-side adapter, whose
-    file names its tensors so).
+def load_adapter(path: str | Path, model: Any, identity: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """Inject and load a saved query adapter into ``model`` (in place).
 
     Returns:
         ``(card, weights)``: the JSON card and the trained head weights (float32 tensor
@@ -193,21 +147,17 @@ def load_adapter(path: str | Path, model: Any, identity: dict[str, Any] | None =
     path = Path(path)
     if not (path / "adapter.json").is_file() or not (path / "adapter.safetensors").is_file():
         raise NotFoundError(f"{path} is not a query adapter (adapter.json and adapter.safetensors expected); "
-                            "train one with `heedrank train query-adapter`")
+                            "train one with `heedrank lab train query-adapter`")
     card = json.loads((path / "adapter.json").read_text())
     sha = (card.get("model") or {}).get("sha256")
     if identity is not None and sha and sha != identity.get("sha256"):
         raise ValidationError(f"adapter {path} was trained for model {sha}, not {identity.get('sha256')}: "
                               "load it with the model it was trained on")
-    tower = card.get("tower", "query")
-    if tower != ("document" if adapter_name == DOCUMENT else "query"):
-        raise ValidationError(f"adapter {path} is a {tower}-side adapter: pass it as "
-                              f"{'document_adapter' if tower == 'document' else 'query_adapter'}")
     lora = card["lora"]
-    inject_lora(model, lora["r"], lora["alpha"], lora["target_modules"], lora.get("layers"), adapter_name)
+    inject_lora(model, lora["r"], lora["alpha"], lora["target_modules"], lora.get("layers"))
     tensors = load_file(str(path / "adapter.safetensors"))
     weights = tensors.pop("scorer.weights", None)
-    missing = set(adapter_state(model, adapter_name)) - set(tensors)
+    missing = set(adapter_state(model)) - set(tensors)
     if missing:
         raise ValidationError(f"adapter {path} lacks {len(missing)} LoRA tensors (e.g. {sorted(missing)[0]}): retrain it")
     params = dict(model.named_parameters())

@@ -59,11 +59,7 @@ class AttentionCapture:
             ``(batch, heads, keys)`` float32 per layer; ``"logits"`` keeps the masked raw
             logits ``q.k / sqrt(d_head)`` (blocked positions = ``-inf``),
             ``(batch, heads, rows, keys)`` float32 per layer; ``"probs"`` keeps the
-            softmax probabilities per row, ``(batch, heads, rows, keys)``; ``"probe"`` keeps
-            the rows themselves for a later probe of keys the pass never saw
-            (:mod:`heedrank.reranker.probe`): ``{"q": (batch, heads, rows, head_dim)`` query
-            states after RoPE, ``"lse": (batch, heads, rows)`` log-sum-exp of the scaled,
-            masked logits over the pass's keys``}`` float32 per layer.
+            softmax probabilities per row, ``(batch, heads, rows, keys)``.
         stop_after: Raise :class:`StopForward` after this layer's attention (``None`` =
             run all layers).
         detach: Detach captured tensors from the autograd graph (``False`` for training).
@@ -121,10 +117,6 @@ def capture_rows(module, query, key, attention_mask, scaling: float, capture: At
     if capture.rows is not None:
         mask = mask[:, :, capture.rows, :]
     logits = logits + mask
-    if capture.mode == "probe":
-        value = {"q": q.float(), "lse": torch.logsumexp(logits, dim=-1)}
-        capture.out[layer] = {k: t.detach() for k, t in value.items()} if capture.detach else value
-        return
     if capture.mode == "logits":
         value = logits
     else:
@@ -186,33 +178,6 @@ class ContextSplit:
     self_mask: Any
 
 
-@dataclass(frozen=True)
-class CandidateMask:
-    """Layers at which the query rows do not *read* the candidates (the probe-store
-    experiment, ``shared/design/ALGORITHMS.md`` section 6).
-
-    At a layer ``< below`` the attention output of the pass (what its rows carry upward)
-    ignores the keys ``[start, end)`` (the candidates' tokens): the rows attend to block 0
-    and their own keys only. A capture at such a layer still reads the candidates: its
-    probabilities are ``exp(z - lse)`` with ``lse`` over *every* key (a probe of the
-    candidates' keys by rows that never took their values). ``below = 0``: today's pass;
-    ``below = l* + 1``: the rows depend on block 0 and themselves only, so a store needs
-    the candidates' keys at the read layers and nothing else.
-
-    Args:
-        start: First candidate key (``L0``).
-        end: One past the last candidate key (``L0 + D``).
-        below: Layers ``0..below-1`` do not attend to the candidates.
-    """
-
-    start: int
-    end: int
-    below: int
-
-    def applies(self, layer: int) -> bool:
-        return layer < self.below and self.end > self.start
-
-
 CHUNK_KEYS = 2048
 """Keys per chunk when "mean" captures are computed from log-sum-exps (bounds the
 ``(heads, rows, chunk)`` temporary)."""
@@ -260,12 +225,8 @@ def _split_ok(query, key, split: ContextSplit | None) -> bool:
     return True
 
 
-def _merged_attention(query, key, value, split: ContextSplit, scaling: float, need_out: bool,
-                      skip: tuple[int, int] | None = None):
+def _merged_attention(query, key, value, split: ContextSplit, scaling: float, need_out: bool):
     """Attention of the pass's rows over context + own keys, merged by log-sum-exp.
-
-    ``skip``: context keys ``[start, end)`` left out (a :class:`CandidateMask` layer); the
-    returned ``lse`` and ``p_self`` then cover the attended keys only.
 
     Returns:
         ``(out, lse, qg, p_self)``: ``out`` ``(1, R, H, d)`` (``None`` when not
@@ -282,19 +243,17 @@ def _merged_attention(query, key, value, split: ContextSplit, scaling: float, ne
     qg = query.reshape(B, n_kv, n_rep * R, d)
     ks, vs = key[:, :, K0:], value[:, :, K0:]
     out_c = lse_c = None
-    ranges = [(0, K0)] if skip is None else [(0, skip[0]), (skip[1], K0)]
-    for lo, hi in ranges:
-        start = lo
-        while start < hi:  # chunks of the context, each read from memory once for all rows
-            end = hi if hi - start < CONTEXT_CHUNK + CONTEXT_CHUNK // 4 else start + CONTEXT_CHUNK
-            o, l = _flash_cpu()(qg, key[:, :, start:end], value[:, :, start:end], 0.0, False, scale=scaling)
-            if out_c is None:
-                out_c, lse_c = o, l
-            else:
-                both = torch.logaddexp(lse_c, l)
-                out_c = out_c * torch.exp(lse_c - both)[..., None] + o * torch.exp(l - both)[..., None]
-                lse_c = both
-            start = end
+    start = 0
+    while start < K0:  # chunks of the context, each read from memory once for all rows
+        end = K0 if K0 - start < CONTEXT_CHUNK + CONTEXT_CHUNK // 4 else start + CONTEXT_CHUNK
+        o, l = _flash_cpu()(qg, key[:, :, start:end], value[:, :, start:end], 0.0, False, scale=scaling)
+        if out_c is None:
+            out_c, lse_c = o, l
+        else:
+            both = torch.logaddexp(lse_c, l)
+            out_c = out_c * torch.exp(lse_c - both)[..., None] + o * torch.exp(l - both)[..., None]
+            lse_c = both
+        start = end
     z = torch.matmul(qg, ks.transpose(-1, -2)).mul_(scaling)  # (1, n_kv, n_rep*R, R)
     z = z.view(B, n_kv, n_rep, R, R).add_(split.self_mask.to(z.dtype)).view(B, n_kv, n_rep * R, R)
     lse_s = torch.logsumexp(z, dim=-1)
@@ -343,21 +302,8 @@ def _mean_from_lse(capture: AttentionCapture, key, lse, qg, p_self, R: int, H: i
     return out  # (G, H, K); G == 1 without row weights, like the general path's (batch, H, K)
 
 
-def _lse_over(qg, key, start: int, end: int, scaling: float):
-    """float32 ``(1, H_kv, n_rep * R)``: log-sum-exp of the grouped rows' logits over the keys
-    ``[start, end)``, in chunks of :data:`CHUNK_KEYS`."""
-    import torch
-
-    out = None
-    for s in range(start, end, CHUNK_KEYS):
-        z = torch.matmul(qg, key[:, :, s:min(end, s + CHUNK_KEYS)].transpose(-1, -2)).mul_(scaling)
-        l = torch.logsumexp(z, dim=-1)
-        out = l if out is None else torch.logaddexp(out, l)
-    return out
-
-
 def _split_forward(module, query, key, value, attention_mask, scaling: float, split: ContextSplit,
-                   capture: AttentionCapture | None, last: bool, candidates: CandidateMask | None = None):
+                   capture: AttentionCapture | None, last: bool):
     """The split fast path of :func:`heedrank_attention_forward` (see the module docstring)."""
     layer = int(module.layer_idx)
     wanted = capture is not None and capture.wants(layer)
@@ -366,16 +312,9 @@ def _split_forward(module, query, key, value, attention_mask, scaling: float, sp
         wanted = False
         if last:
             raise StopForward(layer)
-    skip = (candidates.start, candidates.end) if candidates is not None and candidates.applies(layer) else None
-    out, lse, qg, p_self = _merged_attention(query, key, value, split, scaling, need_out=not last, skip=skip)
+    out, lse, qg, p_self = _merged_attention(query, key, value, split, scaling, need_out=not last)
     if wanted:
         _, H, R, _ = query.shape
-        if skip is not None:  # a probe: the capture's softmax also spans the keys the output skipped
-            import torch
-
-            both = torch.logaddexp(lse, _lse_over(qg, key, skip[0], skip[1], scaling))
-            p_self = p_self * (lse - both).exp()[..., None]
-            lse = both
         capture.out[layer] = _mean_from_lse(capture, key, lse, qg, p_self, R, H, scaling, split.context_len)
     if last:
         raise StopForward(layer)
@@ -385,11 +324,10 @@ def _split_forward(module, query, key, value, attention_mask, scaling: float, sp
 def heedrank_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention function registered as ``"heedrank"``: SDPA output plus optional row capture.
 
-    Keywords (passed down by transformers): ``heedrank_capture`` (:class:`AttentionCapture`),
-    ``heedrank_split`` (:class:`ContextSplit`, the fast path of a query pass over a
+    Keywords (passed down by transformers): ``heedrank_capture`` (:class:`AttentionCapture`)
+    and ``heedrank_split`` (:class:`ContextSplit`, the fast path of a query pass over a
     cached context; ``attention_mask`` must still be the full 4-D mask, which the general
-    path uses) and ``heedrank_candidates`` (:class:`CandidateMask`: layers whose output
-    does not read the candidates).
+    path uses).
 
     Raises:
         StopForward: after the capture's ``stop_after`` layer (whose attention output is
@@ -401,7 +339,6 @@ def heedrank_attention_forward(module, query, key, value, attention_mask, scalin
     check_cancelled()  # a layer boundary: stop here when nobody waits for the result (heedrank.cancel)
     capture: AttentionCapture | None = kwargs.pop("heedrank_capture", None)
     split: ContextSplit | None = kwargs.pop("heedrank_split", None)
-    candidates: CandidateMask | None = kwargs.pop("heedrank_candidates", None)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     layer = int(module.layer_idx)
@@ -411,18 +348,14 @@ def heedrank_attention_forward(module, query, key, value, attention_mask, scalin
         # its attention output is never used, so skip computing it.
         raise StopForward(layer)
     if _split_ok(query, key, split):
-        return _split_forward(module, query, key, value, attention_mask, scaling, split, capture, last, candidates)
+        return _split_forward(module, query, key, value, attention_mask, scaling, split, capture, last)
     if last:  # only the captured rows are needed from the last layer
         capture_rows(module, query, key, attention_mask, scaling, capture)
         raise StopForward(layer)
-    out_mask = attention_mask
-    if candidates is not None and candidates.applies(layer):  # the output skips the candidates; captures do not
-        out_mask = _additive_mask(attention_mask, query.shape[2], key.shape[2], query.dtype, query.device).clone()
-        out_mask[..., candidates.start:candidates.end] = float("-inf")
-    if _short_gqa(query, key, out_mask):
-        out = _grouped_sdpa(query, key, value, out_mask, scaling)
+    if _short_gqa(query, key, attention_mask):
+        out = _grouped_sdpa(query, key, value, attention_mask, scaling)
     else:
-        out, _ = sdpa_attention_forward(module, query, key, value, out_mask, scaling=scaling, dropout=dropout,
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                         **kwargs)
     if capture is not None and capture.wants(layer):
         capture_rows(module, query, key, attention_mask, scaling, capture)

@@ -265,7 +265,6 @@ def instruction_kv(lm: Any, instruction_ids: Sequence[int], layer: int) -> list[
 
 def encode_blocks(
     lm: Any, kv0: Sequence[BlockKV], blocks: Sequence[Sequence[int]], layer: int, *, batch_size: int = 32,
-    adapter: str | None = None,
 ) -> list[BlockKV]:
     """Keys/values of candidate blocks, each against block 0 only, positions from ``L0``.
 
@@ -280,9 +279,6 @@ def encode_blocks(
         blocks: Token ids per block (each non-empty).
         layer: Deepest layer whose keys/values are kept (``l*``).
         batch_size: Blocks per batched prefill (bounds memory).
-        adapter: peft adapter name active while the blocks are encoded (the document
-            tower, :data:`heedrank.reranker.adapters.DOCUMENT`); ``None`` = the base model
-            (every adapter off).
 
     Returns:
         Per block ``(keys, values)``, each float ``(layer + 1, kv_heads, T_block, head_dim)``
@@ -291,7 +287,7 @@ def encode_blocks(
     import torch
 
     from heedrank.reranker.attention import AttentionCapture, run_with_capture
-    from heedrank.reranker.adapters import adapter_disabled, only_adapter
+    from heedrank.reranker.adapters import adapter_disabled
 
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
@@ -314,8 +310,7 @@ def encode_blocks(
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, neg_inf(dtype))[:, None]
         cache = cache_from([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv0[:n_layers]],
                             lm.model.config)
-        # blocks are the base model's (a query adapter keeps the store valid), or the document tower's
-        with adapter_disabled(lm.model) if adapter is None else only_adapter(lm.model, adapter):
+        with adapter_disabled(lm.model):  # blocks are the base model's: a query adapter keeps the store valid
             run_with_capture(
                 lm.model.base_model, AttentionCapture(layers=(), stop_after=layer),
                 input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True,
@@ -378,11 +373,10 @@ class ContextBuffer:
 
 
 def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *, reserve: int = 0,
-                buffer: ContextBuffer | None = None,
-                layers: tuple[Sequence[int], Sequence[int]] | None = None) -> list[BlockKV]:
+                buffer: ContextBuffer | None = None) -> list[BlockKV]:
     """Block 0's and the candidates' keys/values concatenated per layer (no padding):
     per layer ``(1, kv_heads, L0 + D, head_dim)`` in block 0's dtype, the input
-    :func:`heedrank.reranker.blockrank.query_pass` takes.
+    :func:`heedrank.reranker.blockforward.query_pass` takes.
 
     Args:
         kv0: Block 0, per layer ``(1, kv_heads, L0, head_dim)`` (``layer + 1`` entries or more).
@@ -394,10 +388,6 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
             own keys/values in place (:func:`query_cache`). Ignored with gradients enabled.
         buffer: Under inference: storage reused across queries (:class:`ContextBuffer`);
             ``None`` allocates. Ignored with gradients enabled.
-        layers: ``(key layers, value layers)`` of a window store's blocks (issue #23): each
-            block's keys are ``(len(key layers), ...)`` and its values ``(len(value layers),
-            ...)`` at those layers; the candidates' keys/values at every other layer are zeros
-            (a window pass never reads them). ``None``: blocks hold layers ``0..layer``.
 
     Returns:
         With gradients enabled: a list of fresh tensors (differentiable through ``kv0``).
@@ -410,7 +400,6 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
     L0 = kv0[0][0].shape[2]
     total = L0 + sum(int(k.shape[2]) for k, _ in doc_kv)
     n_layers = layer + 1
-    where = None if layers is None else tuple({l: i for i, l in enumerate(side)} for side in layers)
     if torch.is_grad_enabled():
         out: list[BlockKV] = []
         for l in range(n_layers):
@@ -419,15 +408,11 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
                 first = kv0[l][side]
                 buf = torch.empty((1, first.shape[1], total, first.shape[3]), dtype=first.dtype, device=first.device)
                 buf[:, :, :L0] = first
-                i = l if where is None else where[side].get(l)
-                if i is None:
-                    buf[:, :, L0:] = 0
-                else:
-                    pos = L0
-                    for block in doc_kv:  # one pass per block; a float16 block is converted while copied
-                        t = block[side][i]
-                        buf[0, :, pos : pos + t.shape[1]].copy_(t)
-                        pos += t.shape[1]
+                pos = L0
+                for block in doc_kv:  # one pass per block; a float16 block is converted while copied
+                    t = block[side][l]
+                    buf[0, :, pos : pos + t.shape[1]].copy_(t)
+                    pos += t.shape[1]
                 pair.append(buf)
             out.append((pair[0], pair[1]))
         return out
@@ -442,23 +427,11 @@ def assemble_kv(kv0: Sequence[BlockKV], doc_kv: Sequence[BlockKV], layer: int, *
         ks[l, :, :L0].copy_(kv0[l][0][0])
         vs[l, :, :L0].copy_(kv0[l][1][0])
     pos = L0
-    if where is None:
-        for bk, bv in doc_kv:  # one copy per block and side, all layers at once
-            T = bk.shape[2]
-            ks[:, :, pos : pos + T].copy_(bk[:n_layers])
-            vs[:, :, pos : pos + T].copy_(bv[:n_layers])
-            pos += T
-    else:
-        for side, buf in zip(where, (ks, vs)):
-            for l in range(n_layers):
-                if l not in side:
-                    buf[l, :, L0:total].zero_()
-        for bk, bv in doc_kv:  # one copy per stored layer
-            T = bk.shape[2]
-            for side, buf, block in zip(where, (ks, vs), (bk, bv)):
-                for l, i in side.items():
-                    buf[l, :, pos : pos + T].copy_(block[i])
-            pos += T
+    for bk, bv in doc_kv:  # one copy per block and side, all layers at once
+        T = bk.shape[2]
+        ks[:, :, pos : pos + T].copy_(bk[:n_layers])
+        vs[:, :, pos : pos + T].copy_(bv[:n_layers])
+        pos += T
     out = ReservedKV((ks[l : l + 1, :, :total], vs[l : l + 1, :, :total]) for l in range(n_layers))
     out.room = ks.shape[2] - total
     return out
@@ -511,18 +484,10 @@ class BlockSource:
 
     def fetch(
         self, lm: Any, kv0: Sequence[BlockKV], blocks: Sequence[Sequence[int]], layer: int, *,
-        store: Any = None, batch_size: int = 32, probe_layers: Sequence[int] | None = None,
-        window: tuple[Sequence[int], Sequence[int]] | None = None, adapter: str | None = None,
+        store: Any = None, batch_size: int = 32,
     ) -> tuple[list[BlockKV], BlockFetch]:
         """Blocks ``(keys, values)`` in input order (float32 tensors on the LM's device,
         ``(layer + 1, kv_heads, T_i, head_dim)``) and where they came from.
-
-        With ``probe_layers`` (a probe store, issue #23): ``(keys, None)`` with keys
-        ``(len(probe_layers), kv_heads, T_i, head_dim)`` at those layers (``layer`` must be
-        their maximum), read from a keys-only store or encoded and cut to them. With
-        ``window`` (``(key layers, value layers)``, a window store): keys and values at those
-        layers, ``(len(key layers), ...)`` and ``(len(value layers), ...)``. ``adapter``: see
-        :func:`encode_blocks` (the store and this RAM tier must hold that adapter's blocks).
 
         Raises:
             KVStoreError: the store failed to write (e.g. a full disk); reads that fail are
@@ -549,7 +514,7 @@ class BlockSource:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "non-writable array": never written here
                 for k, (kk, vv) in found.items():
-                    kv = (_as_tensor(kk, lm.device), None if vv is None else _as_tensor(vv, lm.device))
+                    kv = (_as_tensor(kk, lm.device), _as_tensor(vv, lm.device))
                     for i in want.pop(k):
                         out[i] = kv
                         hits += 1  # the store keeps its own RAM cache: not duplicated here
@@ -557,24 +522,15 @@ class BlockSource:
         misses = 0
         if want:
             todo = list(want)
-            fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size,
-                                  adapter=adapter)
-            if probe_layers is not None:
-                sel = list(probe_layers)
-                fresh = [(k[sel].float().contiguous(), None) for k, _ in fresh]
-            elif window is not None:
-                kl, vl = list(window[0]), list(window[1])
-                fresh = [(k[kl].float().contiguous(), v[vl].float().contiguous()) for k, v in fresh]
-            else:
-                fresh = [(k.float(), v.float()) for k, v in fresh]
+            fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size)
+            fresh = [(k.float(), v.float()) for k, v in fresh]
             if store is not None and not getattr(store, "readonly", False):
-                store.put_many({k: (kv[0].cpu().numpy(), None if kv[1] is None else kv[1].cpu().numpy())
-                                for k, kv in zip(todo, fresh)})
+                store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})
             for k, kv in zip(todo, fresh):
                 for i in want[k]:
                     out[i] = kv
                     misses += 1
                 if store is None or getattr(store, "readonly", False):
-                    self.memory.put(k, kv, kv[0].nbytes + (0 if kv[1] is None else kv[1].nbytes))
+                    self.memory.put(k, kv, kv[0].nbytes + kv[1].nbytes)
         t2 = time.perf_counter()
         return out, BlockFetch(hits, misses, {"fetch": t1 - t0, "encode": t2 - t1})  # type: ignore[return-value]

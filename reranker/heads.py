@@ -128,7 +128,7 @@ class HeadSet:
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:
-            raise NotFoundError(f"head set {path} does not exist; create one with `heedrank heads detect`") from None
+            raise NotFoundError(f"head set {path} does not exist; create one with `heedrank lab heads detect`") from None
         except ValueError as exc:
             raise ValidationError(f"head set {path} is not valid JSON: {exc}") from exc
         try:
@@ -142,7 +142,7 @@ class HeadSet:
                 weights_info=d.get("weights_info", {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValidationError(f"head set {path} is malformed ({exc}); re-run `heedrank heads detect`") from exc
+            raise ValidationError(f"head set {path} is malformed ({exc}); re-run `heedrank lab heads detect`") from exc
 
 
 def select_heads(scores, k: int) -> list[tuple[int, int]]:
@@ -194,7 +194,7 @@ def resolve_heads(spec: Any, identity: Mapping[str, Any]) -> tuple[list[tuple[in
         if not path.exists():
             raise NotFoundError(
                 f"no packaged head set for model {identity.get('name')!r}; detect one with "
-                "`heedrank heads detect ... --out heads.json` and pass heads=PATH"
+                "`heedrank lab heads detect ... --out heads.json` and pass heads=PATH"
             )
     else:
         path = Path(spec)
@@ -206,7 +206,7 @@ def resolve_heads(spec: Any, identity: Mapping[str, Any]) -> tuple[list[tuple[in
         )
     if spec == "learned":
         if hs.weights is None:
-            raise NotFoundError(f"head set {path} has no learned weights; fit them with `heedrank heads fit`")
+            raise NotFoundError(f"head set {path} has no learned weights; fit them with `heedrank lab heads fit`")
         heads = [(l, h) for l, row in enumerate(hs.weights) for h, w in enumerate(row) if w != 0.0]
         return heads, hs.weights
     return sorted(hs.heads), None

@@ -23,14 +23,16 @@ Example:
 from __future__ import annotations
 
 import difflib
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from heedrank.blocks import KV_DTYPES
 from heedrank.errors import ValidationError
 from heedrank.reranker.reattn import ReAttnConfig
+
+if TYPE_CHECKING:
+    from heedrank.reranker.cached.card import WeightsCard
 
 NO_RERANK = "none"
 """The method name that means "no reranking" (first-stage order); it takes no options."""
@@ -110,23 +112,6 @@ def _heads(allow_learned: bool) -> Coerce:
         raise _fail(name, f"one of {list(named)}, a head-set path or a non-empty [[layer, head], ...]", value)
 
     return coerce
-
-
-def _attend(name: str, value: Any) -> str | int:
-    if value in (AUTO, "all", "none"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return "all" if value == 0 else value
-    raise _fail(name, "'auto', 'all', 'none' or a layer >= 0", value)
-
-
-def _layer_list(name: str, value: Any) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if (isinstance(value, (list, tuple)) and value
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)):
-        return tuple(sorted(set(value)))
-    raise _fail(name, "a non-empty list of layers >= 0 or null", value)
 
 
 def _reattn(name: str, value: Any) -> ReAttnConfig | None:
@@ -335,12 +320,6 @@ class BlockRankOptions(RerankerOptions):
         _int(1, optional=True),
     )
 
-    @property
-    def query_in_instruction(self) -> bool:
-        """Always true: the paper's prompt (deprecated; cached BlockRank is method
-        ``blockrank-cached``; the ``query_in_instruction`` key is translated by :func:`canonical`)."""
-        return True
-
     def check(self) -> None:
         _check_heads(self)
 
@@ -390,30 +369,23 @@ class CachedBlockRankOptions(RerankerOptions):
         "'learned': learned weights over the calibrated attention of every (layer, head) of 0..l*, each "
         "z-scored over the query's candidates (weights card: scorer_weights); 'calibrated': ICR's calibrated "
         "query attention over layers 0..l* with the mean - 2 std token mask; 'signal': the signal tokens' "
-        "attention at l* (probabilities summing to 1); 'auto' = 'learned' when a weights card ships for the "
-        "model or scorer_weights is given, else 'calibrated'",
+        "attention at l* (probabilities summing to 1); 'auto' = 'learned' when scorer_weights is given or a "
+        "weights card ships for the model at the layer and block length asked for, else 'calibrated'",
         _choice(AUTO, "learned", "calibrated", "signal"),
     )
     scorer_weights: str | None = _option(
         None, "path | null",
-        "weights card (JSON) of scoring='learned', written by `heedrank eval study-fit --export`; null = the "
+        "weights card (JSON) of scoring='learned', written by `heedrank lab fit --export`; null = the "
         "card shipped for the model (reranker/data/<model>.blockrank-cached.json)",
         _path_or(),
     )
     query_adapter: str | None = _option(
         AUTO, "'auto' | 'packaged' | path | null",
-        "query-side LoRA adapter (`heedrank train query-adapter`) applied to the query and N/A passes only, so "
+        "query-side LoRA adapter (`heedrank lab train query-adapter`) applied to the query and N/A passes only, so "
         "stored blocks stay valid; 'packaged' = the adapter shipped for the model "
         "(reranker/data/<model>.query-adapter); 'auto' = the packaged one when it ships for the model and the "
         "reranker's l* and block length, else none; null = none",
         _path_or(AUTO, "packaged"),
-    )
-    document_adapter: str | None = _option(
-        None, "path | null",
-        "document-side LoRA adapter (`heedrank train query-adapter --tower document`, issue #24 lever 3) active "
-        "while candidate blocks are encoded: a document KV store must be built with it (its header records the "
-        "adapter's sha256); null = blocks from the base model",
-        _path_or(),
     )
     n_signal: int = _n_signal()
     chat_template: bool = _chat_template()
@@ -422,27 +394,10 @@ class CachedBlockRankOptions(RerankerOptions):
     heads: str | tuple[tuple[int, int], ...] = _block_heads(" (at or below l*: the store holds layers 0..l*)")
     reattn: ReAttnConfig | None = _reattn_option()
     kv_dtype: str = _option(
-        AUTO, "'auto' | 'float16' | 'int8' | 'int4'",
-        "storage of the document store's blocks: float16; int8 (per-channel keys, per-token values: about half "
-        "the bytes); int4 (asymmetric 4-bit, per-channel keys, per-token values); 'auto' = the weights card's "
-        "choice for a probe or window store, else float16",
-        _choice(AUTO, *KV_DTYPES),
-    )
-    attend: str | int = _option(
-        AUTO, "'auto' | 'all' | 'none' | int >= 1",
-        "which layers of the query pass attend to the candidates: 'all' (0..l*, the full store of keys and values "
-        "of every layer); m: only m and up (with probe_layers: a window store of the keys of probe_layers and of "
-        "m..max-1 and the values of m..max-1, 'all' then meaning m = 0; without: the full store); 'none': no "
-        "layer does, the scoring layers "
-        "only probe the candidates' keys, so the store holds the keys of probe_layers alone (a probe store, "
-        "design A); 'auto' = the weights card's (else 'all')",
-        _attend,
-    )
-    probe_layers: tuple[int, ...] | None = _option(
-        None, "[layer, ...] | null",
-        "the layers whose (layer, head) features the learned scorer weighs and whose keys the store keeps (a "
-        "probe or window store, see attend); null = the weights card's layers, else [l*] (attend='none') or 0..l*",
-        _layer_list,
+        "float16", "'float16' | 'int8'",
+        "storage of the document KV store's blocks: float16, or int8 (per-channel keys, per-token values; about "
+        "half the bytes)",
+        _choice(*KV_DTYPES),
     )
     max_query_tokens: int | None = _option(
         None, "int >= 1 | null", _QUERY_TOKENS_DOC.format(extra=", and less when the query block would run past "
@@ -465,51 +420,6 @@ DEFAULT_METHOD = "blockrank-cached"
 METHOD_ALIASES: dict[str, str] = {"default": DEFAULT_METHOD}
 """Method names that name another method (accepted wherever a method is named)."""
 
-_CACHED_ONLY = ("scorer_weights", "query_adapter", "document_adapter", "kv_dtype")
-
-
-def canonical(method: str, options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    """The registered method and options that ``(method, options)`` names.
-
-    ``"default"`` names :data:`DEFAULT_METHOD`. The old spelling of cached BlockRank,
-    ``blockrank`` with ``query_in_instruction=false``, names ``blockrank-cached`` with that
-    spelling's defaults made explicit (``scoring='signal'``, no query adapter, ``l*`` =
-    ``round(0.6 L)``) and a DeprecationWarning; ``query_in_instruction=true`` is dropped.
-    Both spellings go in the next release.
-
-    Raises:
-        ValidationError: a ``blockrank`` option that only cached BlockRank has, without the
-            old spelling (the message names ``blockrank-cached``).
-    """
-    method = METHOD_ALIASES.get(method, method)
-    opts = dict(options or {})
-    if method != "blockrank":
-        return method, opts
-    if "query_in_instruction" not in opts:
-        moved = [k for k in _CACHED_ONLY if k in opts] + (["scoring"] if opts.get("scoring") == "learned" else [])
-        if moved:
-            raise ValidationError(f"{moved[0]}{'=learned' if moved[0] == 'scoring' else ''} is an option of cached "
-                                  "BlockRank: use method 'blockrank-cached' (--rerank blockrank-cached; formerly "
-                                  "--opt query_in_instruction=false)")
-        return method, opts
-    qii = opts.pop("query_in_instruction")
-    if qii is True:
-        return method, opts
-    if qii is not False:
-        raise _fail("query_in_instruction", "true or false", qii)
-    import warnings
-
-    message = ("method 'blockrank' with query_in_instruction=false is deprecated: use method 'blockrank-cached' "
-               "(its defaults are the best measured configuration; this spelling keeps the old ones)")
-    warnings.warn(message, DeprecationWarning, stacklevel=3)
-    logging.getLogger(__name__).warning(message)
-    for dropped in ("query_offset", "doc_labels"):  # no meaning without ids in the blocks
-        opts.pop(dropped, None)
-    opts.setdefault("scoring", "signal")
-    opts.setdefault("query_adapter", None)
-    return "blockrank-cached", opts
-
-
 def default_max_doc_tokens(method: str) -> int:
     """Per-document LM token budget of ``method`` when none is given: the method's own
     (``blockrank-cached``: 128, its card's) or :data:`heedrank.config.DEFAULT_MAX_DOC_TOKENS`."""
@@ -529,7 +439,7 @@ def parse_options(method: str, mapping: Mapping[str, Any] | None) -> RerankerOpt
 
     Args:
         method: Reranker registry name (``"icr"``, ``"blockrank"``, ``"blockrank-cached"``), an alias
-            (``"default"``), or ``"none"``; the old cached spelling is translated (:func:`canonical`).
+            (``"default"``), or ``"none"``.
         mapping: ``{option: value}``.
 
     Returns:
@@ -540,7 +450,7 @@ def parse_options(method: str, mapping: Mapping[str, Any] | None) -> RerankerOpt
         ValidationError: unknown option (the message lists the valid ones), bad value, or
             options for ``"none"``.
     """
-    method, mapping = canonical(method, mapping)
+    method = METHOD_ALIASES.get(method, method)
     cls = OPTION_CLASSES.get(method)
     if cls is not None:
         return cls.parse(mapping)
@@ -556,17 +466,18 @@ def describe_options(methods: list[str] | None = None) -> dict[str, list[dict[st
     return {m: OPTION_CLASSES[m].describe() for m in (methods or sorted(OPTION_CLASSES)) if m in OPTION_CLASSES}
 
 
-def packaged_card(model: str | None) -> dict[str, Any] | None:
-    """The weights card shipped for the packaged LM ``model`` (``None`` = the default LM),
-    parsed, or ``None`` (a local model directory, or no card ships)."""
-    import json
-
+def packaged_card(model: str | None) -> WeightsCard | None:
+    """The weights card shipped for the packaged LM ``model`` (``None`` = the default LM), read
+    by :func:`heedrank.reranker.cached.card.read_card`, or ``None`` (a local model directory,
+    or no card ships)."""
     from heedrank.config import DEFAULT_LM
-    from heedrank.reranker.heads import packaged_data_dir
+    from heedrank.reranker.cached.card import packaged_card_path, read_card
 
     name = DEFAULT_LM if model is None else model
-    path = packaged_data_dir() / f"{name}.blockrank-cached.json"
-    return json.loads(path.read_text(encoding="utf-8")) if "/" not in name and path.is_file() else None
+    if "/" in name:
+        return None
+    path = packaged_card_path(name)
+    return read_card(path) if path.is_file() else None
 
 
 def recorded_fusion(config: Any) -> float | None:
@@ -575,22 +486,18 @@ def recorded_fusion(config: Any) -> float | None:
     ``fusion.alpha`` (0.6 for the packaged SmolLM2 card); ``None`` for other methods or
     scorers (the reranker's :attr:`default_fusion` says the same once built).
 
-    Raises:
-        ValidationError: invalid options.
     """
-    import json
     from pathlib import Path
 
-    method, mapping = canonical(config.method, config.options)
-    if method != "blockrank-cached":
+    from heedrank.reranker.cached.card import read_card
+
+    opts = config.options
+    if not isinstance(opts, CachedBlockRankOptions):
         return None
-    opts = CachedBlockRankOptions.parse(mapping)
     if opts.scoring not in (AUTO, "learned"):
         return None
     if opts.scorer_weights is not None:
-        path = Path(opts.scorer_weights)
-        card = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        card = read_card(opts.scorer_weights) if Path(opts.scorer_weights).is_file() else None
     else:
         card = packaged_card(config.model)
-    alpha = ((card or {}).get("fusion") or {}).get("alpha")
-    return None if alpha is None else float(alpha)
+    return None if card is None else card.fusion_alpha

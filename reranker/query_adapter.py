@@ -29,11 +29,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heedrank.errors import ValidationError
-from heedrank.reranker.adapters import DOCUMENT, QUERY, adapter_state, inject_lora, save_adapter
+from heedrank.reranker.adapters import adapter_state, inject_lora, save_adapter
 from heedrank.types import Document
+
+if TYPE_CHECKING:
+    from heedrank.reranker.cached import CachedBlockRankReranker
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class RankingExample:
 
 @dataclass(frozen=True)
 class QueryAdapterConfig:
-    """Options of a query-adapter training run (``heedrank train query-adapter --help``).
+    """Options of a query-adapter training run (``heedrank lab train query-adapter --help``).
 
     Attributes:
         out_dir: Output folder (checkpoints, the adapter, the history).
@@ -85,12 +88,6 @@ class QueryAdapterConfig:
             RankNet over the step's candidate pairs of different grades).
         init: A trained adapter folder to start from (its LoRA config must match), or ``None``
             (LoRA's zero start: the base model).
-        tower: ``"query"`` (LoRA on the query and ``N/A`` passes; stored blocks stay valid) or
-            ``"document"`` (issue #24 lever 3: LoRA active only while the candidate blocks are
-            encoded, trained through the block encoder with the query side fixed, e.g. the
-            packaged query adapter; a document KV store must then be rebuilt with it).
-        in_batch: Document tower: per example, this many positives of the step's other
-            examples join its candidates as negatives (in-batch negatives; 0 = none).
         eval_every: Steps between dev evaluations (the callback), 0 = only at the end.
         checkpoint_every: Steps between checkpoints.
         seed: Seed of sampling and initialisation.
@@ -111,8 +108,6 @@ class QueryAdapterConfig:
     temperature: float | None = None
     loss: str = "listwise"
     init: str | None = None
-    tower: str = "query"
-    in_batch: int = 0
     eval_every: int = 100
     checkpoint_every: int = 25
     seed: int = 0
@@ -122,10 +117,6 @@ class QueryAdapterConfig:
             raise ValidationError(f"objective must be 'learned' or 'signal', got {self.objective!r}")
         if self.loss not in ("listwise", "pairwise"):
             raise ValidationError(f"loss must be 'listwise' or 'pairwise', got {self.loss!r}")
-        if self.tower not in ("query", "document"):
-            raise ValidationError(f"tower must be 'query' or 'document', got {self.tower!r}")
-        if self.in_batch < 0 or (self.in_batch and self.tower != "document"):
-            raise ValidationError(f"in_batch must be >= 0 and needs tower 'document', got {self.in_batch}")
         for name in ("lora_r", "steps", "batch_queries", "max_candidates", "max_positives", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValidationError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -136,7 +127,7 @@ class QueryAdapterConfig:
 
 
 # ----------------------------------------------------------------------------- scoring
-def context_for(reranker: Any, prompt: Any, kv0: Any, *, store: Any = None) -> list[tuple[Any, Any]]:
+def context_for(reranker: CachedBlockRankReranker, prompt: Any, kv0: Any, *, store: Any = None) -> list[tuple[Any, Any]]:
     """Block 0's and the candidates' keys/values for layers ``0..l*`` (``assemble_kv``
     layout), computed or read by the base model (the block encoders switch a query adapter
     off), as ordinary (non-inference) tensors without gradient: constants of a training step."""
@@ -144,18 +135,14 @@ def context_for(reranker: Any, prompt: Any, kv0: Any, *, store: Any = None) -> l
 
     from heedrank.reranker.doccache import assemble_kv
 
-    if getattr(reranker, "probe", False):  # a probe scorer reads the candidates' keys at its layers only
-        with torch.no_grad():  # clones: normal tensors (the fetch runs under inference mode)
-            return {l: k.clone() for l, k in reranker.probe_keys(prompt, store)[0].items()}
     lm = reranker.lm
     with torch.no_grad():
         blocks, _ = reranker.block_source().fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
-                                                  batch_size=reranker.options.doc_batch_size,
-                                                  adapter=getattr(reranker, "block_adapter", None))
+                                                  batch_size=reranker.options.doc_batch_size)
         return assemble_kv(kv0, blocks, reranker.layer)
 
 
-def base_instruction_kv(reranker: Any) -> list[tuple[Any, Any]]:
+def base_instruction_kv(reranker: CachedBlockRankReranker) -> list[tuple[Any, Any]]:
     """Block 0's keys/values from the base model, ``l* + 1`` entries ``(1, kv_heads, L0, d)``."""
     import torch
 
@@ -165,38 +152,23 @@ def base_instruction_kv(reranker: Any) -> list[tuple[Any, Any]]:
         return instruction_kv(reranker.lm, reranker.layout.instruction_ids, reranker.layer)
 
 
-def differentiable_scores(reranker: Any, prompt: Any, kv: Any, objective: str, weights: Any = None,
-                          kv0: Any = None) -> Any:
+def differentiable_scores(reranker: CachedBlockRankReranker, prompt: Any, kv: Any, objective: str, weights: Any = None) -> Any:
     """Candidate scores ``(N,)`` float64 with gradients through the query passes.
-
-    A probe scorer (``attend='none'``, issue #23): ``kv`` is :func:`context_for`'s
-    ``{layer: keys}``, the query pass runs against block 0 alone and the candidates' keys
-    are probed at the probe layers (:mod:`heedrank.reranker.probe`), ``weights`` over
-    ``(len(probe_layers) * heads,)``; ``kv0`` is block 0's keys/values
-    (:func:`base_instruction_kv`, computed here when not given: pass it in a loop).
 
     ``"learned"``: z-scored calibrated attention mass per (layer, head) over layers
     ``0..l*`` (query rows' mean attention minus the ``N/A`` query's) times ``weights``
     (``((l* + 1) * heads,)``); unitless. ``"signal"``: the signal tokens' attention mass per
-    candidate at ``l*`` (probabilities summing to 1, :func:`heedrank.reranker.blockrank.signal_scores`).
+    candidate at ``l*`` (probabilities summing to 1, :func:`heedrank.reranker.blockforward.signal_scores`).
     """
 
     from heedrank.reranker.attention import AttentionCapture
-    from heedrank.reranker.blockrank import query_pass, signal_scores
+    from heedrank.reranker.blockforward import query_pass, signal_scores
     from heedrank.reranker.scoring import linear_head_scores, per_head_document_mass
 
     lm = reranker.lm
     layer = reranker.layer
     L0 = len(prompt.instruction_ids)
     lengths = prompt.doc_lengths
-    if getattr(reranker, "probe", False):  # issue #23: the query pass never reads the candidates (kv: their keys)
-        from heedrank.reranker.probe import probe_features, probe_query_pass
-
-        if objective != "learned":
-            raise ValidationError("a probe scorer (attend='none') trains with objective 'learned'")
-        layers = list(reranker.probe_layers)
-        rows = probe_query_pass(lm, prompt, base_instruction_kv(reranker) if kv0 is None else kv0, layers)
-        return linear_head_scores(probe_features(rows, kv, lengths, layers).double(), weights.double())
     if objective == "signal":
         Lq = len(prompt.query_ids)
         cap = AttentionCapture(layers={layer}, rows=slice(Lq - prompt.n_signal, Lq), mode="logits",
@@ -269,8 +241,9 @@ class _State:
 
 
 def train_query_adapter(
-    reranker: Any, examples: Sequence[RankingExample], cfg: QueryAdapterConfig, *,
-    block_stores: Mapping[str, Any] | None = None, evaluate: Callable[[Any, Any], dict[str, float]] | None = None,
+    reranker: CachedBlockRankReranker, examples: Sequence[RankingExample], cfg: QueryAdapterConfig, *,
+    block_stores: Mapping[str, Any] | None = None,
+    evaluate: Callable[[CachedBlockRankReranker, Any], dict[str, float]] | None = None,
     card: dict[str, Any] | None = None, show_progress: bool = True,
 ) -> dict[str, Any]:
     """Train a query-side LoRA adapter on cached BlockRank; resumable.
@@ -300,9 +273,10 @@ def train_query_adapter(
     """
     import torch
 
-    if not getattr(reranker, "cached", False):
-        raise ValidationError("query adapters train on cached BlockRank: use method 'blockrank-cached' (formerly "
-                              "--opt query_in_instruction=false)")
+    from heedrank.reranker.cached import CachedBlockRankReranker
+
+    if not isinstance(reranker, CachedBlockRankReranker):
+        raise ValidationError("query adapters train on cached BlockRank: use method 'blockrank-cached'")
     usable = [ex for ex in examples if any(g > 0 for g in ex.grades) and any(g <= 0 for g in ex.grades)]
     if not usable:
         raise ValidationError("no training query has both a relevant and a non-relevant candidate")
@@ -310,23 +284,15 @@ def train_query_adapter(
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     lm = reranker.lm
-    document = cfg.tower == "document"
-    name = DOCUMENT if document else QUERY
-    if document and getattr(reranker, "probe", False):
-        raise ValidationError("the document tower trains with every layer attending (attend='all')")
     lora_layers = list(range(reranker.layer + 1))
-    n_params = inject_lora(lm.model, cfg.lora_r, cfg.lora_alpha, cfg.target_modules, lora_layers, name)
-    if document:
-        reranker.use_block_adapter(DOCUMENT)
+    n_params = inject_lora(lm.model, cfg.lora_r, cfg.lora_alpha, cfg.target_modules, lora_layers)
     if cfg.init is not None:
-        _warm_start(lm.model, Path(cfg.init), cfg, lora_layers, name)
+        _warm_start(lm.model, Path(cfg.init), cfg, lora_layers)
     weights = torch.zeros(0)
     if cfg.objective == "learned":
         weights = torch.tensor(reranker.learned_weights().reshape(-1), dtype=torch.float64)
     weights.requires_grad_(cfg.train_weights and cfg.objective == "learned")
     lora_params = [p for n, p in lm.model.named_parameters() if p.requires_grad]
-    trainable = {id(p) for p in lora_params}
-    all_params = list(lm.model.parameters())
     groups: list[dict[str, Any]] = [{"params": lora_params, "lr": cfg.lr}]
     if weights.requires_grad:
         groups.append({"params": [weights], "lr": cfg.weights_lr, "weight_decay": 0.0})
@@ -344,23 +310,16 @@ def train_query_adapter(
     base_card = {
         "model": lm.identity, "layer": reranker.layer, "max_doc_tokens": reranker.config.max_doc_tokens,
         "template": reranker.layout_version(), "objective": cfg.objective,
-        "attend": getattr(reranker, "attend", "all"),
-        **({"probe_layers": list(reranker.probe_layers)} if getattr(reranker, "probe", False) else {}),
         "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "target_modules": list(cfg.target_modules),
                  "layers": lora_layers},
-        "config": asdict(cfg), "trainable_parameters": n_params, "tower": cfg.tower,
-        **({"query_adapter": reranker.adapter and {k: reranker.adapter[k] for k in ("path", "sha256")}}
-           if document else {}),
-        **(card or {}),
+        "config": asdict(cfg), "trainable_parameters": n_params, **(card or {}),
     }
-    saved_weights = None if document or cfg.objective != "learned" else weights
+    saved_weights = weights if cfg.objective == "learned" else None
 
     def run_eval(step: int) -> None:
         if evaluate is None:
             return
         lm.model.eval()
-        if document:  # the RAM tier holds blocks of older document-adapter weights
-            reranker.block_source().memory.clear()
         t0 = time.perf_counter()
         figures = evaluate(reranker, weights.detach() if cfg.objective == "learned" else None)
         rec = {"step": step, **figures, "eval_seconds": time.perf_counter() - t0}
@@ -368,7 +327,7 @@ def train_query_adapter(
         logger.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
         if "dev" in figures and (not state.best or figures["dev"] > state.best["dev"]):
             state.best = {"step": step, **figures}
-            save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": figures}, saved_weights, name)
+            save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": figures}, saved_weights)
 
     if state.step == 0 and not state.history:
         run_eval(0)
@@ -382,34 +341,20 @@ def train_query_adapter(
     while state.step < cfg.steps:
         t_step = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        for p in all_params:  # peft's adapter switches (block 0, evaluations) flip requires_grad
-            p.requires_grad_(id(p) in trainable)
         total = 0.0
-        batch = []
         for _ in range(cfg.batch_queries):
             if state.cursor >= len(state.order):
                 rng.shuffle(state.order)
                 state.cursor = 0
-            batch.append(usable[state.order[state.cursor]])
+            ex = usable[state.order[state.cursor]]
             state.cursor += 1
-        for ex in batch:
             picked = sample_candidates(ex, cfg.max_candidates, cfg.max_positives, rng)
             assert picked is not None  # usable examples have a positive and a negative
             docs, grades = picked
-            if cfg.in_batch:
-                docs, grades = _with_in_batch(ex, docs, grades, batch, cfg.in_batch, rng)
             prompt = reranker.build_prompt(ex.query, docs)
-            if document:  # through the block encoder, the document adapter active
-                from heedrank.reranker.doccache import assemble_kv, encode_blocks
-
-                lm.model.train()
-                blocks = encode_blocks(lm, kv0, prompt.doc_ids, reranker.layer,
-                                       batch_size=reranker.options.doc_batch_size, adapter=DOCUMENT)
-                kv = assemble_kv(kv0, blocks, reranker.layer)
-            else:
-                kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
+            kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
             lm.model.train()
-            scores = differentiable_scores(reranker, prompt, kv, cfg.objective, weights, kv0)
+            scores = differentiable_scores(reranker, prompt, kv, cfg.objective, weights)
             loss = (pairwise_loss if cfg.loss == "pairwise" else listwise_loss)(scores, grades, cfg.tau)
             (loss / cfg.batch_queries).backward()
             total += float(loss.detach()) / cfg.batch_queries
@@ -429,7 +374,7 @@ def train_query_adapter(
             _save_checkpoint(ckpt, lm.model, weights, opt, state, rng)
     if bar is not None:
         bar.close()
-    final = save_adapter(out / "final", lm.model, {**base_card, "step": state.step}, saved_weights, name)
+    final = save_adapter(out / "final", lm.model, {**base_card, "step": state.step}, saved_weights)
     per_step = state.seconds / state.step if state.step else math.nan
     summary = {
         "steps": state.step, "steps_this_run": steps_run, "seconds_this_run": time.perf_counter() - t_run,
@@ -442,24 +387,7 @@ def train_query_adapter(
     return summary
 
 
-def _with_in_batch(ex: RankingExample, docs: list[Document], grades: list[int], batch: Sequence[RankingExample],
-                   n: int, rng: random.Random) -> tuple[list[Document], list[int]]:
-    """``docs`` plus up to ``n`` in-batch negatives: a random positive of each other example
-    of the step (never one ``ex`` lists among its candidates), grade 0, appended."""
-    have = {d.doc_id for d in ex.documents}
-    extra: list[Document] = []
-    for other in batch:
-        if other is ex or len(extra) >= n:
-            continue
-        pos = [d for d, g in zip(other.documents, other.grades) if g > 0 and d.doc_id not in have]
-        if pos:
-            pick = rng.choice(pos)
-            have.add(pick.doc_id)
-            extra.append(pick)
-    return docs + extra, grades + [0] * len(extra)
-
-
-def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequence[int], name: str = QUERY) -> None:
+def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequence[int]) -> None:
     """Copy a trained adapter's LoRA tensors into the freshly injected ones (step 0 of a run
     started with ``init``; a resumed run reads its checkpoint instead).
 
@@ -482,7 +410,7 @@ def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequenc
     tensors = load_file(str(path / "adapter.safetensors"))
     tensors.pop("scorer.weights", None)
     params = dict(model.named_parameters())
-    missing = set(adapter_state(model, name)) - set(tensors)
+    missing = set(adapter_state(model)) - set(tensors)
     if missing:
         raise ValidationError(f"--init {path} lacks {len(missing)} LoRA tensors (e.g. {sorted(missing)[0]})")
     with torch.no_grad():

@@ -7,11 +7,11 @@ section 3:
     L = L_NTP + lambda * L_aux,   L_aux = -log( sum_{p in pos} exp(S_p / tau) / sum_k exp(S_k / tau) )
 
 with ``S`` the signal tokens' block-restricted attention at layer ``l*``
-(:func:`heedrank.reranker.blockrank.signal_scores`), ``lambda = 0.1``, ``tau = 0.05``. ``L_NTP`` is the
+(:func:`heedrank.reranker.blockforward.signal_scores`), ``lambda = 0.1``, ``tau = 0.05``. ``L_NTP`` is the
 cross-entropy of the relevant document's id and the closing ``]`` after the answer prefix
 ``Final Answer: [``; LM logits are computed for those answer tokens only. Training runs
-through the same exact linear block forward as inference (:func:`heedrank.reranker.blockrank.context_kv`,
-:func:`heedrank.reranker.blockrank.query_pass`), never the dense 4-D mask. ``aux_only`` runs layers
+through the same exact linear block forward as inference (:func:`heedrank.reranker.blockforward.context_kv`,
+:func:`heedrank.reranker.blockforward.query_pass`), never the dense 4-D mask. ``aux_only`` runs layers
 ``0..l*`` only (no LM head, no NTP).
 
 Checkpoints (``out/checkpoints/step-N``: weights or LoRA adapter, optimizer, state) make
@@ -30,11 +30,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heedrank.config import RerankerConfig
 from heedrank.errors import ValidationError
 from heedrank.types import Document
+
+if TYPE_CHECKING:
+    from heedrank.reranker.blockrank import BlockRankReranker
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class TrainingExample:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Options of a BlockRank fine-tuning run (see ``heedrank train blockrank --help``)."""
+    """Options of a BlockRank fine-tuning run (see ``heedrank lab train blockrank --help``)."""
 
     out_dir: str
     model: str | None = None
@@ -86,7 +89,7 @@ class TrainConfig:
     device: str = "cpu"
 
 
-def example_losses(reranker: Any, ex: TrainingExample, cfg: TrainConfig) -> dict[str, Any]:
+def example_losses(reranker: BlockRankReranker, ex: TrainingExample, cfg: TrainConfig) -> dict[str, Any]:
     """``{"total", "aux", "ntp"}`` loss tensors of one example (``ntp`` is None with ``aux_only``).
 
     Differentiable when called with grad enabled.
@@ -94,7 +97,7 @@ def example_losses(reranker: Any, ex: TrainingExample, cfg: TrainConfig) -> dict
     import torch
 
     from heedrank.reranker.attention import AttentionCapture
-    from heedrank.reranker.blockrank import context_kv, query_pass, signal_scores
+    from heedrank.reranker.blockforward import context_kv, query_pass, signal_scores
     from heedrank.reranker.prompt import encode_trusted
 
     lm = reranker.lm

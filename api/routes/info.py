@@ -65,8 +65,8 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
                            "fusion": registry.recorded_fusion(registry_config(settings))}
     card = packaged_card(settings.model)
     if card is not None:
-        out["card"] = {k: card[k] for k in ("model", "layer", "max_doc_tokens", "configuration", "fusion",
-                                             "dev_ndcg@10", "test_ndcg@10", "train") if k in card}
+        out["card"] = {k: card.data[k] for k in ("model", "layer", "max_doc_tokens", "configuration", "fusion",
+                                                  "dev_ndcg@10", "test_ndcg@10", "train") if k in card.data}
     return jsonable(out)
 
 
@@ -86,6 +86,15 @@ def explain_methods(methods: list[str]) -> list[str]:
     return sorted(able)
 
 
+def method_options(methods: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per method among ``methods``, its options ({name, type, default, doc}); an alias such as
+    ``"default"`` has those of the method it names (no model is loaded)."""
+    from heedrank.reranker.options import describe_options
+
+    described = describe_options(sorted({registry.resolve_method(m) for m in methods}))
+    return {m: described[registry.resolve_method(m)] for m in methods if registry.resolve_method(m) in described}
+
+
 def registry_config(settings: Settings) -> Any:
     from heedrank.config import RerankerConfig
 
@@ -93,12 +102,10 @@ def registry_config(settings: Settings) -> Any:
 
 
 def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
-    from heedrank.reranker.options import describe_options
-
     model = None
     methods = sorted(set(registry.reranker_names()) | set(registry.reranker_aliases()) | {settings.rerank_method})
     limits: dict[str, dict[str, Any]] = {}
-    served, _ = registry.canonical_reranker(settings.rerank_method, settings.rerank_options)
+    served = registry.resolve_method(settings.rerank_method)
     if runtime.status == "ok" and runtime.rerankers is not None:
         built = runtime.rerankers.loaded()
         loaded = built.get(served)
@@ -120,7 +127,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
             max_doc_tokens=settings.max_doc_tokens,
             device=settings.device,
             dtype=settings.dtype,
-            options=describe_options(methods),
+            options=method_options(methods),
             limits=limits,
         ),
         default_collection=settings.default_collection,

@@ -11,7 +11,7 @@ Cohere's clients: the same route answers at ``/v2/rerank`` (``cohere.ClientV2``)
 LlamaIndex Cohere rerankers can be pointed at this service with ``base_url``. Their
 required ``model`` (a Cohere id such as ``rerank-v3.5``) is accepted when the operator maps
 it to the served reranker (``HEEDRANK_MODEL_ALIASES``). ``relevance_score`` lies in [0, 1],
-where Cohere's does and where users set thresholds (:func:`relevance_scores`); the
+where Cohere's does and where users set thresholds (:meth:`heedrank.serving.ServePolicy.relevance`); the
 reranker's own score is ``raw_score``.
 
 With ``deadline_ms``, a request whose reranking would finish too late (estimated from
@@ -29,7 +29,6 @@ in ``meta.warnings``. Only the body size (``max_body_bytes``) bounds a document'
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import uuid
 
@@ -49,10 +48,10 @@ from heedrank.api.schemas import (
     RerankedDocument,
     TokenCounts,
 )
-from heedrank.calibration import apply_cutoff, resolve_cutoff
+from heedrank.calibration import resolve_cutoff
 from heedrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
-from heedrank.fusion import resolve_weight, standardize_list
-from heedrank.pipeline import NO_RERANK, calibration_map, fuse_scores
+from heedrank.pipeline import NO_RERANK
+from heedrank.serving import Served, ServePolicy
 from heedrank.protocols import RerankResult
 from heedrank.settings import Settings
 from heedrank.types import Document, Query, Ranking, ScoredDoc
@@ -127,87 +126,11 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
     return texts, max_doc_tokens, warnings
 
 
-SCORE_SCALES: dict[str, float] = {"icr": 0.3, "calibrated": 0.03, "learned": 1.0}
-"""Scale ``s`` of ``relevance_score = 1 / (1 + exp(-raw / s))`` by the kind of raw score:
-``icr`` (ICR's calibrated attention mass over every layer and head), ``calibrated``
-(BlockRank's calibrated attention over layers 0..l*), ``learned`` (cached BlockRank's
-learned weights over z-scored calibrated attention). Each is the typical spread of the raw
-scores within one query, so that it is one unit of the logistic: the median, over NFCorpus
-dev queries, of the standard deviation of the scores of BM25's top 20 (SmolLM2-135M:
-icr 0.29 over 18 queries; blockrank-cached calibrated 0.029 and learned 1.05 over 10).
-The zero stays at 0.5: for calibrated attention, as much attention as the content-free
-query draws; for learned scores, the candidates' mean. BlockRank's ``scoring='signal'``
-scores are probabilities (kept); another method's scores are its own (kept).
-``HEEDRANK_RERANK_SCORE_SCALE`` sets the scale for every method but the probabilities."""
-
-
-def score_scale(described: dict[str, Any], settings: Settings) -> float | None:
-    """The scale of :func:`relevance_scores` for the reranker that ``described`` (its
-    ``describe()``: ``method``, and ``scoring`` at the top or among ``options``), or ``None``
-    when its raw scores are kept: probabilities in [0, 1] (``scoring='signal'``), or a method
-    this service knows no scale for (a plugin's own scores)."""
-    options = described.get("options") or {}
-    scoring = described.get("scoring") or (options.get("scoring") if isinstance(options, dict) else None)
-    if scoring == "signal":
-        return None
-    if settings.rerank_score_scale is not None:
-        return float(settings.rerank_score_scale)
-    method = str(described.get("method") or settings.rerank_method)
-    if method == "icr":
-        return SCORE_SCALES["icr"]
-    if method.startswith("blockrank") and scoring in ("calibrated", "learned"):
-        return SCORE_SCALES[str(scoring)]
-    return None
-
-
-def relevance_scores(raw: list[float], scale: float | None) -> list[float]:
-    """Scores in [0, 1] in the order of ``raw``, each from its own raw score (not from the
-    others': a document's score does not move with the list it came in).
-
-    Args:
-        raw: The reranker's scores.
-        scale: ``None``: ``raw`` are kept (probabilities, or a plugin's own scores); else the
-            logistic ``1 / (1 + exp(-raw / scale))``: 0.5 at a raw score of 0 (for calibrated
-            attention: as much attention as a content-free query), monotone, so the order is
-            the reranker's.
-    """
-    if scale is None:
-        return [float(r) for r in raw]
-    out = []
-    for r in raw:
-        z = float(r) / scale
-        out.append(1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z)))
-    return out
-
-
 def _served_reranker(runtime: Runtime, settings: Settings, max_doc_tokens: int | None) -> Any:
     """The reranker /rerank just used (from the cache), or ``None`` without one."""
     if runtime.rerankers is None:
         return None
     return runtime.rerankers.get(settings.rerank_method, None, max_doc_tokens)[0]
-
-
-def _describe(reranker: Any) -> dict[str, Any]:
-    """``describe()`` of a reranker (``{}`` when it cannot say)."""
-    if reranker is None:
-        return {}
-    try:
-        described = reranker.describe()
-    except Exception:  # a plugin whose describe() fails: the default scale
-        return {}
-    return dict(described) if isinstance(described, dict) else {}
-
-
-def _fusion_weight(value: float | str | None, settings: Settings, described: dict[str, Any]) -> float | None:
-    """``fusion``'s weight: ``None`` for ``"none"``/null, the method's recorded weight for
-    ``"default"`` (``describe()["fusion"]``; none when it records none), else the number.
-
-    Raises:
-        ValidationError: a number outside [0, 1].
-    """
-    recorded = described.get("fusion")
-    valid = isinstance(recorded, (int, float)) and not isinstance(recorded, bool)
-    return resolve_weight(value, recorded if valid else None)
 
 
 def _doc_ids(n: int) -> list[str]:
@@ -269,30 +192,25 @@ async def rerank(
                                    request.is_disconnected)
     position = {doc_id: i for i, doc_id in enumerate(ids)}
     total = time.perf_counter() - t0
-    scale: float | None = None
-    alpha: float | None = None
-    raw: dict[int, float] = {}
+    policy = ServePolicy()
+    served: Served | None = None
     if result is None:
         runtime.metrics.deadline_fallbacks.labels(reason).inc()
         warnings.append(
             f"deadline_ms {body.deadline_ms} would be exceeded ({reason}); documents are in the given order"
         )
+        if cutoff is not None:
+            warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
         order = [(i, 1.0 / (1 + i)) for i in range(len(texts))]
         timings = {"queue": 0.0, "rerank": 0.0, "total": total}
         tokens, truncated = 0, []
     else:
-        served = _served_reranker(runtime, settings, max_doc_tokens)
-        described = _describe(served)
-        raw = {position[h.doc_id]: float(h.score) for h in result.ranking.hits}
-        alpha = _fusion_weight(body.fusion, settings, described)
-        if alpha is None:
-            order = [(position[h.doc_id], float(h.score)) for h in result.ranking.hits]
-            scale = score_scale(described, settings)
-        else:  # the given order as the first stage (reciprocal rank)
-            given = Ranking("rerank", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(ids)))
-            fused = fuse_scores(given, result.ranking, alpha, by="rank")
-            order = [(position[h.doc_id], float(h.score)) for h in fused.hits]
-            scale = 1.0
+        policy = ServePolicy.of(_served_reranker(runtime, settings, max_doc_tokens), fusion=body.fusion,
+                                cutoff=cutoff, by="rank", method=settings.rerank_method,
+                                scale=settings.rerank_score_scale)
+        given = Ranking("rerank", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(ids)))
+        served = policy.apply(given, result.ranking)
+        order = [(position[h.doc_id], float(h.score)) for h in served.ranking.hits]
         rerank_seconds = float(result.seconds)
         runtime.metrics.stage_seconds.labels("rerank").observe(rerank_seconds)
         runtime.metrics.observe_block_cache(result.details.get("cache"))
@@ -300,34 +218,23 @@ async def rerank(
         tokens = int(result.prompt_tokens)
         truncated = sorted({position[d] for d in result.truncated} | set(cut))
         warnings.extend(result.warnings)  # how the reranker ranked (query cut, windows, shared scores)
+        warnings.extend(served.warnings)
         if cut:
             shown = ", ".join(str(i) for i in cut[:20]) + (f" and {len(cut) - 20} more" if len(cut) > 20 else "")
             warnings.append(
                 f"documents {shown} are longer than {CHARS_PER_TOKEN * budget} characters; each was ranked on its "
                 f"first {budget} LM tokens (max_tokens_per_doc)"
             )
-    probs: list[float] | None = None
-    threshold: float | None = None
-    if result is not None:
-        plat = calibration_map(served, settings.rerank_method, alpha, by="rank", required=cutoff is not None)
-        if plat is not None:
-            scores = [score for _, score in order]
-            probs, t, keep = apply_cutoff(standardize_list(scores) if alpha is None else scores,
-                                          1.0 if cutoff is None else cutoff, plat)
-            if cutoff is not None:
-                threshold, order, probs = t, order[:keep], probs[:keep]
-                far = plat.extrapolation(len(scores))
-                if far is not None:
-                    warnings.append(far)
-    elif cutoff is not None:
-        warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
+    raw = {position[h.doc_id]: float(h.score) for h in result.ranking.hits} if result is not None else {}
+    probs = served.probabilities if served is not None else None
     if body.top_n is not None:
         order = order[: body.top_n]
-    relevance = relevance_scores([score for _, score in order], scale)
+    relevance = policy.relevance([score for _, score in order]) if result is not None else [s for _, s in order]
     results = [
-        CohereRerankResult(index=i, relevance_score=rel, probability=probs[j] if probs is not None else None,
+        CohereRerankResult(index=i, relevance_score=rel,
+                           probability=probs[ids[i]] if probs is not None else None,
                            document=RerankedDocument(text=texts[i]) if body.return_documents else None)
-        for j, ((i, raw), rel) in enumerate(zip(order, relevance))
+        for (i, _), rel in zip(order, relevance)
     ]
     meta = CohereRerankMeta(
         api_version=ApiVersion(version="1" if request.url.path.endswith("/v1/rerank") else "2"),
@@ -339,9 +246,9 @@ async def rerank(
         deadline_exceeded=result is None,
         truncated=truncated,
         timings=timings,
-        score_scale=scale,
+        score_scale=policy.scale,
         raw_scores=[raw.get(i, s) for i, s in order],
-        fusion=alpha,
-        cutoff=threshold,
+        fusion=policy.alpha,
+        cutoff=served.threshold if served is not None else None,
     )
     return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)

@@ -1,12 +1,16 @@
 """Command line: ``heedrank`` (also ``python -m heedrank``).
 
-This module only wires the command groups together (one module each:
-:mod:`~heedrank.cli.index`, :mod:`~heedrank.cli.kv`, :mod:`~heedrank.cli.serve`,
-:mod:`~heedrank.cli.batch`, :mod:`~heedrank.cli.eval` with :mod:`~heedrank.cli.study`,
-:mod:`~heedrank.cli.heads`, :mod:`~heedrank.cli.train`; the options they share are in
-:mod:`~heedrank.cli.options`), sets up logging, and holds the one error boundary: a typed
-error (:class:`heedrank.errors.HeedrankError`) ends as one red line and exit code 2, with
-the traceback too when ``HEEDRANK_DEBUG=1``.
+This module only wires the command groups together, sets up logging, and holds the one
+error boundary: a typed error (:class:`heedrank.errors.HeedrankError`) ends as one red line
+and exit code 2, with the traceback too when ``HEEDRANK_DEBUG=1``.
+
+The product commands, what a user of the service runs, are ``index build|info|compact|stats``,
+``index kv build`` (:mod:`~heedrank.cli.index`, :mod:`~heedrank.cli.kv`), ``serve``
+(:mod:`~heedrank.cli.serve`), ``rerank-batch`` (:mod:`~heedrank.cli.batch`) and ``eval
+beir|trec-dl|compare`` (:mod:`~heedrank.cli.eval`); the options they share are in
+:mod:`~heedrank.cli.options`. Research and model building is one group, ``heedrank lab``
+(:mod:`heedrank.cli.lab`), registered lazily as ``vllm bench`` is: its modules are imported
+only when ``lab`` is invoked.
 
 Commands import their implementation lazily, so ``heedrank --help`` is instant.
 """
@@ -22,7 +26,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from heedrank.cli import batch, heads, index, kv, serve, train
+from typer.core import TyperGroup
+
+from heedrank.cli import batch, index, kv, serve
 from heedrank.cli import eval as evaluation
 
 DEBUG_ENV = "HEEDRANK_DEBUG"
@@ -32,10 +38,47 @@ app = typer.Typer(help="heedrank: retrieval and attention-based in-context reran
 app.add_typer(index.app, name="index")
 index.app.add_typer(kv.app, name="kv")
 app.add_typer(evaluation.app, name="eval")
-app.add_typer(heads.app, name="heads")
-app.add_typer(train.app, name="train")
 app.command("serve", epilog=serve.EXAMPLES)(serve.serve)
 app.command("rerank-batch", epilog=batch.EXAMPLES)(batch.rerank_batch_cmd)
+
+LAB_HELP = "Research and model building: feature study, cut-off calibration, heads, layer sweep, fine-tuning."
+"""``heedrank lab``'s line in ``heedrank --help``, shown without importing the group."""
+
+
+class _LazyLab(TyperGroup):
+    """``heedrank lab``: its commands are :mod:`heedrank.cli.lab`'s, imported the first time
+    this group lists or resolves one (``heedrank lab ...``, ``heedrank lab --help``), never
+    when the root's help only names it."""
+
+    # click's types are left as Any: recent typer releases vendor their own copy of click
+    def _lab(self) -> TyperGroup:
+        lab = _lab_group()
+        self.help, self.epilog = lab.help, lab.epilog
+        return lab
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self._lab().list_commands(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        return self._lab().get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._lab()
+        super().format_help(ctx, formatter)
+
+
+@functools.cache
+def _lab_group() -> TyperGroup:
+    """The lab's commands, wrapped by the error boundary once per process."""
+    from heedrank.cli.lab import app as lab_app
+
+    _wrap_all(lab_app)
+    group = typer.main.get_command(lab_app)
+    assert isinstance(group, TyperGroup)
+    return group
+
+
+app.add_typer(typer.Typer(cls=_LazyLab, no_args_is_help=True), name="lab", help=LAB_HELP)
 
 
 @app.callback()

@@ -1,17 +1,15 @@
-"""``heedrank eval``: evaluate the pipeline (BEIR, TREC DL), choose the scoring layer,
-compare reports, the ICR head ablation, and the cached-BlockRank feature study
-(:mod:`heedrank.cli.study`). ``eval beir`` and ``eval trec-dl`` build one
-:class:`~heedrank.eval.spec.EvalSpec` each."""
+"""``heedrank eval``: evaluate the pipeline (BEIR, TREC DL) and compare reports. ``eval beir``
+and ``eval trec-dl`` build one :class:`~heedrank.eval.spec.EvalSpec` each. The research
+evaluations (layer sweep, head ablation, feature study) are ``heedrank lab``'s
+(:mod:`heedrank.cli.lab`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from heedrank.cli import study
 from heedrank.cli.options import (
     QUERIES_ENGINE_HELP,
     CandidatesOpt,
@@ -28,7 +26,6 @@ from heedrank.cli.options import (
     engine_flags,
     eval_reranker_config,
     fusion_value,
-    reranker_config,
 )
 from heedrank.engine import Engine, LocalEngine
 
@@ -39,7 +36,6 @@ Examples:
   heedrank eval beir --data data/beir-nfcorpus --retriever hybrid --rerank blockrank --fusion 0.6
   heedrank eval trec-dl --data data/msmarco-trec-dl-2019-passage --rerank icr --engine ray --actors 4
   heedrank eval trec-dl --topics t.tsv --qrels q.txt --run-file run.json.gz --rerank blockrank
-  heedrank eval layer-sweep --data data/beir-nfcorpus --split dev
   heedrank eval compare runs/A.json runs/B.json
 """
 
@@ -127,61 +123,6 @@ def eval_trec_dl(
         fusion=fusion_value(fusion, config), reranker_config=config,
     )
     typer.echo(format_table([evaluate_trec_dl(spec)]))
-
-
-@app.command("layer-sweep")
-def eval_layer_sweep(
-    data: Annotated[Path, typer.Option("--data", help="BEIR-layout dataset folder.")],
-    split: Annotated[str, typer.Option("--split", help="qrels split; use dev (never test) to choose l*.")] = "dev",
-    retriever: Annotated[str, typer.Option("--retriever")] = "bm25",
-    candidates: Annotated[int, typer.Option("--candidates")] = 20,
-    max_queries: Annotated[Optional[int], typer.Option("--max-queries")] = 100,
-    seed: SeedOpt = 0,
-    index: Annotated[Optional[Path], typer.Option("--index", help="Index directory; default: built once and cached.")] = None,
-    out: Annotated[Path, typer.Option("--out")] = Path("runs"),
-    model: ModelOpt = None,
-    max_doc_tokens: MaxDocTokensOpt = None,
-    device: DeviceOpt = "cpu",
-) -> None:
-    """BlockRank nDCG@10 read at every layer from one pass per query, to choose the scoring layer l*."""
-    from heedrank.eval.sweep import format_sweep, layer_sweep_beir
-
-    result = layer_sweep_beir(
-        data, split=split, retriever=retriever, candidates=candidates, max_queries=max_queries, seed=seed,
-        index_dir=index, out_dir=out, reranker_config=reranker_config("blockrank", model, max_doc_tokens, device),
-    )
-    typer.echo(format_sweep(result))
-
-
-@app.command("ablation")
-def eval_ablation(
-    dump: Annotated[Path, typer.Option("--dump", help="Attention dump of the evaluated queries (first-stage order).")],
-    heads: Annotated[Path, typer.Option("--heads", help="Head-set JSON (with learned weights, if fitted).")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="JSON report.")] = None,
-    data: Annotated[Optional[Path], typer.Option(
-        "--data", help="Dataset folder whose qrels score the runs (BEIR folder or TREC DL folder); "
-        "without it only the candidates' own labels are known (within-candidates nDCG).")] = None,
-    split: Annotated[str, typer.Option("--split", help="BEIR qrels split.")] = "test",
-) -> None:
-    """ICR variants (all/QR/learned heads x ReAttn x RRF fusion) from one pass per query, with paired tests."""
-    from heedrank.eval.heads import ablation, format_ablation
-
-    qrels = None
-    if data is not None:
-        from heedrank.data import load_beir_qrels, load_trec_qrels, trec_dl_paths
-
-        qrels = load_beir_qrels(data, split) if (data / "qrels").is_dir() else load_trec_qrels(trec_dl_paths(data).qrels)
-    result = ablation(dump, heads, qrels=qrels)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1, default=str))
-    typer.echo(format_ablation(result))
-
-
-app.command("study-dump")(study.eval_study_dump)
-app.command("study-fit")(study.eval_study_fit)
-app.command("calibrate")(study.eval_calibrate)
-app.command("weak-labels")(study.eval_weak_labels)
 
 
 @app.command("compare")

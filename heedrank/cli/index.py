@@ -101,25 +101,20 @@ def index_stats(path: Annotated[Path, typer.Argument(help="Index directory.")]) 
 def index_info(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
     """Print an index's params.json, and its document KV store's header, coverage and bytes."""
     params = json.loads((path / "params.json").read_text())
-    for name, kv_dir in (("kv_store", path / "kv"), ("probe_store", path / "probe"), ("window_store", path / "window")):
-        if not (kv_dir / "header.json").exists():
-            continue
+    kv_dir = path / "kv"
+    if (kv_dir / "header.json").exists():
         from heedrank.index.kv import KVHeader, KVStore
 
         header = KVHeader.from_dict(json.loads((kv_dir / "header.json").read_text()))
         with KVStore.open(kv_dir, header, readonly=True) as store:
             stats = store.stats()
         n_docs = _on_index(path, lambda index: len(index.docstore))
-        params[name] = {
+        params["kv_store"] = {
             "path": str(kv_dir), "header": header.to_dict(), "blocks": stats.blocks,
             "documents": n_docs, "blocks_per_document": round(stats.blocks / max(1, n_docs), 4),
             "note": "documents with identical text share one block, so a complete store can hold fewer blocks "
                     "than documents; `heedrank index kv build` computes only the missing ones",
             "bytes_on_disk": stats.bytes_on_disk, "live_bytes": stats.live_bytes, "shards": stats.shards,
-            "layout": {"probe": "probe (keys of the scoring layers only)",
-                       "window": f"window (keys of layers {list(header.stored_layers)}, values of layers "
-                                 f"{list(header.stored_value_layers)})"}.get(header.layout,
-                                                                             "full (keys and values, layers 0..l*)"),
             "bytes_per_block": round(stats.live_bytes / max(1, stats.blocks), 1),
             "bytes_per_document": round(stats.bytes_on_disk / max(1, n_docs), 1),
         }

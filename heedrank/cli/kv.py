@@ -16,7 +16,7 @@ EXAMPLES = """\
 Examples:
 
   heedrank index kv build --index indexes/nfcorpus
-  heedrank index kv build --index indexes/nfcorpus --opt attend=all --layer 15 --dtype int8 --verify --prune
+  heedrank index kv build --index indexes/nfcorpus --layer 15 --dtype int8 --verify --prune
   heedrank index kv build --index /shared/ix --engine ray --actors 4 --actor-cpus 4
 """
 
@@ -27,16 +27,13 @@ app = typer.Typer(help="The document KV store: candidate blocks encoded once (ca
 @app.command("build")
 @engine_flags(BLOCKS_ENGINE_HELP)
 def index_kv_build(
-    index: Annotated[Path, typer.Option("--index", help="Index directory (the store goes to INDEX/kv, "
-                                               "INDEX/window or INDEX/probe, by the configuration's layout).")],
+    index: Annotated[Path, typer.Option("--index", help="Index directory (the store goes to INDEX/kv).")],
     model: ModelOpt = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Scoring layer l*: layers 0..l* are stored; "
                                                  "default: the default method's (15, its weights card's, for the "
                                                  "packaged SmolLM2; else round(0.6 L)).")] = None,
     max_doc_tokens: MaxDocTokensOpt = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (the default configuration's: its weights card's "
-                                       "for a probe or window store, else float16), float16, int8 (about half the "
-                                       "bytes) or int4 (about a quarter).")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="float16 or int8 (about half the bytes).")] = "float16",
     device: DeviceOpt = "cpu",
     opts: OptsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Blocks per LM batch and per shard.")] = 32,
@@ -68,8 +65,7 @@ def index_kv_build(
                                            show_progress=True, verify_existing=verify, prune=prune)
         stats = store.stats()
     except KeyboardInterrupt:
-        where = index / Index.store_dir(reranker.block_store_header())
-        typer.secho(f"interrupted; rerun the same command to resume {where}", fg="yellow", err=True)
+        typer.secho(f"interrupted; rerun the same command to resume {index / Index.KV_DIR}", fg="yellow", err=True)
         raise typer.Exit(130) from None
     finally:
         ix.close()
@@ -77,5 +73,5 @@ def index_kv_build(
         "blocks": stats.blocks, "computed": report.computed, "skipped": report.skipped, "seconds": round(report.seconds, 1),
         "blocks_per_second": round(report.computed / report.seconds, 2) if report.seconds and report.computed else None,
         "bytes_on_disk": stats.bytes_on_disk, "bytes_per_block": stats.live_bytes // max(1, stats.blocks),
-        "header": dict(reranker.block_store_header()),
+        "header": reranker.block_store_header().to_dict(),
     }, indent=2))

@@ -156,16 +156,17 @@ def parse_opts(opts: list[str] | None) -> dict[str, Any]:
 def reranker_config(
     method: str, model: str | None, max_doc_tokens: int | None, device: str, opts: list[str] | None = None
 ) -> RerankerConfig:
-    """The reranker config of a command, its ``--opt`` options checked before any model loads.
+    """The :class:`~heedrank.config.RerankerConfig` of a command: ``--opt`` typed once, here, before any model loads.
 
     Raises:
         ValidationError: an unknown option of ``method`` (the message names the valid
             ones), a bad value, or options with ``--rerank none``.
     """
-    from heedrank.reranker.options import parse_options
-
     options = parse_opts(opts)
-    parse_options(method, options)  # typed check only; the config keeps what was given
+    if method == "none" and options:
+        from heedrank.errors import ValidationError
+
+        raise ValidationError(f"reranker options {sorted(options)} need a reranking method; pick one with --rerank")
     return RerankerConfig(method=method, model=model, max_doc_tokens=max_doc_tokens, device=device, options=options)
 
 

@@ -50,6 +50,6 @@ def serve(
     extra: dict[str, Any] = {"collections": collections} if collections else {}
     settings = Settings(
         index=str(index), model=model, max_doc_tokens=max_doc_tokens, device=device, rerank_method=rerank_method,
-        rerank_options=dict(reranker_config(rerank_method, model, max_doc_tokens, device, opts).options), **extra,
+        rerank_options=reranker_config(rerank_method, model, max_doc_tokens, device, opts).given_options, **extra,
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")

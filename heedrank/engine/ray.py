@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from heedrank import errors, registry
-from heedrank.engine import EngineName, EngineOptions, EngineSearch, QueryWork, RecordSink
+from heedrank.engine import EngineOptions, EngineSearch, QueryWork, RecordSink
 from heedrank.errors import HeedrankError, KVStoreError, KVStoreMismatchError, ValidationError, require
 from heedrank.jsonable import jsonable
 from heedrank.pipeline import NO_RERANK, FirstStageRow, Pipeline, RerankerCache, SearchOptions, SearchResult, check_query_texts
@@ -100,14 +100,6 @@ def require_ray() -> Any:
     ray = require("ray", RAY_EXTRA)
     require("ray.data", RAY_EXTRA)
     return ray
-
-
-@dataclass(frozen=True)
-class RayOptions(EngineOptions):
-    """:class:`~heedrank.engine.EngineOptions` with ``engine="ray"``: the name of these
-    options before the engine seam, kept for callers of ``RayEngine(RayOptions(...))``."""
-
-    engine: EngineName = "ray"
 
 
 @dataclass
@@ -362,14 +354,16 @@ class _BlockEncoder(_ActorUDF):
 
     Args:
         config: The reranker config (``query_in_instruction=false``).
-        header: The driver's :class:`~heedrank.index.kv.KVHeader` (as a dict).
+        header: The driver's :class:`~heedrank.index.kv.KVHeader` (or its :meth:`~heedrank.blocks.KVHeader.to_dict`).
         batch_size: Blocks per LM batch and per committed shard of a part.
         setup, threads: See :class:`_ActorUDF`.
     """
 
-    def __init__(self, config: Any, header: Mapping[str, Any], batch_size: int = 32,
+    def __init__(self, config: Any, header: Any, batch_size: int = 32,
                  setup: Callable[[], Any] | None = None, threads: int = 1) -> None:
-        self.config, self.driver_header, self.batch_size = config, dict(header), batch_size
+        from heedrank.blocks import as_header
+
+        self.config, self.driver_header, self.batch_size = config, as_header(header).to_dict(), batch_size
         self.encoder: Any = None
         self.header: Any = None
         super().__init__(setup, threads)
@@ -379,12 +373,14 @@ class _BlockEncoder(_ActorUDF):
         return self.encoder
 
     def ready(self, model: Any) -> None:
+        from heedrank.blocks import as_header
         from heedrank.index.kv import KVHeader
 
         header = self.driver_header
         mine = model.block_store_header()
-        if mine is None or dict(mine) != header:
-            diff = sorted(k for k in set(header) | set(mine or {}) if (mine or {}).get(k) != header.get(k))
+        ours = {} if mine is None else as_header(mine).to_dict()
+        if ours != header:
+            diff = sorted(k for k in set(header) | set(ours) if ours.get(k) != header.get(k))
             raise KVStoreMismatchError(
                 f"the Ray worker on {_node()} builds blocks for another configuration than the driver "
                 f"(fields {diff}); install the same heedrank version and model files on every node",
@@ -721,7 +717,6 @@ __all__ = [
     "RAY_EXTRA",
     "RayEngine",
     "RayExecutionError",
-    "RayOptions",
     "RunStats",
     "ray_session",
     "require_ray",

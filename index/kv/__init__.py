@@ -2,8 +2,7 @@
 once per distinct document text and read by every query.
 
 * :mod:`~heedrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
-* :mod:`~heedrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`,
-  :class:`Int4Codec` for keys-only probe stores, issue #23).
+* :mod:`~heedrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`).
 * :mod:`~heedrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh).
 * :mod:`~heedrank.index.kv.maintenance`: verify, compact, adopt a distributed build's parts.
 * :mod:`~heedrank.index.kv.build`: the resumable build driver (``heedrank index kv build``).
@@ -27,16 +26,14 @@ from heedrank.index.kv.build import (
     prune_blocks,
     put_batches,
 )
-from heedrank.index.kv.codec import CODECS, Codec, Float16Codec, Int4Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
+from heedrank.index.kv.codec import CODECS, Codec, Float16Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
 from heedrank.index.kv.format import FORMAT_VERSION
 from heedrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
-from heedrank.index.kv.store import DEFAULT_CACHE_BYTES, ENV_CACHE_BYTES, KVStore, KVStoreStats, LayerView, ProbeView
+from heedrank.index.kv.store import KVStore, KVStoreStats
 
 __all__ = [
     "CODECS",
-    "DEFAULT_CACHE_BYTES",
     "DEFAULT_SHARD_MAX_BYTES",
-    "ENV_CACHE_BYTES",
     "FORMAT_VERSION",
     "BlockBuildPlan",
     "BlockKey",
@@ -44,13 +41,10 @@ __all__ = [
     "Codec",
     "CompactReport",
     "Float16Codec",
-    "Int4Codec",
     "Int8Codec",
     "KVHeader",
     "KVStore",
     "KVStoreStats",
-    "LayerView",
-    "ProbeView",
     "build_index_blocks",
     "build_missing",
     "build_part",

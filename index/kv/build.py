@@ -277,10 +277,9 @@ class BlockBuildPlan:
 
     @property
     def header(self) -> dict[str, Any]:
-        """The encoder's store header as its fields (the mapping view of
-        :class:`heedrank.blocks.KVHeader`, as the encoder's ``block_store_header()`` gives
-        them): what every encoded block must match, in a form that crosses to workers as it is."""
-        return dict(self.store.header)  # the store was opened for the encoder's header
+        """The encoder's store header as its fields (:meth:`heedrank.blocks.KVHeader.to_dict`):
+        what every encoded block must match, in a form that crosses to workers as it is."""
+        return self.store.header.to_dict()  # the store was opened for the encoder's header
 
     def encode_here(self, *, batch_size: int, progress: Callable[[int], Any] | None = None) -> int:
         """Encode :attr:`todo` with :attr:`encoder` in this process, one committed shard per
@@ -398,9 +397,8 @@ def open_index_store(index: Index, encoder: BlockCachingReranker) -> KVStore:
     """
     header = encoder.block_store_header()
     if header is None:
-        raise ValidationError("the reranker is not in cached mode: build blocks with method 'blockrank-cached' "
-                              "(formerly --opt query_in_instruction=false)")
-    store = index.block_store(header, full_fallback=False)
+        raise ValidationError("the reranker is not in cached mode: build blocks with method 'blockrank-cached'")
+    store = index.block_store(header)
     if store is None:
         raise ValidationError("an in-memory index keeps no document KV store; build the index into a directory")
     return store

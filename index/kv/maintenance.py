@@ -66,11 +66,6 @@ class CompactReport:
     dropped_entries: int
     seconds: float
 
-    @property
-    def documents(self) -> int:
-        """Deprecated name of :attr:`blocks` (it counts blocks, not documents)."""
-        return self.blocks
-
 
 def verify(store: KVStore, keys: Iterable[BlockKey] | None = None, *, show_progress: bool = False) -> list[BlockKey]:
     """Check the crc32 of stored blocks (all by default) and drop the bad ones (logged; they
@@ -188,7 +183,7 @@ def compact(store: KVStore, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES, s
 
 def adopt(store: KVStore, source: str | os.PathLike[str], *, verify: bool = False, remove: bool = True) -> int:
     """Commit the blocks of another store directory built for the same header (a Ray
-    actor's part of a distributed build, :func:`heedrank.eval.distributed.build_index_blocks_ray`)
+    actor's part of a distributed build, :meth:`heedrank.engine.ray.RayEngine.build_blocks`)
     into ``store``, in ONE manifest commit, without rewriting their bytes.
 
     Only what ``source``'s own manifest commits is taken (its shards are fsynced before it

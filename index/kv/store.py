@@ -69,12 +69,7 @@ from heedrank.lru import ByteLRU, CacheStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_CACHE_BYTES", "ENV_CACHE_BYTES", "FORMAT_VERSION", "KVHeader", "KVStore", "KVStoreStats"]
-
-ENV_CACHE_BYTES = KV_CACHE_BUDGET.env
-"""``HEEDRANK_KV_CACHE_BYTES``: the RAM LRU budget of a store opened without ``cache_bytes``."""
-DEFAULT_CACHE_BYTES = KV_CACHE_BUDGET.default
-"""512 MiB: that budget when the variable is unset."""
+__all__ = ["FORMAT_VERSION", "KVHeader", "KVStore", "KVStoreStats"]
 
 _write = write_all
 """The one writer of a store's bytes (shards, shard indexes, manifest, header): ``_write(fd, data)``.
@@ -127,11 +122,6 @@ class KVStoreStats:
     tombstones: int
     dropped_entries: int
     cache: CacheStats
-
-    @property
-    def documents(self) -> int:
-        """Deprecated name of :attr:`blocks` (it counts blocks, not documents)."""
-        return self.blocks
 
 
 class KVStore:
@@ -440,10 +430,10 @@ class KVStore:
                     except BadEntry as exc:
                         bad.append((key, loc, str(exc)))
                         continue
-                    kv = (_readonly(k), None if v is None else _readonly(v))  # a probe store has no values
+                    kv = (_readonly(k), _readonly(v))
                     got[key] = kv
                     # under the read lock: no commit can invalidate the key between read and insert
-                    self._cache.put(key, kv, k.nbytes + (0 if v is None else v.nbytes))
+                    self._cache.put(key, kv, k.nbytes + v.nbytes)
         if bad:
             self._drop(bad)
         found = {key: got[key] for key in wanted if key in got}
@@ -481,9 +471,6 @@ class KVStore:
         """Live block keys, in no particular order."""
         with self._rw.read():
             return list(self._index)
-
-    doc_ids = keys
-    """Deprecated name of :meth:`keys` (the store holds blocks, keyed by block, not by document)."""
 
     def tokens(self, key: BlockKey) -> int | None:
         """``T`` of a stored block, or ``None``."""
@@ -684,79 +671,3 @@ class KVStore:
         """The RAM LRU's counters (hits, misses, evictions, bytes) for /metrics."""
         return self._cache.stats()
 
-
-class LayerView:
-    """A full store read as a probe or window store (issue #23): of every block, the keys
-    of the header's stored layers and the values of its value layers (none for a probe
-    header), read-only. An index whose store predates those layouts keeps serving them
-    from it until ``heedrank index kv build`` writes their own store.
-
-    Args:
-        store: An open full store (``values`` stored, layers ``0..layer``).
-        header: The probe or window header it stands in for; its layers must be stored by
-            ``store`` and every other field but ``dtype``, ``layer`` and the layout fields
-            equal.
-
-    Raises:
-        KVStoreMismatchError: ``store`` cannot stand in for ``header``.
-    """
-
-    readonly = True
-
-    def __init__(self, store: KVStore, header: KVHeader) -> None:
-        full = store.header
-        fields = [f for f in header_diff_fields(full, header)]
-        if full.layout != "full" or not set(header.stored_layers) <= set(full.stored_layers) or fields:
-            raise KVStoreMismatchError(
-                f"the store at {store.path} cannot serve the layers {list(header.stored_layers)} of a "
-                f"{header.layout} store: it differs in {fields or ['layers']}", tuple(fields), full.to_dict())
-        self.store = store
-        self.header = header
-        self.path = store.path
-        stored = list(full.stored_layers)
-        self._sel = [stored.index(l) for l in header.stored_layers]
-        self._vsel = [stored.index(l) for l in header.stored_value_layers]
-
-    def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, tuple[np.ndarray, np.ndarray | None]], list[BlockKey]]:
-        """As :meth:`KVStore.get_many`, with keys ``(n_layers, kv_heads, T, head_dim)`` and
-        values ``(n_value_layers, kv_heads, T, head_dim)`` (``None`` for a probe header)."""
-        found, missing = self.store.get_many(keys)
-        return {k: (_readonly(np.ascontiguousarray(kk[self._sel])),
-                    _readonly(np.ascontiguousarray(vv[self._vsel])) if self._vsel else None)
-                for k, (kk, vv) in found.items()}, missing
-
-    def get(self, key: BlockKey) -> tuple[np.ndarray, np.ndarray | None] | None:
-        found, _ = self.get_many([key])
-        return found.get(key)
-
-    def contains(self, key: BlockKey) -> bool:
-        return self.store.contains(key)
-
-    def __len__(self) -> int:
-        return len(self.store)
-
-    def keys(self) -> list[BlockKey]:
-        return self.store.keys()
-
-    def put_many(self, items: Any) -> int:
-        raise KVStoreError(f"{self.path} is a full store read as a {self.header.layout} store (read-only); build "
-                           f"the {self.header.layout} store with `heedrank index kv build --index {self.path.parent}`")
-
-    def delete(self, keys: Iterable[BlockKey]) -> int:
-        return 0
-
-    def stats(self) -> KVStoreStats:
-        return self.store.stats()
-
-    def close(self) -> None:
-        """Close the full store (opened for this view)."""
-        self.store.close()
-
-
-ProbeView = LayerView
-"""The name of :class:`LayerView` before window stores (a probe header reads keys only)."""
-
-
-def header_diff_fields(full: KVHeader, probe: KVHeader) -> list[str]:
-    """Fields other than the layout ones in which ``full`` and ``probe`` differ."""
-    return [f for f in full.diff(probe) if f not in ("dtype", "layer", "layers", "keys_only", "value_layers", "n_layers")]

@@ -100,7 +100,7 @@ def _build_store(index_dir, reranker) -> list[str]:
     ix = Index.open(index_dir)
     try:
         store, _ = build_index_blocks(ix, reranker)
-        return sorted(store.doc_ids())
+        return sorted(store.keys())
     finally:
         ix.close()
 
@@ -118,7 +118,7 @@ def _client(index_dir, method="cachedfake", options=None, **kw):
 def _stored(client) -> set[str]:
     pipeline = client.app.state.pipeline
     reranker = pipeline.rerankers.get("cachedfake")[0]
-    return set(pipeline.index.block_store(reranker.block_store_header()).doc_ids())
+    return set(pipeline.index.block_store(reranker.block_store_header()).keys())
 
 
 def test_delete_drops_the_documents_block(cached_fake, index_dir):
@@ -144,7 +144,7 @@ def test_delete_drops_the_documents_block(cached_fake, index_dir):
     from heedrank.index.kv import KVHeader, KVStore
 
     with KVStore.open(index_dir / "kv", KVHeader.from_dict(fake.block_store_header()), readonly=True) as store:
-        assert set(store.doc_ids()) == {key["a3"], key["a4"]}  # durable
+        assert set(store.keys()) == {key["a3"], key["a4"]}  # durable
 
 
 def test_delete_without_a_store_or_a_cached_reranker(cached_fake, index_dir):
@@ -160,7 +160,7 @@ def test_delete_without_a_store_or_a_cached_reranker(cached_fake, index_dir):
     from heedrank.index.kv import KVHeader, KVStore
 
     with KVStore.open(index_dir / "kv", KVHeader.from_dict(fake.block_store_header()), readonly=True) as store:
-        assert sorted(store.doc_ids()) == keys  # a3's block is stale until `index kv build --prune`
+        assert sorted(store.keys()) == keys  # a3's block is stale until `index kv build --prune`
 
 
 def test_startup_fails_on_a_store_of_another_configuration(cached_fake, index_dir):
@@ -184,10 +184,10 @@ def test_startup_check_with_the_real_blockrank(index_dir):
     pytest.importorskip("torch")
     from heedrank.config import RerankerConfig
 
-    options = {"query_in_instruction": False, "layer": 3}
-    _build_store(index_dir, registry.build_reranker(RerankerConfig(method="blockrank", max_doc_tokens=32,
+    options = {"scoring": "signal", "query_adapter": None, "layer": 3}
+    _build_store(index_dir, registry.build_reranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=32,
                                                                    options=options)))
-    with _client(index_dir, method="blockrank", options={**options, "layer": 4}, max_doc_tokens=32) as c:
+    with _client(index_dir, method="blockrank-cached", options={**options, "layer": 4}, max_doc_tokens=32) as c:
         runtime = c.app.state.runtime
         assert runtime.wait_ready(300) and runtime.status == "failed"
         error = c.get("/health").json()["error"]

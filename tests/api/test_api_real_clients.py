@@ -15,6 +15,7 @@ import pytest
 from api_fakes import DOCS, BatchedReranker, FakeReranker
 from heedrank.api.app import create_app
 from live_server import serve
+from heedrank.reranker.base import SCORE_SCALES
 
 httpx = pytest.importorskip("httpx")
 
@@ -198,10 +199,11 @@ def test_method_label_function():
 # -------------------------------------------------------------------- #20.7 the Cohere SDK
 class UnboundedReranker(FakeReranker):
     """Scores like ICR's calibrated attention mass (real numbers around 0, from -0.9 to 1.4
-    for DOCS' texts: longer = lower) and describes itself as ``icr``, so that /rerank maps its
+    for DOCS' texts: longer = lower) with ICR's ``score_scale``, so that /rerank maps its
     scores to [0, 1]. Registered as ``"unbounded"``."""
 
     name = "unbounded"
+    score_scale = SCORE_SCALES["icr"]
 
     def rerank(self, query, candidates):
         from dataclasses import replace
@@ -239,8 +241,6 @@ ORDER = sorted(range(len(TEXTS)), key=lambda i: (len(TEXTS[i]), i))  # shorter f
 
 
 def _expected(i: int) -> float:
-    from heedrank.api.routes.rerank import SCORE_SCALES
-
     raw = 1.4 - len(TEXTS[i]) / 25
     return 1 / (1 + math.exp(-raw / SCORE_SCALES["icr"]))
 
@@ -292,7 +292,6 @@ def test_cohere_sdk_against_the_real_icr_reranker(tmp_path):
     pytest.importorskip("torch")
     import json
 
-    from heedrank.api.routes.rerank import SCORE_SCALES
     from heedrank.index.builder import build_index
     from heedrank.settings import Settings
 
@@ -318,35 +317,38 @@ def test_cohere_sdk_against_the_real_icr_reranker(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("described", "scale"),
+    ("method", "options", "scale"),
     [
-        ({"method": "icr", "options": {}}, 0.3),
-        ({"method": "blockrank-cached", "scoring": "learned", "options": {"scoring": "auto"}}, 1.0),
-        ({"method": "blockrank-cached", "options": {"scoring": "calibrated"}}, 0.03),
-        ({"method": "blockrank", "options": {"scoring": "calibrated"}}, 0.03),
-        ({"method": "blockrank", "options": {"scoring": "signal"}}, None),  # probabilities: kept
-        ({"method": "blockrank-cached", "scoring": "signal", "options": {"scoring": "signal"}}, None),
-        ({"method": "fake", "model": "none"}, None),  # a plugin's own scores: kept
-        ({}, None),
+        ("icr", {}, 0.3),
+        ("blockrank-cached", {"scoring": "learned"}, 1.0),
+        ("blockrank-cached", {"scoring": "calibrated"}, 0.03),
+        ("blockrank", {"scoring": "calibrated"}, 0.03),
+        ("blockrank", {"scoring": "signal"}, None),  # probabilities: kept
+        ("blockrank-cached", {"scoring": "signal"}, None),
     ],
 )
-def test_score_scale_by_kind(settings, described, scale):
-    from heedrank.api.routes.rerank import score_scale
+def test_the_score_scale_is_the_rerankers(method, options, scale):
+    """The scale of /rerank's relevance_score is the reranker's own (``score_scale``), not a route's table."""
+    from heedrank import registry
+    from heedrank.config import RerankerConfig
+    from heedrank.serving import ServePolicy
 
-    assert score_scale(described, settings.model_copy(update={"rerank_method": "x"})) == scale
-    override = settings.model_copy(update={"rerank_score_scale": 2.0})
-    assert score_scale(described, override) == (None if scale is None and "signal" in str(described) else 2.0)
+    reranker = registry.reranker_class(method)(RerankerConfig(method=method, options=options))  # loads no model
+    assert reranker.score_scale == scale
+    assert ServePolicy.of(reranker, fusion=None).scale == scale
+    assert ServePolicy.of(reranker, fusion=None, scale=2.0).scale == (None if scale is None else 2.0)
+    assert ServePolicy.of(reranker, fusion=0.5).scale == 1.0  # fused scores are z-scores
 
 
 def test_relevance_scores_are_in_0_1_monotone_and_per_document():
-    from heedrank.api.routes.rerank import relevance_scores
+    from heedrank.serving import ServePolicy
 
     raw = [1e6, 3.1, 1.36, 0.2, 0.0, -0.91, -1e6]
-    rel = relevance_scores(raw, 0.3)
+    rel = ServePolicy(scale=0.3).relevance(raw)
     assert all(0.0 <= r <= 1.0 for r in rel) and rel == sorted(rel, reverse=True)
     assert rel[4] == 0.5 and rel[0] == 1.0 and rel[-1] == 0.0
-    assert relevance_scores([1.36], 0.3) == [rel[2]]  # a document's score does not depend on the others
-    assert relevance_scores([0.7, 0.2], None) == [0.7, 0.2]
+    assert ServePolicy(scale=0.3).relevance([1.36]) == [rel[2]]  # a document's score does not depend on the others
+    assert ServePolicy().relevance([0.7, 0.2]) == [0.7, 0.2]
 
 
 def test_a_client_that_hangs_up_while_sending_its_body_is_499(client, caplog):

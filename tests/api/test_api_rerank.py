@@ -223,7 +223,7 @@ def test_fusion_with_the_given_order_is_an_extension_field(client, monkeypatch):
         [1 / (1 + math.exp(-want[i])) for i in order])
     assert fused["meta"]["raw_scores"] == pytest.approx([1.0 / len(DOCS[i]) for i in order])
     # a method that records a weight fuses by default; "none" turns it off
-    monkeypatch.setattr(FakeReranker, "describe", lambda self: {"method": "fake", "fusion": 0.9})
+    monkeypatch.setattr(FakeReranker, "default_fusion", 0.9, raising=False)  # the one place a weight is read
     default = client.post("/rerank", json={"query": "apples", "documents": DOCS}).json()
     assert default["meta"]["fusion"] == 0.9 and [x["index"] for x in default["results"]] == order
     off = client.post("/rerank", json={"query": "apples", "documents": DOCS, "fusion": "none"}).json()
@@ -265,3 +265,31 @@ def test_cutoff_returns_the_documents_above_the_calibrated_probability(client, m
     assert any(f"with {len(DOCS)} its probabilities extrapolate" in w for w in few["meta"]["warnings"])
     assert "got fusion none" in _error(client.post("/rerank", json={**body, "fusion": "none", "cutoff": 0.2}),
                                        422, "validation")
+
+
+def test_search_and_rerank_serve_one_list_with_the_same_probabilities(client, monkeypatch):
+    """One serving policy (:class:`heedrank.serving.ServePolicy`): the same candidates sent
+    through /search (from its first stage) and through /rerank (as a list, in the first stage's
+    order) get the same calibrated probability each, by the same map and the same function."""
+    from api_fakes import DOCS as INDEXED
+    from api_fakes import OverlapRetriever
+
+    from heedrank.calibration import Calibration, PlattMap
+    from heedrank.types import Query
+
+    plat = PlattMap((1.5, -0.3, 0.2, 0.1), -0.4, 0.5)
+    monkeypatch.setattr(FakeReranker, "calibration", Calibration(0.9, {"none": plat}), raising=False)
+    query = "apples fruit"
+    search = client.post("/search", json={"query": query, "top_k": 8, "retriever": "bm25",
+                                          "rerank": {"method": "fake", "candidates": 8, "fusion": "none"}})
+    assert search.status_code == 200, search.text
+    probs_search = {h["doc_id"]: h["probability"] for h in search.json()["results"]}
+    assert len(probs_search) == 8 and all(0.0 < p < 1.0 for p in probs_search.values())
+    order = list(OverlapRetriever(INDEXED).retrieve([Query("q", query)], 8)[0].doc_ids)
+    assert set(order) == set(probs_search)
+    texts = {d.doc_id: d.content for d in INDEXED}
+    rerank = client.post("/rerank", json={"query": query, "documents": [texts[d] for d in order], "fusion": "none"})
+    assert rerank.status_code == 200, rerank.text
+    probs_rerank = {order[r["index"]]: r["probability"] for r in rerank.json()["results"]}
+    assert probs_rerank == pytest.approx(probs_search, abs=1e-12)
+    assert len(set(round(p, 9) for p in probs_rerank.values())) > 1  # the map separates the documents

@@ -140,6 +140,6 @@ def test_heads_and_reattn_reach_the_reranker_options(client, pipeline, monkeypat
     assert r.status_code == 200, r.text
     built = {name: rr for name, rr in pipeline.loaded_rerankers().items() if name.startswith("icr")}
     assert len(built) == 2  # one per distinct options, reused
-    options = sorted((dict(rr.config.options) for rr in built.values()), key=str)
+    options = sorted((rr.config.given_options for rr in built.values()), key=str)
     assert {"heads": "qr"} in options
-    assert {"heads": [[3, 1], [0, 2]], "reattn": {"idf": False, "entropy": True, "gamma": 0.5}} in options
+    assert {"heads": [[0, 2], [3, 1]], "reattn": {"idf": False, "entropy": True, "gamma": 0.5}} in options

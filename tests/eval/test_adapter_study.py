@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.eval.adapter_study import dev_evaluator, examples_from, source_store  # noqa: E402
 from heedrank.eval.metrics import evaluate_run  # noqa: E402
-from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.cached import CachedBlockRankReranker
 from heedrank.types import Query  # noqa: E402
 
 
@@ -24,8 +24,8 @@ def docs(nfcorpus_head):
 
 @pytest.fixture(scope="module")
 def reranker(default_lm):
-    return BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=32, options={
-        "query_in_instruction": False, "layer": 3, "scoring": "signal"}), lm=default_lm)
+    return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=32, options={
+        "query_adapter": None, "layer": 3, "scoring": "signal"}), lm=default_lm)
 
 
 def test_examples_take_grades_from_qrels(docs) -> None:

@@ -8,8 +8,9 @@ import pytest
 
 from heedrank.data import load_trec_run
 from heedrank.eval.beir import cached_index_dir, evaluate_beir
-from heedrank.eval.harness import file_sha256
 from heedrank.eval.report import load_report
+from heedrank.eval.spec import EvalSpec
+from heedrank.files import file_sha256
 
 TOPICS = ["apple orchard harvest", "banana plantation export", "cherry blossom festival", "date palm oasis"]
 
@@ -39,7 +40,7 @@ def beir_dir(tmp_path):
 def test_builds_cached_index_once_and_evaluates(beir_dir, tmp_path, monkeypatch, fake_reranker):
     monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "runs"
-    report = evaluate_beir(beir_dir, rerank="none", out_dir=out, build_dense=False, show_progress=False)
+    report = evaluate_beir(EvalSpec(beir_dir, rerank="none", out_dir=out, build_dense=False, show_progress=False))
     index_dir = cached_index_dir(beir_dir, file_sha256(beir_dir / "corpus.jsonl"))
     assert index_dir.parent == tmp_path / "cache" / "indexes"
     assert index_dir.name.startswith("toy-beir-") and len(index_dir.name) == len("toy-beir-") + 12
@@ -53,8 +54,8 @@ def test_builds_cached_index_once_and_evaluates(beir_dir, tmp_path, monkeypatch,
     assert (out / "toy-beir-test-bm25-none.trec").is_file()
 
     created = json.loads((index_dir / "params.json").read_text())["created"]
-    reranked = evaluate_beir(beir_dir, rerank="fake", candidates=3, max_queries=2, seed=1, out_dir=out,
-                             build_dense=False, show_progress=False)
+    reranked = evaluate_beir(EvalSpec(beir_dir, rerank="fake", candidates=3, max_queries=2, seed=1, out_dir=out,
+                                      build_dense=False, show_progress=False))
     assert json.loads((index_dir / "params.json").read_text())["created"] == created  # reused
     assert reranked.name == "toy-beir-test-bm25-fake-c3-t160-q2-s1"
     assert len(reranked.query_ids) == 2
@@ -68,7 +69,7 @@ def test_explicit_index_dir(beir_dir, tmp_path):
 
     idx = tmp_path / "idx"
     build_index(beir_dir, idx, dense=False, show_progress=False)
-    report = evaluate_beir(beir_dir, index_dir=idx, out_dir=tmp_path / "runs", show_progress=False)
+    report = evaluate_beir(EvalSpec(beir_dir, index_dir=idx, out_dir=tmp_path / "runs", show_progress=False))
     assert report.index["path"] == str(idx)
     assert "corpus" not in report.inputs
 
@@ -97,25 +98,25 @@ def test_identical_ids_are_dropped_as_beir_does(self_hit_dir, tmp_path, monkeypa
     kw = dict(out_dir=out, build_dense=False, show_progress=False)
     # By hand: one relevant document (grade 1), ideal DCG = 1; at rank r, nDCG@10 = 1 / log2(r + 1).
     # BEIR protocol: d05 is dropped, so the first stage is d01, d07, ...: d07 at rank 2.
-    beir = evaluate_beir(self_hit_dir, rerank="none", **kw)
+    beir = evaluate_beir(EvalSpec(self_hit_dir, rerank="none", **kw))
     assert beir.metrics["nDCG@10"] == pytest.approx(1 / math.log2(3))
     assert beir.params["keep_identical_ids"] is False and beir.name == "self-hit-test-bm25-none"
     run = load_trec_run(out / f"{beir.name}.trec")
     assert list(run["d05"]) == ["d01", "d07"]  # BM25 returns the matching documents only
     # kept: d05, d01, d07: d07 at rank 3
-    kept = evaluate_beir(self_hit_dir, rerank="none", keep_identical_ids=True, **kw)
+    kept = evaluate_beir(EvalSpec(self_hit_dir, rerank="none", keep_identical_ids=True, **kw))
     assert kept.metrics["nDCG@10"] == pytest.approx(1 / math.log2(4))
     assert kept.params["keep_identical_ids"] is True and kept.name == "self-hit-test-bm25-none-keepids"
     assert json.loads((out / f"{kept.name}.json").read_text())["params"]["keep_identical_ids"] is True
     assert list(load_trec_run(out / f"{kept.name}.trec")["d05"]) == ["d05", "d01", "d07"]
     # Before reranking too: with 2 candidates the self-hit takes no slot, so the fake reranker
     # (shorter first) sees d01 and d07 and puts d07 ("zebra") first: nDCG@10 = 1.
-    reranked = evaluate_beir(self_hit_dir, rerank="fake", candidates=2, **kw)
+    reranked = evaluate_beir(EvalSpec(self_hit_dir, rerank="fake", candidates=2, **kw))
     assert reranked.metrics["nDCG@10"] == pytest.approx(1.0)
     assert reranked.first_stage_metrics["nDCG@10"] == pytest.approx(1 / math.log2(3))
     assert reranked.truncation["docs_reranked"] == 2
     # kept, the self-hit takes a slot: candidates d05, d01 -> d01, d05, then d07 at rank 3
-    reranked_kept = evaluate_beir(self_hit_dir, rerank="fake", candidates=2, keep_identical_ids=True, **kw)
+    reranked_kept = evaluate_beir(EvalSpec(self_hit_dir, rerank="fake", candidates=2, keep_identical_ids=True, **kw))
     assert reranked_kept.metrics["nDCG@10"] == pytest.approx(1 / math.log2(4))
 
 

@@ -10,7 +10,7 @@ import pytest
 from heedrank.calibration import PlattMap
 from heedrank.eval.calibration import evaluate_cutoff, fit_calibration, per_query, prf, served, subset
 from heedrank.eval.study import QueryItem, variant_scores
-from heedrank.pipeline import fuse_scores, served_probabilities
+from heedrank.serving import ServePolicy
 from heedrank.types import Ranking, ScoredDoc
 
 L, H = 2, 3
@@ -39,16 +39,16 @@ def test_served_scores_are_the_services() -> None:
     rows = served([it], qrels, variant, 0.6, "score", None)
     reranked = Ranking.from_hits("q", (ScoredDoc(d, float(s)) for d, s in zip(it.doc_ids, variant_scores(it, variant))))
     first = Ranking.from_hits("q", (ScoredDoc(d, float(s)) for d, s in zip(it.doc_ids, it.first_stage)))
-    fused = fuse_scores(first, reranked, 0.6)
+    fused = ServePolicy(0.6).apply(first, reranked).ranking
     assert rows[0].scores == pytest.approx([h.score for h in fused.hits])
     assert list(rows[0].labels) == [float(it.labels[it.doc_ids.index(h.doc_id)]) for h in fused.hits]
     assert rows[0].n_relevant == int(it.labels.sum()) + 1  # the unretrieved relevant document counts for recall
     plat = PlattMap((1.0, -0.2, 0.1, 0.0), 0.0, 0.4)
-    probs, _, _ = served_probabilities(fused, 0.6, plat, None)
-    assert [probs[h.doc_id] for h in fused.hits] == pytest.approx(plat.probabilities(list(rows[0].scores)))
+    probs = ServePolicy(0.6, plat=plat).apply(first, reranked).probabilities
+    assert probs is not None and [probs[h.doc_id] for h in fused.hits] == pytest.approx(plat.probabilities(list(rows[0].scores)))
     pure = served([it], qrels, variant, 0.6, "none", None)[0]
-    probs, _, _ = served_probabilities(reranked, None, plat, None)
-    assert [probs[h.doc_id] for h in reranked.hits] == pytest.approx(plat.probabilities(list(pure.scores)))
+    probs = ServePolicy(None, plat=plat).apply(first, reranked).probabilities
+    assert probs is not None and [probs[h.doc_id] for h in reranked.hits] == pytest.approx(plat.probabilities(list(pure.scores)))
     # a count re-scores the first stage's top n as the service would (features z-scored over those n)
     top = subset(it, 5)
     assert top.doc_ids == it.doc_ids[:5] and top.features["calibrated"].shape == (5, L, H)

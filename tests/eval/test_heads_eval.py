@@ -9,7 +9,8 @@ pytest.importorskip("torch")
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries  # noqa: E402
 from heedrank.errors import ValidationError  # noqa: E402
-from heedrank.eval.heads import ablation, detect_heads, dump_attention, fit_head_weights, load_dump  # noqa: E402
+from heedrank.eval.dump import load_dump  # noqa: E402
+from heedrank.eval.heads import ablation, detect_heads, dump_attention, fit_head_weights  # noqa: E402
 from heedrank.reranker.heads import HeadSet, resolve_heads  # noqa: E402
 
 

@@ -1,4 +1,5 @@
-"""rerank-batch on Ray (``--engine ray``): byte-identical to the local engine, resumable
+"""rerank-batch on Ray (``--engine ray``, ``rerank_batch(..., engine=RayEngine(...))``):
+byte-identical to the local engine, resumable
 across engines, an actor killed mid-run restarted and its batch retried, typed errors from
 workers raised on the driver, and the CLI's engine flags. A few DL19 queries, a fake
 reranker, one local Ray instance for the session (``ray_fakes.ray_local``)."""
@@ -11,21 +12,23 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from heedrank.engine import EngineOptions, LocalEngine
 from heedrank.errors import MissingDependencyError, ModelLoadError
 from heedrank.eval.batch import rerank_batch
 from ray_fakes import HashFactory, broken_setup, dl19_batch_inputs, ray_local  # noqa: F401 - ray_local: a fixture
 
 
-def _batch(inputs, out, factory, runner=None, **kw):
+def _batch(inputs, out, factory, engine=None, **kw):
     topics, run, docs = inputs
-    return rerank_batch(topics, run, docs, out, method="hash", candidates=10, factory=factory, runner=runner,
+    return rerank_batch(topics, run, docs, out, method="hash", candidates=10, factory=factory, engine=engine,
                         show_progress=False, **kw)
 
 
 def _engine(actors=2, **kw):
-    from heedrank.eval.distributed import RayEngine, RayOptions
+    """The engine of ``heedrank rerank-batch --engine ray --actors N``."""
+    from heedrank.engine.ray import RayEngine
 
-    return RayEngine(RayOptions(actors=actors, **kw))
+    return RayEngine(EngineOptions(engine="ray", actors=actors, **kw))
 
 
 def _records(out):
@@ -46,7 +49,7 @@ def inputs(dl19_dir, tmp_path):
 def local_out(inputs, tmp_path):
     """The local engine's output for the same inputs (a failing document in query 2)."""
     out = tmp_path / "local.trec"
-    summary = _batch(inputs, out, HashFactory(poison=_poison(inputs)))
+    summary = _batch(inputs, out, HashFactory(poison=_poison(inputs)), engine=LocalEngine())
     assert summary.done == 5 and summary.failed_documents
     return out, summary
 
@@ -59,10 +62,11 @@ def _poison(inputs):
 
 @pytest.mark.usefixtures("ray_local")
 def test_ray_output_is_byte_identical_to_local(inputs, local_out, tmp_path):
+    """``rerank_batch(..., engine=RayEngine(...))``, as ``--engine ray`` calls it."""
     ref, ref_summary = local_out
     out = tmp_path / "ray.trec"
     engine = _engine(actors=2)
-    summary = _batch(inputs, out, HashFactory(poison=_poison(inputs)), runner=engine.run_batch)
+    summary = _batch(inputs, out, HashFactory(poison=_poison(inputs)), engine=engine)
     assert out.read_bytes() == ref.read_bytes()
     assert _records(out)[1:] == _records(ref)[1:]  # same statuses, failed documents, offsets
     assert (summary.done, summary.documents, summary.failed_documents, summary.first_stage_queries) == (
@@ -70,7 +74,7 @@ def test_ray_output_is_byte_identical_to_local(inputs, local_out, tmp_path):
     stats = engine.last_stats
     assert stats.queries == 5 and stats.run_seconds >= stats.first_result_seconds > 0
     # a rerun skips every finished query, sending nothing to Ray
-    again = _batch(inputs, out, HashFactory(poison=_poison(inputs)), runner=_engine().run_batch)
+    again = _batch(inputs, out, HashFactory(poison=_poison(inputs)), engine=_engine())
     assert (again.skipped, again.done) == (5, 0) and out.read_bytes() == ref.read_bytes()
 
 
@@ -81,7 +85,7 @@ def test_actor_killed_mid_run_is_restarted_and_batch_retried(inputs, local_out, 
     flag = tmp_path / "crashed"
     out = tmp_path / "ray.trec"
     summary = _batch(inputs, out, HashFactory(poison=_poison(inputs), crash_on=qid, flag=str(flag)),
-                     runner=_engine(actors=2).run_batch)
+                     engine=_engine(actors=2))
     assert flag.exists(), "the actor did not crash"
     assert summary.done == 5
     assert out.read_bytes() == ref.read_bytes()
@@ -97,7 +101,7 @@ def test_typed_worker_error_stops_and_a_rerun_resumes(inputs, local_out, tmp_pat
     out = tmp_path / "ray.trec"
     factory = HashFactory(poison=_poison(inputs), fail_load_on=qid, flag=str(flag))
     with pytest.raises(ModelLoadError, match="cannot be loaded"):
-        _batch(inputs, out, factory, runner=_engine(actors=1).run_batch)
+        _batch(inputs, out, factory, engine=_engine(actors=1))
     done = [r["qid"] for r in _records(out)[1:]]
     assert done == [line.split("\t")[0] for line in inputs[0].read_text().splitlines()[:3]]
     assert ref.read_bytes().startswith(out.read_bytes())
@@ -107,7 +111,7 @@ def test_typed_worker_error_stops_and_a_rerun_resumes(inputs, local_out, tmp_pat
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
-    from heedrank.eval.distributed import RayEngine
+    from heedrank.engine.ray import RayEngine
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[ray\]'"):
@@ -160,11 +164,11 @@ def _unimportable_setup():  # defined in this test module, which Ray workers can
 
 @pytest.mark.usefixtures("ray_local")
 def test_untyped_worker_error_is_a_ray_error_with_the_traceback(inputs, tmp_path):
-    from heedrank.eval.distributed import RayExecutionError
+    from heedrank.engine.ray import RayExecutionError
 
     out = tmp_path / "ray.trec"
     with pytest.raises(RayExecutionError, match="no GPU driver on this node") as info:
-        _batch(inputs, out, HashFactory(), runner=_engine(actors=1, worker_setup=broken_setup).run_batch)
+        _batch(inputs, out, HashFactory(), engine=_engine(actors=1, worker_setup=broken_setup))
     assert "broken_setup" in str(info.value)  # the worker's traceback
     assert out.read_bytes() == b""
 
@@ -172,8 +176,8 @@ def test_untyped_worker_error_is_a_ray_error_with_the_traceback(inputs, tmp_path
 @pytest.mark.usefixtures("ray_local")
 def test_a_worker_that_cannot_start_fails_the_run_with_a_hint(inputs, tmp_path):
     """What a node without heedrank looks like: the actor's constructor cannot be unpickled."""
-    from heedrank.eval.distributed import RayExecutionError
+    from heedrank.engine.ray import RayExecutionError
 
     with pytest.raises(RayExecutionError, match=r"(?s)Ray gave up after 0 of 5 queries.*every Ray node"):
         _batch(inputs, tmp_path / "ray.trec", HashFactory(),
-               runner=_engine(actors=1, worker_setup=_unimportable_setup).run_batch)
+               engine=_engine(actors=1, worker_setup=_unimportable_setup))

@@ -1,7 +1,7 @@
 """``heedrank eval trec-dl|beir --engine ray``: the queries reranked by a Ray actor pool,
 the report identical to a local run's apart from timings (and ``params.engine``), the run
 file byte-identical. A few DL19 queries; a tiny BEIR dataset; the fake reranker registered
-in each worker through ``RayOptions.worker_setup``."""
+in each worker through ``EngineOptions.worker_setup``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from heedrank.config import RerankerConfig
 from heedrank.errors import ValidationError
 from heedrank.eval.beir import evaluate_beir
+from heedrank.eval.spec import EvalSpec
 from heedrank.eval.trecdl import evaluate_trec_dl
 from ray_fakes import ray_local, register_fake  # noqa: F401 - ray_local: a fixture
 
@@ -31,17 +32,18 @@ def _comparable(report):
 
 
 def _engine(actors=2):
-    from heedrank.eval.distributed import RayEngine, RayOptions
+    from heedrank.engine import EngineOptions
+    from heedrank.engine.ray import RayEngine
 
-    return RayEngine(RayOptions(actors=actors, worker_setup=register_fake))
+    return RayEngine(EngineOptions(engine="ray", actors=actors, worker_setup=register_fake))
 
 
 @pytest.mark.usefixtures("ray_local")
 def test_trec_dl_fake_reranker_report_same_as_local(dl19_dir, tmp_path, fake_reranker):
     kw = dict(run_name="BM25", rerank="fake", candidates=10, max_queries=4, seed=2,
               reranker_config=RerankerConfig(max_doc_tokens=64), show_progress=False)
-    local = evaluate_trec_dl(dl19_dir, out_dir=tmp_path / "local", **kw)
-    remote = evaluate_trec_dl(dl19_dir, out_dir=tmp_path / "ray", engine=_engine(actors=2), **kw)
+    local = evaluate_trec_dl(EvalSpec(dl19_dir, out_dir=tmp_path / "local", **kw))
+    remote = evaluate_trec_dl(EvalSpec(dl19_dir, out_dir=tmp_path / "ray", engine=_engine(actors=2), **kw))
     assert _comparable(remote) == _comparable(local)
     assert remote.truncation["docs_reranked"] == 40 and remote.reranker == local.reranker
     assert remote.params["engine"]["engine"] == "ray" and remote.params["engine"]["actors"] == 2
@@ -54,8 +56,8 @@ def test_trec_dl_fake_reranker_report_same_as_local(dl19_dir, tmp_path, fake_rer
 def test_cli_trec_dl_rerank_none_on_ray(dl19_dir, tmp_path):
     from heedrank.cli import app
 
-    local = evaluate_trec_dl(dl19_dir, rerank="none", max_queries=3, seed=0, out_dir=tmp_path / "local",
-                             show_progress=False)
+    local = evaluate_trec_dl(EvalSpec(dl19_dir, rerank="none", max_queries=3, seed=0, out_dir=tmp_path / "local",
+                                      show_progress=False))
     res = CliRunner().invoke(app, ["eval", "trec-dl", "--data", str(dl19_dir), "--max-queries", "3",
                                    "--out", str(tmp_path / "ray"), "--engine", "ray", "--actors", "1"])
     assert res.exit_code == 0, res.output
@@ -82,8 +84,8 @@ def test_beir_on_ray_same_as_local(tmp_path, monkeypatch, fake_reranker):
         f.writelines(f"q{t}\tt{t}-0\t2\nq{t}\tt{t}-1\t1\n" for t in range(3))
     monkeypatch.setenv("HEEDRANK_CACHE_DIR", str(tmp_path / "cache"))
     kw = dict(rerank="fake", candidates=4, build_dense=False, show_progress=False)
-    local = evaluate_beir(d, out_dir=tmp_path / "local", **kw)
-    remote = evaluate_beir(d, out_dir=tmp_path / "ray", engine=_engine(actors=1), **kw)
+    local = evaluate_beir(EvalSpec(d, out_dir=tmp_path / "local", **kw))
+    remote = evaluate_beir(EvalSpec(d, out_dir=tmp_path / "ray", engine=_engine(actors=1), **kw))
     assert _comparable(remote) == _comparable(local)
     assert (tmp_path / "ray" / f"{remote.name}.trec").read_bytes() == (tmp_path / "local" / f"{local.name}.trec").read_bytes()
 
@@ -94,5 +96,5 @@ def test_dump_needs_the_local_engine(dl19_dir, tmp_path):
             raise AssertionError
 
     with pytest.raises(ValidationError, match="needs the local engine"):
-        evaluate_trec_dl(dl19_dir, rerank="icr", max_queries=1, out_dir=tmp_path, dump_dir=tmp_path / "dump",
-                         engine=Engine(), show_progress=False)
+        evaluate_trec_dl(EvalSpec(dl19_dir, rerank="icr", max_queries=1, out_dir=tmp_path, dump_dir=tmp_path / "dump",
+                                  engine=Engine(), show_progress=False))

@@ -1,5 +1,5 @@
-"""EvalSpec: one record for ``eval beir`` and ``eval trec-dl``; the keyword form of
-``evaluate_beir`` / ``evaluate_trec_dl`` is the same evaluation."""
+"""EvalSpec: one record for ``eval beir`` and ``eval trec-dl``, the one argument of
+``evaluate_beir`` / ``evaluate_trec_dl``."""
 
 from __future__ import annotations
 
@@ -8,21 +8,22 @@ import json
 import pytest
 
 from heedrank.config import RerankerConfig
+from heedrank.data import load_trec_run
 from heedrank.errors import ValidationError
-from heedrank.eval.spec import EvalSpec, as_spec
+from heedrank.eval.spec import EvalSpec
 from heedrank.eval.trecdl import evaluate_trec_dl
 
 
-def test_spec_and_keyword_form_write_the_same_report(dl19_dir, tmp_path, fake_reranker):
-    kw = dict(run_name="BM25", rerank="fake", candidates=5, max_queries=3, seed=1, fusion=0.5,
-              reranker_config=RerankerConfig(max_doc_tokens=64), show_progress=False)
-    by_kw = evaluate_trec_dl(dl19_dir, out_dir=tmp_path / "kw", **kw)
-    by_spec = evaluate_trec_dl(EvalSpec(dl19_dir, out_dir=tmp_path / "spec", **kw))
-    assert by_spec.name == by_kw.name == "msmarco-trec-dl-2019-passage-dl19-BM25-fake-c5-f0.5-t64-q3-s1"
-    assert by_spec.per_query == by_kw.per_query and by_spec.params["fusion"] == 0.5
-    assert (tmp_path / "spec" / f"{by_spec.name}.trec").read_bytes() == (tmp_path / "kw" / f"{by_kw.name}.trec").read_bytes()
-    report = json.loads((tmp_path / "spec" / f"{by_spec.name}.json").read_text())
-    assert report["params"]["metrics"] == list(by_kw.params["metrics"]) and "engine" not in report["params"]
+def test_spec_writes_its_report(dl19_dir, tmp_path, fake_reranker):
+    spec = EvalSpec(dl19_dir, run_name="BM25", rerank="fake", candidates=5, max_queries=3, seed=1, fusion=0.5,
+                    reranker_config=RerankerConfig(max_doc_tokens=64), out_dir=tmp_path, show_progress=False)
+    by_spec = evaluate_trec_dl(spec)
+    assert by_spec.name == "msmarco-trec-dl-2019-passage-dl19-BM25-fake-c5-f0.5-t64-q3-s1"
+    assert sorted(by_spec.per_query) == sorted(by_spec.query_ids) and len(by_spec.query_ids) == 3
+    assert by_spec.params["fusion"] == 0.5
+    assert sorted(load_trec_run(tmp_path / f"{by_spec.name}.trec")) == sorted(by_spec.query_ids)
+    report = json.loads((tmp_path / f"{by_spec.name}.json").read_text())
+    assert report["params"]["metrics"] == list(by_spec.params["metrics"]) and "engine" not in report["params"]
 
 
 def test_fields_of_the_other_dataset_are_refused():
@@ -34,13 +35,10 @@ def test_fields_of_the_other_dataset_are_refused():
     EvalSpec(None, topics="t", qrels="q", run_file="r").check_for("trec-dl")
 
 
-def test_as_spec():
+def test_spec_is_frozen_and_knows_its_fields():
     spec = EvalSpec("d", rerank="icr")
-    assert as_spec(spec, {}) is spec
-    assert as_spec("d", {"rerank": "icr"}) == spec == as_spec(None, {"data_dir": "d", "rerank": "icr"})
-    with pytest.raises(TypeError, match="not both"):
-        as_spec(spec, {"seed": 1})
+    assert spec == EvalSpec(data_dir="d", rerank="icr") and spec.reranking and not EvalSpec("d").reranking
     with pytest.raises(TypeError):
-        as_spec("d", {"no_such_field": 1})
+        EvalSpec("d", no_such_field=1)
     with pytest.raises(AttributeError):
         spec.seed = 3  # frozen

@@ -17,10 +17,11 @@ from heedrank.data import load_trec_qrels, load_trec_run
 from heedrank.errors import NotFoundError, UnknownNameError
 from heedrank.eval.compare import compare_reports
 from heedrank.eval.report import format_table, load_report
+from heedrank.eval.spec import EvalSpec
 from heedrank.eval.trecdl import evaluate_trec_dl
 
 def test_bm25_run_matches_published_figure(dl19_dir, tmp_path):
-    report = evaluate_trec_dl(dl19_dir, run_name="BM25", rerank="none", out_dir=tmp_path, show_progress=False)
+    report = evaluate_trec_dl(EvalSpec(dl19_dir, run_name="BM25", rerank="none", out_dir=tmp_path, show_progress=False))
     assert len(report.query_ids) == 43
     # Pyserini two-click reproduction, dl19-passage BM25 (k1=0.9, b=0.4): nDCG@10 = 0.5058
     assert report.metrics["nDCG@10"] == pytest.approx(0.5058, abs=5e-5)
@@ -33,11 +34,11 @@ def test_bm25_run_matches_published_figure(dl19_dir, tmp_path):
 
 
 def test_rerank_subset_reports_base_and_reranked(dl19_dir, tmp_path, fake_reranker):
-    base = evaluate_trec_dl(dl19_dir, run_name="BM25", rerank="none", out_dir=tmp_path, show_progress=False)
-    report = evaluate_trec_dl(
+    base = evaluate_trec_dl(EvalSpec(dl19_dir, run_name="BM25", rerank="none", out_dir=tmp_path, show_progress=False))
+    report = evaluate_trec_dl(EvalSpec(
         dl19_dir, run_name="BM25", rerank="fake", candidates=10, max_queries=5, seed=3, out_dir=tmp_path,
         reranker_config=RerankerConfig(max_doc_tokens=64), show_progress=False,
-    )
+    ))
     judged = sorted(load_trec_qrels(dl19_dir / "qrels.dl19-passage.txt"))
     assert report.query_ids == sorted(random.Random(3).sample(judged, 5))
     assert report.name == "msmarco-trec-dl-2019-passage-dl19-BM25-fake-c10-t64-q5-s3"
@@ -64,9 +65,9 @@ def test_rerank_subset_reports_base_and_reranked(dl19_dir, tmp_path, fake_rerank
 
 def test_unknown_names_fail_early(dl19_dir, tmp_path):
     with pytest.raises(UnknownNameError, match="unknown reranker 'nope'"):
-        evaluate_trec_dl(dl19_dir, rerank="nope", out_dir=tmp_path)
+        evaluate_trec_dl(EvalSpec(dl19_dir, rerank="nope", out_dir=tmp_path))
     with pytest.raises(NotFoundError, match="BM25_RM3"):
-        evaluate_trec_dl(dl19_dir, run_name="NOPE", out_dir=tmp_path)
+        evaluate_trec_dl(EvalSpec(dl19_dir, run_name="NOPE", out_dir=tmp_path))
 
 
 # ---------------------------------------------------------------------------- any year, any naming
@@ -102,7 +103,7 @@ def _folder(root: Path, topics: str, qrels: str, run: str) -> Path:
 )
 def test_every_year_and_naming_evaluates(tmp_path, year, topics, qrels, run):
     d = _folder(tmp_path / "trecdl", topics, qrels, run)
-    report = evaluate_trec_dl(d, rerank="none", out_dir=tmp_path / "runs", show_progress=False)
+    report = evaluate_trec_dl(EvalSpec(d, rerank="none", out_dir=tmp_path / "runs", show_progress=False))
     assert report.name == f"trecdl-{year}-BM25-none"
     assert report.metrics["nDCG@10"] == pytest.approx(NDCG_P2_SECOND)
     assert report.params["year"] == year and report.params["topics"] == str(d / topics)
@@ -112,15 +113,15 @@ def test_every_year_and_naming_evaluates(tmp_path, year, topics, qrels, run):
 def test_explicit_paths_and_year(tmp_path):
     _folder(tmp_path / "files", "my-topics.tsv", "my-qrels.txt", "retrieve_results_SPLADE_dl20_top100.json")
     f = tmp_path / "files"
-    report = evaluate_trec_dl(None, topics=f / "my-topics.tsv", qrels=f / "my-qrels.txt",
-                              run_file=f / "retrieve_results_SPLADE_dl20_top100.json", out_dir=tmp_path / "runs",
-                              show_progress=False)
+    report = evaluate_trec_dl(EvalSpec(None, topics=f / "my-topics.tsv", qrels=f / "my-qrels.txt",
+                                       run_file=f / "retrieve_results_SPLADE_dl20_top100.json", out_dir=tmp_path / "runs",
+                                       show_progress=False))
     # run name and year read from the run file's name; dataset = the run file's folder
     assert report.name == "files-dl20-SPLADE-none" and report.first_stage == "run:SPLADE"
     assert report.metrics["nDCG@10"] == pytest.approx(NDCG_P2_SECOND)
-    other = evaluate_trec_dl(None, topics=f / "my-topics.tsv", qrels=f / "my-qrels.txt", run_name="mine",
-                             run_file=f / "retrieve_results_SPLADE_dl20_top100.json", year="2023",
-                             out_dir=tmp_path / "runs", show_progress=False)
+    other = evaluate_trec_dl(EvalSpec(None, topics=f / "my-topics.tsv", qrels=f / "my-qrels.txt", run_name="mine",
+                                      run_file=f / "retrieve_results_SPLADE_dl20_top100.json", year="2023",
+                                      out_dir=tmp_path / "runs", show_progress=False))
     assert other.name == "files-dl23-mine-none"
 
 
@@ -148,7 +149,7 @@ DL21 = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().pare
 
 @pytest.mark.skipif(not (DL21 / "topics.dl21.txt").is_file(), reason=f"real data not found at {DL21}")
 def test_dl21_folder_evaluates(tmp_path):
-    report = evaluate_trec_dl(DL21, rerank="none", out_dir=tmp_path, show_progress=False)
+    report = evaluate_trec_dl(EvalSpec(DL21, rerank="none", out_dir=tmp_path, show_progress=False))
     assert report.name == "msmarco-trec-dl-2021-passage-dl21-BM25-none"
     assert len(report.query_ids) == 53
     # Pyserini's BM25 (k1=0.9, b=0.4) on MS MARCO v2 passage, DL21: nDCG@10 = 0.4458
@@ -159,10 +160,10 @@ def test_dl21_folder_evaluates(tmp_path):
 def test_fusion_runs_the_served_fused_path(dl19_dir, tmp_path, fake_reranker):
     kw = dict(run_name="BM25", candidates=10, max_queries=5, seed=3, out_dir=tmp_path, show_progress=False,
               reranker_config=RerankerConfig(max_doc_tokens=64))
-    base = evaluate_trec_dl(dl19_dir, rerank="none", **{k: v for k, v in kw.items() if k != "reranker_config"},)
-    pure = evaluate_trec_dl(dl19_dir, rerank="fake", **kw)
-    first = evaluate_trec_dl(dl19_dir, rerank="fake", fusion=1.0, **kw)
-    none = evaluate_trec_dl(dl19_dir, rerank="fake", fusion=0.0, **kw)
+    base = evaluate_trec_dl(EvalSpec(dl19_dir, rerank="none", **{k: v for k, v in kw.items() if k != "reranker_config"}))
+    pure = evaluate_trec_dl(EvalSpec(dl19_dir, rerank="fake", **kw))
+    first = evaluate_trec_dl(EvalSpec(dl19_dir, rerank="fake", fusion=1.0, **kw))
+    none = evaluate_trec_dl(EvalSpec(dl19_dir, rerank="fake", fusion=0.0, **kw))
     assert first.name.endswith("-fake-c10-f1-t64-q5-s3") and first.params["fusion"] == 1.0
     assert first.label == "run:BM25>fake@10+fused(1)" and pure.label == "run:BM25>fake@10"
     # alpha = 1 is the first stage's order, alpha = 0 the reranker's: per query, the same nDCG@10

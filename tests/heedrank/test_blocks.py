@@ -1,4 +1,4 @@
-"""The block contract of the core (heedrank.blocks): the typed header and its mapping view,
+"""The block contract of the core (heedrank.blocks): the typed header and its JSON form,
 the header diff, the codecs behind its byte counts, and BlockSync keeping a real document KV
 store in step with added and deleted documents (a fake cached reranker, no LM)."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -32,27 +33,32 @@ SMOL = KVHeader(model_hash="m", prompt_template_version="t", instruction_hash="i
                 head_dim=64, max_doc_tokens=96)
 
 
-def test_the_header_reads_as_the_fields_a_reranker_asks_for() -> None:
+def test_the_header_is_a_record_with_a_json_form() -> None:
     fields = ["model_hash", "prompt_template_version", "instruction_hash", "layer", "kv_heads", "head_dim",
-              "max_doc_tokens", "dtype", "adapter_hash"]
-    assert list(SMOL) == fields and len(SMOL) == 9 and SMOL["layer"] == 15 and SMOL.get("nope") is None
-    assert KVHeader(**SMOL) == SMOL and as_header(dict(SMOL)) == SMOL and KVHeader.from_dict(SMOL) is SMOL
-    assert "format_version" not in SMOL and SMOL.to_dict()["format_version"] == 1 and SMOL.to_dict()["n_layers"] == 16
-    with pytest.raises(KeyError):
-        SMOL["n_layers"]
-    assert hash(SMOL) == hash(KVHeader(**SMOL))
+              "max_doc_tokens", "dtype", "adapter_hash", "format_version", "n_layers"]
+    d = SMOL.to_dict()
+    assert not isinstance(SMOL, Mapping) and list(d) == fields and d["format_version"] == 1 and d["n_layers"] == 16
+    assert KVHeader.from_dict(d) == SMOL and as_header(d) == SMOL and KVHeader.from_dict(SMOL) is SMOL
+    assert hash(SMOL) == hash(KVHeader.from_dict(d))
+    with pytest.raises(KVStoreError, match="n_layers=3"):
+        KVHeader.from_dict({**d, "n_layers": 3})
+
+
+def test_a_header_with_unknown_fields_says_to_rebuild_the_store() -> None:
+    with pytest.raises(KVStoreError, match="rebuild it with `heedrank index kv build`"):
+        KVHeader.from_dict({**SMOL.to_dict(), "layers": [13, 15], "n_layers": 16})
 
 
 def test_the_diff_names_what_differs() -> None:
-    other = KVHeader(**{**SMOL, "layer": 3, "dtype": "int8"})
+    other = replace(SMOL, layer=3, dtype="int8")
     assert SMOL.diff(other) == ("dtype", "layer", "n_layers") and SMOL.diff(SMOL) == ()
-    assert header_diff({"layer": 15}, dict(other)) == tuple(sorted(k for k in other if k != "adapter_hash"))
+    assert header_diff({"layer": 15}, other.to_dict()) == tuple(sorted(k for k in other.to_dict() if k != "adapter_hash"))
 
 
 def test_byte_counts_come_from_the_codecs() -> None:
     assert set(CODECS) == set(KV_DTYPES)
     assert SMOL.entry_nbytes(96) == 1_179_648  # the module docstring's numbers at SmolLM2's shape
-    assert KVHeader(**{**SMOL, "dtype": "int8"}).entry_nbytes(96) == 620_544
+    assert replace(SMOL, dtype="int8").entry_nbytes(96) == 620_544
 
 
 class FakeCached:

@@ -114,8 +114,6 @@ def test_the_block_contract_and_the_store_package() -> None:
     assert GRAPH["heedrank.index.kv.maintenance"] & kv == {"heedrank.index.kv.format"}
     assert "heedrank.index.kv.maintenance" in GRAPH["heedrank.index.kv.store"]
     assert not GRAPH["heedrank.index.kv.store"] & {"heedrank.index.kv.build"}
-    # the old module only re-exports the package
-    assert GRAPH["heedrank.index.kvstore"] <= {"heedrank.index.kv", "heedrank.lru"}
 
 
 def test_a_forbidden_edge_is_caught() -> None:

@@ -71,12 +71,12 @@ def test_pipeline_reads_the_index_store(tiny_index: Path) -> None:
     built = runner.invoke(app, ["index", "kv", "build", "--index", str(tiny_index), "--layer", "3",
                                 "--max-doc-tokens", "32"])
     assert built.exit_code == 0, built.output
-    options = {"query_in_instruction": False, "layer": 3}
+    options = {"scoring": "signal", "query_adapter": None, "layer": 3}
     cfg = PipelineConfig(index_dir=str(tiny_index),
-                         reranker=RerankerConfig(method="blockrank", max_doc_tokens=32, options=options))
+                         reranker=RerankerConfig(method="blockrank-cached", max_doc_tokens=32, options=options))
     pipeline = Pipeline.from_config(cfg)
     try:
-        result = pipeline.search("vitamin d bone", SearchOptions(retriever="bm25", rerank="blockrank", candidates=4,
+        result = pipeline.search("vitamin d bone", SearchOptions(retriever="bm25", rerank="blockrank-cached", candidates=4,
                                                                  top_k=4))
     finally:
         pipeline.close()
@@ -90,11 +90,11 @@ def test_new_documents_get_their_blocks_at_ingest(tiny_index: Path) -> None:
     from heedrank.pipeline import Pipeline, SearchOptions
     from heedrank.types import Document
 
-    options = {"query_in_instruction": False, "layer": 3}
+    options = {"scoring": "signal", "query_adapter": None, "layer": 3}
     cfg = PipelineConfig(index_dir=str(tiny_index),
-                         reranker=RerankerConfig(method="blockrank", max_doc_tokens=32, options=options))
+                         reranker=RerankerConfig(method="blockrank-cached", max_doc_tokens=32, options=options))
     pipeline = Pipeline.from_config(cfg)
-    search = SearchOptions(retriever="bm25", rerank="blockrank", candidates=4, top_k=4)
+    search = SearchOptions(retriever="bm25", rerank="blockrank-cached", candidates=4, top_k=4)
     try:
         assert pipeline.encode_blocks([Document("x", "no reranker built yet")]) == 0
         pipeline.search("vitamin d bone", search)  # builds the reranker (and fills the store on first use)

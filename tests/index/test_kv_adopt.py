@@ -37,7 +37,7 @@ def _part(store: KVStore, name: str, ids, batch_size: int = 2):
 
 
 def _check(store: KVStore, ids):
-    assert sorted(store.doc_ids()) == sorted(ids)
+    assert sorted(store.keys()) == sorted(ids)
     for d in ids:
         keys, values = store.get(d)
         want, _ = _arrays(d)

@@ -18,6 +18,7 @@ import pytest
 from heedrank.index.kv import KVHeader, KVStore, build_missing
 from heedrank.index.kv import store as kv
 
+from heedrank.config import KV_CACHE_BUDGET
 from heedrank.errors import (
     IndexMismatchError,
     KVStoreError,
@@ -130,7 +131,7 @@ def test_fp16_round_trip_is_exact_and_survives_reopen(tmp_path):
         assert not k.flags.writeable  # callers cannot corrupt the cached copy
         assert s.tokens("d3") == arrays("d3")[0].shape[2]
     with KVStore.open(tmp_path / "kv", H, readonly=True) as s:
-        assert sorted(s.doc_ids()) == sorted(ids + ["f32"])
+        assert sorted(s.keys()) == sorted(ids + ["f32"])
         assert_exact(s, ids)
         with pytest.raises(KVStoreError, match="readonly"):
             s.put_many(items(["x"]))
@@ -204,7 +205,7 @@ def test_corrupt_byte_is_a_miss_with_warning_then_recomputed(tmp_path, caplog):
         f.write(bytes([byte[0] ^ 0x40]))
     with KVStore.open(path, H, cache_bytes=0) as s:
         assert s.contains("b")  # the checksum is checked on read
-        with caplog.at_level("WARNING", logger="heedrank.index.kvstore"):
+        with caplog.at_level("WARNING", logger=kv.logger.name):
             found, missing = s.get_many(ids)
         assert missing == ["b"] and list(found) == ["a", "c"]
         assert any("'b'" in r.message and "crc32 mismatch" in r.message for r in caplog.records)
@@ -230,7 +231,7 @@ def test_truncated_shard_is_a_miss_on_open(tmp_path, caplog):
     rows = sorted(entries(path, shard.name), key=lambda r: r[1])
     first, second = rows[0][0], rows[1][0]
     os.truncate(shard, rows[1][1] + 10)  # cut inside the second entry
-    with caplog.at_level("WARNING", logger="heedrank.index.kvstore"):
+    with caplog.at_level("WARNING", logger=kv.logger.name):
         s = KVStore.open(path, H)
     assert any("truncated" in r.message for r in caplog.records)
     found, missing = s.get_many([r[0] for r in rows])
@@ -248,7 +249,7 @@ def test_shard_truncated_after_mapping_is_a_miss_not_a_crash(tmp_path, caplog):
     with KVStore.open(path, H, readonly=True, cache_bytes=0) as s:
         assert_exact(s, [rows[0][0]])  # the shard is now mapped
         os.truncate(shard, rows[1][1])
-        with caplog.at_level("WARNING", logger="heedrank.index.kvstore"):
+        with caplog.at_level("WARNING", logger=kv.logger.name):
             found, missing = s.get_many([r[0] for r in rows])  # would SIGBUS without the size check
         assert list(found) == [rows[0][0]] and missing == [rows[1][0], rows[2][0]]
         assert any("truncated" in r.message for r in caplog.records)
@@ -271,7 +272,7 @@ def test_disk_full_raises_and_commits_nothing(tmp_path, monkeypatch, fail_on):
         s.put_many(items(["c", "d"]))
     assert ei.value.__cause__.errno == errno.ENOSPC
     assert set(os.listdir(path)) == committed_files(path)  # no partial shard or tmp file left
-    assert not s.contains("c") and sorted(s.doc_ids()) == ["a", "b"]
+    assert not s.contains("c") and sorted(s.keys()) == ["a", "b"]
     if fail_on == "MANIFEST":  # a deletion is a manifest commit too
         with pytest.raises(KVStoreError, match="disk full"):
             s.delete(["a"])
@@ -280,7 +281,7 @@ def test_disk_full_raises_and_commits_nothing(tmp_path, monkeypatch, fail_on):
     s.put_many(items(["c"]))  # works again once there is space
     s.close()
     with KVStore.open(path, H) as s2:
-        assert sorted(s2.doc_ids()) == ["a", "b", "c"]
+        assert sorted(s2.keys()) == ["a", "b", "c"]
         assert_exact(s2, ["a", "b", "c"])
 
 
@@ -309,7 +310,7 @@ def test_disk_full_during_compaction_leaves_the_store_unchanged(tmp_path, monkey
     assert_exact(s, ids[3:])
     s.close()
     with KVStore.open(path, H) as s2:
-        assert sorted(s2.doc_ids()) == sorted(ids[3:])
+        assert sorted(s2.keys()) == sorted(ids[3:])
         assert s2.compact().shards_after == 1
         assert_exact(s2, ids[3:])
 
@@ -348,12 +349,12 @@ def test_delete_and_compact_reclaim_bytes(tmp_path):
         assert s.delete(gone + ["never-stored"]) == 10
         keep = ids[:5] + ids[15:]
         before = s.stats()
-        assert before.documents == 10 and before.tombstones == 10 and before.shards == 3
+        assert before.blocks == 10 and before.tombstones == 10 and before.shards == 3
         assert before.live_bytes == sum(H.entry_nbytes(arrays(d)[0].shape[2]) for d in keep)
         assert s.get_many(gone)[1] == gone
         rep = s.compact(shard_max_bytes=before.live_bytes // 2)
         after = s.stats()
-        assert rep.shards_before == 3 and rep.shards_after == after.shards >= 2 and rep.documents == 10
+        assert rep.shards_before == 3 and rep.shards_after == after.shards >= 2 and rep.blocks == 10
         assert rep.bytes_before == before.bytes_on_disk and rep.bytes_after == after.bytes_on_disk
         # every dead entry's bytes are back; what is left is live payload + padding + index files
         dead = sum(H.entry_nbytes(arrays(d)[0].shape[2]) for d in gone + ids[:5])
@@ -363,7 +364,7 @@ def test_delete_and_compact_reclaim_bytes(tmp_path):
         assert_exact(s, keep)
         s.put_many(items(["d7"]))  # a deleted id can come back
     with KVStore.open(path, H) as s:
-        assert sorted(s.doc_ids()) == sorted(keep + ["d7"])
+        assert sorted(s.keys()) == sorted(keep + ["d7"])
         assert_exact(s, keep + ["d7"])
         assert s.get_many(gone)[1] == [d for d in gone if d != "d7"]
 
@@ -374,7 +375,7 @@ def test_delete_survives_reopen_before_compaction(tmp_path):
         s.put_many(items(["a", "b"]))
         s.delete(["a"])
     with KVStore.open(path, H) as s:
-        assert s.doc_ids() == ["b"] and s.get("a") is None
+        assert s.keys() == ["b"] and s.get("a") is None
 
 
 # ----------------------------------------------------------------------------- caches
@@ -399,10 +400,10 @@ def test_lru_budget_and_counters(tmp_path, monkeypatch):
         s.put_many(items(["c"], tokens=T))  # a rewrite invalidates the cached copy
         assert s.get_many(["c"])[0] and s.cache_stats().misses == 6
         assert s.stats().cache == s.cache_stats()
-    monkeypatch.setenv(kv.ENV_CACHE_BYTES, "12345")
+    monkeypatch.setenv(KV_CACHE_BUDGET.env, "12345")
     with KVStore.open(tmp_path / "kv", H) as s:
         assert s.cache_stats().max_bytes == 12345
-    monkeypatch.setenv(kv.ENV_CACHE_BYTES, "lots")
+    monkeypatch.setenv(KV_CACHE_BUDGET.env, "lots")
     with pytest.raises(ValidationError, match="HEEDRANK_KV_CACHE_BYTES"):
         KVStore.open(tmp_path / "kv", H)
 
@@ -452,8 +453,8 @@ def test_thread_safety_smoke(tmp_path):
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors
-    assert sorted(s.doc_ids()) == sorted(base[:5] + base[20:] + new)
-    assert_exact(s, s.doc_ids())
+    assert sorted(s.keys()) == sorted(base[:5] + base[20:] + new)
+    assert_exact(s, s.keys())
     s.close()
 
 
@@ -473,7 +474,7 @@ def test_resumable_build(tmp_path):
     s = KVStore.create(tmp_path / "kv", H)
     with pytest.raises(RuntimeError, match="LM crashed"):
         build_missing(s, ids, compute, batch_size=4)
-    assert sorted(s.doc_ids()) == ids[:8]
+    assert sorted(s.keys()) == ids[:8]
     s.close()
 
     calls.clear()
@@ -508,14 +509,11 @@ def slow_write(fd, data):
         time.sleep(0.02)
     real(fd, data)
 kv._write = slow_write
-def pair(d):
-    k, v = doc_arrays(d, h.n_layers, h.kv_heads, h.head_dim, h.max_doc_tokens)
-    return (k, None) if h.probe else (k, v[: h.n_value_layers])  # a probe store keeps keys only, a window some values
 for b in range(100000):
     state["batch"] = b
     ids = [f"{prefix}b{b}-{i}" for i in range(8)]
     print(f"writing {b}", flush=True)
-    store.put_many({d: pair(d) for d in ids})
+    store.put_many({d: doc_arrays(d, h.n_layers, h.kv_heads, h.head_dim, h.max_doc_tokens) for d in ids})
     print(f"committed {b}", flush=True)
 '''
 
@@ -543,7 +541,7 @@ def _wait_line(proc: subprocess.Popen, want: str, lines: list[str]) -> None:
 def _check_after_kill(path: Path, committed: dict[str, int]) -> None:
     with KVStore.open(path, H, cache_bytes=0) as s:
         assert set(os.listdir(path)) == committed_files(path)  # uncommitted shard removed
-        ids = s.doc_ids()
+        ids = s.keys()
         assert_exact(s, ids)  # everything stored reads back bit-exactly
         batches: dict[str, int] = {}
         for d in ids:

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.errors import ValidationError  # noqa: E402
 from heedrank.types import Document, Query  # noqa: E402
-from heedrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
+from heedrank.reranker.blockforward import block_forward, reference_forward, signal_scores  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
 
 
 @pytest.fixture(scope="module")

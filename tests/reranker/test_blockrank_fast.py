@@ -18,17 +18,18 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from heedrank.config import RerankerConfig  # noqa: E402
-from heedrank.index.kv import KVHeader, KVStore  # noqa: E402
+from heedrank.index.kv import KVStore  # noqa: E402
 from heedrank.reranker import attention  # noqa: E402
 from heedrank.reranker.attention import AttentionCapture  # noqa: E402
-from heedrank.reranker.blockrank import (  # noqa: E402
-    BlockRankReranker,
+from heedrank.reranker.blockforward import (  # noqa: E402
     MergedRows,
     block_forward,
     calibrated_forward,
     query_pass,
     signal_scores,
 )
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 from heedrank.reranker.doccache import (  # noqa: E402
     ContextBuffer,
     ReservedKV,
@@ -55,8 +56,8 @@ def nf_docs(nfcorpus_head):
 
 def _reranker(lm, scoring: str = "signal", fast: bool = True, *, layer: int = LAYER, max_tokens: int = MAX_TOKENS,
               **options) -> BlockRankReranker:
-    opts = {"query_in_instruction": False, "layer": layer, "scoring": scoring, **options}
-    r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=max_tokens, options=opts), lm=lm)
+    opts = {"query_adapter": None, "layer": layer, "scoring": scoring, **options}
+    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=max_tokens, options=opts), lm=lm)
     r.fast_path = fast
     return r
 
@@ -71,7 +72,7 @@ def stores(default_lm, nf_docs, tmp_path_factory):
         if (layer, max_tokens) not in opened:
             r = _reranker(default_lm, layer=layer, max_tokens=max_tokens)
             path = tmp_path_factory.mktemp("kv") / "kv"
-            header = KVHeader(**r.block_store_header())
+            header = r.block_store_header()
             with KVStore.create(path, header) as s:
                 r.rerank(Query("q", "fill"), nf_docs, block_store=s)
                 assert len(s) == len(nf_docs)

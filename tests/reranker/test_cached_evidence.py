@@ -9,7 +9,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from heedrank.config import RerankerConfig  # noqa: E402
-from heedrank.registry import build_reranker  # noqa: E402
 from heedrank.types import Document, Query  # noqa: E402
 
 
@@ -44,12 +43,3 @@ def test_default_evidence_spans_slice_their_text_and_keep_the_ranking(default_re
     assert n_spans >= len(docs)  # every candidate draws some positive evidence
     assert any(s.field == "title" for s in evidence["t1"]) or any("Vitamin" in s.text or "fracture" in s.text
                                                                    for s in evidence["t1"])
-
-
-def test_old_spelling_builds_the_cached_method_with_its_old_defaults(default_lm) -> None:
-    with pytest.warns(DeprecationWarning):
-        config = RerankerConfig(method="blockrank", options={"query_in_instruction": False, "layer": 6})
-    assert config.method == "blockrank-cached" and config.max_doc_tokens == 160
-    assert dict(config.options) == {"layer": 6, "scoring": "signal", "query_adapter": None}
-    r = build_reranker(config)
-    assert type(r).__name__ == "CachedBlockRankReranker" and r.scoring == "signal" and r.adapter_path is None

@@ -1,4 +1,4 @@
-"""Cached BlockRank (``query_in_instruction=false``): scores from stored document blocks equal
+"""Cached BlockRank (``blockrank-cached``): scores from stored document blocks equal
 the uncached linear path in the same mode, on real NFCorpus documents (oracle test)."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ torch = pytest.importorskip("torch")
 
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.errors import KVStoreMismatchError, ValidationError  # noqa: E402
-from heedrank.index.kv import KVHeader, KVStore  # noqa: E402
-from heedrank.reranker.blockrank import BlockRankReranker, block_forward, reference_forward, signal_scores  # noqa: E402
+from heedrank.index.kv import KVStore  # noqa: E402
+from heedrank.reranker.blockforward import block_forward, reference_forward, signal_scores  # noqa: E402
+from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.cached import CachedBlockRankReranker
 from heedrank.reranker.doccache import block_key, build_layout, document_block  # noqa: E402
 from heedrank.types import Query  # noqa: E402
 
@@ -25,8 +27,8 @@ def nf_docs(nfcorpus_head):
 
 
 def _reranker(lm, **options) -> BlockRankReranker:
-    opts = {"query_in_instruction": False, "layer": LAYER, **options}
-    return BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=48, options=opts), lm=lm)
+    opts = {"scoring": "signal", "query_adapter": None, "layer": LAYER, **options}
+    return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=48, options=opts), lm=lm)
 
 
 def _reference(r: BlockRankReranker, query: str, docs) -> list[float]:
@@ -70,7 +72,7 @@ def test_cached_mode_linear_path_equals_the_masked_reference(default_lm, nf_docs
 def test_scores_from_stored_blocks_equal_the_uncached_path(default_lm, nf_docs, tmp_path) -> None:
     query = "do statins reduce cancer risk"
     first = _reranker(default_lm)
-    header = KVHeader(**first.block_store_header())
+    header = first.block_store_header()
     docs = nf_docs[:8]
     expected = _reference(first, query, docs)
     with KVStore.create(tmp_path / "kv", header) as store:
@@ -116,16 +118,16 @@ def test_cached_mode_is_permutation_invariant_and_calibrated_scoring_works(defau
 def test_a_store_built_for_another_configuration_is_refused(default_lm, tmp_path) -> None:
     r = _reranker(default_lm)
     header = r.block_store_header()
-    KVStore.create(tmp_path / "kv", KVHeader(**header)).close()
+    KVStore.create(tmp_path / "kv", header).close()
     other = _reranker(default_lm, layer=LAYER + 1).block_store_header()
     with pytest.raises(KVStoreMismatchError, match="layer"):
-        KVStore.open(tmp_path / "kv", KVHeader(**other))
+        KVStore.open(tmp_path / "kv", other)
 
 
 def test_outside_cached_mode_there_is_no_store_header(default_lm) -> None:
     r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=48), lm=default_lm)
     assert r.block_store_header() is None
-    with pytest.raises(ValidationError, match="query_in_instruction=false"):
+    with pytest.raises(ValidationError, match="blockrank-cached"):
         r.encode_block_arrays(["text"])
 
 
@@ -161,6 +163,6 @@ def test_the_shipped_weights_card_matches_the_default_model(default_lm) -> None:
     assert card["model_sha256"] == default_lm.identity["sha256"]
     assert len(card["weights"]) == (card["layer"] + 1) * default_lm.num_heads
     assert card["test_ndcg@10"]["dl19-bm25-100"]["first stage"] == pytest.approx(50.58, abs=0.01)
-    r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=card["max_doc_tokens"], options={
-        "query_in_instruction": False, "layer": card["layer"], "scoring": "learned"}), lm=default_lm)
+    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=card["max_doc_tokens"], options={
+        "query_adapter": None, "layer": card["layer"], "scoring": "learned"}), lm=default_lm)
     assert r.learned_weights().shape == (card["layer"] + 1, default_lm.num_heads)

@@ -125,10 +125,10 @@ def long_docs(nfcorpus_dir, gemma_lm):
 
 def _reranker(lm):
     from heedrank.config import RerankerConfig
-    from heedrank.reranker.blockrank import BlockRankReranker
+    from heedrank.reranker.cached import CachedBlockRankReranker
 
-    return BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=MAX_DOC_TOKENS, options={
-        "query_in_instruction": False, "layer": LAYER, "chat_template": False}), lm=lm)
+    return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=MAX_DOC_TOKENS, options={
+        "scoring": "signal", "query_adapter": None, "layer": LAYER, "chat_template": False}), lm=lm)
 
 
 @pytest.mark.slow
@@ -143,8 +143,8 @@ def test_gemma_loads_with_its_shapes(gemma_lm) -> None:
 def test_gemma_cached_blocks_equal_the_uncached_linear_path(gemma_lm, long_docs, tmp_path) -> None:
     import torch
 
-    from heedrank.index.kv import KVHeader, KVStore
-    from heedrank.reranker.blockrank import block_forward, signal_scores
+    from heedrank.index.kv import KVStore
+    from heedrank.reranker.blockforward import block_forward, signal_scores
     from heedrank.types import Query
 
     query = "do statins reduce cancer risk"
@@ -155,7 +155,7 @@ def test_gemma_cached_blocks_equal_the_uncached_linear_path(gemma_lm, long_docs,
     with torch.inference_mode():
         out, _ = block_forward(gemma_lm, prompt, LAYER)
     expected = signal_scores(out[LAYER], len(prompt.instruction_ids), prompt.doc_lengths).tolist()
-    header = KVHeader(**r.block_store_header())
+    header = r.block_store_header()
     with KVStore.create(tmp_path / "kv", header) as store:
         cold = r.rerank(Query("q", query), long_docs, block_store=store)
     with KVStore.open(tmp_path / "kv", header) as store:
@@ -177,7 +177,7 @@ def test_gemma_linear_path_equals_the_masked_reference(gemma_lm, long_docs) -> N
     right here: every position distance in the cached layout is below 512."""
     import torch
 
-    from heedrank.reranker.blockrank import block_forward, reference_forward, signal_scores
+    from heedrank.reranker.blockforward import block_forward, reference_forward, signal_scores
     from heedrank.reranker.doccache import cache_from
 
     r = _reranker(gemma_lm)

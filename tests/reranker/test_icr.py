@@ -73,7 +73,7 @@ def test_truncation_is_reported(icr):
 
 
 def test_context_overflow_names_the_largest_count_that_fits(default_lm):
-    r = ICRReranker(RerankerConfig(max_doc_tokens=1000), lm=default_lm)
+    r = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=1000), lm=default_lm)
     docs = [Document(f"d{i}", "lorem ipsum dolor sit amet " * 300) for i in range(12)]
     with pytest.raises(ContextOverflowError) as err:
         r.build_prompt("q", docs)
@@ -100,9 +100,9 @@ def test_icr_ranks_the_relevant_passage_first(icr, query, docs, gold):
 
 def test_selected_heads_equal_the_same_heads_of_a_full_pass(default_lm):
     docs, query = EASY[0][1], EASY[0][0]
-    full = ICRReranker(RerankerConfig(max_doc_tokens=64), lm=default_lm)
+    full = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=64), lm=default_lm)
     heads = [(3, 1), (8, 4), (12, 0)]
-    sel = ICRReranker(RerankerConfig(max_doc_tokens=64, options={"heads": heads}), lm=default_lm)
+    sel = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=64, options={"heads": heads}), lm=default_lm)
     prompt = full.build_prompt(query, docs)
     att_full = full.token_attention(prompt)
     att_sel = sel.token_attention(prompt)  # stops after layer 12

@@ -38,7 +38,7 @@ def test_defaults_are_the_former_ones():
     br = parse_options("blockrank", None)
     assert (br.layer, br.scoring, br.query_offset, br.n_signal, br.chat_template, br.doc_batch_size, br.mask_std,
             br.heads, br.reattn) == (None, "signal", None, 2, True, 64, 2.0, "all", None)
-    assert br.query_in_instruction is True and br.doc_labels == "sorted"
+    assert br.doc_labels == "sorted"
 
 
 @pytest.mark.parametrize("method,options,fragment", [
@@ -51,7 +51,7 @@ def test_defaults_are_the_former_ones():
     ("blockrank", {"heads": "qr", "scoring": "calibrated"}, "need scoring='signal'"),
     ("blockrank", {"doc_labels": "random"}, "doc_labels must be"),
     ("blockrank-cached", {"kv_dtype": "float32"}, "kv_dtype must be"),
-    ("blockrank", {"kv_dtype": "int8"}, "use method 'blockrank-cached'"),
+    ("blockrank", {"kv_dtype": "int8"}, "unknown blockrank option 'kv_dtype'"),
     ("blockrank-cached", {"scoring": "max"}, "scoring must be 'auto' or 'learned'"),
     ("blockrank-cached", {"query_adapter": ""}, "query_adapter must be"),
     ("icr", {"mask_std": -1}, "mask_std must be a number >= 0"),
@@ -81,7 +81,6 @@ def test_values_are_typed_and_report_ready():
     assert list(d) == ICROptions.names()
     assert parse_options("icr", {"mask_std": 1}).mask_std == 1.0  # an int is a fine float
     assert ICROptions.parse(o) is o
-    assert parse_options("blockrank", {"query_in_instruction": True}).query_in_instruction is True
 
 
 def test_none_takes_no_options_and_plugins_pass_through():
@@ -124,11 +123,9 @@ def test_learned_scoring_needs_the_cached_prompt():
     from heedrank.errors import ValidationError
     from heedrank.reranker.options import parse_options
 
-    with pytest.raises(ValidationError, match="use method 'blockrank-cached'"):
+    with pytest.raises(ValidationError, match="scoring"):
         parse_options("blockrank", {"scoring": "learned"})
+    with pytest.raises(ValidationError, match="unknown blockrank option 'query_in_instruction'"):
+        parse_options("blockrank", {"query_in_instruction": False})  # the old spelling is gone: no alias
     assert parse_options("blockrank-cached", {"scoring": "learned"}).scoring == "learned"
-    # the old spelling names cached BlockRank for one release, with its old defaults
-    with pytest.warns(DeprecationWarning, match="blockrank-cached"):
-        old = parse_options("blockrank", {"scoring": "learned", "query_in_instruction": False})
-    assert type(old).__name__ == "CachedBlockRankOptions" and old.scoring == "learned" and old.query_adapter is None
     assert parse_options("default", {}) == parse_options("blockrank-cached", {})

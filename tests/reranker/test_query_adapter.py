@@ -17,6 +17,7 @@ pytest.importorskip("peft")
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.errors import NotFoundError, ValidationError  # noqa: E402
 from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
+from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 from heedrank.reranker.doccache import encode_blocks  # noqa: E402
 from heedrank.reranker.lm import load_trainable_lm  # noqa: E402
 from heedrank.reranker.adapters import adapter_disabled, has_adapter, inject_lora, load_adapter, save_adapter  # noqa: E402
@@ -60,8 +61,8 @@ def _card(path, lm, seed: int = 0):
 
 
 def _reranker(lm, card) -> BlockRankReranker:
-    return BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
-        "query_in_instruction": False, "layer": LAYER, "scoring": "learned", "scorer_weights": card}), lm=lm)
+    return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
+        "query_adapter": None, "layer": LAYER, "scoring": "learned", "scorer_weights": card}), lm=lm)
 
 
 def _served(r, query, docs) -> list[float]:
@@ -253,8 +254,8 @@ def test_training_resumes_from_its_checkpoint(lm, nf_docs, tmp_path) -> None:
 def test_served_scores_with_the_query_adapter_option(default_lm, nf_docs, tmp_path) -> None:
     card = _card(tmp_path / "card.json", default_lm)
     path, carrier = random_query_adapter(tmp_path, default_lm.identity, layer=LAYER, tokens=TOKENS)
-    served_r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
-        "query_in_instruction": False, "layer": LAYER, "scoring": "learned", "scorer_weights": card,
+    served_r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
+        "layer": LAYER, "scoring": "learned", "scorer_weights": card,
         "query_adapter": str(path)}), lm=default_lm)
     query = "omega 3 fatty acids and depression"
     served = _served(served_r, query, nf_docs[:5])
@@ -271,66 +272,13 @@ def test_served_scores_with_the_query_adapter_option(default_lm, nf_docs, tmp_pa
 
 def test_query_adapter_option_refuses_a_mismatch(default_lm, tmp_path) -> None:
     path, _ = random_query_adapter(tmp_path, default_lm.identity, layer=2, tokens=TOKENS)
-    r = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
-        "query_in_instruction": False, "layer": LAYER, "query_adapter": str(path)}), lm=default_lm)
+    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
+        "scoring": "signal", "layer": LAYER, "query_adapter": str(path)}), lm=default_lm)
     with pytest.raises(ValidationError, match="trained for"):
         _ = r.lm
-    with pytest.raises(ValidationError, match="query_in_instruction=false"):
-        BlockRankReranker(RerankerConfig(method="blockrank", options={"query_adapter": "packaged"}))
+    with pytest.raises(ValidationError, match="unknown blockrank option 'query_adapter'"):
+        RerankerConfig(method="blockrank", options={"query_adapter": "packaged"})
     with pytest.raises(NotFoundError, match="not a query adapter"):
-        _ = BlockRankReranker(RerankerConfig(method="blockrank", max_doc_tokens=TOKENS, options={
-            "query_in_instruction": False, "layer": LAYER, "query_adapter": str(tmp_path / "none")}), lm=default_lm).lm
+        _ = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
+            "scoring": "signal", "layer": LAYER, "query_adapter": str(tmp_path / "none")}), lm=default_lm).lm
 
-
-def _probe_card(path, lm, layers=(1, LAYER), seed: int = 1):
-    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
-
-    w = np.random.default_rng(seed).normal(size=len(layers) * lm.num_heads)
-    path.write_text(json.dumps({"layer": LAYER, "max_doc_tokens": TOKENS, "template": CACHE_TEMPLATE_VERSION,
-                                "spec": "heads", "model_sha256": lm.identity.get("sha256"), "weights": w.tolist(),
-                                "attend": "none", "layers": list(layers), "kv_dtype": "float16"}))
-    return str(path)
-
-
-def _probe_reranker(lm, card):
-    from heedrank.reranker.cached import CachedBlockRankReranker
-
-    return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
-        "layer": LAYER, "scoring": "learned", "scorer_weights": card, "query_adapter": None}), lm=lm)
-
-
-def test_probe_training_score_is_the_served_probe_score(lm, nf_docs, tmp_path) -> None:
-    """Issue #23: a probe card (attend='none') is picked up from the card alone; its training
-    score (differentiable, exact path) equals the served one, and the gradient reaches the
-    LoRA of every layer up to the deepest probe layer through the query pass alone."""
-    r = _probe_reranker(lm, _probe_card(tmp_path / "card.json", lm))
-    assert r.probe and r.probe_layers == (1, LAYER) and r.learned_weights().shape == (2, lm.num_heads)
-    query = "do statins reduce cancer risk"
-    served = _served(r, query, nf_docs[:6])
-    trained = _train_scores(r, query, nf_docs[:6])
-    assert np.allclose(served, trained, rtol=0, atol=1e-4)
-    inject_lora(lm.model, 4, 8, ("q_proj", "k_proj"), range(LAYER + 1))
-    with torch.no_grad():
-        for name, p in lm.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.01)
-    prompt = r.build_prompt(query, nf_docs[:4])
-    keys = context_for(r, prompt, base_instruction_kv(r))
-    assert set(keys) == {1, LAYER} and all(not k.requires_grad for k in keys.values())
-    loss = listwise_loss(differentiable_scores(r, prompt, keys, "learned", torch.tensor(r.learned_weights().reshape(-1))),
-                         [1, 0, 0, 2], 1.0)
-    loss.backward()
-    for layer in range(LAYER + 1):
-        g = [p.grad for n, p in lm.model.named_parameters() if f"layers.{layer}.self_attn.q_proj.lora_A" in n]
-        assert g and g[0] is not None and float(g[0].abs().sum()) > 0, layer
-
-
-def test_probe_training_runs_and_records_its_layout(lm, nf_docs, tmp_path) -> None:
-    r = _probe_reranker(lm, _probe_card(tmp_path / "card.json", lm))
-    examples = [RankingExample("q1", "statins and cancer", tuple(nf_docs[:5]), (1, 0, 0, 2, 0)),
-                RankingExample("q2", "vitamin d", tuple(nf_docs[3:8]), (0, 1, 0, 0, 0))]
-    cfg = QueryAdapterConfig(out_dir=str(tmp_path / "run"), steps=2, batch_queries=1, max_candidates=4, eval_every=0)
-    summary = train_query_adapter(r, examples, cfg, show_progress=False)
-    assert summary["steps"] == 2 and math.isfinite(summary["history"][-1]["loss"])
-    card = json.loads((tmp_path / "run" / "final" / "adapter.json").read_text())
-    assert card["attend"] == "none" and card["probe_layers"] == [1, LAYER]

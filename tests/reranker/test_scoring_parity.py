@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.eval.study import QueryItem, block_features, load_items, save_items, variant_scores  # noqa: E402
 from heedrank.fusion import fuse, standardize  # noqa: E402
-from heedrank.pipeline import fuse_scores  # noqa: E402
+from heedrank.serving import ServePolicy  # noqa: E402
 from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION  # noqa: E402
 from heedrank.reranker.scoring import linear_head_scores  # noqa: E402
@@ -37,7 +37,7 @@ def card(default_lm, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dump(default_lm, nfcorpus_head, tmp_path_factory):
-    """A saved feature dump (``eval study-dump``'s format) of one query's 8 candidates."""
+    """A saved feature dump (``lab dump``'s format) of one query's 8 candidates."""
     docs = nfcorpus_head[:8]
     r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=48, options={
         "layer": LAYER, "scoring": "calibrated", "query_adapter": None}), lm=default_lm)
@@ -67,7 +67,7 @@ def test_served_training_and_study_scorers_agree_on_a_saved_dump(default_lm, car
                                         "of": {"kind": "linear", "spec": "heads", "weights": w.tolist()}})
     first = Ranking.from_hits("q1", (ScoredDoc(d, float(s)) for d, s in zip(item.doc_ids, item.first_stage)))
     reranked = Ranking.from_hits("q1", (ScoredDoc(d, float(s)) for d, s in zip(item.doc_ids, served)))
-    fused_served = fuse_scores(first, reranked, 0.6)
+    fused_served = ServePolicy(0.6).apply(first, reranked).ranking
     assert np.allclose([{h.doc_id: h.score for h in fused_served.hits}[d] for d in item.doc_ids], fused_study, atol=1e-6)
     assert np.allclose(fuse(item.first_stage, study, 0.6), fused_study, atol=1e-12)
     order = [item.doc_ids[i] for i in sorted(range(len(docs)), key=lambda i: (-fused_study[i], item.doc_ids[i]))]
@@ -89,7 +89,7 @@ def test_the_served_reranker_scores_what_the_dump_says(default_lm, card, dump) -
 
 
 def test_the_shipped_card_carries_the_cut_off_for_its_adapter(default_lm) -> None:
-    """The default configuration's card holds the cut-off's maps (``heedrank eval calibrate``);
+    """The default configuration's card holds the cut-off's maps (``heedrank lab calibrate``);
     they hold only with the query adapter they were fitted with, so without it there are none."""
     r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128), lm=default_lm)
     cal = r.calibration

@@ -32,7 +32,7 @@ DOCS = [
 
 # ---------------------------------------------------------------- identical texts (#11.3)
 def test_icr_scores_identical_texts_once_and_alike(default_lm):
-    icr = ICRReranker(RerankerConfig(max_doc_tokens=48), lm=default_lm)
+    icr = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=48), lm=default_lm)
     docs = DOCS[:3] + [Document("copy-of-water", DOCS[0].text)] + DOCS[3:5]
     res = icr.rerank(QUERY, docs)
     scores = res.ranking.to_dict()
@@ -83,14 +83,14 @@ def test_options_are_parsed_at_construction_and_reported(default_lm):
     d = r.describe()
     assert d["layer"] == 12 and d["options"]["layer"] == 12
     assert d["options"]["doc_labels"] == "sorted" and d["options"]["n_signal"] == 2  # defaults filled in
-    icr = ICRReranker(RerankerConfig(options={"heads": [[3, 1]]}), lm=default_lm).describe()
+    icr = ICRReranker(RerankerConfig(method="icr", options={"heads": [[3, 1]]}), lm=default_lm).describe()
     assert icr["options"]["heads"] == [[3, 1]] and icr["options"]["mask_std"] == 2.0 and icr["heads_spec"] == "list"
 
 
 # ---------------------------------------------------------------- limits (#11.2)
 def test_icr_windows_rank_every_candidate_aligned_on_the_anchor(default_lm):
     limit = 220
-    icr = ICRReranker(RerankerConfig(max_doc_tokens=32, options={"window_tokens": limit}), lm=default_lm)
+    icr = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=32, options={"window_tokens": limit}), lm=default_lm)
     with pytest.raises(ContextOverflowError):
         icr.build_prompt(QUERY.text, DOCS)  # one prompt does not fit
     res = icr.rerank(QUERY, DOCS)
@@ -119,13 +119,13 @@ def test_icr_windows_rank_every_candidate_aligned_on_the_anchor(default_lm):
             if w == 0 or pos > 0:
                 assert got[DOCS[i].doc_id] == pytest.approx(raw[w][pos] + shift, abs=1e-6)
     with pytest.raises(ContextOverflowError):
-        ICRReranker(RerankerConfig(max_doc_tokens=32, options={"window_tokens": limit, "windows": False}),
+        ICRReranker(RerankerConfig(method="icr", max_doc_tokens=32, options={"window_tokens": limit, "windows": False}),
                     lm=default_lm).rerank(QUERY, DOCS)
 
 
 def test_a_query_over_its_budget_is_cut_not_refused(default_lm):
     long_query = Query("long", "boiling point of water " * 200)  # ~1,000 tokens, 4,600 characters
-    icr = ICRReranker(RerankerConfig(max_doc_tokens=32, options={"window_tokens": 256}), lm=default_lm)
+    icr = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=32, options={"window_tokens": 256}), lm=default_lm)
     assert icr.query_budget(DOCS[:3]) == 64  # a quarter of the window
     text, warnings = icr.fit_query(long_query.text, DOCS[:3])
     tok = icr.lm.tokenizer
@@ -156,7 +156,7 @@ def test_info_states_per_method_limits_the_model_holds(default_lm):
     from heedrank.settings import Settings
 
     settings = Settings(max_candidates=100, max_documents=100)
-    icr = ICRReranker(RerankerConfig(), lm=default_lm)
+    icr = ICRReranker(RerankerConfig(method="icr"), lm=default_lm)
     limits = method_limits({"icr": icr}, settings, ["blockrank", "icr"])
     assert limits["icr"]["context"] == limits["blockrank"]["context"] == 8192
     assert limits["icr"]["max_query_tokens"] == 2048
@@ -167,7 +167,7 @@ def test_info_states_per_method_limits_the_model_holds(default_lm):
 
 
 def test_evidence_with_windows_covers_every_candidate_and_keeps_the_scores(default_lm):
-    icr = ICRReranker(RerankerConfig(max_doc_tokens=32, options={"window_tokens": 220}), lm=default_lm)
+    icr = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=32, options={"window_tokens": 220}), lm=default_lm)
     docs = DOCS + [Document("copy-of-tea", DOCS[-1].text)]
     plain = icr.rerank(QUERY, docs)
     res = icr.rerank_with_evidence(QUERY, docs, max_spans=2)
@@ -183,11 +183,11 @@ def test_evidence_with_windows_covers_every_candidate_and_keeps_the_scores(defau
 
 
 def test_kept_attention_spans_follow_every_candidate(default_lm):
-    icr = ICRReranker(RerankerConfig(max_doc_tokens=32, options={"keep_attention": True}), lm=default_lm)
+    icr = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=32, options={"keep_attention": True}), lm=default_lm)
     docs = [DOCS[0], DOCS[1], Document("again", DOCS[0].text)]
     att = icr.rerank(QUERY, docs).details["attention"]
     assert len(att["spans"]) == 3 and att["spans"][2] == att["spans"][0] != att["spans"][1]
     assert att["calibrated"].shape[:2] == (default_lm.num_layers, default_lm.num_heads)
     with pytest.raises(ContextOverflowError):  # a dump needs one prompt: no windows
-        ICRReranker(RerankerConfig(max_doc_tokens=32, options={"keep_attention": True, "window_tokens": 128}),
+        ICRReranker(RerankerConfig(method="icr", max_doc_tokens=32, options={"keep_attention": True, "window_tokens": 128}),
                     lm=default_lm).rerank(QUERY, DOCS)

@@ -1,4 +1,4 @@
-"""``heedrank train``: fine-tune rerankers: BlockRank (the LM) and the query-side adapter of
+"""``heedrank lab train``: fine-tune rerankers: BlockRank (the LM) and the query-side adapter of
 cached BlockRank (stored blocks stay valid)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from heedrank.cli.options import OptsOpt, DeviceOpt, MaxDocTokensOpt, ModelOpt, 
 EXAMPLES = """\
 Examples:
 
-  heedrank train blockrank --data data/beir-nfcorpus --out runs/br-ft --steps 100 --device auto
-  heedrank train query-adapter --train data/beir-nfcorpus:train --dev data/beir-nfcorpus:dev --out runs/qa
-  heedrank train query-adapter --train data/msmarco-trec-dl-2019-passage@BM25 --out runs/qa-dl
+  heedrank lab train blockrank --data data/beir-nfcorpus --out runs/br-ft --steps 100 --device auto
+  heedrank lab train query-adapter --train data/beir-nfcorpus:train --dev data/beir-nfcorpus:dev --out runs/qa
+  heedrank lab train query-adapter --train data/msmarco-trec-dl-2019-passage@BM25 --out runs/qa-dl
 """
 
 app = typer.Typer(help="Fine-tune rerankers.", epilog=EXAMPLES, no_args_is_help=True)
@@ -101,34 +101,22 @@ def train_query_adapter_cmd(
     exclude_queries: Annotated[Optional[list[Path]], typer.Option(
         "--exclude-queries", help="Query ids never trained on (repeatable): a text file (one id per line) or a "
         "study dump (.npz: its queries), e.g. queries held out for the cut-off's calibration.")] = None,
-    tower: Annotated[str, typer.Option("--tower", help="query (LoRA on the query passes; stored blocks stay valid) or "
-                                       "document (LoRA while candidate blocks are encoded, the query side fixed; a "
-                                       "store must be rebuilt with it: --opt document_adapter=DIR).")] = "query",
-    in_batch: Annotated[int, typer.Option("--in-batch", help="Document tower: in-batch negatives per list (positives "
-                                          "of the step's other queries).")] = 0,
-    query_adapter: Annotated[Optional[str], typer.Option(
-        "--query-adapter", help="Document tower: the fixed query side ('packaged', a folder, or 'none'); "
-        "default packaged.")] = None,
 ) -> None:
     """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise or
     pairwise loss through the query passes only; dev nDCG@10 every --eval-every steps, best
     kept (resumable)."""
     from heedrank.eval.adapter_study import dev_evaluator, examples_from, load_source, source_store
+    from heedrank.eval.lab import read_query_ids
     from heedrank.registry import build_reranker
     from heedrank.reranker.query_adapter import QueryAdapterConfig, train_query_adapter
 
     cfg = QueryAdapterConfig(out_dir=str(out), objective=objective, lora_r=lora_r, lora_alpha=2 * lora_r,
                              train_weights=train_weights, lr=lr, steps=steps, batch_queries=batch_queries,
                              max_candidates=max_candidates, eval_every=eval_every, seed=seed, loss=loss,
-                             init=None if init is None else str(init), tower=tower, in_batch=in_batch)
-    excluded = _query_ids(exclude_queries or [])
+                             init=None if init is None else str(init))
+    excluded = read_query_ids(exclude_queries or [])
     config = reranker_config("blockrank-cached", model, max_doc_tokens, _auto_device(device), opts).with_options(
         layer=layer, scoring="learned" if objective == "learned" else "signal", query_adapter=None)
-    if tower == "document":
-        fixed = query_adapter or "packaged"
-        config = config.with_options(query_adapter=None if fixed == "none" else fixed)
-    elif query_adapter is not None:
-        raise typer.BadParameter("--query-adapter is for --tower document (the query tower trains its own)")
     reranker = build_reranker(config)
     examples, stores = [], {}
     for spec in train:
@@ -136,32 +124,18 @@ def train_query_adapter_cmd(
                                                       seed=seed, retriever=retriever)
         examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)
                      if ex.query_id not in excluded]
-        if tower == "query":  # the document tower encodes every block with its adapter: no store
-            stores[spec] = source_store(reranker, index, scratch_kv, spec)
+        stores[spec] = source_store(reranker, index, scratch_kv, spec)
     evaluate = None
     if dev:
         dq, dc, ds, dqrels, dindex = load_source(dev, candidates=candidates, max_queries=dev_queries, seed=seed,
                                                  retriever=retriever)
         evaluate = dev_evaluator(dq, dc, ds, dqrels, objective=objective,
-                                 block_store=None if tower == "document" else source_store(reranker, dindex, scratch_kv, dev))
+                                 block_store=source_store(reranker, dindex, scratch_kv, dev))
     summary = train_query_adapter(reranker, examples, cfg, block_stores=stores, evaluate=evaluate,
                                   card={"train": list(train), "dev": dev, "dev_queries": dev_queries,
                                         "candidates": candidates, "retriever": retriever})
     summary.pop("history", None)
     typer.echo(json.dumps(summary, indent=1, default=str))
-
-
-def _query_ids(paths: list[Path]) -> set[str]:
-    """Query ids of text files (one per line) and study dumps (``.npz``)."""
-    ids: set[str] = set()
-    for path in paths:
-        if path.suffix == ".npz":
-            from heedrank.eval.study import load_items
-
-            ids |= {it.query_id for it in load_items(path)[1]}
-        else:
-            ids |= {line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
-    return ids
 
 
 def _auto_device(device: str) -> str:

@@ -1,5 +1,6 @@
-"""``heedrank heads``: query-focused retrieval heads of ICR: save attention dumps, detect
-the heads, fit per-head weights (then ``heedrank eval ablation``)."""
+"""``heedrank lab heads``: query-focused retrieval heads of ICR: save attention dumps, detect
+the heads, fit per-head weights; and ``heedrank lab ablation``, the ICR variants they allow
+(all/QR/learned heads x ReAttn x fusion) from one pass per query."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from heedrank.config import RerankerConfig
 EXAMPLES = """\
 Examples:
 
-  heedrank heads detect --data data/beir-nfcorpus --out heads/nfcorpus.json --split train --queries 128
-  heedrank heads fit --dump heads/nfcorpus.dump --heads heads/nfcorpus.json
-  heedrank heads dump --data data/beir-nfcorpus --split test --out dumps/test --queries 100
-  heedrank eval ablation --dump dumps/test --heads heads/nfcorpus.json --data data/beir-nfcorpus
+  heedrank lab heads detect --data data/beir-nfcorpus --out heads/nfcorpus.json --split train --queries 128
+  heedrank lab heads fit --dump heads/nfcorpus.dump --heads heads/nfcorpus.json
+  heedrank lab heads dump --data data/beir-nfcorpus --split test --out dumps/test --queries 100
+  heedrank lab ablation --dump dumps/test --heads heads/nfcorpus.json --data data/beir-nfcorpus
 """
 
 app = typer.Typer(help="Query-focused retrieval heads: detect, fit weights.", epilog=EXAMPLES, no_args_is_help=True)
@@ -106,3 +107,27 @@ def heads_fit(
     hs = fit_head_weights(dump, heads, max_layer=max_layer, epochs=epochs, lr=lr, l2=l2, support=support,
                           nonneg=nonneg)
     typer.echo(json.dumps(dict(hs.weights_info), indent=1))
+
+
+def lab_ablation(
+    dump: Annotated[Path, typer.Option("--dump", help="Attention dump of the evaluated queries (first-stage order).")],
+    heads: Annotated[Path, typer.Option("--heads", help="Head-set JSON (with learned weights, if fitted).")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="JSON report.")] = None,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="Dataset folder whose qrels score the runs (BEIR folder or TREC DL folder); "
+        "without it only the candidates' own labels are known (within-candidates nDCG).")] = None,
+    split: Annotated[str, typer.Option("--split", help="BEIR qrels split.")] = "test",
+) -> None:
+    """ICR variants (all/QR/learned heads x ReAttn x RRF fusion) from one pass per query, with paired tests."""
+    from heedrank.eval.heads import ablation, format_ablation
+
+    qrels = None
+    if data is not None:
+        from heedrank.data import load_beir_qrels, load_trec_qrels, trec_dl_paths
+
+        qrels = load_beir_qrels(data, split) if (data / "qrels").is_dir() else load_trec_qrels(trec_dl_paths(data).qrels)
+    result = ablation(dump, heads, qrels=qrels)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, default=str))
+    typer.echo(format_ablation(result))

@@ -1,0 +1,202 @@
+"""What is served after reranking, in one place: fusion with the first stage, the calibrated
+probability of relevance, the cut-off, and the [0, 1] relevance score of ``/rerank``.
+
+One record, :class:`ServePolicy`, is resolved once per request (or batch) from the built
+reranker and the request (:meth:`ServePolicy.of`), and one method applies it to one query
+(:meth:`ServePolicy.apply`). ``/search`` and every caller of
+:meth:`heedrank.pipeline.Pipeline.search_batch` (``rerank-batch``, ``eval beir``/``trec-dl``,
+the Ray engine's actors), ``/rerank``, and the calibration fit
+(:func:`heedrank.eval.calibration.served`, through :meth:`ServePolicy.served_scores`) all go
+through it, so a probability, a threshold or a fused score means the same number everywhere.
+
+Served scores (unitless), for one query's ``N`` reranked candidates:
+
+- with a fusion weight ``alpha``: ``alpha z(first stage) + (1 - alpha) z(reranker)``
+  (:func:`heedrank.fusion.fuse`; the first-stage value is its score, ``by="score"``, or the
+  reciprocal rank of the order the documents came in, ``by="rank"``, for ``/rerank``);
+- without (``alpha = None``): the reranker's own scores, ranked as they are; the calibration
+  map then reads them z-scored over the candidates.
+
+The probability is the reranker's Platt map for that way of serving
+(:class:`heedrank.calibration.Calibration`, :meth:`~heedrank.calibration.Calibration.map_for`),
+non-increasing down the served order, so a cut-off keeps a prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from heedrank.calibration import PlattMap, apply_cutoff, resolve_cutoff
+from heedrank.errors import ValidationError
+from heedrank.fusion import combine, reciprocal_ranks, resolve_weight, standardize_list
+from heedrank.types import Ranking
+
+BY = ("score", "rank")
+"""What stands for the first stage in the fusion: its scores (``/search``), or the
+reciprocal rank of the given order (``/rerank``, whose documents come without scores)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """One query as served.
+
+    Attributes:
+        ranking: The reranked candidates in served order with their served scores (fused, or
+            the reranker's own), cut at the cut-off when one was asked for.
+        probabilities: ``{doc_id: P(relevant)}`` of every reranked candidate (before the cut),
+            or ``None`` when the reranker has no calibration for this way of serving.
+        threshold: The probability the cut-off used, or ``None`` without a cut-off.
+        warnings: What the caller should pass on (a calibration that extrapolates).
+    """
+
+    ranking: Ranking
+    probabilities: dict[str, float] | None = None
+    threshold: float | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServePolicy:
+    """How one request's reranked candidates are served (see the module docstring).
+
+    Attributes:
+        alpha: Fusion weight of the first stage in [0, 1], or ``None``: the reranker alone.
+        by: ``"score"`` or ``"rank"`` (:data:`BY`).
+        plat: The reranker's calibration map for ``(alpha, by)``, or ``None`` when it has none.
+        cutoff: ``None`` (no cut-off), ``"auto"`` (the map's dev-chosen threshold) or a
+            probability.
+        scale: Spread of the served scores for :meth:`relevance` (``sigmoid(score / scale)``),
+            or ``None`` when they are probabilities already.
+    """
+
+    alpha: float | None = None
+    by: str = "score"
+    plat: PlattMap | None = None
+    cutoff: float | str | None = None
+    scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.by not in BY:
+            raise ValidationError(f"by must be one of {BY}, got {self.by!r}")
+        if self.cutoff is not None and self.plat is None:
+            raise ValidationError("a cutoff needs a calibration map (ServePolicy.of refuses it with a message)")
+
+    @classmethod
+    def of(cls, reranker: Any, *, fusion: float | str | None, cutoff: float | str | None = None,
+           by: str = "score", method: str = "", scale: float | None = None) -> ServePolicy:
+        """The policy of one request, resolved once.
+
+        Args:
+            reranker: The built reranker; read: ``default_fusion`` (the weight its card records,
+                for ``fusion="default"``), ``calibration`` (its Platt maps) and ``score_scale``.
+                Any of them may be missing (a plugin): no recorded weight, no calibration, no scale.
+            fusion: ``"default"`` (the reranker's recorded weight; none when it records none),
+                ``None``/``"none"`` (no fusion) or a number in [0, 1].
+            cutoff: ``None``/``"none"``, ``"auto"`` or a probability.
+            by: :data:`BY`.
+            method: The method's name, for messages.
+            scale: Override of the reranker's ``score_scale`` (``HEEDRANK_RERANK_SCORE_SCALE``).
+
+        Raises:
+            ValidationError: a bad fusion or cutoff value; a cutoff the reranker has no map
+                for (the message says what to do).
+        """
+        alpha = resolve_weight(fusion, getattr(reranker, "default_fusion", None))
+        cut = resolve_cutoff(cutoff)
+        plat = _map(reranker, method, alpha, by=by, required=cut is not None)
+        if alpha is not None:
+            spread: float | None = 1.0  # z-scores
+        elif getattr(reranker, "score_scale", None) is None:
+            spread = None
+        else:
+            spread = scale if scale is not None else float(reranker.score_scale)
+        return cls(alpha, by, plat, cut, spread)
+
+    def served_scores(self, first_stage: Sequence[float], reranker: Sequence[float]) -> list[float]:
+        """Served scores of one query's candidates (same order in, same order out).
+
+        Args:
+            first_stage: ``(N,)`` first-stage scores (ignored with ``by="rank"``: the candidates
+                are then taken to be in the given order, and their reciprocal ranks stand in).
+            reranker: ``(N,)`` reranker scores.
+        """
+        if self.alpha is None:
+            return [float(s) for s in reranker]
+        first = reciprocal_ranks(len(reranker)) if self.by == "rank" else [float(s) for s in first_stage]
+        z_first, z_reranker = standardize_list(first), standardize_list([float(s) for s in reranker])
+        return [float(combine(f, r, self.alpha)) for f, r in zip(z_first, z_reranker)]
+
+    def apply(self, first_stage: Ranking, reranked: Ranking) -> Served:
+        """Serve one query.
+
+        Args:
+            first_stage: The candidates in first-stage (or given) order, with their scores;
+                a reranked candidate missing from it gets its lowest z-score.
+            reranked: The reranker's result over those candidates.
+
+        Returns:
+            The :class:`Served` query.
+        """
+        if self.alpha is None:
+            ranking = reranked
+        else:
+            ids = {h.doc_id for h in reranked.hits}
+            present = [h for h in first_stage.hits if h.doc_id in ids]
+            values = reciprocal_ranks(len(present)) if self.by == "rank" else [float(h.score) for h in present]
+            z_first = dict(zip((h.doc_id for h in present), standardize_list(values)))
+            low = min(z_first.values(), default=0.0)
+            z_reranker = standardize_list([float(h.score) for h in reranked.hits])
+            ranking = Ranking.from_hits(reranked.query_id, (
+                replace(h, score=float(combine(z_first.get(h.doc_id, low), z, self.alpha)))
+                for h, z in zip(reranked.hits, z_reranker)))
+        if self.plat is None:
+            return Served(ranking)
+        scores = [float(h.score) for h in ranking.hits]
+        probs, threshold, keep = apply_cutoff(standardize_list(scores) if self.alpha is None else scores,
+                                              1.0 if self.cutoff is None else self.cutoff, self.plat)
+        probabilities = {h.doc_id: p for h, p in zip(ranking.hits, probs)}
+        if self.cutoff is None:
+            return Served(ranking, probabilities)
+        far = self.plat.extrapolation(len(scores))
+        return Served(Ranking(ranking.query_id, ranking.hits[:keep]), probabilities, threshold,
+                      (far,) if far is not None else ())
+
+    def relevance(self, scores: Sequence[float]) -> list[float]:
+        """Scores in [0, 1], each from its own served score: ``sigmoid(score / scale)``
+        (0.5 at a served score of 0: the candidates' mean when fused, as much attention as the
+        content-free query for calibrated attention), or the scores as they are when
+        :attr:`scale` is ``None`` (probabilities, or a plugin's own scores)."""
+        if self.scale is None:
+            return [float(s) for s in scores]
+        return [_sigmoid(float(s) / self.scale) for s in scores]
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def _map(reranker: Any, method: str, alpha: float | None, *, by: str, required: bool) -> PlattMap | None:
+    """The reranker's map for scores served with fusion weight ``alpha`` and ``by``, or ``None``.
+
+    Raises:
+        ValidationError: ``required`` (a cut-off was asked for) and there is no map.
+    """
+    calibration = getattr(reranker, "calibration", None)
+    if calibration is None:
+        if required:
+            raise ValidationError(f"rerank method {method!r} has no calibrated scores, so it cannot apply a cutoff; "
+                                  "use the default configuration (blockrank-cached with its weights card), or top_k")
+        return None
+    try:
+        plat: PlattMap = calibration.map_for(alpha, by=by)
+    except ValidationError:
+        if required:
+            raise
+        return None
+    return plat

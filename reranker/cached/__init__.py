@@ -1,0 +1,371 @@
+"""Cached BlockRank: BlockRank whose candidate blocks come from a document KV store.
+
+Source: BlockRank (Gupta et al. 2025, arXiv 2510.05396, Sections 3-4) with the
+``query_in_instruction`` extension of ``shared/design/ALGORITHMS.md`` section 3: block 0 is
+the fixed instruction only and a candidate block carries no id, so each block's keys and
+values (layers ``0..l*``) depend on the document alone. They are encoded once, at index
+time, into the index's document KV store (``heedrank index kv build``), and a query runs
+only its query block (about 40 tokens) against them
+(:mod:`heedrank.reranker.doccache`: layout, encoding, context assembly, the RAM tier;
+:mod:`~heedrank.reranker.cached.blocks`: the store's header, block arrays, a query's context).
+
+Scorers (option ``scoring``, :mod:`~heedrank.reranker.cached.scorers`): ``learned`` (learned
+weights over the calibrated attention of every (layer, head) of ``0..l*``, each z-scored
+over the query's candidates: a weights card, ``reranker/data/<model>.blockrank-cached.json``,
+:mod:`~heedrank.reranker.cached.card`), ``calibrated`` (ICR's calibrated query attention
+with the mean - 2 std token mask), ``signal`` (BlockRank's signal tokens). A query-side LoRA
+adapter (option ``query_adapter``, :mod:`~heedrank.reranker.cached.adapter`) changes the
+query and ``N/A`` passes only, so stored blocks stay valid. The defaults (``scoring='auto'``,
+``query_adapter='auto'``, ``layer=null``, 128-token blocks) are the best measured
+configuration when its files ship for the model (docs/RESULTS.md, "The query adapter"); the
+card also records the fusion weight with the first stage (:attr:`CachedBlockRankReranker.default_fusion`).
+
+Evidence (:meth:`CachedBlockRankReranker.rerank_with_evidence`,
+:mod:`~heedrank.reranker.cached.evidence`): each candidate token's share of the document
+score, mapped back to character offsets.
+
+What the reranker resolves from its options and the model (card, scorer, ``l*``, query
+adapter) it resolves once, in :meth:`CachedBlockRankReranker.load`
+(:mod:`~heedrank.reranker.cached.state`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from heedrank.blocks import BlockKey, KVHeader
+from heedrank.config import BLOCK_CACHE_BUDGET, RerankerConfig
+from heedrank.errors import ValidationError
+from heedrank.protocols import RerankResult
+from heedrank.reranker.base import DocumentScores, ScoredPass
+from heedrank.reranker.blockforward import BlockPrompt, check_query_block
+from heedrank.reranker.blockrank import BlockRankReranker
+from heedrank.reranker.cached.adapter import QueryAdapter
+from heedrank.reranker.cached.blocks import Context, block_arrays, fetch_context, store_header
+from heedrank.reranker.cached.card import WeightsCard
+from heedrank.reranker.cached.evidence import document_evidence
+from heedrank.reranker.cached.scorers import QueryPass, SignalScorer
+from heedrank.reranker.cached.state import CachedState, learned_weights, load_state
+from heedrank.reranker.doccache import (
+    CACHE_TEMPLATE_VERSION,
+    BlockLayout,
+    BlockSource,
+    block_key,
+    document_block,
+    document_blocks,
+    instruction_kv,
+    query_block,
+)
+from heedrank.reranker.options import CachedBlockRankOptions
+from heedrank.reranker.scoring import CALIBRATION_QUERY
+from heedrank.types import Document, Query
+
+DEFAULT_BLOCK_CACHE_BYTES = BLOCK_CACHE_BUDGET.default
+"""RAM cache of ad-hoc candidate blocks (``/rerank``), bytes (1 GiB), unless ``block_cache_bytes``
+or ``$HEEDRANK_BLOCK_CACHE_BYTES`` says otherwise."""
+
+
+class CachedBlockRankReranker(BlockRankReranker):
+    """Cached BlockRank (registry name ``"blockrank-cached"``; ``"default"`` names it).
+
+    Options: :class:`heedrank.reranker.options.CachedBlockRankOptions`. :meth:`rerank`
+    takes the collection's document KV store as ``block_store``; blocks it lacks are
+    computed and written back, and without a store they come from the RAM cache
+    (``block_cache_bytes``) or are computed. Scores: ``learned`` a weighted sum of z-scores
+    (unitless), ``calibrated`` attention-mass differences (unitless), ``signal``
+    probabilities summing to 1 over the distinct candidate texts. ``details["cache"]`` counts
+    block ``hits`` and ``misses``. :meth:`load` loads the model and resolves the rest once;
+    what needs it before then (``rerank``, :attr:`lm`, :attr:`scoring`, ...) runs it first.
+
+    Args:
+        config: Its ``max_doc_tokens`` is the block's content budget (``None``: 128).
+        lm: A loaded LM to share (else loaded by :meth:`load`).
+        block_cache_bytes: RAM cache of blocks not in a store, bytes (``None``:
+            :data:`heedrank.config.BLOCK_CACHE_BUDGET`, i.e. ``$HEEDRANK_BLOCK_CACHE_BYTES`` or
+            1 GiB; the service passes its ``Settings.block_cache_bytes`` through the reranker
+            factory, :func:`heedrank.registry.build_reranker`).
+
+    Raises:
+        ValidationError: bad options, or ``$HEEDRANK_BLOCK_CACHE_BYTES`` is not a byte count.
+    """
+
+    name = "blockrank-cached"
+    cached = True
+    options_class = CachedBlockRankOptions
+    options: CachedBlockRankOptions  # type: ignore[assignment]
+    build_resources = ("block_cache_bytes",)
+    """What :func:`heedrank.registry.build_reranker` may pass to :meth:`from_config`."""
+
+    def __init__(self, config: RerankerConfig, lm: Any = None, *, block_cache_bytes: int | None = None) -> None:
+        super().__init__(config, lm)
+        if block_cache_bytes is None:
+            block_cache_bytes = BLOCK_CACHE_BUDGET.from_env()
+        self._block_source = BlockSource(block_cache_bytes)
+        self._state: CachedState | None = None
+        self._load_lock = threading.Lock()
+        self._kv0: dict[int, Any] = {}
+
+    @classmethod
+    def from_config(cls, config: RerankerConfig, *, block_cache_bytes: int | None = None) -> CachedBlockRankReranker:
+        """The reranker of ``config``, its RAM tier sized ``block_cache_bytes`` (see the class)."""
+        return cls(config, block_cache_bytes=block_cache_bytes)
+
+    def block_source(self) -> BlockSource:
+        """The RAM tier in front of the store (:class:`heedrank.reranker.doccache.BlockSource`),
+        sized at construction."""
+        return self._block_source
+
+    # -- loading: the one step that reads the card, the adapter and the model ----------------
+    def load(self) -> CachedBlockRankReranker:
+        """Load now (the API does this at start-up): see :meth:`loaded`."""
+        self.loaded()
+        return self
+
+    def loaded(self) -> CachedState:
+        """The shared LM, weights card, scorer, ``l*``, layout and query adapter, loaded and
+        resolved on the first call (:func:`heedrank.reranker.cached.state.load_state`).
+
+        Raises:
+            NotFoundError: a missing weights card or query adapter, or learned scoring without a card.
+            ValidationError: a bad layer, or a card or adapter made for another configuration.
+        """
+        state = self._state
+        if state is None:
+            with self._load_lock:
+                if self._state is None:
+                    signal = SignalScorer(self.token_mass, self.reattn_scores if self.reattn is not None else None)
+                    self._state = load_state(self.config, self.options, super().lm, signal)
+                state = self._state
+        return state
+
+    @property
+    def base_lm(self) -> Any:
+        """The shared LM (never carries the adapter): blocks are always encoded with it."""
+        return self.loaded().base_lm
+
+    @property
+    def lm(self) -> Any:
+        """The LM the query passes run on: with a query adapter, a private copy carrying it
+        (LoRA layers that the block encoders switch off), so the shared LM is never changed;
+        else :attr:`base_lm`."""
+        return self.loaded().lm
+
+    @property
+    def adapter(self) -> QueryAdapter | None:
+        """The query adapter in use, or ``None``."""
+        return self.loaded().adapter
+
+    @property
+    def adapter_path(self) -> Path | None:
+        """Folder of the query adapter in use (option ``query_adapter``), or ``None``."""
+        return None if self.adapter is None else self.adapter.path
+
+    @property
+    def card(self) -> WeightsCard | None:
+        """The weights card (option ``scorer_weights``, else the one shipped for the model), or ``None``."""
+        return self.loaded().card
+
+    @property
+    def scoring(self) -> str:
+        """The scorer in use: option ``scoring``, with ``'auto'`` = ``'learned'`` when a weights
+        card ships for the model (or ``scorer_weights`` is given), else ``'calibrated'``."""
+        return self.loaded().scoring
+
+    @property
+    def score_kind(self) -> str:
+        """The scorer in use (:attr:`scoring`)."""
+        return self.scoring
+
+    @property
+    def layer(self) -> int:
+        """Scoring layer ``l*`` and depth of the stored blocks: option ``layer``; else the
+        weights card's layer with learned scoring; else ``round(0.6 * L)``."""
+        return self.loaded().layer
+
+    @property
+    def layout(self) -> BlockLayout:
+        """The cached prompt's fixed part (:class:`heedrank.reranker.doccache.BlockLayout`)."""
+        return self.loaded().layout
+
+    @property
+    def default_fusion(self) -> float | None:
+        """Fusion weight ``alpha`` with the first stage recorded in the weights card
+        (``alpha z(first stage) + (1 - alpha) z(reranker)``, chosen on dev), or ``None``
+        (no card, or another scorer than ``learned``)."""
+        return self.card.fusion_alpha if self.scoring == "learned" and self.card is not None else None
+
+    @property
+    def calibration(self) -> Any:
+        """The relevance cut-off's maps (:class:`heedrank.calibration.Calibration`) of the weights
+        card (``heedrank lab calibrate``), or ``None``: no card, another scorer than ``learned``,
+        or another query adapter than the maps were fitted with (they hold for its scores only)."""
+        return self.loaded().calibration
+
+    @staticmethod
+    def layout_version() -> str:
+        return CACHE_TEMPLATE_VERSION
+
+    # -- the document KV store's side --------------------------------------------------------
+    @property
+    def kv_depth(self) -> int:
+        """Deepest layer whose keys/values a pass needs: ``l*``.
+
+        Raises:
+            ValidationError: a selected head deeper than ``l*`` (the store holds layers
+                ``0..l*`` only).
+        """
+        deepest = max([self.layer] + [l for l, _ in self.heads or []])
+        if deepest > self.layer:
+            raise ValidationError(
+                f"the document KV store holds layers 0..{self.layer} (l*); the selected heads reach "
+                f"layer {deepest}: choose heads at or below l*, or a larger layer with a store built for it")
+        return deepest
+
+    def block_store_header(self) -> KVHeader:
+        """What a document KV store must have been built with to serve this reranker
+        (:func:`heedrank.reranker.cached.blocks.store_header`); raises as :attr:`kv_depth` does."""
+        return store_header(self.base_lm, self.layout, self.kv_depth, self.options.kv_dtype)
+
+    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[BlockKey, Any, Any]]:
+        """``(key, keys, values)`` per text for a document KV store (``heedrank index kv build``;
+        :func:`heedrank.reranker.cached.blocks.block_arrays`), always from the base model (the
+        block encoders switch a query adapter off); never reads or writes the RAM cache."""
+        lm = self.lm
+        with lm.lock:
+            return block_arrays(lm, self.layout, self.instruction_kv(), texts, self.kv_depth,
+                                batch_size=self.options.doc_batch_size)
+
+    def block_keys(self, texts: Sequence[str]) -> list[BlockKey]:
+        """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
+        return [block_key(document_block(self.base_lm.tokenizer, self.layout, t)[0]) for t in texts]
+
+    def instruction_kv(self) -> list[tuple[Any, Any]]:
+        """Block 0's keys/values for layers ``0..kv_depth`` (computed once per reranker)."""
+        depth = self.kv_depth
+        if depth not in self._kv0:
+            import torch
+
+            with torch.inference_mode():
+                self._kv0[depth] = instruction_kv(self.lm, self.layout.instruction_ids, depth)
+        return self._kv0[depth]
+
+    def cached_context(self, prompt: BlockPrompt, block_store: Any = None) -> Context:
+        """Block 0's and the candidates' keys/values (blocks from ``block_store``, the RAM
+        tier, or computed and written back), with room reserved for the query and ``N/A``
+        blocks on the fast path."""
+        reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
+        return fetch_context(self.lm, self.block_source(), self.instruction_kv(), prompt, self.kv_depth,
+                             store=block_store, reserve=reserve, buffer=self.context_buffer(),
+                             batch_size=self.options.doc_batch_size)
+
+    # -- the rerank hooks ----------------------------------------------------------------------
+    def build_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
+        """The cached prompt: the fixed block 0, one block per candidate (no id), the query
+        block at the layout's fixed offset.
+
+        Raises:
+            ContextOverflowError: the query block would sit past the model's positions.
+        """
+        tok = self.base_lm.tokenizer
+        layout = self.layout
+        blocks = document_blocks(tok, layout, [doc.content for doc in candidates])
+        docs, truncated = [ids for ids, _ in blocks], [cut for _, cut in blocks]
+        prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
+                             query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
+                             layout.query_offset, query.strip(), [])
+        check_query_block(prompt, self.base_lm.max_positions)
+        return prompt
+
+    def query_budget(self, candidates: Sequence[Document]) -> int:
+        """The base budget, lowered so that the query block (at its fixed offset) stays
+        inside the model's positions."""
+        budget = super(BlockRankReranker, self).query_budget(candidates)
+        fixed = len(query_block(self.base_lm.tokenizer, self.layout, ""))
+        return max(1, min(budget, int(self.base_lm.max_positions) - self.layout.query_offset - fixed))
+
+    def learned_weights(self) -> Any:
+        """The ``scoring='learned'`` weights, float64 ``(l* + 1, heads)``: the query adapter's
+        own when it carries some and no ``scorer_weights`` is given, else the weights card's.
+
+        Raises:
+            NotFoundError: no card ships for this model and none is given.
+            ValidationError: a card for another model, ``l*``, block length or layout.
+        """
+        s = self.loaded()
+        return learned_weights(self.options, self.config, s.card, s.adapter, s.layer, s.lm)
+
+    def score_prompt(self, prompt: BlockPrompt, query: str, *, block_store: Any = None) -> DocumentScores:
+        """Hook of the rerank skeleton (under the LM's lock): the context from the store, then
+        the scorer chosen at load. The pass keeps each candidate token's share of the score
+        (for evidence)."""
+        ctx = self.cached_context(prompt, block_store)
+        s = self.loaded()
+        out = s.scorer.score(QueryPass(s.lm, prompt, ctx.kv, s.layer, self.options.doc_batch_size, self.fast_path))
+        return DocumentScores(
+            scores=out.scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens,
+            details={"timings": {**ctx.seconds, **out.seconds}, "layer": s.layer, "cache": ctx.cache},
+            passes=(ScoredPass(prompt, out.tokens, tuple(range(len(prompt.doc_ids)))),),
+        )
+
+    # -- evidence -------------------------------------------------------------------------------
+    def rerank_with_evidence(
+        self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3, block_store: Any = None
+    ) -> RerankResult:
+        """:meth:`rerank` plus evidence from the same pass: the same scores and order, with
+        ``details["evidence"] = {doc_id: [EvidenceSpan, ...]}``.
+
+        A token's evidence score is its share of the document's score: with ``learned``
+        scoring ``t_j = sum_{l,h} w_lh c_lh,j / sd_lh`` (``c``: calibrated attention of the
+        query rows to token ``j`` at layer ``l``, head ``h``; ``sd``: the feature's standard
+        deviation over the candidates, as in the z-score), so that a document's score is the
+        sum of its tokens' up to a per-query constant; with ``calibrated`` the calibrated
+        attention summed over layers and heads; with ``signal`` the signal tokens' attention.
+        Tokens group into words, the best positive words merge into spans
+        (:func:`heedrank.reranker.cached.evidence.document_evidence`); offsets are characters
+        into ``doc.text`` (or ``doc.title``): ``text[start:end] == span.text``.
+
+        Raises:
+            ValidationError: empty query, ``max_spans < 1``, a tokenizer without offsets.
+        """
+        if max_spans < 1:
+            raise ValidationError(f"max_spans must be >= 1, got {max_spans}")
+        run = self.run(query, candidates, block_store=block_store)
+        evidence: dict[str, list[Any]] = {d.doc_id: [] for d in candidates}
+        if run.scored is not None and run.scored.passes:
+            prompt: BlockPrompt = run.scored.passes[0].prompt
+            state = run.scored.passes[0].state  # learned: computed now; calibrated: the tensor; signal: read again
+            if state is None:
+                import torch
+
+                with self.lm.lock, torch.inference_mode():
+                    state = self.token_mass(prompt, self.cached_context(prompt, block_store).kv)[0]
+            tokens = (state() if callable(state) else state).double().tolist()
+            evidence = document_evidence(self.base_lm.tokenizer, self.layout, prompt, tokens, candidates, run.owner,
+                                         self.config.max_doc_tokens, max_spans)
+        return replace(run.result, details={**run.result.details, "evidence": evidence})
+
+    # -- reports ---------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["scoring"] = self.scoring
+        d["kv_dtype"] = self.options.kv_dtype
+        if self.adapter is not None:
+            d["query_adapter"] = self.adapter.describe()
+        if self.scoring == "learned" and self.card is not None:
+            d["scorer_weights"] = self.card.path
+        if self.default_fusion is not None:
+            d["fusion"] = self.default_fusion
+        return d
+
+    def card_figures(self) -> dict[str, Any] | None:
+        """The dev and test nDCG@10 recorded in the weights card for the configuration it
+        ships (``configuration``: with the query adapter and fusion), or ``None``."""
+        return None if self.card is None else dict(self.card.figures)
+
+
+def from_config(config: RerankerConfig) -> CachedBlockRankReranker:
+    return CachedBlockRankReranker(config)

@@ -1,0 +1,92 @@
+"""The document KV store's side of cached BlockRank: the header a store must carry, the
+blocks' keys and arrays, and one query's context assembled from stored blocks.
+
+Blocks are always the base model's: the block encoders switch a query adapter off
+(:func:`heedrank.reranker.doccache.encode_blocks`), so a store serves a reranker with or
+without one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from heedrank.blocks import BlockKey, KVHeader
+from heedrank.reranker.blockforward import BlockPrompt
+from heedrank.reranker.doccache import (
+    CACHE_TEMPLATE_VERSION,
+    BlockLayout,
+    BlockSource,
+    assemble_kv,
+    block_key,
+    document_block,
+    encode_blocks,
+)
+
+
+@dataclass(frozen=True)
+class Context:
+    """The keys/values a query block reads, with what producing them cost.
+
+    Attributes:
+        kv: Per layer ``0..kv_depth``, ``(keys, values)`` float32 ``(1, kv_heads, K, head_dim)``:
+            block 0 then the candidates' tokens (no padding); on the fast path views into the
+            reranker's context buffer, valid until its next call (use under the LM's lock).
+        seconds: ``blocks_fetch``, ``blocks_encode``, ``blocks_assemble``, seconds.
+        cache: ``{"hits", "misses"}`` of the candidate blocks (store and RAM tiers).
+    """
+
+    kv: list[tuple[Any, Any]]
+    seconds: dict[str, float]
+    cache: dict[str, int]
+
+
+def store_header(base_lm: Any, layout: BlockLayout, depth: int, kv_dtype: str) -> KVHeader:
+    """What a document KV store must have been built with: the base model's hash, the cached
+    layout's version and instruction, the depth ``l*``, the model's key/value heads and head
+    dimension, the block length and ``kv_dtype``; no adapter (blocks never use one)."""
+    cfg = base_lm.model.config
+    n_heads = int(cfg.num_attention_heads)
+    return KVHeader(
+        model_hash=str(base_lm.identity.get("sha256") or base_lm.identity.get("name")),
+        prompt_template_version=CACHE_TEMPLATE_VERSION,
+        instruction_hash=layout.fingerprint(),
+        layer=depth,
+        kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads),
+        max_doc_tokens=layout.max_block_tokens,
+        dtype=kv_dtype,
+        adapter_hash=None,
+    )
+
+
+def block_arrays(lm: Any, layout: BlockLayout, kv0: Any, texts: Sequence[str], depth: int, *,
+                 batch_size: int) -> list[tuple[BlockKey, Any, Any]]:
+    """``(key, keys, values)`` per text: float32 numpy arrays ``(depth + 1, kv_heads, T,
+    head_dim)`` encoded against block 0's ``kv0`` (texts sharing a block share a key). Call it
+    under the LM's lock."""
+    import torch
+
+    blocks = [document_block(lm.tokenizer, layout, t)[0] for t in texts]
+    with torch.inference_mode():
+        kvs = encode_blocks(lm, kv0, blocks, depth, batch_size=batch_size)
+    return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
+
+
+def fetch_context(lm: Any, source: BlockSource, kv0: Any, prompt: BlockPrompt, depth: int, *, store: Any,
+                  reserve: int, buffer: Any, batch_size: int) -> Context:
+    """Block 0's (``kv0``) and the candidates' keys/values for layers ``0..depth``: blocks
+    from ``store``, the RAM tier ``source``, or computed and written back; ``reserve`` rows
+    of room after them in ``buffer`` (:func:`heedrank.reranker.doccache.assemble_kv`)."""
+    import torch
+
+    with torch.inference_mode():
+        blocks, fetch = source.fetch(lm, kv0, prompt.doc_ids, depth, store=store, batch_size=batch_size)
+        t0 = time.perf_counter()
+        kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=buffer)
+    seconds = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
+               "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
+               "blocks_assemble": time.perf_counter() - t0}
+    return Context(kv, seconds, {"hits": fetch.hits, "misses": fetch.misses})

@@ -1,0 +1,142 @@
+"""What cached BlockRank resolves once, when it loads (:func:`load_state`).
+
+From the options and the shared LM: the weights card (:mod:`heedrank.reranker.cached.card`),
+the scorer in use (``scoring='auto'`` = ``'learned'`` when ``scorer_weights`` is given or a card
+ships for the model at the ``l*`` and block length asked for, else ``'calibrated'``), ``l*``, the cached layout, the query
+adapter (:mod:`heedrank.reranker.cached.adapter`), the scorer object
+(:mod:`heedrank.reranker.cached.scorers`) and the relevance cut-off's maps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from heedrank.config import RerankerConfig
+from heedrank.errors import NotFoundError, ValidationError
+from heedrank.reranker.cached.adapter import AdapterFit, QueryAdapter, load_query_adapter
+from heedrank.reranker.cached.card import WeightsCard, find_card
+from heedrank.reranker.cached.scorers import CalibratedScorer, LearnedScorer, Scorer, SignalScorer
+from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION, BlockLayout, build_layout
+from heedrank.reranker.options import AUTO, CachedBlockRankOptions
+
+
+@dataclass(frozen=True)
+class CachedState:
+    """A loaded cached BlockRank reranker's resources and resolved choices.
+
+    Attributes:
+        base_lm: The shared LM (never carries the adapter): blocks are always encoded with it.
+        lm: The LM the query passes run on: the query adapter's private copy, else ``base_lm``.
+        layout: The cached prompt's fixed part.
+        card: The weights card (option ``scorer_weights``, else the one shipped for the
+            model), or ``None``.
+        scoring: The scorer in use, ``'auto'`` resolved.
+        layer: ``l*``, the scoring layer and depth of the stored blocks.
+        adapter: The query adapter, or ``None``.
+        scorer: The scorer object of ``scoring``.
+        calibration: The relevance cut-off's maps (:class:`heedrank.calibration.Calibration`), or ``None``.
+    """
+
+    base_lm: Any
+    lm: Any
+    layout: BlockLayout
+    card: WeightsCard | None
+    scoring: str
+    layer: int
+    adapter: QueryAdapter | None
+    scorer: Scorer
+    calibration: Any
+
+
+def resolve_layer(option: int | None, scoring: str, card: WeightsCard | None, n_layers: int) -> int:
+    """``l*``: option ``layer``; else the card's layer with learned scoring; else ``round(0.6 * L)``.
+
+    Raises:
+        ValidationError: the layer is not below the model's depth.
+    """
+    layer = option
+    if layer is None and scoring == "learned" and card is not None:
+        layer = int(card.data["layer"])
+    if layer is None:
+        layer = round(0.6 * n_layers)
+    if not 0 <= layer < n_layers:
+        raise ValidationError(f"layer must be in [0, {n_layers - 1}] for this model, got {layer!r}")
+    return layer
+
+
+def learned_weights(options: CachedBlockRankOptions, config: RerankerConfig, card: WeightsCard | None,
+                    adapter: QueryAdapter | None, layer: int, lm: Any) -> Any:
+    """The learned scorer's weights, float64 ``(l* + 1, heads)``: the query adapter's own when
+    it carries some that fit and no ``scorer_weights`` is given, else the card's.
+
+    Raises:
+        NotFoundError: no card ships for the model and none is given.
+        ValidationError: a card for another model, ``l*``, block length or layout.
+    """
+    import numpy as np
+
+    shape = (layer + 1, lm.num_heads)
+    adapter_w = None if adapter is None else adapter.weights
+    # the weights of an adapter trained at a deeper l* (AdapterFit.problem) do not fit: the card's serve
+    if options.scorer_weights is None and adapter_w is not None and np.size(adapter_w) == shape[0] * shape[1]:
+        return np.asarray(adapter_w, dtype=np.float64).reshape(shape)
+    if card is None:
+        name = lm.identity.get("name", "")
+        raise NotFoundError(f"no learned BlockRank weights ship for model {name!r}; fit them with "
+                            "`heedrank lab fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
+    want = {"layer": layer, "max_doc_tokens": config.max_doc_tokens, "template": CACHE_TEMPLATE_VERSION, "spec": "heads"}
+    return card.weights_for(want, lm.identity.get("sha256"), shape)
+
+
+def _calibration(card: WeightsCard | None, adapter: QueryAdapter | None) -> Any:
+    """The card's cut-off maps, or ``None``: no card or maps, or a query adapter other than
+    the one the maps were fitted with (they hold only for the scores they were fitted on)."""
+    if card is None or not card.calibration:
+        return None
+    from heedrank.calibration import Calibration
+
+    calibration = Calibration.from_json(card.calibration)
+    want = calibration.info.get("query_adapter_sha256")
+    if want is not None and want != (None if adapter is None else adapter.sha256):
+        return None
+    return calibration
+
+
+def _fits(card: WeightsCard | None, options: CachedBlockRankOptions, config: RerankerConfig) -> bool:
+    """Whether ``scoring='auto'`` scores with ``card``: a card given as ``scorer_weights`` always
+    (a mismatch is then an error), the packaged one when it was fitted at the ``l*`` and block
+    length asked for (a store at another layer, say, is scored zero-shot)."""
+    if card is None:
+        return False
+    if options.scorer_weights is not None:
+        return True
+    layer_ok = options.layer is None or options.layer == int(card.data["layer"])
+    return layer_ok and config.max_doc_tokens == int(card.data.get("max_doc_tokens", config.max_doc_tokens))
+
+
+def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: Any, signal: SignalScorer) -> CachedState:
+    """Resolve and load everything of a cached BlockRank reranker over the shared LM ``base``
+    (``signal``: its scorer for ``scoring='signal'``).
+
+    Raises:
+        NotFoundError: a missing ``scorer_weights`` card or query adapter; learned scoring
+            without a card.
+        ValidationError: a bad layer; a card or query adapter fitted for another model,
+            ``l*``, block length or layout.
+    """
+    card = find_card(base.identity.get("name", ""), options.scorer_weights)
+    scoring = options.scoring if options.scoring != AUTO else ("learned" if _fits(card, options, config)
+                                                               else "calibrated")
+    layer = resolve_layer(options.layer, scoring, card, base.num_layers)
+    layout = build_layout(base.tokenizer, config.max_doc_tokens, chat_template=options.chat_template)
+    adapter = load_query_adapter(options.query_adapter, base, AdapterFit(layer, config.max_doc_tokens,
+                                                                         CACHE_TEMPLATE_VERSION))
+    lm = base if adapter is None else adapter.lm
+    scorer: Scorer = signal
+    if scoring == "learned":
+        scorer = LearnedScorer(learned_weights(options, config, card, adapter, layer, lm))
+    elif scoring == "calibrated":
+        scorer = CalibratedScorer(options.mask_std)
+    calibration = _calibration(card, adapter) if scoring == "learned" else None
+    return CachedState(base, lm, layout, card, scoring, layer, adapter, scorer, calibration)
