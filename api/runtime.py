@@ -269,11 +269,20 @@ def native_model_ids(settings: Settings) -> list[str]:
     return [method, lm, f"{lm}/{method}"] + [i for n in names if n != method for i in (n, f"{lm}/{n}")]
 
 
+CLIENT_MODEL_IDS = ("rerank-v3.5", "rerank-english-v3.0", "rerank-multilingual-v3.0", "rerank-english-v2.0",
+                    "rerank-multilingual-v2.0", "rerank-2", "rerank-2-lite", "rerank-lite-1")
+"""Model ids that rerank clients send (Cohere's SDK and LangChain's ``CohereRerank`` require one;
+Voyage's ``rerank-2``): served by the service's method out of the box, without a warning."""
+
+
 def served_model_ids(settings: Settings) -> list[str]:
-    """The ``model`` values ``POST /rerank`` accepts: method, LM name, ``<lm>/<method>``,
-    then the external ids of ``settings.model_aliases`` (``'*'``, any id, is not listed)."""
+    """The ``model`` values ``POST /rerank`` names as its own: method, LM name, ``<lm>/<method>``,
+    the external ids of ``settings.model_aliases`` (``'*'``, any id, is not listed) and
+    :data:`CLIENT_MODEL_IDS`. Any other id is served too, by the service's one method, with a
+    warning (:func:`resolve_model`)."""
     native = native_model_ids(settings)
-    return native + [k for k in settings.model_aliases if k != "*" and k not in native]
+    listed = native + [k for k in settings.model_aliases if k != "*" and k not in native]
+    return listed + [k for k in CLIENT_MODEL_IDS if k not in listed]
 
 
 def check_model_aliases(settings: Settings) -> None:
@@ -289,9 +298,21 @@ def check_model_aliases(settings: Settings) -> None:
                              f"{native} (HEEDRANK_MODEL_ALIASES)")
 
 
-def resolve_model(settings: Settings, model: str | None) -> str | None:
-    """The served id ``model`` names: itself when native, its alias's target, or the
-    target of ``'*'``; ``None`` when nothing served matches."""
+def resolve_model(settings: Settings, model: str | None) -> tuple[str | None, str | None]:
+    """The served id ``model`` names, and a warning for an id this service does not know.
+
+    ``/rerank`` has one method (the service's), so every id is served by it: a native id as
+    itself, an alias as its target (``HEEDRANK_MODEL_ALIASES``, ``'*'`` for any other), a
+    :data:`CLIENT_MODEL_IDS` id as the method, and any other id as the method with a warning
+    that says which method and LM answered.
+    """
     if model is None or model in native_model_ids(settings):
-        return model
-    return settings.model_aliases.get(model) or settings.model_aliases.get("*")
+        return model, None
+    target = settings.model_aliases.get(model) or settings.model_aliases.get("*")
+    if target is not None:
+        return target, None
+    served = f"{lm_name(settings.model)}/{settings.rerank_method}"
+    if model in CLIENT_MODEL_IDS:
+        return settings.rerank_method, None
+    return settings.rerank_method, (f"model {model!r} is not a model id of this service; {served} answered "
+                                    f"(ids: {served_model_ids(settings)})")

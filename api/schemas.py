@@ -136,8 +136,9 @@ class SearchRequest(BaseModel):
     retriever: Text | None = Field(
         None, description="First-stage retriever: bm25, dense or hybrid (as indexed); default: the service's "
         "(HEEDRANK_DEFAULT_RETRIEVER, bm25 unless set; bm25 where the collection has no dense index).")
-    rerank: RerankRequest | None = Field(
-        None, description="Reranking options; omitted or null = first-stage order only."
+    rerank: RerankRequest | StrictBool | None = Field(
+        True, description="Reranking: omitted, true or {} = rerank with the service's default method and options "
+        "(an object sets some); false or null = the first stage alone.",
     )
     collection: Text | None = Field(
         None, description="Collection searched (see GET /info); default: the service's default collection."
@@ -216,7 +217,10 @@ class RerankInfo(BaseModel):
 
     method: str
     candidates: int = Field(description="First-stage hits reranked (fewer than requested when the first stage found fewer).")
-    truncated: list[str] = Field(description="Doc ids whose content was cut to the per-document token budget.")
+    truncated: int = Field(description="Candidates longer than the per-document token budget: the reranker read "
+                           "their first doc_tokens LM tokens.")
+    doc_tokens: int | None = Field(None, description="The per-document token budget: LM tokens of each candidate "
+                                   "the reranker read.")
     prompt_tokens: int = Field(description="LM tokens processed for this query.")
     warnings: list[str] = Field(
         default_factory=list,
@@ -333,20 +337,22 @@ class CohereRerankRequest(BaseModel):
     priority: StrictInt | None = Field(None, description="Cohere v2 request priority; accepted and ignored.")
     fusion: float | Literal["default", "none"] | None = Field(
         "default",
-        description="heedrank extension: fuse the reranker with the order the documents come in, taken as a first "
-        "stage (score 1 / rank): alpha * z(1 / rank) + (1 - alpha) * z(reranker), z-scored over the documents. "
-        "'default' (when omitted): the method's recorded weight (the default method: 0.6; icr, blockrank: none); "
-        "a number in [0, 1]; 'none' or null: the reranker's own order. Send documents in first-stage order (best "
-        "first), or 'none' when their order means nothing. Measured: docs/RESULTS.md, '/rerank without a first "
-        "stage'.",
+        description="heedrank extension: how the order the documents come in counts. 'default' (when omitted): "
+        "as a position prior that the reranker updates, worth something only when the order agrees with the "
+        "reranker more than chance (a first stage's order; a shuffled or arbitrary order is ignored), so a "
+        "document the reranker is confident about ranks first wherever it was sent (heedrank.serving.PositionPrior; "
+        "meta.order_prior says how much the order counted). A number alpha in [0, 1]: fused as a first stage "
+        "(score 1 / rank), alpha * z(1 / rank) + (1 - alpha) * z(reranker). 'none' or null: the reranker's own "
+        "order. Measured: docs/RESULTS.md, \"/rerank's default: a position prior\".",
         examples=["default", "none", 0.6],
     )
     cutoff: CutoffValue = Field(
         None,
         description="heedrank extension: return only the documents whose calibrated probability of relevance "
-        "(`probability`) is at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev "
-        "for the best F1 (possibly no result). Only for a calibrated reranker (the default method) with fusion "
-        "'default' or 'none'; applied before top_n; null or 'none' (when omitted): every document.",
+        "(relevance_score, meta.calibrated) is at least this: a probability in [0, 1], or 'auto' = the threshold "
+        "chosen on NFCorpus dev for the best F1 (possibly no result). Only for a calibrated reranker (the default "
+        "method) with fusion 'default', 'none' or the card's weight; applied before top_n; null or 'none' (when "
+        "omitted): every document.",
         examples=["auto", 0.3],
     )
     deadline_ms: StrictInt | None = Field(
@@ -374,8 +380,11 @@ class CohereRerankResult(BaseModel):
 
     index: int = Field(description="Position of the document in the request's `documents` (0-based).")
     relevance_score: float = Field(
-        description="Relevance in [0, 1] for the built-in methods (as Cohere's, so thresholds set on Cohere's "
-        "scores apply), higher = more relevant, in the reranker's order. The reranker's own score r "
+        description="Relevance in [0, 1]. With a calibrated reranker (the default method; meta.calibrated): the "
+        "probability that the document is relevant, from the reranker's own scores (Platt scaling fitted on "
+        "held-out NFCorpus train queries), so it does not depend on where the document was sent; results come in "
+        "served order (see fusion), so it can rise down the list where the given order's prior placed a document "
+        "higher. Otherwise as Cohere's (thresholds set on Cohere's scores apply): the reranker's own score r "
         "(meta.raw_scores) becomes 1 / (1 + exp(-r / s)), per document, with the method's scale s "
         "(meta.score_scale) for icr (calibrated attention mass summed over layers and heads: 0.5 = as much "
         "attention as a content-free query) and blockrank's calibrated and learned scoring; blockrank's "
@@ -384,10 +393,6 @@ class CohereRerankResult(BaseModel):
         "(meta.fusion, on by default for the default method): 1 / (1 + exp(-f)) of the fused score f (z-score "
         "units). When meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
     )
-    probability: float | None = Field(
-        None, description="heedrank extension: calibrated probability of relevance in [0, 1] (the default method; "
-        "Platt scaling fitted on held-out NFCorpus train queries, non-increasing down the results); absent when the "
-        "reranker has no calibration for the fusion used.")
     document: RerankedDocument | None = Field(None, description="With return_documents: the document's text.")
 
 
@@ -415,16 +420,22 @@ class CohereRerankMeta(BaseModel):
     method: str = Field(description="Reranking method: its name says how to read relevance_score.")
     reranked: bool = Field(description="False when the deadline made the service answer in the given order.")
     deadline_exceeded: bool = Field(False, description="True when deadline_ms stopped the reranking.")
-    truncated: list[int] = Field(
-        default_factory=list, description="Indices of documents cut to max_tokens_per_doc LM tokens."
-    )
+    truncated: int = Field(0, description="Documents longer than the token budget (doc_tokens): each was ranked on "
+                           "its beginning (meta.warnings names them).")
+    doc_tokens: int | None = Field(None, description="LM tokens of each document the reranker read.")
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds: queue, rerank, total.")
     cutoff: float | None = Field(None, description="The probability threshold applied (request `cutoff`, 'auto' "
                                  "resolved); absent = none.")
     score_scale: float | None = Field(
         None, description="The scale s of relevance_score = 1 / (1 + exp(-raw / s)); null when relevance_score is "
-        "the raw score (a probability, a plugin's score, or the given order's 1 / (1 + position))."
+        "the calibrated probability (calibrated) or the raw score (a probability, a plugin's score, or the given "
+        "order's 1 / (1 + position))."
     )
+    calibrated: bool = Field(False, description="Whether relevance_score is the calibrated probability of relevance.")
+    order_prior: float | None = Field(
+        None, description="With the default fusion: how much the given order counted, in z-units of reranker score "
+        "per unit of log(1 + position) (0: not at all, the order did not agree with the reranker more than chance; "
+        "at most 1.5).")
     raw_scores: list[float] = Field(
         default_factory=list,
         description="The reranker's own score of each result, in the order of results (meta.method says how to "

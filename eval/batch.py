@@ -61,6 +61,8 @@ class BatchSummary:
         done: Queries reranked and written by this call.
         documents: Candidate documents reranked by this call.
         failed_documents: ``{query_id: [doc_id, ...]}`` left out of reranking after failing.
+        missing_documents: ``{query_id: [doc_id, ...]}`` of first-stage hits missing from the
+            document store (neither reranked nor written).
         first_stage_queries: Queries written in first-stage order (nothing could be reranked).
         seconds: Wall-clock time of this call.
     """
@@ -71,6 +73,7 @@ class BatchSummary:
     done: int = 0
     documents: int = 0
     failed_documents: dict[str, list[str]] = field(default_factory=dict)
+    missing_documents: dict[str, list[str]] = field(default_factory=dict)
     first_stage_queries: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -201,15 +204,19 @@ class Progress:
 # ---------------------------------------------------------------------------- reranking
 def _isolate(
     pipeline: Pipeline, query: Query, options: SearchOptions, error: Exception
-) -> tuple[Ranking, list[str], bool]:
-    """Rerank ``query`` despite ``error``: without failing documents, or the candidates that fit.
+) -> tuple[Ranking, list[str], bool, list[str]]:
+    """Rerank ``query`` despite ``error``: without failing documents, or the candidates that fit,
+    served as :meth:`Pipeline.search` serves (:class:`heedrank.serving.ServePolicy`).
 
     Returns:
-        ``(ranking, failed_doc_ids, reranked)``.
+        ``(ranking, failed_doc_ids, reranked, missing_doc_ids)``.
     """
+    from heedrank.serving import ServePolicy
+
     retriever = pipeline.retrievers[options.retriever]
     first = retriever.retrieve([query], max(options.top_k, options.candidates))[0]
     docs = pipeline.docstore.get_many(first.doc_ids)
+    missing = [d for d in first.doc_ids if d not in docs]
     hydrated = first.with_documents(docs)
     cands = [h.document for h in hydrated.top(options.candidates).hits]
     reranker = pipeline.reranker(options.rerank)
@@ -239,8 +246,11 @@ def _isolate(
             logger.error("query %s: reranking failed again (%s: %s); writing first-stage order",
                          query.query_id, type(exc).__name__, exc)
         else:
-            return merge_reranked(hydrated, rr.ranking, options.top_k), failed, True
-    return hydrated.top(options.top_k), failed, False
+            policy = ServePolicy.of(reranker, fusion=options.fusion, cutoff=options.cutoff, method=options.rerank)
+            served = policy.apply(hydrated.top(options.candidates), rr.ranking).ranking
+            k = options.top_k if options.cutoff is None else min(options.top_k, len(served))
+            return merge_reranked(hydrated, served, k), failed, True, missing
+    return hydrated.top(options.top_k), failed, False, missing
 
 
 def iter_queries(topics: Mapping[str, Query], run_ids: Sequence[str], max_queries: int | None) -> list[Query]:
@@ -373,10 +383,12 @@ def rerank_batch(
     summary.seconds = time.perf_counter() - t_start
     logger.info(
         "rerank-batch %s: %d queries done (%d resumed as done) in %.1f s (%.2f queries/s, %.1f documents/s); "
-        "%d documents failed, %d queries in first-stage order",
+        "%d documents failed, %d missing from the document store (%d queries), %d queries in first-stage order",
         out, summary.done, summary.skipped, summary.seconds, summary.queries_per_second,
         summary.documents / summary.seconds if summary.seconds > 0 else 0.0,
-        sum(len(v) for v in summary.failed_documents.values()), len(summary.first_stage_queries),
+        sum(len(v) for v in summary.failed_documents.values()),
+        sum(len(v) for v in summary.missing_documents.values()), len(summary.missing_documents),
+        len(summary.first_stage_queries),
     )
     return summary
 
@@ -391,6 +403,7 @@ class QueryOutcome:
         hits: Hits written.
         status: ``"reranked"``, ``"partial"`` (some documents failed) or ``"first_stage"``.
         failed: Documents left out of reranking after failing.
+        missing: First-stage hits missing from the document store.
         documents: Candidates reranked.
         seconds: Wall-clock time of the query.
     """
@@ -402,6 +415,7 @@ class QueryOutcome:
     failed: list[str] = field(default_factory=list)
     documents: int = 0
     seconds: float = 0.0
+    missing: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -420,28 +434,31 @@ def rerank_query(pipeline: Pipeline, q: Query, options: SearchOptions, tag: str)
     try:
         result = pipeline.search(q, options)
         ranking = result.ranking
+        missing = list(result.missing)
         n_docs = len(result.rerank.ranking) if result.rerank is not None else 0
     except (ModelLoadError, MissingDependencyError):
         raise  # nothing can be reranked: stop, leaving the query to a rerun
     except Exception as exc:  # noqa: BLE001 - isolate the failure, the query still completes
         logger.warning("query %s: reranking failed (%s: %s); isolating the failure",
                        q.query_id, type(exc).__name__, exc)
-        ranking, failed, reranked = _isolate(pipeline, q, options, exc)
+        ranking, failed, reranked, missing = _isolate(pipeline, q, options, exc)
         n_docs = min(options.candidates, len(ranking)) - len(failed) if reranked else 0
         status = "partial" if reranked else "first_stage"
     return QueryOutcome(q.query_id, trec_lines(ranking, tag), len(ranking), status, failed, max(0, n_docs),
-                        time.perf_counter() - tq)
+                        time.perf_counter() - tq, missing)
 
 
 def commit_outcome(progress: Progress, summary: BatchSummary, outcome: QueryOutcome) -> None:
     """Write one query's outcome (output, then progress line) and count it in ``summary``."""
     if outcome.failed:
         summary.failed_documents[outcome.query_id] = list(outcome.failed)
+    if outcome.missing:
+        summary.missing_documents[outcome.query_id] = list(outcome.missing)
     if outcome.status == "first_stage":
         summary.first_stage_queries.append(outcome.query_id)
     progress.commit(outcome.query_id, outcome.lines,
                     {"hits": outcome.hits, "status": outcome.status, "failed": list(outcome.failed),
-                     "seconds": round(outcome.seconds, 4)})
+                     "seconds": round(outcome.seconds, 4), **({"missing": list(outcome.missing)} if outcome.missing else {})})
     summary.done += 1
     summary.documents += outcome.documents
 

@@ -265,6 +265,8 @@ class SearchResult:
         probabilities: Calibrated probability of relevance of each reranked candidate, by doc
             id, when the reranker has a calibration for the scores served (else ``None``).
         cutoff: The probability threshold applied (``SearchOptions.cutoff``), or ``None``.
+        missing: First-stage hits (of the top ``max(k, candidates)``) missing from the document
+            store, so neither reranked nor returned.
     """
 
     query: Query
@@ -275,6 +277,7 @@ class SearchResult:
     fusion: float | None = None
     probabilities: Mapping[str, float] | None = None
     cutoff: float | None = None
+    missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,11 @@ class FirstStageRow:
     hydrated: Ranking
     retrieve_seconds: float
     hydrate_seconds: float
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """Ids of ``top``'s hits missing from the document store, in first-stage order."""
+        return tuple(d for d in self.top.doc_ids if d not in self.docs)
 
 
 def check_query_texts(queries: Sequence[Query]) -> None:
@@ -621,7 +629,8 @@ class Pipeline:
                 "total": t_retrieve + t_hydrate + t_rerank,
             }
             results.append(SearchResult(q, final, ranking, timings, rr, policy.alpha if rr is not None and policy else None,
-                                        served.probabilities if served else None, served.threshold if served else None))
+                                        served.probabilities if served else None, served.threshold if served else None,
+                                        row.missing))
         return results
 
 

@@ -25,7 +25,7 @@ non-increasing down the served order, so a cut-off keeps a prefix.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,9 +34,54 @@ from heedrank.errors import ValidationError
 from heedrank.fusion import combine, reciprocal_ranks, resolve_weight, standardize_list
 from heedrank.types import Ranking
 
-BY = ("score", "rank")
-"""What stands for the first stage in the fusion: its scores (``/search``), or the
-reciprocal rank of the given order (``/rerank``, whose documents come without scores)."""
+BY = ("score", "rank", "prior")
+"""What stands for the first stage: its scores, fused (``/search``); the reciprocal rank of the
+given order, fused (``/rerank`` with a fusion weight); or the given order as a
+:class:`PositionPrior` (``/rerank``'s default: documents come without scores)."""
+
+
+@dataclass(frozen=True)
+class PositionPrior:
+    """The order a list of documents comes in, as a prior the reranker updates, and only when
+    the order looks like a first stage's: ``/rerank``'s default.
+
+    For documents at given positions ``i = 0..N-1`` with reranker scores ``r``::
+
+        s_i = z(r)_i - g(T) * weight * log(1 + i)
+        T   = sqrt(N - 1) * mean_i(z(r)_i * z(-log(1 + i)))    (agreement, ~N(0, 1) for a random order)
+        g   = clip((T - onset) / width, 0, 1)
+
+    so a list whose order agrees with the reranker (a first stage's) keeps a log-rank prior worth
+    ``weight`` z-units per unit of ``log(1 + i)``, and a list in an order that carries nothing
+    (``T`` near 0: shuffled, alphabetical, a client's own) is ranked by the reranker alone; a
+    document the reranker is confident about moves past the prior (a clear outlier has a z-score
+    near ``sqrt(N - 1)``). The values are chosen on NFCorpus dev (BM25 top 20, given and shuffled
+    orders); docs/RESULTS.md, "/rerank's default: a position prior", has the table of forms.
+    """
+
+    weight: float = 1.5
+    onset: float = 1.0
+    width: float = 0.5
+
+    def agreement(self, z_reranker: Sequence[float]) -> float:
+        """``T``: how much the given order agrees with the reranker (unitless, ~N(0, 1) when it does not)."""
+        n = len(z_reranker)
+        if n < 2:
+            return 0.0
+        w = standardize_list([-math.log1p(i) for i in range(n)])
+        return math.sqrt(n - 1) * sum(a * b for a, b in zip(z_reranker, w)) / n
+
+    def strength(self, reranker: Sequence[float]) -> float:
+        """``g(T) * weight``: z-units per unit of ``log(1 + i)`` the given order is worth for
+        these reranker scores (given order), 0 when it agrees with them no more than chance."""
+        z_reranker = standardize_list([float(s) for s in reranker])
+        return self.weight * min(1.0, max(0.0, (self.agreement(z_reranker) - self.onset) / self.width))
+
+    def scores(self, reranker: Sequence[float]) -> list[float]:
+        """Served scores ``s`` of documents in their given order (same order out; unitless)."""
+        z_reranker = standardize_list([float(s) for s in reranker])
+        strength = self.strength(reranker)
+        return [z - strength * math.log1p(i) for i, z in enumerate(z_reranker)]
 
 
 @dataclass(frozen=True)
@@ -50,12 +95,15 @@ class Served:
             or ``None`` when the reranker has no calibration for this way of serving.
         threshold: The probability the cut-off used, or ``None`` without a cut-off.
         warnings: What the caller should pass on (a calibration that extrapolates).
+        order_prior: With ``by="prior"``: the strength the given order got
+            (:meth:`PositionPrior.strength`, 0 = none); else ``None``.
     """
 
     ranking: Ranking
     probabilities: dict[str, float] | None = None
     threshold: float | None = None
     warnings: tuple[str, ...] = ()
+    order_prior: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +118,7 @@ class ServePolicy:
             probability.
         scale: Spread of the served scores for :meth:`relevance` (``sigmoid(score / scale)``),
             or ``None`` when they are probabilities already.
+        prior: The position prior of ``by="prior"`` (``alpha`` is then ``None``).
     """
 
     alpha: float | None = None
@@ -77,6 +126,7 @@ class ServePolicy:
     plat: PlattMap | None = None
     cutoff: float | str | None = None
     scale: float | None = None
+    prior: PositionPrior = PositionPrior()
 
     def __post_init__(self) -> None:
         if self.by not in BY:
@@ -104,10 +154,10 @@ class ServePolicy:
             ValidationError: a bad fusion or cutoff value; a cutoff the reranker has no map
                 for (the message says what to do).
         """
-        alpha = resolve_weight(fusion, getattr(reranker, "default_fusion", None))
+        alpha = None if by == "prior" else resolve_weight(fusion, getattr(reranker, "default_fusion", None))
         cut = resolve_cutoff(cutoff)
         plat = _map(reranker, method, alpha, by=by, required=cut is not None)
-        if alpha is not None:
+        if alpha is not None or by == "prior":
             spread: float | None = 1.0  # z-scores
         elif getattr(reranker, "score_scale", None) is None:
             spread = None
@@ -123,6 +173,8 @@ class ServePolicy:
                 are then taken to be in the given order, and their reciprocal ranks stand in).
             reranker: ``(N,)`` reranker scores.
         """
+        if self.by == "prior":
+            return self.prior.scores(reranker)
         if self.alpha is None:
             return [float(s) for s in reranker]
         first = reciprocal_ranks(len(reranker)) if self.by == "rank" else [float(s) for s in first_stage]
@@ -140,6 +192,13 @@ class ServePolicy:
         Returns:
             The :class:`Served` query.
         """
+        if self.by == "prior":
+            own = {h.doc_id: h for h in reranked.hits}
+            given = [own[h.doc_id] for h in first_stage.hits if h.doc_id in own]
+            given += [h for h in reranked.hits if h.doc_id not in {g.doc_id for g in given}]
+            ranking = Ranking.from_hits(reranked.query_id, (
+                replace(h, score=s) for h, s in zip(given, self.prior.scores([h.score for h in given]))))
+            return replace(self._calibrated(ranking, reranked), order_prior=self.prior.strength([h.score for h in given]))
         if self.alpha is None:
             ranking = reranked
         else:
@@ -164,6 +223,21 @@ class ServePolicy:
         return Served(Ranking(ranking.query_id, ranking.hits[:keep]), probabilities, threshold,
                       (far,) if far is not None else ())
 
+    def _calibrated(self, ranking: Ranking, own: Ranking) -> Served:
+        """``ranking`` served (the prior's order) with each document's probability from the
+        reranker's own scores and order (the ``"none"`` map): it does not depend on where the
+        document was sent. A cut-off keeps the documents at or above it, in served order."""
+        if self.plat is None:
+            return Served(ranking)
+        probs, threshold, _ = apply_cutoff(standardize_list([float(h.score) for h in own.hits]),
+                                           1.0 if self.cutoff is None else self.cutoff, self.plat)
+        probabilities = {h.doc_id: p for h, p in zip(own.hits, probs)}
+        if self.cutoff is None:
+            return Served(ranking, probabilities)
+        kept = tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold)
+        far = self.plat.extrapolation(len(own))
+        return Served(Ranking(ranking.query_id, kept), probabilities, threshold, (far,) if far is not None else ())
+
     def relevance(self, scores: Sequence[float]) -> list[float]:
         """Scores in [0, 1], each from its own served score: ``sigmoid(score / scale)``
         (0.5 at a served score of 0: the candidates' mean when fused, as much attention as the
@@ -172,6 +246,32 @@ class ServePolicy:
         if self.scale is None:
             return [float(s) for s in scores]
         return [_sigmoid(float(s) / self.scale) for s in scores]
+
+
+def share_identical(served: Served, key: Mapping[str, str]) -> Served:
+    """``served`` with documents of one ``key`` (their text) sharing one score and one
+    probability: each group's best, so identical texts sit together, in served order by
+    ``(-score, doc_id)``.
+
+    Args:
+        served: One query as served.
+        key: ``{doc_id: text}`` of the served documents.
+    """
+    best: dict[str, float] = {}
+    for h in served.ranking.hits:
+        k = key[h.doc_id]
+        best[k] = max(best.get(k, h.score), h.score)
+    if len(best) == len(served.ranking):
+        return served
+    ranking = Ranking.from_hits(served.ranking.query_id,
+                                (replace(h, score=best[key[h.doc_id]]) for h in served.ranking.hits))
+    probabilities = served.probabilities
+    if probabilities is not None:
+        top: dict[str, float] = {}
+        for d, p in probabilities.items():
+            top[key.get(d, d)] = max(top.get(key.get(d, d), p), p)
+        probabilities = {d: top[key.get(d, d)] for d in probabilities}
+    return Served(ranking, probabilities, served.threshold, served.warnings, served.order_prior)
 
 
 def _sigmoid(x: float) -> float:
@@ -194,7 +294,7 @@ def _map(reranker: Any, method: str, alpha: float | None, *, by: str, required: 
                                   "use the default configuration (blockrank-cached with its weights card), or top_k")
         return None
     try:
-        plat: PlattMap = calibration.map_for(alpha, by=by)
+        plat: PlattMap = calibration.map_for(alpha, by="score" if by == "prior" else by)
     except ValidationError:
         if required:
             raise

@@ -9,8 +9,9 @@ Cohere's clients: the same route answers at ``/v2/rerank`` (``cohere.ClientV2``)
 ``/v1/rerank`` (``cohere.Client``, the v1 request with ``return_documents`` and
 ``rank_fields``), the paths Cohere's SDK posts to, so the SDK and the LangChain and
 LlamaIndex Cohere rerankers can be pointed at this service with ``base_url``. Their
-required ``model`` (a Cohere id such as ``rerank-v3.5``) is accepted when the operator maps
-it to the served reranker (``HEEDRANK_MODEL_ALIASES``). ``relevance_score`` lies in [0, 1],
+required ``model`` is served by the service's one method whatever it names: the ids clients send
+(``rerank-v3.5``, ``rerank-english-v3.0``, ... :data:`heedrank.api.runtime.CLIENT_MODEL_IDS`)
+silently, any other id with a warning; ``meta.method`` and ``meta.model`` say what answered. ``relevance_score`` lies in [0, 1],
 where Cohere's does and where users set thresholds (:meth:`heedrank.serving.ServePolicy.relevance`); the
 reranker's own score is ``raw_score``.
 
@@ -22,7 +23,7 @@ deadline passes, or the queue is full) is answered in the given (first-stage) or
 Long documents are ranked on their beginning, as Cohere's endpoint does: each is first cut
 to :data:`CHARS_PER_TOKEN` characters per token of the budget (``max_tokens_per_doc``, at
 most the service's ``max_doc_tokens``), cheaply and generously, then the reranker's
-tokenizer cuts it to the budget. Cut documents are listed in ``meta.truncated`` and named
+tokenizer cuts it to the budget. Cut documents are counted in ``meta.truncated`` and named
 in ``meta.warnings``. Only the body size (``max_body_bytes``) bounds a document's length.
 """
 
@@ -36,8 +37,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from heedrank import registry
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
-from heedrank.api.runtime import Runtime, lm_name, resolve_model, served_model_ids
+from heedrank.api.runtime import Runtime, lm_name, resolve_model
 from heedrank.api.schemas import (
     ApiVersion,
     CohereRerankMeta,
@@ -51,7 +53,7 @@ from heedrank.api.schemas import (
 from heedrank.calibration import resolve_cutoff
 from heedrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
 from heedrank.pipeline import NO_RERANK
-from heedrank.serving import Served, ServePolicy
+from heedrank.serving import Served, ServePolicy, share_identical
 from heedrank.protocols import RerankResult
 from heedrank.settings import Settings
 from heedrank.types import Document, Query, Ranking, ScoredDoc
@@ -97,22 +99,20 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
 
     Raises:
         PayloadTooLargeError: too many documents.
-        ValidationError: unknown ``model``, unsupported ``rank_fields``.
+        ValidationError: unsupported ``rank_fields``.
         ModelLoadError: the service has no reranker.
     """
     if settings.rerank_method == NO_RERANK:
         raise ModelLoadError("this service has no reranker (HEEDRANK_RERANK_METHOD=none)")
-    if body.model is not None and resolve_model(settings, body.model) is None:
-        raise ValidationError(
-            f"model {body.model!r} is not served here; omit it or use one of {served_model_ids(settings)}, or map it "
-            f"to the served reranker with HEEDRANK_MODEL_ALIASES='{{\"{body.model}\": \"{settings.rerank_method}\"}}'"
-        )
+    warnings: list[str] = []
+    _, unknown = resolve_model(settings, body.model)
+    if unknown is not None:
+        warnings.append(unknown)
     if body.rank_fields is not None and body.rank_fields != ["text"]:
         raise ValidationError(f"rank_fields {body.rank_fields} is not supported; documents are ranked on 'text'")
     texts = body.texts()
     if len(texts) > settings.max_documents:
         raise PayloadTooLargeError(f"{len(texts)} documents is over the limit of {settings.max_documents} per request")
-    warnings: list[str] = []
     max_doc_tokens = None
     if body.max_tokens_per_doc is not None:
         if body.max_tokens_per_doc >= settings.max_doc_tokens:
@@ -205,11 +205,12 @@ async def rerank(
         timings = {"queue": 0.0, "rerank": 0.0, "total": total}
         tokens, truncated = 0, []
     else:
-        policy = ServePolicy.of(_served_reranker(runtime, settings, max_doc_tokens), fusion=body.fusion,
-                                cutoff=cutoff, by="rank", method=settings.rerank_method,
-                                scale=settings.rerank_score_scale)
+        prior = body.fusion == "default"  # (when omitted) the given order as a position prior (PositionPrior)
+        policy = ServePolicy.of(_served_reranker(runtime, settings, max_doc_tokens),
+                                fusion=None if prior else body.fusion, cutoff=cutoff, by="prior" if prior else "rank",
+                                method=settings.rerank_method, scale=settings.rerank_score_scale)
         given = Ranking("rerank", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(ids)))
-        served = policy.apply(given, result.ranking)
+        served = share_identical(policy.apply(given, result.ranking), dict(zip(ids, ranked_texts)))
         order = [(position[h.doc_id], float(h.score)) for h in served.ranking.hits]
         rerank_seconds = float(result.seconds)
         runtime.metrics.stage_seconds.labels("rerank").observe(rerank_seconds)
@@ -229,10 +230,12 @@ async def rerank(
     probs = served.probabilities if served is not None else None
     if body.top_n is not None:
         order = order[: body.top_n]
-    relevance = policy.relevance([score for _, score in order]) if result is not None else [s for _, s in order]
+    if probs is not None:  # one score: the calibrated probability, from the reranker's own scores
+        relevance = [probs[ids[i]] for i, _ in order]
+    else:
+        relevance = policy.relevance([score for _, score in order]) if result is not None else [s for _, s in order]
     results = [
         CohereRerankResult(index=i, relevance_score=rel,
-                           probability=probs[ids[i]] if probs is not None else None,
                            document=RerankedDocument(text=texts[i]) if body.return_documents else None)
         for (i, _), rel in zip(order, relevance)
     ]
@@ -240,13 +243,16 @@ async def rerank(
         api_version=ApiVersion(version="1" if request.url.path.endswith("/v1/rerank") else "2"),
         tokens=TokenCounts(input_tokens=tokens),
         warnings=warnings,
-        model=f"{lm_name(settings.model)}/{settings.rerank_method}",
-        method=settings.rerank_method,
+        model=f"{lm_name(settings.model)}/{registry.resolve_method(settings.rerank_method)}",
+        method=registry.resolve_method(settings.rerank_method),
         reranked=result is not None,
         deadline_exceeded=result is None,
-        truncated=truncated,
+        truncated=len(truncated),
+        doc_tokens=budget if result is not None else None,
         timings=timings,
-        score_scale=policy.scale,
+        score_scale=None if probs is not None else policy.scale,
+        calibrated=probs is not None,
+        order_prior=served.order_prior if served is not None else None,
         raw_scores=[raw.get(i, s) for i, s in order],
         fusion=policy.alpha,
         cutoff=served.threshold if served is not None else None,

@@ -7,7 +7,16 @@ import time
 from fastapi import APIRouter, Request
 
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
-from heedrank.api.schemas import ErrorBody, Evidence, Hit, RerankInfo, SearchRequest, SearchResponse, Timings
+from heedrank.api.schemas import (
+    ErrorBody,
+    Evidence,
+    Hit,
+    RerankInfo,
+    RerankRequest,
+    SearchRequest,
+    SearchResponse,
+    Timings,
+)
 from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
 from heedrank.settings import Settings
 from heedrank.types import Query
@@ -39,20 +48,21 @@ def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) 
         UnknownNameError: unknown retriever or rerank method.
         FilterError: an invalid metadata filter (422; the message names the clause).
     """
-    if body.rerank is None:
+    asked = RerankRequest() if body.rerank is True else body.rerank or None  # false / null: the first stage alone
+    if asked is None:
         method, candidates, rerank_options = NO_RERANK, settings.default_candidates, {}
     else:
-        method = body.rerank.method or settings.rerank_method
-        candidates = body.rerank.candidates or settings.default_candidates
-        rerank_options = body.rerank.reranker_options()
+        method = asked.method or settings.rerank_method
+        candidates = asked.candidates or settings.default_candidates
+        rerank_options = asked.reranker_options()
     retriever = body.retriever
     if retriever is None:
         retriever = settings.default_retriever if settings.default_retriever in pipeline.retrievers else "bm25"
     return pipeline.validate(SearchOptions(
         top_k=body.top_k, retriever=retriever, rerank=method, candidates=candidates, filter=body.filter,
         rerank_options=rerank_options or None, explain=body.explain, evidence_spans=settings.evidence_spans,
-        fusion=_fusion(body.rerank.fusion) if body.rerank is not None else None,
-        cutoff=body.rerank.cutoff if body.rerank is not None else None,
+        fusion=_fusion(asked.fusion) if asked is not None else None,
+        cutoff=asked.cutoff if asked is not None else None,
     ))
 
 
@@ -61,7 +71,8 @@ def _fusion(value: float | str | None) -> float | str | None:
     return None if value == "none" else value
 
 
-def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -> SearchResponse:
+def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
+                doc_tokens: int | None = None) -> SearchResponse:
     """The response body of a pipeline result."""
     rr = result.rerank
     evidence = rr.details.get("evidence") if rr is not None else None
@@ -86,7 +97,7 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
     ]
     info = None
     if rr is not None:
-        info = RerankInfo(method=method, candidates=len(rr.ranking), truncated=list(rr.truncated),
+        info = RerankInfo(method=method, candidates=len(rr.ranking), truncated=len(rr.truncated), doc_tokens=doc_tokens,
                           prompt_tokens=int(rr.prompt_tokens), warnings=list(getattr(rr, "warnings", ())),
                           cache=rr.details.get("cache"), fusion=result.fusion, cutoff=result.cutoff)
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},
@@ -119,4 +130,8 @@ async def search(
     runtime.metrics.observe_timings(result.timings)
     if result.rerank is not None:
         runtime.metrics.observe_block_cache(result.rerank.details.get("cache"))
-    return to_response(result, options.rerank, queue_seconds)
+    doc_tokens = None
+    if result.rerank is not None:  # built by the search: how much of each document it read
+        doc_tokens = getattr(getattr(pipeline.reranker(options.rerank, options.rerank_options), "config", None),
+                             "max_doc_tokens", None)
+    return to_response(result, options.rerank, queue_seconds, doc_tokens)

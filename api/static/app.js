@@ -183,7 +183,8 @@
       const methods = new Set((data.reranker && data.reranker.methods) || []);
       methods.add("none");
       const dflt = data.reranker ? data.reranker.method : "none";
-      $("method").replaceChildren(...[...methods].sort().map((m) => option(m, m, m === dflt)));
+      const label = (m) => (m === "none" ? "none (first stage only)" : m === dflt ? `${m} (the service's)` : m);
+      $("method").replaceChildren(...[...methods].sort().map((m) => option(m, label(m), m === dflt)));
       syncMethod();
     }
     const limits = data.limits || {};
@@ -241,6 +242,8 @@
       const cutoff = $("cutoff").value;
       if (cutoff) body.rerank.cutoff = cutoff === "auto" ? "auto" : parseFloat(cutoff);
       if ($("explain").checked && !$("explain").disabled) body.explain = true;
+    } else {
+      body.rerank = false;  // the service reranks unless asked not to
     }
     const filter = parseJsonObject($("filter").value, "the filter");
     if (filter !== null) body.filter = filter;
@@ -389,10 +392,11 @@
       add("method", rr.method);
       add("candidates", rr.candidates);
       if (rr.prompt_tokens !== undefined) add("prompt tokens", rr.prompt_tokens);
-      const trunc = Array.isArray(rr.truncated) ? rr.truncated : [];
-      add("truncated", trunc.length ? `${trunc.length}: ${trunc.join(", ")}` : "0");
+      const read = Number.isFinite(rr.doc_tokens) ? `the first ${rr.doc_tokens} tokens of each document` : "";
+      add("read", `${read}${read && rr.truncated ? `; ${rr.truncated} of ${rr.candidates} are longer` : ""}`
+        || `${rr.truncated || 0} truncated`);
       for (const [k, v] of Object.entries(rr)) {  // e.g. cache hits, when the service reports them
-        if (["method", "candidates", "prompt_tokens", "truncated", "warnings"].includes(k)) continue;
+        if (["method", "candidates", "prompt_tokens", "truncated", "doc_tokens", "warnings"].includes(k)) continue;
         if (v === null || v === undefined) continue;
         add(k.replace(/_/g, " "), jsonText(v));
       }

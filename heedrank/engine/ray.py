@@ -218,6 +218,7 @@ def search_record(pipeline: Pipeline, q: Query, options: SearchOptions) -> dict[
         },
         "rerank_seconds": float(r.timings.get("rerank", 0.0)),
         "fusion": r.fusion,
+        "missing": list(r.missing),
     }
 
 
@@ -514,7 +515,8 @@ class RayEngine:
             t_rerank = float(done["rerank_seconds"])
             timings = {"retrieve": row.retrieve_seconds, "hydrate": row.hydrate_seconds, "rerank": t_rerank,
                        "total": row.retrieve_seconds + row.hydrate_seconds + t_rerank}
-            results[seq] = SearchResult(q, final, row.ranking, timings, rr, done.get("fusion"))
+            results[seq] = SearchResult(q, final, row.ranking, timings, rr, done.get("fusion"),
+                                        missing=tuple(done.get("missing", ())))
             if record.get("describe") is not None:
                 info["describe"] = record["describe"]
             if record.get("load_seconds") is not None:
