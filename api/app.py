@@ -77,6 +77,30 @@ from heedrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+NOISY_LOGGERS = ("faiss", "faiss.loader", "httpx", "urllib3", "filelock", "datasets", "sentence_transformers",
+                 "transformers")
+"""Libraries whose INFO lines read like errors or repeat per request ("Could not load library with AVX512
+support", one line per HTTP call): shown from WARNING up."""
+
+
+class _HealthPolls(logging.Filter):
+    """Drops uvicorn's access-log lines of ``GET /health`` (a load balancer or the demo script
+    polls it once a second while the models load)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (len(args) >= 3 and str(args[2]).startswith("/health"))
+
+
+def quiet_library_logs() -> None:
+    """Library log noise filtered: :data:`NOISY_LOGGERS` from WARNING up, health polls out of the
+    access log. Idempotent."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _HealthPolls) for f in access.filters):
+        access.addFilter(_HealthPolls())
+
 _HTTP_ERROR_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
@@ -191,6 +215,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        quiet_library_logs()
         runtime = await anyio.to_thread.run_sync(Runtime.open, settings, pipeline, collections)
         runtime.start()
         app.state.runtime = runtime

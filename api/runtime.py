@@ -27,6 +27,9 @@ from heedrank.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+LOAD_PROGRESS_SECONDS = 10.0
+"""While the models load in the background, a log line says what is loading every this many seconds."""
+
 Status = Literal["loading", "ok", "failed"]
 
 
@@ -139,25 +142,39 @@ class Runtime:
 
     def _load(self, method: str) -> None:
         t0 = time.perf_counter()
-        if self.settings.torch_threads is not None:
-            import torch
+        stage = ["the query encoders"]
+        done = threading.Event()
 
-            torch.set_num_threads(self.settings.torch_threads)
-        self._warm_encoders()
+        def heartbeat() -> None:  # progress while the models load (a first load converts the LM: a minute or more)
+            while not done.wait(LOAD_PROGRESS_SECONDS):
+                logger.info("still loading (%s), %.0f s so far; /health says 'loading' until it is done",
+                            stage[0], time.perf_counter() - t0)
+
+        threading.Thread(target=heartbeat, name="heedrank-load-progress", daemon=True).start()
         try:
+            if self.settings.torch_threads is not None:
+                import torch
+
+                torch.set_num_threads(self.settings.torch_threads)
+            self._warm_encoders()
             logger.info("loading reranker %r", method)
+            stage[0] = f"reranker {method!r}: its LM and weights"
             reranker = self.rerankers.get(method)[0]  # type: ignore[union-attr]
             load = getattr(reranker, "load", None)
             if callable(load):
                 load()
+            stage[0] = "checking the document KV stores"
             self._check_block_stores(reranker)
             if self.settings.warmup:
+                stage[0] = "a warm-up reranking"
                 self._warm_up(reranker)
         except Exception as exc:
             logger.exception("loading reranker %r failed", method)
             self.error = f"loading reranker {method!r} failed: {exc}"
             self._set_status("failed")
             return
+        finally:
+            done.set()
         self.load_seconds = time.perf_counter() - t0
         logger.info("reranker %r ready in %.1f s", method, self.load_seconds)
         self._set_status("ok")

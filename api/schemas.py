@@ -136,9 +136,10 @@ class SearchRequest(BaseModel):
     retriever: Text | None = Field(
         None, description="First-stage retriever: bm25, dense or hybrid (as indexed); default: the service's "
         "(HEEDRANK_DEFAULT_RETRIEVER, bm25 unless set; bm25 where the collection has no dense index).")
-    rerank: RerankRequest | StrictBool | None = Field(
-        True, description="Reranking: omitted, true or {} = rerank with the service's default method and options "
-        "(an object sets some); false or null = the first stage alone.",
+    rerank: RerankRequest | None = Field(
+        default_factory=lambda: RerankRequest(),
+        description="Reranking: omitted, true or {} = rerank with the service's default method and options (an "
+        "object sets some); false or null = the first stage alone.",
     )
     collection: Text | None = Field(
         None, description="Collection searched (see GET /info); default: the service's default collection."
@@ -157,6 +158,16 @@ class SearchRequest(BaseModel):
         examples=[{"must": [{"key": "year", "range": {"gte": 2015}}],
                    "must_not": [{"key": "tags", "match": {"any": ["retracted"]}}]}],
     )
+
+    @field_validator("rerank", mode="before")
+    @classmethod
+    def _rerank_flag(cls, value: Any) -> Any:
+        """``true`` = ``{}`` (the service's defaults), ``false`` = ``null`` (no reranking)."""
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        return value
 
     @field_validator("query")
     @classmethod

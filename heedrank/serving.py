@@ -117,7 +117,9 @@ class ServePolicy:
         cutoff: ``None`` (no cut-off), ``"auto"`` (the map's dev-chosen threshold) or a
             probability.
         scale: Spread of the served scores for :meth:`relevance` (``sigmoid(score / scale)``),
-            or ``None`` when they are probabilities already.
+            or ``None`` when they are probabilities already. With ``by="prior"``: the reranker's
+            own ``score_scale``, for its own scores (not the prior's served scores, so that a
+            document's relevance does not depend on where it was sent).
         prior: The position prior of ``by="prior"`` (``alpha`` is then ``None``).
     """
 
@@ -157,7 +159,7 @@ class ServePolicy:
         alpha = None if by == "prior" else resolve_weight(fusion, getattr(reranker, "default_fusion", None))
         cut = resolve_cutoff(cutoff)
         plat = _map(reranker, method, alpha, by=by, required=cut is not None)
-        if alpha is not None or by == "prior":
+        if alpha is not None:
             spread: float | None = 1.0  # z-scores
         elif getattr(reranker, "score_scale", None) is None:
             spread = None

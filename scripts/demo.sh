@@ -31,7 +31,7 @@ cat <<MSG
 heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Try:
 
   curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
-    -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "rerank": {}, "explain": true}'
+    -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "explain": true}'
   curl -s http://127.0.0.1:$PORT/documents -H 'Content-Type: application/json' \\
     -d '{"documents": [{"id": "my-note-1", "title": "Note", "text": "Vitamin D3 with calcium lowered hip fractures.", "metadata": {"year": 2026}}]}'
   curl -s http://127.0.0.1:$PORT/documents/my-note-1

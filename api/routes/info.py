@@ -101,6 +101,21 @@ def registry_config(settings: Settings) -> Any:
     return RerankerConfig(method="default", model=settings.model)
 
 
+def without_paths(value: Any) -> Any:
+    """``value`` (JSON-like) with every absolute filesystem path replaced by its last part:
+    ``/info`` names files (a model directory, an index, a weights card) without showing where the
+    server keeps them."""
+    import os
+
+    if isinstance(value, dict):
+        return {k: without_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_paths(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return os.path.basename(value.rstrip("/")) or value
+    return value
+
+
 def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
     model = None
     methods = sorted(set(registry.reranker_names()) | set(registry.reranker_aliases()) | {settings.rerank_method})
@@ -110,7 +125,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
         built = runtime.rerankers.loaded()
         loaded = built.get(served)
         if loaded is not None:  # describe() of a built reranker; never loads a model here
-            model = jsonable(dict(loaded.describe()))
+            model = without_paths(jsonable(dict(loaded.describe())))
         limits = method_limits(built, settings, methods)
     return InfoResponse(
         version=__version__,
@@ -131,7 +146,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
             limits=limits,
         ),
         default_collection=settings.default_collection,
-        collections=jsonable(runtime.describe()),
+        collections=without_paths(jsonable(runtime.describe())),
         limits={
             "max_top_k": settings.max_top_k,
             "max_candidates": settings.max_candidates,

@@ -232,8 +232,15 @@ async def rerank(
         order = order[: body.top_n]
     if probs is not None:  # one score: the calibrated probability, from the reranker's own scores
         relevance = [probs[ids[i]] for i, _ in order]
+    elif result is None:
+        relevance = [s for _, s in order]
+    elif policy.by == "prior":  # as without the prior: the reranker's own score (identical texts: their best)
+        own: dict[str, float] = {}
+        for i, r in raw.items():
+            own[ranked_texts[i]] = max(own.get(ranked_texts[i], r), r)
+        relevance = policy.relevance([own[ranked_texts[i]] for i, _ in order])
     else:
-        relevance = policy.relevance([score for _, score in order]) if result is not None else [s for _, s in order]
+        relevance = policy.relevance([score for _, score in order])
     results = [
         CohereRerankResult(index=i, relevance_score=rel,
                            document=RerankedDocument(text=texts[i]) if body.return_documents else None)

@@ -12,7 +12,6 @@ from heedrank.api.schemas import (
     Evidence,
     Hit,
     RerankInfo,
-    RerankRequest,
     SearchRequest,
     SearchResponse,
     Timings,
@@ -48,7 +47,7 @@ def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) 
         UnknownNameError: unknown retriever or rerank method.
         FilterError: an invalid metadata filter (422; the message names the clause).
     """
-    asked = RerankRequest() if body.rerank is True else body.rerank or None  # false / null: the first stage alone
+    asked = body.rerank  # None: false or null, the first stage alone
     if asked is None:
         method, candidates, rerank_options = NO_RERANK, settings.default_candidates, {}
     else:

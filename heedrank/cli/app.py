@@ -92,7 +92,7 @@ def _main(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "sentence_transformers", "transformers"):
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "sentence_transformers", "transformers", "faiss"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -258,6 +258,10 @@ def test_cohere_sdk_v2_client(cohere_server):
     assert raw == pytest.approx([1.4 - len(TEXTS[i]) / 25 for i in ORDER[:4]])
     assert min(raw) < 0 < max(raw)  # raw scores outside [0, 1] ...
     assert res.meta.api_version.version == "2"
+    assert not res.meta.warnings  # an aliased id: no warning
+    # the default fusion is the position prior; uncalibrated: relevance_score from the raw score and its scale
+    assert res.meta.model_extra["calibrated"] is False and res.meta.model_extra["score_scale"] == SCORE_SCALES["icr"]
+    assert "order_prior" in res.meta.model_extra and res.meta.model_extra.get("fusion") is None
 
 
 def test_cohere_sdk_v1_client(cohere_server):
@@ -275,10 +279,18 @@ def test_cohere_sdk_errors_are_its_own(cohere_server):
     import cohere
     from cohere.core.api_error import ApiError
 
+    co = cohere.ClientV2(api_key="co-key", base_url=cohere_server)
+    # every model id is served now: the ids clients send silently, any other one with a warning
+    res = co.rerank(model="rerank-english-v2.0", query="apples", documents=TEXTS)
+    assert [r.index for r in res.results] == ORDER and not res.meta.warnings
+    res = co.rerank(model="my-own-reranker", query="apples", documents=TEXTS)
+    assert [r.index for r in res.results] == ORDER
+    assert any("'my-own-reranker' is not a model id of this service" in w for w in res.meta.warnings)
+    assert res.meta.model_extra["method"] == "unbounded"
     with pytest.raises(ApiError) as err:
         cohere.ClientV2(api_key="co-key", base_url=cohere_server).rerank(
-            model="rerank-english-v2.0", query="apples", documents=TEXTS)
-    assert err.value.status_code == 422 and "HEEDRANK_MODEL_ALIASES" in err.value.body["error"]
+            model="rerank-v3.5", query="apples", documents=TEXTS, top_n=0)
+    assert err.value.status_code == 422 and "top_n" in err.value.body["error"]
     with pytest.raises(ApiError) as err:
         cohere.ClientV2(api_key="wrong", base_url=cohere_server).rerank(
             model="rerank-v3.5", query="apples", documents=TEXTS)

@@ -21,7 +21,7 @@ def _check_ranking(body: dict, k: int) -> list[str]:
 
 @pytest.mark.parametrize("k", [1, 3, 10])
 def test_first_stage_only(client, k):
-    r = client.post("/search", json={"query": "red apples", "top_k": k})
+    r = client.post("/search", json={"query": "red apples", "top_k": k, "rerank": False})
     assert r.status_code == 200, r.text
     body = r.json()
     ids = _check_ranking(body, k)
@@ -47,8 +47,8 @@ def test_top_k_larger_than_corpus_returns_all(client):
     _check_ranking(r.json(), len(DOCS))
 
 
-def test_rerank_reorders_the_candidates(client):
-    base = client.post("/search", json={"query": "apples orchards", "top_k": 6}).json()
+def test_rerank_reorders_the_candidates(client, pipeline):
+    base = client.post("/search", json={"query": "apples orchards", "top_k": 6, "rerank": False}).json()
     r = client.post("/search", json={"query": "apples orchards", "top_k": 6, "rerank": {"method": "fake", "candidates": 4}})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -62,9 +62,29 @@ def test_rerank_reorders_the_candidates(client):
     info = body["rerank"]
     assert info["method"] == "fake"
     assert info["candidates"] == 4
-    assert set(info["truncated"]) == {i for i in ids[:4] if lengths[i] > 60}
+    assert info["truncated"] == len([i for i in ids[:4] if lengths[i] > 60])  # a count, no longer the ids
+    # the budget the reranker read: its config's (the fake's base config leaves it to the method: None)
+    assert info["doc_tokens"] == pipeline.reranker("fake").config.max_doc_tokens
     assert info["prompt_tokens"] > 0
     assert body["timings"]["total"] >= body["timings"]["rerank"] >= 0.0
+
+
+def test_rerank_info_names_the_token_budget_the_reranker_read(settings, fake_reranker):
+    from fastapi.testclient import TestClient
+
+    from api_fakes import make_pipeline
+    from heedrank.api.app import create_app
+    from heedrank.config import RerankerConfig
+    from heedrank.pipeline import reranker_factory
+
+    pipeline = make_pipeline(factory=reranker_factory(RerankerConfig(max_doc_tokens=12)))
+    with TestClient(create_app(settings, pipeline=pipeline)) as c:
+        assert c.app.state.runtime.wait_ready(10)
+        body = c.post("/search", json={"query": "apples orchards", "top_k": 6}).json()
+    info = body["rerank"]
+    assert info["doc_tokens"] == 12
+    lengths = {d.doc_id: len(d.content) for d in DOCS}
+    assert info["truncated"] == sum(lengths[h["doc_id"]] > 60 for h in body["results"][:info["candidates"]])
 
 
 def test_rerank_defaults_from_settings(client, settings):
@@ -77,9 +97,28 @@ def test_rerank_defaults_from_settings(client, settings):
 
 def test_rerank_none_is_first_stage(client):
     a = client.post("/search", json={"query": "apples", "rerank": {"method": "none"}}).json()
-    b = client.post("/search", json={"query": "apples"}).json()
-    assert a["rerank"] is None
-    assert [h["doc_id"] for h in a["results"]] == [h["doc_id"] for h in b["results"]]
+    b = client.post("/search", json={"query": "apples", "rerank": False}).json()
+    c = client.post("/search", json={"query": "apples", "rerank": None}).json()
+    assert a["rerank"] is None and b["rerank"] is None and c["rerank"] is None
+    assert [h["doc_id"] for h in a["results"]] == [h["doc_id"] for h in b["results"]] == [
+        h["doc_id"] for h in c["results"]]
+
+
+@pytest.mark.parametrize("rerank", ["omitted", True, {}])
+def test_rerank_omitted_true_or_empty_reranks_with_the_service_defaults(client, settings, rerank):
+    payload = {"query": "apples orchards", "top_k": 6}
+    if rerank != "omitted":
+        payload["rerank"] = rerank
+    r = client.post("/search", json=payload)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    info = body["rerank"]
+    assert info is not None and info["method"] == settings.rerank_method == "fake"
+    assert info["candidates"] == min(settings.default_candidates, len(DOCS))
+    assert isinstance(info["truncated"], int)
+    first = client.post("/search", json={"query": "apples orchards", "top_k": 6, "rerank": False}).json()
+    assert first["rerank"] is None
+    assert [h["doc_id"] for h in body["results"]] != [h["doc_id"] for h in first["results"]]
 
 
 def test_pipeline_runs_off_the_event_loop(client, pipeline):
@@ -112,7 +151,9 @@ def test_explain_returns_evidence_of_reranked_hits(client):
 @pytest.mark.parametrize(
     ("payload", "needle"),
     [
-        ({"query": "apples", "explain": True}, "explain needs reranking"),
+        ({"query": "apples", "explain": True, "rerank": False}, "explain needs reranking"),
+        ({"query": "apples", "explain": True, "rerank": None}, "explain needs reranking"),
+        ({"query": "apples", "explain": True}, "explain is not supported by the 'fake'"),  # omitted: reranks
         ({"query": "apples", "explain": True, "rerank": {"method": "fake"}}, "explain is not supported by the 'fake'"),
         ({"query": "apples", "rerank": {"method": "fake", "heads": "qr"}}, "options of the icr and blockrank rerankers"),
         ({"query": "apples", "rerank": {"method": "fake", "reattn": True}}, "options of the icr and blockrank rerankers"),

@@ -142,13 +142,15 @@ def test_full_queue_answers_429_quickly_and_admitted_requests_complete(settings,
             assert "queue is full" in _error(r, 429, "overloaded")
             assert int(r.headers["retry-after"]) >= 1
             _error(client.post("/rerank", json={"query": "a", "documents": ["x"]}), 429, "overloaded")
-            # first-stage-only searches use their own pool and still answer
-            assert client.post("/search", json={"query": "apples"}).status_code == 200
+            # first-stage-only searches ("rerank": false) use their own pool and still answer
+            assert client.post("/search", json={"query": "apples", "rerank": False}).status_code == 200
+            # a search without "rerank" reranks (the service's method): it waits in the full rerank pool
+            _error(client.post("/search", json={"query": "apples"}), 429, "overloaded")
             SlowReranker.gate.set()
             assert [f.result(timeout=30).status_code for f in admitted] == [200, 200, 200]
         metrics = client.get("/metrics").text
-        assert 'heedrank_requests_total{method="POST",route="/search",status="429"} 1.0' in metrics
-        assert 'heedrank_rejected_total{pool="rerank",reason="overloaded"} 2.0' in metrics
+        assert 'heedrank_requests_total{method="POST",route="/search",status="429"} 2.0' in metrics
+        assert 'heedrank_rejected_total{pool="rerank",reason="overloaded"} 3.0' in metrics
 
 
 def test_many_concurrent_clients_get_200_or_429_never_5xx(settings, pipeline):
@@ -178,7 +180,7 @@ def test_info(client, settings):
 
 
 def test_metrics(client):
-    client.post("/search", json={"query": "apples"})
+    client.post("/search", json={"query": "apples", "rerank": False})  # the first stage alone: the search pool
     client.post("/search", json={"query": "apples", "rerank": {"method": "fake"}})
     client.post("/search", json={"query": ""})
     r = client.get("/metrics")
@@ -203,9 +205,13 @@ def test_collections(settings, fake_reranker):
     other.docstore = InMemoryDocStore(other_docs)
     with TestClient(create_app(settings, pipeline=default, collections={"zoo": other})) as client:
         assert client.app.state.runtime.wait_ready(10)
-        r = client.post("/search", json={"query": "zebras", "collection": "zoo", "top_k": 2})
+        r = client.post("/search", json={"query": "zebras", "collection": "zoo", "top_k": 2, "rerank": False})
         assert r.status_code == 200, r.text
         assert [h["doc_id"] for h in r.json()["results"]] == ["x1", "x2"]
+        r = client.post("/search", json={"query": "zebras", "collection": "zoo", "top_k": 2})  # reranked by default
+        assert r.status_code == 200, r.text
+        assert [h["doc_id"] for h in r.json()["results"]] == ["x2", "x1"]  # the fake: shorter first
+        assert r.json()["rerank"]["method"] == "fake" and r.json()["rerank"]["candidates"] == 2
         r = client.post("/search", json={"query": "zebras", "top_k": 2})
         assert {h["doc_id"] for h in r.json()["results"]} <= {d.doc_id for d in DOCS}
         msg = _error(client.post("/search", json={"query": "a", "collection": "nope"}), 404, "not_found")

@@ -12,8 +12,6 @@ import pytest
 from heedrank.api.app import create_app
 from live_server import serve
 
-pytestmark = pytest.mark.slow
-
 CASES = [
     ("What is the boiling point of water at sea level?",
      "At sea level, pure water boils at 100 degrees Celsius, which is 212 degrees Fahrenheit."),

@@ -27,7 +27,10 @@ CASES = [
     ({"rerank": {"method": "nope"}}, SearchOptions(rerank="nope", candidates=4), "unknown rerank method 'nope'"),
     ({"filter": BAD_FILTER}, SearchOptions(filter=BAD_FILTER), "filter.must[0].range: unknown operator 'between'"),
     ({"filter": {"must": "x"}}, SearchOptions(filter={"must": "x"}), "filter.must: expected a list of conditions"),
-    ({"explain": True}, SearchOptions(explain=True), "explain needs reranking"),
+    ({"explain": True, "rerank": False}, SearchOptions(explain=True), "explain needs reranking"),
+    # omitted "rerank": the service's method (the fake) with its default candidates
+    ({"explain": True}, SearchOptions(rerank="fake", candidates=4, explain=True),
+     "explain is not supported by the 'fake'"),
     ({"rerank": {"method": "fake", "heads": "qr"}},
      SearchOptions(rerank="fake", candidates=4, rerank_options={"heads": "qr"}),
      "options of the icr and blockrank rerankers"),

@@ -278,9 +278,13 @@ def test_results_highlight_the_evidence_spans_at_the_api_offsets(page, ui, tmp_p
     expect(page.locator("#timing-bar > span")).to_have_count(4)
     expect(page.locator('#rerank-info dd[data-key="method"]')).to_have_text("spans")
     expect(page.locator('#rerank-info dd[data-key="candidates"]')).to_have_text(str(api["rerank"]["candidates"]))
-    truncated = api["rerank"]["truncated"]
-    assert truncated, "the fake reports long documents as truncated"
-    expect(page.locator('#rerank-info dd[data-key="truncated"]')).to_contain_text(", ".join(truncated))
+    truncated, doc_tokens = api["rerank"]["truncated"], api["rerank"]["doc_tokens"]
+    assert truncated > 0, "the fake reports long documents as truncated (a count)"
+    assert doc_tokens == 160  # the service's budget for a method without its own
+    expect(page.locator('#rerank-info dd[data-key="read"]')).to_have_text(
+        f"the first {doc_tokens} tokens of each document; {truncated} of {api['rerank']['candidates']} are longer")
+    expect(page.locator('#rerank-info dd[data-key="truncated"]')).to_have_count(0)  # no list of ids any more
+    expect(page.locator('#rerank-info dd[data-key="doc tokens"]')).to_have_count(0)
     expect(page.locator("#status")).to_contain_text(f"{len(hits)} results for “apples orchard”")
 
     page.locator("#results").scroll_into_view_if_needed()
@@ -470,10 +474,16 @@ def test_the_cutoff_is_sent_and_its_probabilities_shown(page, ui):
     expect(page.locator("#status")).to_contain_text("cut off at P(relevant) ≥ 0.12")
     expect(page.locator('#rerank-info dd[data-key="cutoff"]')).to_have_text("0.12")
     page.unroute("**/search")
+    # the Reranker select names the first stage alone and the service's method
+    labels = dict(page.locator("#method option").evaluate_all("els => els.map(e => [e.value, e.textContent])"))
+    assert labels["none"] == "none (first stage only)" and labels["spans"] == "spans (the service's)"
     page.select_option("#method", "none")
     expect(page.locator("#cutoff")).to_be_disabled()
     sent = _search(page, "apples")
-    assert "rerank" not in sent
+    assert sent["rerank"] is False  # the service reranks unless asked not to
+    expect(page.locator('#rerank-info dd[data-key="method"]')).to_have_text("none (first-stage order)")
+    api = ui.http.post("/search", json=sent).json()
+    assert api["rerank"] is None and _shown_ids(page) == [h["doc_id"] for h in api["results"]]
 
 
 def test_keyboard_only_in_a_narrow_window(ui):

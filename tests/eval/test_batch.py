@@ -201,3 +201,20 @@ def test_cli_command(inputs, tmp_path, monkeypatch):
     assert json.loads(again.output[again.output.index("{"):])["skipped"] == 4
     bad = CliRunner().invoke(app, [*args[:-2], "4", "--no-progress"])
     assert bad.exit_code == 2 and "other parameters" in bad.output
+
+
+def test_the_summary_counts_documents_missing_from_the_store(inputs, tmp_path):
+    """A first-stage hit whose document the store lacks is neither reranked nor written, and the
+    summary (and the progress line) names it per query."""
+    topics, run, docs = inputs
+    first = sorted(QIDS)[0]
+    with open(run, "a") as f:
+        f.write(f"{first} Q0 ghost-1 2 9.5 bm25\n{first} Q0 ghost-2 9 0.5 bm25\n")
+    out = tmp_path / "out.trec"
+    summary = _batch(inputs, out, HashReranker(), candidates=5)
+    assert summary.missing_documents == {first: ["ghost-1", "ghost-2"]}
+    assert summary.to_dict()["missing_documents"] == {first: ["ghost-1", "ghost-2"]}
+    assert "ghost" not in out.read_text()
+    progress = [json.loads(x) for x in out.with_name("out.trec.progress").read_text().splitlines()[1:]]
+    assert [p.get("missing") for p in progress if p["qid"] == first] == [["ghost-1", "ghost-2"]]
+    assert all("missing" not in p for p in progress if p["qid"] != first)

@@ -225,7 +225,9 @@ def test_api_rerank_model_default(default_client, fake_default):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["meta"]["reranked"] is True and sorted(x["index"] for x in body["results"]) == list(range(5))
-    assert body["meta"]["method"] == DEFAULT
+    # meta names the registry method that answered: ``default`` resolves to blockrank-cached
+    assert body["meta"]["method"] == "blockrank-cached"
+    assert body["meta"]["model"].endswith("/blockrank-cached") and body["meta"]["warnings"] == []
     assert fake_default.built == ["blockrank-cached"]  # the preloaded reranker answered
     # the fake ranks shorter documents first (its raw scores are 1 / len)
     assert [x["index"] for x in body["results"]] == sorted(range(5), key=lambda i: (len(texts[i]), i))

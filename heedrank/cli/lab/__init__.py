@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typer
 
-from heedrank.cli.lab import heads, study, sweep, train
+from heedrank.cli.lab import heads, prior, study, sweep, train
 
 app = typer.Typer(help="Research and model building, apart from the product commands: the cached-BlockRank "
                   "feature study (dump, fit, calibrate), BlockRank's scoring layer (layer-sweep), ICR's "
@@ -26,5 +26,6 @@ app.command("fit")(study.lab_fit)
 app.command("calibrate")(study.lab_calibrate)
 app.command("layer-sweep")(sweep.lab_layer_sweep)
 app.command("ablation")(heads.lab_ablation)
+app.command("order-prior")(prior.lab_order_prior)
 app.add_typer(heads.app, name="heads")
 app.add_typer(train.app, name="train")
