@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -83,26 +82,20 @@ def test_command_line_names_the_run() -> None:
     assert line == "heedrank lab fit --train a.npz --train b.npz --dev d.npz --temperature 1 --write"
 
 
-def _dump(path: Path, n_queries: int, seed: int, n: int = 12, L: int = 4, H: int = 3) -> Path:
-    """A synthetic feature dump: head 1 of layer 2 carries relevance, the first stage a weaker signal."""
-    from heedrank.eval.study import QueryItem, save_items
+def _dump(path: Path, n_queries: int, seed: int) -> Path:
+    """A synthetic feature dump (tests/eval/test_study.py's items): head 1 of layer 2 carries
+    relevance, the first stage a weaker signal."""
+    import sys
 
-    rng = np.random.default_rng(seed)
-    items, qrels = [], {}
-    for q in range(n_queries):
-        labels = np.zeros(n, dtype=np.int64)
-        labels[rng.choice(n, size=2, replace=False)] = 1
-        cal = rng.normal(size=(n, L, H)).astype(np.float32)
-        cal[:, 2, 1] += 3.0 * labels
-        first = rng.normal(size=n) + 0.5 * labels
-        order = np.argsort(-first, kind="stable")
-        qid = f"q{seed}-{q}"
-        ids = [f"{qid}-d{i}" for i in range(n)]
-        items.append(QueryItem(qid, [ids[i] for i in order], first[order], labels[order], {
-            "calibrated": cal[order], "raw": cal[order], "signal": rng.normal(size=(n, H)).astype(np.float32)[order],
-            "masked": cal[order].sum(axis=(1, 2))}))
-        qrels[qid] = {ids[i]: int(labels[i]) for i in range(n) if labels[i]}
-    save_items(path, items, {"qrels": qrels, "layer": L - 1, "max_doc_tokens": 16})
+    from heedrank.eval.study import save_items
+
+    folder = str(Path(__file__).resolve().parents[1] / "eval")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    from test_study import _items
+
+    items, qrels = _items(n_queries, seed)
+    save_items(path, items, {"qrels": qrels, "layer": 3, "max_doc_tokens": 16})
     return path
 
 
