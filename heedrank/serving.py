@@ -197,7 +197,8 @@ class ServePolicy:
         if self.by == "prior":
             own = {h.doc_id: h for h in reranked.hits}
             given = [own[h.doc_id] for h in first_stage.hits if h.doc_id in own]
-            given += [h for h in reranked.hits if h.doc_id not in {g.doc_id for g in given}]
+            placed = {g.doc_id for g in given}
+            given += [h for h in reranked.hits if h.doc_id not in placed]  # not in the given list: last
             ranking = Ranking.from_hits(reranked.query_id, (
                 replace(h, score=s) for h, s in zip(given, self.prior.scores([h.score for h in given]))))
             return replace(self._calibrated(ranking, reranked), order_prior=self.prior.strength([h.score for h in given]))
