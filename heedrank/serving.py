@@ -97,6 +97,9 @@ class Served:
         warnings: What the caller should pass on (a calibration that extrapolates).
         order_prior: With ``by="prior"``: the strength the given order got
             (:meth:`PositionPrior.strength`, 0 = none); else ``None``.
+        relevance: ``{doc_id: score in [0, 1]}`` of every reranked candidate, the one score a
+            user reads: the probability when there is a calibration, else :meth:`ServePolicy.relevance`
+            of the reranker's own scores (with the prior) or of the served scores.
     """
 
     ranking: Ranking
@@ -104,6 +107,7 @@ class Served:
     threshold: float | None = None
     warnings: tuple[str, ...] = ()
     order_prior: float | None = None
+    relevance: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -194,16 +198,20 @@ class ServePolicy:
         Returns:
             The :class:`Served` query.
         """
+        strength = None
         if self.by == "prior":
             own = {h.doc_id: h for h in reranked.hits}
             given = [own[h.doc_id] for h in first_stage.hits if h.doc_id in own]
             placed = {g.doc_id for g in given}
             given += [h for h in reranked.hits if h.doc_id not in placed]  # not in the given list: last
+            values = [float(h.score) for h in given]
+            strength = self.prior.strength(values)
             ranking = Ranking.from_hits(reranked.query_id, (
-                replace(h, score=s) for h, s in zip(given, self.prior.scores([h.score for h in given]))))
-            return replace(self._calibrated(ranking, reranked), order_prior=self.prior.strength([h.score for h in given]))
-        if self.alpha is None:
-            ranking = reranked
+                replace(h, score=s) for h, s in zip(given, self.prior.scores(values))))
+            scored = reranked  # probability and relevance read the reranker's own scores and order:
+            # they do not depend on where a document was sent
+        elif self.alpha is None:
+            ranking = scored = reranked
         else:
             ids = {h.doc_id for h in reranked.hits}
             present = [h for h in first_stage.hits if h.doc_id in ids]
@@ -211,35 +219,22 @@ class ServePolicy:
             z_first = dict(zip((h.doc_id for h in present), standardize_list(values)))
             low = min(z_first.values(), default=0.0)
             z_reranker = standardize_list([float(h.score) for h in reranked.hits])
-            ranking = Ranking.from_hits(reranked.query_id, (
+            ranking = scored = Ranking.from_hits(reranked.query_id, (
                 replace(h, score=float(combine(z_first.get(h.doc_id, low), z, self.alpha)))
                 for h, z in zip(reranked.hits, z_reranker)))
+        scores = [float(h.score) for h in scored.hits]
         if self.plat is None:
-            return Served(ranking)
-        scores = [float(h.score) for h in ranking.hits]
-        probs, threshold, keep = apply_cutoff(standardize_list(scores) if self.alpha is None else scores,
-                                              1.0 if self.cutoff is None else self.cutoff, self.plat)
-        probabilities = {h.doc_id: p for h, p in zip(ranking.hits, probs)}
-        if self.cutoff is None:
-            return Served(ranking, probabilities)
-        far = self.plat.extrapolation(len(scores))
-        return Served(Ranking(ranking.query_id, ranking.hits[:keep]), probabilities, threshold,
-                      (far,) if far is not None else ())
-
-    def _calibrated(self, ranking: Ranking, own: Ranking) -> Served:
-        """``ranking`` served (the prior's order) with each document's probability from the
-        reranker's own scores and order (the ``"none"`` map): it does not depend on where the
-        document was sent. A cut-off keeps the documents at or above it, in served order."""
-        if self.plat is None:
-            return Served(ranking)
-        probs, threshold, _ = apply_cutoff(standardize_list([float(h.score) for h in own.hits]),
+            relevance = dict(zip(scored.doc_ids, self.relevance(scores)))
+            return Served(ranking, order_prior=strength, relevance=relevance)
+        probs, threshold, _ = apply_cutoff(standardize_list(scores) if self.alpha is None else scores,
                                            1.0 if self.cutoff is None else self.cutoff, self.plat)
-        probabilities = {h.doc_id: p for h, p in zip(own.hits, probs)}
+        probabilities = dict(zip(scored.doc_ids, probs))
         if self.cutoff is None:
-            return Served(ranking, probabilities)
-        kept = tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold)
-        far = self.plat.extrapolation(len(own))
-        return Served(Ranking(ranking.query_id, kept), probabilities, threshold, (far,) if far is not None else ())
+            return Served(ranking, probabilities, order_prior=strength, relevance=probabilities)
+        # the documents at or above the threshold, in served order (a prefix unless the prior reordered)
+        kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
+        far = self.plat.extrapolation(len(scores))
+        return Served(kept, probabilities, threshold, (far,) if far is not None else (), strength, probabilities)
 
     def relevance(self, scores: Sequence[float]) -> list[float]:
         """Scores in [0, 1], each from its own served score: ``sigmoid(score / scale)``
@@ -268,13 +263,18 @@ def share_identical(served: Served, key: Mapping[str, str]) -> Served:
         return served
     ranking = Ranking.from_hits(served.ranking.query_id,
                                 (replace(h, score=best[key[h.doc_id]]) for h in served.ranking.hits))
-    probabilities = served.probabilities
-    if probabilities is not None:
-        top: dict[str, float] = {}
-        for d, p in probabilities.items():
-            top[key.get(d, d)] = max(top.get(key.get(d, d), p), p)
-        probabilities = {d: top[key.get(d, d)] for d in probabilities}
-    return Served(ranking, probabilities, served.threshold, served.warnings, served.order_prior)
+    return Served(ranking, _group_best(served.probabilities, key), served.threshold, served.warnings,
+                  served.order_prior, _group_best(served.relevance, key))
+
+
+def _group_best(values: dict[str, float] | None, key: Mapping[str, str]) -> dict[str, float] | None:
+    """Each document's value replaced by the best of its ``key`` group (``None`` stays ``None``)."""
+    if values is None:
+        return None
+    best: dict[str, float] = {}
+    for d, v in values.items():
+        best[key.get(d, d)] = max(best.get(key.get(d, d), v), v)
+    return {d: best[key.get(d, d)] for d in values}
 
 
 def _sigmoid(x: float) -> float:

@@ -230,17 +230,10 @@ async def rerank(
     probs = served.probabilities if served is not None else None
     if body.top_n is not None:
         order = order[: body.top_n]
-    if probs is not None:  # one score: the calibrated probability, from the reranker's own scores
-        relevance = [probs[ids[i]] for i, _ in order]
-    elif result is None:
+    if served is not None and served.relevance is not None:  # the one score (ServePolicy.apply)
+        relevance = [served.relevance[ids[i]] for i, _ in order]
+    else:  # the deadline stopped the reranking: 1 / (1 + position)
         relevance = [s for _, s in order]
-    elif policy.by == "prior":  # as without the prior: the reranker's own score (identical texts: their best)
-        own: dict[str, float] = {}
-        for i, r in raw.items():
-            own[ranked_texts[i]] = max(own.get(ranked_texts[i], r), r)
-        relevance = policy.relevance([own[ranked_texts[i]] for i, _ in order])
-    else:
-        relevance = policy.relevance([score for _, score in order])
     results = [
         CohereRerankResult(index=i, relevance_score=rel,
                            document=RerankedDocument(text=texts[i]) if body.return_documents else None)
