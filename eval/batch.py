@@ -42,7 +42,7 @@ from heedrank.config import RerankerConfig, SearchLimits
 from heedrank.engine import Engine, LocalEngine
 from heedrank.files import file_sha256, fsync_dir
 from heedrank.errors import ContextOverflowError, MissingDependencyError, ModelLoadError, ValidationError
-from heedrank.pipeline import NO_RERANK, Pipeline, RerankerFactory, SearchOptions, merge_reranked, reranker_factory
+from heedrank.pipeline import NO_RERANK, Pipeline, RerankerFactory, SearchOptions, merge_served, reranker_factory
 from heedrank.types import Query, Ranking
 
 logger = logging.getLogger(__name__)
@@ -247,9 +247,8 @@ def _isolate(
                          query.query_id, type(exc).__name__, exc)
         else:
             policy = ServePolicy.of(reranker, fusion=options.fusion, cutoff=options.cutoff, method=options.rerank)
-            served = policy.apply(hydrated.top(options.candidates), rr.ranking).ranking
-            k = options.top_k if options.cutoff is None else min(options.top_k, len(served))
-            return merge_reranked(hydrated, served, k), failed, True, missing
+            served = policy.apply(hydrated.top(options.candidates), rr.ranking)
+            return merge_served(hydrated, served, options.top_k), failed, True, missing
     return hydrated.top(options.top_k), failed, False, missing
 
 

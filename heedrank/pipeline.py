@@ -620,8 +620,7 @@ class Pipeline:
                                   index=self.index)
                 t_rerank = time.perf_counter() - t2
                 served = policy.apply(cands, rr.ranking)
-                k = options.top_k if options.cutoff is None else min(options.top_k, len(served.ranking))
-                final = merge_reranked(hydrated, served.ranking, k)
+                final = merge_served(hydrated, served, options.top_k)
             timings = {
                 "retrieve": t_retrieve,
                 "hydrate": t_hydrate,
@@ -676,6 +675,14 @@ def reranker_factory(base: Any, *, block_cache_bytes: int | None = None) -> Rera
     """A :class:`RegistryRerankerFactory` over a base :class:`~heedrank.config.RerankerConfig`
     (``block_cache_bytes``: see :attr:`RegistryRerankerFactory.block_cache_bytes`)."""
     return RegistryRerankerFactory(base, block_cache_bytes)
+
+
+def merge_served(first_stage: Ranking, served: Served, top_k: int) -> Ranking:
+    """:func:`merge_reranked` of a served query: with a cut-off (``served.threshold``), only the
+    reranked hits that passed it (at most ``top_k``), else the reranked hits then the rest of
+    the first stage, cut to ``top_k``."""
+    k = top_k if served.threshold is None else min(top_k, len(served.ranking))
+    return merge_reranked(first_stage, served.ranking, k)
 
 
 def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:
