@@ -9,7 +9,7 @@ way) and heavy libraries load only when a stage is built. Plugins add entries wi
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from heedrank.errors import UnknownNameError
@@ -81,21 +81,14 @@ def typed_options(method: str, value: Any) -> Any:
     from heedrank.errors import ValidationError
 
     cls = options_class(method)
-    if cls is None:
-        if value is not None and not isinstance(value, dict):
-            to_dict = getattr(value, "to_dict", None)
-            if to_dict is None:
-                raise ValidationError(f"{method} options must be a mapping of option names to values, got {value!r}")
-            value = to_dict() if value != type(value)() else {}
-        return dict(value or {})
-    if isinstance(value, cls):
+    if cls is not None and isinstance(value, cls):
         return value
-    if value is not None and hasattr(value, "to_dict") and not isinstance(value, dict):
-        if value == type(value)():
-            return cls()
-        raise ValidationError(f"options {value!r} are {getattr(value, 'method', 'another method')}'s, not {method}'s; "
-                              "give this method's options")
-    return cls.parse(value)
+    if value is not None and not isinstance(value, Mapping):  # another method's typed options
+        if not hasattr(value, "to_dict") or value != type(value)():
+            raise ValidationError(f"{method} options must be a mapping of option names to values or {method}'s own "
+                                  f"options, got {value!r}")
+        value = None  # all defaults: dropped (a replace of the method)
+    return dict(value or {}) if cls is None else cls.parse(value)
 
 
 def methods_with_options(names: Any) -> list[str]:
