@@ -74,14 +74,17 @@ class PositionPrior:
     def strength(self, reranker: Sequence[float]) -> float:
         """``g(T) * weight``: z-units per unit of ``log(1 + i)`` the given order is worth for
         these reranker scores (given order), 0 when it agrees with them no more than chance."""
-        z_reranker = standardize_list([float(s) for s in reranker])
-        return self.weight * min(1.0, max(0.0, (self.agreement(z_reranker) - self.onset) / self.width))
+        return self.served(reranker)[1]
 
     def scores(self, reranker: Sequence[float]) -> list[float]:
         """Served scores ``s`` of documents in their given order (same order out; unitless)."""
+        return self.served(reranker)[0]
+
+    def served(self, reranker: Sequence[float]) -> tuple[list[float], float]:
+        """:meth:`scores` and :meth:`strength` from one standardisation of the scores."""
         z_reranker = standardize_list([float(s) for s in reranker])
-        strength = self.strength(reranker)
-        return [z - strength * math.log1p(i) for i, z in enumerate(z_reranker)]
+        strength = self.weight * min(1.0, max(0.0, (self.agreement(z_reranker) - self.onset) / self.width))
+        return [z - strength * math.log1p(i) for i, z in enumerate(z_reranker)], strength
 
 
 @dataclass(frozen=True)
@@ -204,10 +207,8 @@ class ServePolicy:
             given = [own[h.doc_id] for h in first_stage.hits if h.doc_id in own]
             placed = {g.doc_id for g in given}
             given += [h for h in reranked.hits if h.doc_id not in placed]  # not in the given list: last
-            values = [float(h.score) for h in given]
-            strength = self.prior.strength(values)
-            ranking = Ranking.from_hits(reranked.query_id, (
-                replace(h, score=s) for h, s in zip(given, self.prior.scores(values))))
+            prior_scores, strength = self.prior.served([float(h.score) for h in given])
+            ranking = Ranking.from_hits(reranked.query_id, (replace(h, score=s) for h, s in zip(given, prior_scores)))
             scored = reranked  # probability and relevance read the reranker's own scores and order:
             # they do not depend on where a document was sent
         elif self.alpha is None:
