@@ -227,14 +227,15 @@
 
   // ------------------------------------------------------------------ search
   function searchBody() {
-    const body = { query: $("q").value, retriever: $("retriever").value };
+    const body = { query: $("q").value };  // before /info answers, the selects hold "" = the service's choice
+    if ($("retriever").value) body.retriever = $("retriever").value;
     const coll = $("collection").value;
     if (coll) body.collection = coll;
     const k = parseInt($("top-k").value, 10);
     if (!Number.isNaN(k)) body.top_k = k;
     const method = $("method").value;
-    if (method && method !== "none") {
-      body.rerank = { method };
+    if (method !== "none") {
+      body.rerank = method ? { method } : {};
       const c = parseInt($("candidates").value, 10);
       if (!Number.isNaN(c)) body.rerank.candidates = c;
       const fusion = $("fusion").value;

@@ -111,3 +111,29 @@ def test_the_page_searches_with_the_default_configuration_and_highlights_evidenc
     finally:
         context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def test_a_search_before_info_answers_reranks_with_the_services_choices(demo) -> None:
+    """A user who searches before ``GET /info`` has filled the selects (a slow first load) gets the
+    service's defaults: the request names no retriever and no method, so the service reranks."""
+    from playwright.sync_api import expect
+
+    base, http, browser = demo
+    context = browser.new_context()
+    page = context.new_page()
+    held: list = []
+    page.route("**/info", lambda route: held.append(route))  # /info never answers during the search
+    try:
+        page.goto(f"{base}/")
+        assert page.locator("#method").input_value() == "" and page.locator("#retriever").input_value() == ""
+        page.fill("#q", "vitamin d and bone fractures")
+        with page.expect_response(lambda r: r.url.endswith("/search")) as resp:
+            page.press("#q", "Enter")
+        sent = resp.value.request.post_data_json
+        assert "retriever" not in sent and sent["rerank"] == {} and resp.value.status == 200
+        assert resp.value.json()["rerank"]["method"] == "default"
+        expect(page.locator("#error")).to_be_hidden()
+    finally:
+        for route in held:
+            route.abort()
+        context.close()
