@@ -66,6 +66,9 @@ class Runtime:
         self.started = time.time()
         self.load_seconds: float | None = None
         self._loader: threading.Thread | None = None
+        self.fillers: dict[str, Any] = {}
+        """Per collection, the background fill of its document KV store
+        (:class:`heedrank.blocks.BlockFiller`), started once the models are loaded."""
         self.background: set[asyncio.Task[Any]] = set()
         """Best-effort tasks started after an acknowledgement (block encoding after writes);
         held here so they are not collected, and cancelled by :meth:`close`."""
@@ -168,6 +171,8 @@ class Runtime:
             if self.settings.warmup:
                 stage[0] = "a warm-up reranking"
                 self._warm_up(reranker)
+            if self.settings.fill_blocks:
+                self._start_fill(method)
         except Exception as exc:
             logger.exception("loading reranker %r failed", method)
             self.error = f"loading reranker {method!r} failed: {exc}"
@@ -190,6 +195,30 @@ class Runtime:
         """
         for name, p in self.collections.items():
             p.blocks.check_at_startup(reranker, collection=name)
+
+    def _start_fill(self, method: str) -> None:
+        """Start the background fill of every collection's document KV store for the start-up
+        reranker, and route the blocks a search skips (its recompute budget spent) to it."""
+        from heedrank.blocks import BlockFiller
+
+        assert self.rerankers is not None
+        reranker, lock = self.rerankers.get(method)
+        by_store: dict[int, Any] = {}
+        for name, p in self.collections.items():
+            if p.index is None:
+                continue
+            filler = BlockFiller(p.index, reranker, lock, self.rerankers, name=name).start()
+            if filler.running:
+                self.fillers[name] = filler
+                by_store[id(filler.store)] = filler
+
+        def listener(_reranker: Any, store: Any, documents: Any) -> None:
+            filler = by_store.get(id(store))
+            if filler is not None:
+                filler.offer(documents)
+
+        if by_store:
+            self.rerankers.cold_listener = listener
 
     WARMUP_DOCUMENTS = 4
 
@@ -223,6 +252,8 @@ class Runtime:
         collections opened here."""
         for task in list(self.background):
             task.cancel()
+        for filler in self.fillers.values():
+            filler.stop()
         for pool in self.pools.values():
             pool.close()
         for name in self.owned:

@@ -103,6 +103,15 @@ class RerankRequest(BaseModel):
         "method) with fusion 'default' or 'none'; null or 'none' (when omitted) = top_k results.",
         examples=["auto", 0.3],
     )
+    cold_budget: Annotated[StrictInt, Field(ge=0)] | Literal["unlimited"] | None = Field(
+        None,
+        description="Recompute budget: at most this many candidates whose document blocks are not stored yet are "
+        "encoded now (about 0.06 s each); the other cold ones are not reranked and keep their first-stage "
+        "positions, and the service stores their blocks in the background. 'unlimited' = rerank every candidate "
+        "whatever it costs; null (when omitted) = the service's (HEEDRANK_COLD_BUDGET). A request with a cutoff "
+        "reranks every candidate.",
+        examples=[4, "unlimited"],
+    )
     heads: Literal["all", "qr", "learned"] | list[tuple[StrictInt, StrictInt]] | None = Field(
         None,
         description="icr and blockrank: attention heads scored: 'all', 'qr' (the model's packaged query-focused "
@@ -211,6 +220,11 @@ class Hit(BaseModel):
         "Platt scaling fitted on held-out NFCorpus train queries); null when the reranker has no calibration for "
         "the scores served, or for results below the reranked candidates."
     )
+    reranked: bool | None = Field(
+        None, description="Whether the reranker scored this hit: false for a candidate skipped as cold (its block not "
+        "stored yet, rerank.cold_budget spent; it keeps its first-stage position) and for hits below the candidates; "
+        "null without reranking."
+    )
 
 
 class Timings(BaseModel):
@@ -247,6 +261,12 @@ class RerankInfo(BaseModel):
         "reranker's own order.")
     cutoff: float | None = Field(
         None, description="The probability threshold applied (rerank.cutoff; 'auto' resolved); null = none.")
+    reranked: int | None = Field(
+        None, description="Candidates the reranker scored: `candidates` less those skipped as cold.")
+    skipped_cold: int = Field(
+        0, description="Candidates not reranked because their blocks were not stored yet and the recompute budget "
+        "(rerank.cold_budget) was spent: they keep their first-stage positions (`reranked: false` on the hit) and "
+        "are stored in the background, so a later search reranks them.")
 
 
 class SearchResponse(BaseModel):

@@ -17,6 +17,7 @@ the index can keep them in a document KV store (:class:`heedrank.index.kv.KVStor
   naming the reranker options that read a mismatched store as it was built.
 * :class:`BlockSync`: the upkeep of an index's store after documents are added or deleted
   (the API's ``POST``/``DELETE /documents``) and its check at the service's start-up.
+* :class:`BlockFiller`: the service's background fill of a store while no request is served.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "KV_DTYPES",
     "KV_FORMAT_VERSION",
     "BlockCachingReranker",
+    "BlockFiller",
     "BlockKey",
     "BlockStore",
     "BlockStoreOwner",
@@ -201,7 +203,8 @@ class BlockStore(Protocol):
 
     ``get_many`` returns ``({key: (keys, values)}, missing_keys)`` with read-only float arrays
     ``(n_layers, kv_heads, T, head_dim)``; a corrupt entry is a miss, never returned.
-    ``put_many`` stores ``{key: (keys, values)}`` all or nothing; ``delete`` removes blocks
+    ``put_many`` stores ``{key: (keys, values)}`` all or nothing (``admit=False``: an explicit
+    fill, not subject to a store's admission rule, only to its disk budget); ``delete`` removes blocks
     (and returns how many were stored). A ``readonly`` store refuses both: a reader that
     computed a missing block keeps it to itself.
     """
@@ -210,7 +213,7 @@ class BlockStore(Protocol):
 
     def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, tuple[Any, Any]], list[BlockKey]]: ...
 
-    def put_many(self, items: Mapping[BlockKey, tuple[Any, Any]]) -> int: ...
+    def put_many(self, items: Mapping[BlockKey, tuple[Any, Any]], *, admit: bool = True) -> int: ...
 
     def contains(self, key: BlockKey) -> bool: ...
 
@@ -357,7 +360,7 @@ class BlockSync:
                 continue
             with lock:
                 arrays = reranker.encode_block_arrays([texts[k] for k in todo])
-            written += store.put_many({k: (kk, vv) for k, kk, vv in arrays})
+            written += store.put_many({k: (kk, vv) for k, kk, vv in arrays}, admit=False)  # documents just added
         return written
 
     def drop_deleted(self, documents: Sequence[Document]) -> int:
@@ -424,3 +427,189 @@ class BlockSync:
         if store is not None:
             logger.info("collection %r: document KV store opened for reranker %s", collection, type(reranker).__name__)
         return store
+
+
+# ------------------------------------------------------------------------------ background fill
+
+
+class IdleSignal(Protocol):
+    """What :class:`BlockFiller` waits on: the requests in flight
+    (:class:`heedrank.pipeline.RerankerCache`)."""
+
+    @property
+    def active(self) -> int: ...
+
+    def wait_idle(self, timeout: float | None = None) -> bool: ...
+
+
+class BlockFiller:
+    """Fills one collection's document KV store in the background, while no request is
+    served: first the blocks that searches skipped (:meth:`offer`, most recent request
+    first), then every document's block the store lacks, in document order.
+
+    It encodes one block at a time under the reranker's lock and only when ``idle`` says no
+    rerank call is running or waiting, so a request waits for at most one block (about
+    0.06 s for the packaged SmolLM2 on 2 cores). Encoded blocks are committed in batches of
+    ``commit_every`` (or after ``commit_seconds``), with ``admit=False`` (an explicit fill is
+    not subject to the store's admission rule, only to its disk budget). A restart loses the
+    queue of skipped blocks, not the fill: the document scan starts again and skips what is
+    stored. The scan stops when the store holds its disk budget (a store with a budget
+    exposes ``disk_budget``); skipped blocks still go in (the store evicts for them).
+
+    Args:
+        index: The collection's index (a :class:`BlockStoreOwner` with a ``docstore``).
+        reranker: The service's start-up reranker in cached mode (:class:`BlockCachingReranker`).
+        lock: The lock that serialises the reranker's calls.
+        idle: The requests in flight (:class:`IdleSignal`).
+        name: The collection's name, for logs.
+    """
+
+    commit_every = 16
+    commit_seconds = 2.0
+    scan_chunk = 256
+
+    def __init__(self, index: Any, reranker: Any, lock: threading.Lock, idle: IdleSignal, *,
+                 name: str = "default") -> None:
+        self.index, self.reranker, self.lock, self.idle, self.name = index, reranker, lock, idle, name
+        self.store: Any = None
+        self.filled = 0
+        """Blocks encoded and committed by this filler since it started."""
+        self.scan_done = False
+        """Every document's block was found stored or encoded."""
+        self.at_budget = False
+        """The scan stopped because the store holds its disk budget."""
+        self._queue: dict[BlockKey, str] = {}
+        self._qlock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> BlockFiller:
+        """Open the store (created when missing) and start the filling thread; a no-op when
+        the reranker reads no stored blocks or the index keeps none."""
+        self.store = block_store_for(self.reranker, self.index, create=True)
+        if self.store is None or getattr(self.store, "readonly", False):
+            return self
+        self._thread = threading.Thread(target=self._run, name=f"heedrank-fill-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop after the block in progress (its batch is committed)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def queued(self) -> int:
+        """Skipped blocks waiting to be filled."""
+        with self._qlock:
+            return len(self._queue)
+
+    def offer(self, documents: Sequence[Document]) -> None:
+        """Queue the blocks of ``documents`` (candidates a search skipped as cold) ahead of the
+        document scan. Tokenisation only; never blocks on the LM."""
+        texts = [d.content for d in documents]
+        keys = self.reranker.block_keys(texts)
+        with self._qlock:
+            for key, text in zip(keys, texts):
+                self._queue.pop(key, None)
+                self._queue[key] = text  # most recent last: taken first
+        self._wake.set()
+
+    def _next_queued(self) -> tuple[BlockKey, str] | None:
+        with self._qlock:
+            if not self._queue:
+                return None
+            key = next(reversed(self._queue))
+            return key, self._queue.pop(key)
+
+    def _scan(self) -> Iterator[tuple[BlockKey, str]]:
+        """``(key, text)`` of every live document whose block the store lacks (checked again
+        before encoding), in document order."""
+        chunk: list[str] = []
+        for doc in self.index.docstore.iter_documents():
+            chunk.append(doc.content)
+            if len(chunk) >= self.scan_chunk:
+                yield from self._missing(chunk)
+                chunk = []
+        yield from self._missing(chunk)
+
+    def _missing(self, texts: list[str]) -> Iterator[tuple[BlockKey, str]]:
+        if self._stop.is_set():
+            return
+        for key, text in zip(self.reranker.block_keys(texts), texts):
+            if not self.store.contains(key):
+                yield key, text
+
+    def _full(self, pending: int) -> bool:
+        """Whether one more block (after the ``pending`` ones not committed yet) could evict
+        another: each counted at the largest a block can be."""
+        budget = getattr(self.store, "disk_budget", None)
+        if not budget:
+            return False
+        header = self.store.header
+        largest = self.store.codec.nbytes(header.max_doc_tokens)
+        return int(self.store.stats().live_bytes) + (pending + 1) * largest > int(budget)
+
+    def _run(self) -> None:
+        import time
+
+        scan: Iterator[tuple[BlockKey, str]] | None = self._scan()
+        pending: dict[BlockKey, tuple[Any, Any]] = {}
+        finished = False
+        last_commit = time.monotonic()
+        logger.info("collection %r: filling the document KV store in the background (%d blocks stored)",
+                    self.name, len(self.store) if hasattr(self.store, "__len__") else -1)
+        try:
+            while not self._stop.is_set():
+                item = self._next_queued()
+                if item is None and scan is not None:
+                    if self._full(len(pending)):
+                        self.at_budget = True
+                        logger.info("collection %r: the document KV store holds its disk budget; the background "
+                                    "fill stops its document scan", self.name)
+                        scan = None
+                    else:
+                        item = next(scan, None)
+                        if item is None:
+                            scan = None
+                            finished = True
+                if item is None:
+                    self._commit(pending)
+                    if finished and not self.scan_done:
+                        self.scan_done = True
+                        logger.info("collection %r: background fill done: every document's block is stored "
+                                    "(%d encoded by this fill)", self.name, self.filled)
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                    continue
+                key, text = item
+                if key in pending or self.store.contains(key):
+                    continue
+                while not self._stop.is_set() and not self.idle.wait_idle(0.5):
+                    if pending and time.monotonic() - last_commit > self.commit_seconds:
+                        self._commit(pending)
+                        last_commit = time.monotonic()
+                if self._stop.is_set():
+                    break
+                with self.lock:
+                    ((k, kk, vv),) = self.reranker.encode_block_arrays([text])
+                pending[k] = (kk, vv)
+                if len(pending) >= self.commit_every or time.monotonic() - last_commit > self.commit_seconds:
+                    self._commit(pending)
+                    last_commit = time.monotonic()
+            self._commit(pending)
+        except Exception:  # noqa: BLE001 - a background task: log, never take the service down
+            logger.exception("collection %r: the background fill of the document KV store stopped", self.name)
+
+    def _commit(self, pending: dict[BlockKey, tuple[Any, Any]]) -> None:
+        if not pending:
+            return
+        written = self.store.put_many(pending, admit=False)
+        self.filled += int(written)
+        pending.clear()

@@ -95,6 +95,32 @@ store (:class:`heedrank.reranker.doccache.BlockSource`)."""
 
 
 @dataclass(frozen=True)
+class KVTiers:
+    """The document KV store's disk tier (:class:`heedrank.index.kv.KVStore`): a byte budget,
+    what is evicted to stay within it, and what is admitted. The RAM tier in front of it is
+    :data:`KV_CACHE_BUDGET`.
+
+    Attributes:
+        disk_bytes: Live payload bytes the store may hold on disk (shard files stay within
+            about ``1.25 x`` of it); ``None``: unbounded (a full prebuild).
+        eviction: ``"lru"``, ``"lfu"`` or ``"fifo"``: which blocks go first when a new one needs room.
+        admit_after: A block a search encodes is written on its ``n``-th use (within the
+            last 100,000 distinct blocks), so that a one-off candidate does not evict a popular
+            one; the background fill and ``index kv build`` are not subject to it. ``None``:
+            2 with a disk budget, 1 (every block) without.
+    """
+
+    disk_bytes: int | None = None
+    eviction: str = "lru"
+    admit_after: int | None = None
+
+    def store_options(self) -> dict[str, Any]:
+        """The keywords of :meth:`heedrank.index.kv.KVStore.open_or_create`."""
+        admit = self.admit_after if self.admit_after is not None else (2 if self.disk_bytes else 1)
+        return {"disk_budget": self.disk_bytes, "eviction": self.eviction, "admit_after": admit}
+
+
+@dataclass(frozen=True)
 class RerankerConfig:
     """How to build a reranker: a frozen record, picklable (a Ray actor builds its reranker
     from it).
@@ -234,6 +260,8 @@ class PipelineConfig:
         max_top_k: Largest ``top_k`` a search may ask for.
         max_candidates: Largest number of candidates a search may send to the reranker.
         show_progress: Progress bars on long loops.
+        kv_tiers: The document KV store's disk budget, eviction and admission
+            (:class:`KVTiers`; ``None``: unbounded, every block written).
         kv_cache_bytes: RAM LRU of the index's document KV store, bytes
             (:data:`KV_CACHE_BUDGET`; ``None``: its environment variable or default).
         block_cache_bytes: RAM tier of cached BlockRank's blocks outside a store, bytes
@@ -246,6 +274,7 @@ class PipelineConfig:
     max_candidates: int = 100
     show_progress: bool = False
     kv_cache_bytes: int | None = None
+    kv_tiers: KVTiers | None = None
     block_cache_bytes: int | None = None
 
     @property

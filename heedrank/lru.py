@@ -93,6 +93,11 @@ class ByteLRU:
             self._items.clear()
             self._bytes = 0
 
+    def __contains__(self, key: Any) -> bool:
+        """Whether ``key`` is cached (neither a hit nor a miss, and not made most recent)."""
+        with self._lock:
+            return key in self._items
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)

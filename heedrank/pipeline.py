@@ -27,7 +27,7 @@ from typing import Any
 from heedrank.blocks import BlockSync, block_store_for
 from heedrank.config import PipelineConfig, SearchLimits
 from heedrank.errors import UnknownNameError, ValidationError
-from heedrank.serving import Served, ServePolicy
+from heedrank.serving import Served, ServePolicy, place_skipped
 from heedrank.protocols import (
     DocStore,
     ExplainingReranker,
@@ -83,6 +83,25 @@ def check_explainer(reranker: Reranker, method: str) -> ExplainingReranker:
     return reranker
 
 
+def _within_budget(candidates: Sequence[Document], cold: Sequence[bool],
+                   budget: int) -> tuple[list[Document], list[Document]]:
+    """``(reranked, skipped)``: every warm candidate and the first ``budget`` cold ones, in the
+    given order; the rest of the cold ones. Candidates sharing a text share one block, so they
+    count once and are kept or skipped together."""
+    kept: list[Document] = []
+    skipped: list[Document] = []
+    spent: set[str] = set()
+    for doc, is_cold in zip(candidates, cold):
+        if not is_cold or doc.content in spent:
+            kept.append(doc)
+        elif len(spent) < budget:
+            spent.add(doc.content)
+            kept.append(doc)
+        else:
+            skipped.append(doc)
+    return kept, skipped
+
+
 class RerankerCache:
     """Rerankers by ``(method, options, max_doc_tokens)``, built on first use and kept.
 
@@ -104,6 +123,24 @@ class RerankerCache:
         self._default: dict[str, tuple[Reranker, threading.Lock]] = {}
         self._custom: OrderedDict[tuple[str, str, int | None], tuple[Reranker, threading.Lock]] = OrderedDict()
         self._guard = threading.Lock()
+        self._active = 0
+        self._idle = threading.Condition()
+        self.cold_listener: Callable[[Any, Any, Sequence[Document]], None] | None = None
+        """Called as ``listener(reranker, block_store, documents)`` with the candidates a
+        recompute budget left out (their blocks cold); the service's background fill
+        (:class:`heedrank.blocks.BlockFiller`) queues them. Must not block."""
+
+    @property
+    def active(self) -> int:
+        """Rerank calls running or waiting for a reranker's lock now."""
+        with self._idle:
+            return self._active
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no rerank call is running or waiting (or ``timeout`` seconds);
+        returns whether it is idle. The background fill waits here between blocks."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._active == 0, timeout)
 
     def get(
         self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
@@ -152,11 +189,18 @@ class RerankerCache:
         explain: bool = False,
         evidence_spans: int = 3,
         index: Any = None,
+        cold_budget: int | None = None,
     ) -> RerankResult:
         """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``.
 
         With ``index`` (the collection's index), a reranker in cached mode reads candidate
         blocks from the index's document KV store (:func:`block_store_for`).
+
+        With ``cold_budget`` (see :attr:`SearchOptions.cold_budget`) and a reranker that says
+        which candidates are cold (``cold_candidates``, cached BlockRank), every warm
+        candidate and the first ``cold_budget`` cold ones (in the given order) are reranked;
+        the result ranks those, and ``details["cold_skipped"]`` lists the doc ids left out,
+        which go to :attr:`cold_listener`.
 
         With ``explain``, the reranker must offer ``rerank_with_evidence`` (ICR does); its
         result carries ``details["evidence"] = {doc_id: [span, ...]}``.
@@ -166,16 +210,38 @@ class RerankerCache:
         """
         reranker, lock = self.get(method, options, max_doc_tokens)
         explainer = check_explainer(reranker, method) if explain else None
-        with lock:
-            store = block_store_for(reranker, index) if index is not None else None
-            if explainer is not None:
-                if store is not None:
-                    return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans,
-                                                          block_store=store)
-                return explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans)
-            if store is not None:
-                return reranker.rerank(query, candidates, block_store=store)  # type: ignore[call-arg]
-            return reranker.rerank(query, candidates)
+        skipped: list[Document] = []
+        with self._idle:
+            self._active += 1
+        try:
+            with lock:
+                store = block_store_for(reranker, index) if index is not None else None
+                cold_of = getattr(reranker, "cold_candidates", None)
+                if cold_budget is not None and cold_of is not None:
+                    candidates, skipped = _within_budget(candidates, cold_of(candidates, store), cold_budget)
+                if not candidates:
+                    result = RerankResult(Ranking(query.query_id, ()))
+                elif explainer is not None:
+                    result = (explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans,
+                                                             block_store=store) if store is not None
+                              else explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans))
+                elif store is not None:
+                    result = reranker.rerank(query, candidates, block_store=store)  # type: ignore[call-arg]
+                else:
+                    result = reranker.rerank(query, candidates)
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+        if not skipped:
+            return result
+        listener = self.cold_listener
+        if listener is not None:
+            try:
+                listener(reranker, store, skipped)
+            except Exception:  # noqa: BLE001 - the fill is best effort; the search has its answer
+                logger.exception("queueing %d cold blocks for the background fill failed", len(skipped))
+        return replace(result, details={**result.details, "cold_skipped": [d.doc_id for d in skipped]})
 
     def known_methods(self) -> list[str] | None:
         """The methods this cache can build, sorted: the registry's plus those built, for a
@@ -235,6 +301,13 @@ class SearchOptions:
             least that (``"auto"``: the threshold chosen on dev), at most ``top_k``, possibly
             none (:mod:`heedrank.calibration`). Needs a reranker with a calibration for the
             fusion weight used (the default configuration: fusion ``"default"`` or none).
+        cold_budget: The recompute budget: at most this many candidates whose blocks are in
+            neither the document KV store nor the RAM tier are encoded inline (cached
+            BlockRank); the other cold ones are not reranked and keep their first-stage
+            positions (:func:`heedrank.serving.place_skipped`), and are handed to the
+            pipeline's :attr:`RerankerCache.cold_listener` (the service's background fill).
+            ``None``: no budget (every candidate is reranked). Ignored with a cut-off (a
+            cut-off needs every candidate judged) and by rerankers without stored blocks.
     """
 
     top_k: int = 10
@@ -247,6 +320,7 @@ class SearchOptions:
     evidence_spans: int = 3
     fusion: float | str | None = None
     cutoff: float | str | None = None
+    cold_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -387,7 +461,9 @@ class Pipeline:
         """
         from heedrank import registry
 
-        extra = {} if config.kv_cache_bytes is None else {"kv_cache_bytes": config.kv_cache_bytes}
+        extra: dict[str, Any] = {} if config.kv_cache_bytes is None else {"kv_cache_bytes": config.kv_cache_bytes}
+        if config.kv_tiers is not None:
+            extra["kv_tiers"] = config.kv_tiers
         index = registry.open_index(config.index_dir, show_progress=config.show_progress, **extra)
         retrievers = {}
         for name in index.available_retrievers():
@@ -491,6 +567,10 @@ class Pipeline:
                 raise ValidationError("cutoff needs reranking (it thresholds the reranker's calibrated scores); add "
                                       "rerank, or use top_k")
             options = replace(options, cutoff=cutoff)
+        if options.cold_budget is not None and (isinstance(options.cold_budget, bool)
+                                                or not isinstance(options.cold_budget, int) or options.cold_budget < 0):
+            raise ValidationError(f"cold_budget must be an integer >= 0 (blocks encoded inline) or null (no budget), "
+                                  f"got {options.cold_budget!r}")
         parsed = registry.parse_filter(options.filter)
         return options if parsed is options.filter else replace(options, filter=parsed)
 
@@ -615,11 +695,14 @@ class Pipeline:
             if cache is not None and policy is not None and len(hydrated):
                 cands = hydrated.top(options.candidates)
                 t2 = time.perf_counter()
+                budget = options.cold_budget if options.cutoff is None else None
                 rr = cache.rerank(q, [h.document for h in cands.hits], options.rerank, options.rerank_options,
                                   explain=options.explain, evidence_spans=options.evidence_spans,
-                                  index=self.index)
+                                  index=self.index, cold_budget=budget)
                 t_rerank = time.perf_counter() - t2
-                served = policy.apply(cands, rr.ranking)
+                skipped = set(rr.details.get("cold_skipped", ()))
+                reranked = Ranking(cands.query_id, tuple(h for h in cands.hits if h.doc_id not in skipped))
+                served = place_skipped(policy.apply(reranked, rr.ranking), cands, skipped)
                 final = merge_served(hydrated, served, options.top_k)
             timings = {
                 "retrieve": t_retrieve,

@@ -25,7 +25,7 @@ non-increasing down the served order, so a cut-off keeps a prefix.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -245,6 +245,70 @@ class ServePolicy:
         if self.scale is None:
             return [float(s) for s in scores]
         return [_sigmoid(float(s) / self.scale) for s in scores]
+
+
+def place_skipped(served: Served, first_stage: Ranking, skipped: Collection[str]) -> Served:
+    """``served`` (over the candidates that were reranked) with the candidates that were not
+    (``skipped``: blocks over the request's recompute budget, docs/RESULTS.md "The document
+    store as a cache") put back where the first stage had them.
+
+    The rule: a skipped candidate keeps its first-stage position among all candidates; the
+    reranked ones fill the other positions in served order. So no reranked score is ever
+    compared with a first-stage one: the reranker only permutes the positions it scored. A
+    skipped candidate's served score is set between its neighbours' (evenly spaced, or 1 apart
+    past the ends) so that the ``(-score, doc_id)`` order is the placed order; it has no
+    probability and no relevance. Deterministic for a given first stage and served order.
+
+    Args:
+        served: The reranked candidates as served, without a cut-off (a request with a
+            cut-off reranks every candidate: :meth:`heedrank.pipeline.RerankerCache.rerank`).
+        first_stage: Every candidate in first-stage order.
+        skipped: Doc ids of the candidates that were not reranked.
+
+    Raises:
+        ValidationError: ``served`` was cut at a cut-off.
+    """
+    if not skipped:
+        return served
+    if served.threshold is not None:
+        raise ValidationError("internal error: skipped candidates cannot be placed in a list cut at a cut-off")
+    order = iter(served.ranking.hits)
+    slots: list[tuple[str, float | None]] = []  # (doc_id, served score or None for a skipped one)
+    for h in first_stage.hits:
+        if h.doc_id in skipped:
+            slots.append((h.doc_id, None))
+        else:
+            nxt = next(order, None)
+            if nxt is not None:
+                slots.append((nxt.doc_id, float(nxt.score)))
+    slots += [(h.doc_id, float(h.score)) for h in order]  # reranked but not in first_stage: last
+    if all(score is None for _, score in slots):  # nothing reranked: the first stage as it is
+        return replace(served, ranking=first_stage)
+    scores: list[float] = []
+    i = 0
+    while i < len(slots):
+        if slots[i][1] is not None:
+            scores.append(float(slots[i][1]))  # type: ignore[arg-type]
+            i += 1
+            continue
+        j = i
+        while j < len(slots) and slots[j][1] is None:
+            j += 1
+        above = scores[-1] if scores else None
+        below = slots[j][1] if j < len(slots) else None
+        m = j - i
+        for r in range(1, m + 1):
+            if above is not None and below is not None:
+                scores.append(above - (above - below) * r / (m + 1))
+            elif above is not None:
+                scores.append(above - r)
+            else:
+                scores.append(float(below) + (m + 1 - r))  # type: ignore[arg-type]
+        i = j
+    hits = {h.doc_id: h for h in first_stage.hits} | {h.doc_id: h for h in served.ranking.hits}
+    ranking = Ranking.from_hits(served.ranking.query_id,
+                                (replace(hits[d], score=sc) for (d, _), sc in zip(slots, scores)))
+    return replace(served, ranking=ranking)
 
 
 def share_identical(served: Served, key: Mapping[str, str]) -> Served:

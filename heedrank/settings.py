@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -12,6 +12,7 @@ from heedrank.config import (
     DEFAULT_RERANK_METHOD,
     ENV_PREFIX,
     KV_CACHE_BUDGET,
+    KVTiers,
     PipelineConfig,
     RerankerConfig,
     SearchLimits,
@@ -114,6 +115,33 @@ class Settings(BaseSettings):
         "not a probability; unset = the reranker's own (score_scale: heedrank.reranker.base.SCORE_SCALES).",
     )
 
+    cold_budget: int | None = Field(
+        4, ge=0,
+        description="/search's recompute budget: candidates whose document blocks are not stored yet that one search "
+        "encodes inline (about 0.06 s each); the others keep their first-stage positions and are stored by the "
+        "background fill. Unset (HEEDRANK_COLD_BUDGET=null) = no budget: every candidate is reranked. rerank-batch "
+        "and /rerank have no budget unless asked.",
+    )
+    fill_blocks: bool = Field(
+        True,
+        description="Fill each collection's document KV store in the background while no request is served: first "
+        "the blocks searches skipped, then every document's; it yields to a request within one block, resumes after "
+        "a restart, and stops at the store's disk budget.",
+    )
+    kv_disk_bytes: int | None = Field(
+        None, gt=0,
+        description="Disk budget of each collection's document KV store, bytes of stored blocks (about 0.85 MB per "
+        "128-token int8 block); beyond it the least recently used blocks are evicted (kv_eviction) and searches "
+        "encode them again when they need them. Unset = unbounded (every document's block is kept).",
+    )
+    kv_eviction: Literal["lru", "lfu", "fifo"] = Field(
+        "lru", description="Which blocks leave the document KV store first when it is at its disk budget.")
+    kv_admit_after: int | None = Field(
+        None, ge=1,
+        description="A block a search encodes is written to the store on its n-th use (among the last 100,000 "
+        "blocks seen), so that a one-off candidate does not evict a popular one; unset = 2 with a disk budget, 1 "
+        "without. The background fill is not subject to it.",
+    )
     kv_cache_bytes: int = Field(KV_CACHE_BUDGET.default, ge=0, description=KV_CACHE_BUDGET.description)
     block_cache_bytes: int = Field(BLOCK_CACHE_BUDGET.default, ge=0, description=BLOCK_CACHE_BUDGET.description)
 
@@ -169,5 +197,6 @@ class Settings(BaseSettings):
             max_top_k=limits.max_top_k,
             max_candidates=limits.max_candidates,
             kv_cache_bytes=self.kv_cache_bytes,
+            kv_tiers=KVTiers(self.kv_disk_bytes, self.kv_eviction, self.kv_admit_after),
             block_cache_bytes=self.block_cache_bytes,
         )

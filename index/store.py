@@ -98,6 +98,7 @@ class Index:
         planner: Any = None,
         writable: bool = True,
         kv_cache_bytes: int | None = None,
+        kv_tiers: Any = None,
     ) -> None:
         from heedrank.index.passages import PassageParams
         from heedrank.index.planner import PlannerParams
@@ -114,6 +115,7 @@ class Index:
         self.passages = PassageParams.from_dict((self.params.get("dense") or {}).get("passages"))
         self.writable = writable
         self.kv_cache_bytes = kv_cache_bytes
+        self.kv_tiers = kv_tiers
         self._encoder = encoder
         self._embedder_dir = embedder_dir
         self._lock = threading.Lock()  # lazy encoder / doc ids
@@ -142,7 +144,7 @@ class Index:
     @classmethod
     def open(
         cls, path: str | Path, *, embedder: str | None = None, encoder: Encoder | None = None,
-        show_progress: bool = False, kv_cache_bytes: int | None = None,
+        show_progress: bool = False, kv_cache_bytes: int | None = None, kv_tiers: Any = None,
     ) -> Index:
         """Open an index directory written by :func:`heedrank.index.builder.build_index`.
 
@@ -160,6 +162,8 @@ class Index:
             kv_cache_bytes: RAM LRU of the document KV store, bytes (``None``: the library
                 default, :data:`heedrank.config.KV_CACHE_BUDGET`; the service passes
                 ``Settings.kv_cache_bytes``).
+            kv_tiers: The document KV store's disk budget, eviction and admission
+                (:class:`heedrank.config.KVTiers`); ``None``: unbounded.
 
         Raises:
             NotFoundError: missing or corrupt index (run ``heedrank index build``).
@@ -223,6 +227,7 @@ class Index:
         index = cls(
             path=root, params=params, docstore=docstore, bm25=bm25, dense=dense, encoder=encoder,
             embedder_dir=embedder_dir, show_progress=show_progress, writable=writable, kv_cache_bytes=kv_cache_bytes,
+            kv_tiers=kv_tiers,
         )
         if writable:
             maintenance.catch_up(index)
@@ -627,7 +632,9 @@ class Index:
                     return None
                 # float16 out: the RAM cache holds half the bytes; blocks are widened while
                 # copied into a query's context
-                stores[key] = KVStore.open_or_create(path, want, out_dtype="float16", cache_bytes=self.kv_cache_bytes)
+                tiers = {} if self.kv_tiers is None else self.kv_tiers.store_options()
+                stores[key] = KVStore.open_or_create(path, want, out_dtype="float16", cache_bytes=self.kv_cache_bytes,
+                                                     **tiers)
             return stores[key]
 
     def close(self) -> None:

@@ -469,7 +469,8 @@ class BlockSource:
     Blocks are keyed by :func:`block_key` (the hash of their token ids), so the same text
     shares one entry across collections and a replaced document never reads a stale block.
     Misses are encoded in one batched call and written back to the store when one is given
-    (whose own RAM cache then serves them), else kept in this RAM cache. Thread-safe when the
+    (whose own RAM cache then serves them); those the store does not take (none given, readonly,
+    not admitted, over its disk budget) are kept in this RAM cache. Thread-safe when the
     caller serialises LM use (the reranker's lock).
 
     Args:
@@ -524,13 +525,15 @@ class BlockSource:
             todo = list(want)
             fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size)
             fresh = [(k.float(), v.float()) for k, v in fresh]
-            if store is not None and not getattr(store, "readonly", False):
+            writable = store is not None and not getattr(store, "readonly", False)
+            if writable:
                 store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})
             for k, kv in zip(todo, fresh):
                 for i in want[k]:
                     out[i] = kv
                     misses += 1
-                if store is None or getattr(store, "readonly", False):
+                # kept here when the store did not take it (none, readonly, not admitted, over its budget)
+                if not writable or not store.contains(k):
                     self.memory.put(k, kv, kv[0].nbytes + kv[1].nbytes)
         t2 = time.perf_counter()
         return out, BlockFetch(hits, misses, {"fetch": t1 - t0, "encode": t2 - t1})  # type: ignore[return-value]

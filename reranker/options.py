@@ -394,9 +394,9 @@ class CachedBlockRankOptions(RerankerOptions):
     heads: str | tuple[tuple[int, int], ...] = _block_heads(" (at or below l*: the store holds layers 0..l*)")
     reattn: ReAttnConfig | None = _reattn_option()
     kv_dtype: str = _option(
-        "float16", "'float16' | 'int8'",
-        "storage of the document KV store's blocks: float16, or int8 (per-channel keys, per-token values; about "
-        "half the bytes)",
+        "int8", "'int8' | 'float16'",
+        "storage of the document KV store's blocks: int8 (per-channel keys, per-token values: 0.85 MB per "
+        "128-token block, ties float16 on NFCorpus test, docs/RESULTS.md) or float16 (exact, 1.62 MB)",
         _choice(*KV_DTYPES),
     )
     max_query_tokens: int | None = _option(

@@ -10,10 +10,11 @@ bash scripts/setup.sh
 if [ ! -f "$INDEX/params.json" ]; then
   .venv/bin/heedrank index build --corpus "$DATA/beir-nfcorpus" --out "$INDEX"
 fi
-# Fill the index's document KV store before serving (progress bar; resumable, a rerun skips what is
-# stored): ~10 min on 2 cores, after which a reranked /search takes ~0.3 s instead of ~2.4 s with
-# cold blocks (docs/RESULTS.md, "A first run that is fast").
-.venv/bin/heedrank index kv build --index "$INDEX"
+# No wait for the document KV store: the service serves as soon as the models are loaded and fills the
+# store in the background while it is idle (~5 min for NFCorpus on 2 cores; it resumes after a restart).
+# Until a candidate's block is stored, a search encodes at most HEEDRANK_COLD_BUDGET (4) cold ones inline
+# and leaves the others at their first-stage positions, saying so ("skipped_cold"); docs/RESULTS.md,
+# "The document store as a cache". `heedrank index kv build --index "$INDEX"` fills it up front instead.
 # The default configuration is the best measured one (README, "Where it stands"): cached BlockRank with
 # the learned head weights and the query adapter shipped for SmolLM2, fused with the first stage
 # (hybrid here). `"method": "icr"` in a request picks ICR, `"fusion": "none"` the reranker's own order.

@@ -62,7 +62,16 @@ def search_options(body: SearchRequest, settings: Settings, pipeline: Pipeline) 
         rerank_options=rerank_options or None, explain=body.explain, evidence_spans=settings.evidence_spans,
         fusion=_fusion(asked.fusion) if asked is not None else None,
         cutoff=asked.cutoff if asked is not None else None,
+        cold_budget=_cold_budget(asked.cold_budget if asked is not None else None, settings),
     ))
+
+
+def _cold_budget(value: int | str | None, settings: Settings) -> int | None:
+    """A request's ``rerank.cold_budget`` as the pipeline takes it: omitted = the service's,
+    ``"unlimited"`` = none."""
+    if value is None:
+        return settings.cold_budget
+    return None if value == "unlimited" else int(value)
 
 
 def _fusion(value: float | str | None) -> float | str | None:
@@ -76,6 +85,7 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
     rr = result.rerank
     evidence = rr.details.get("evidence") if rr is not None else None
     first_rank = {h.doc_id: i for i, h in enumerate(result.first_stage.hits, 1)}
+    scored = None if rr is None else set(rr.ranking.doc_ids)
     hits = [
         Hit(
             doc_id=h.doc_id,
@@ -91,12 +101,15 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
             ),
             first_stage_rank=first_rank.get(h.doc_id),
             probability=(result.probabilities or {}).get(h.doc_id),
+            reranked=None if scored is None else h.doc_id in scored,
         )
         for i, h in enumerate(result.ranking.hits, 1)
     ]
     info = None
     if rr is not None:
-        info = RerankInfo(method=method, candidates=len(rr.ranking), truncated=len(rr.truncated), doc_tokens=doc_tokens,
+        skipped = len(rr.details.get("cold_skipped", ()))
+        info = RerankInfo(method=method, candidates=len(rr.ranking) + skipped, reranked=len(rr.ranking),
+                          skipped_cold=skipped, truncated=len(rr.truncated), doc_tokens=doc_tokens,
                           prompt_tokens=int(rr.prompt_tokens), warnings=list(getattr(rr, "warnings", ())),
                           cache=rr.details.get("cache"), fusion=result.fusion, cutoff=result.cutoff)
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},

@@ -4,7 +4,10 @@ once per distinct document text and read by every query.
 * :mod:`~heedrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
 * :mod:`~heedrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`).
 * :mod:`~heedrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh).
-* :mod:`~heedrank.index.kv.maintenance`: verify, compact, adopt a distributed build's parts.
+* :mod:`~heedrank.index.kv.maintenance`: verify, compact (whole or the most-dead shards), adopt a
+  distributed build's parts.
+* :mod:`~heedrank.index.kv.tiers`: a bounded store's eviction policies (LRU, LFU, FIFO) and
+  admission rule (``KVStore(..., disk_budget=, eviction=, admit_after=)``).
 * :mod:`~heedrank.index.kv.build`: the resumable build driver (``heedrank index kv build``).
 
 The header (:class:`KVHeader`) and the block key (:data:`BlockKey`) are the core package's
@@ -30,16 +33,20 @@ from heedrank.index.kv.codec import CODECS, Codec, Float16Codec, Int8Codec, code
 from heedrank.index.kv.format import FORMAT_VERSION
 from heedrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
 from heedrank.index.kv.store import KVStore, KVStoreStats
+from heedrank.index.kv.tiers import EVICTION_POLICIES, Admission, EvictionPolicy, eviction_policy
 
 __all__ = [
     "CODECS",
     "DEFAULT_SHARD_MAX_BYTES",
+    "EVICTION_POLICIES",
+    "Admission",
     "FORMAT_VERSION",
     "BlockBuildPlan",
     "BlockKey",
     "BuildReport",
     "Codec",
     "CompactReport",
+    "EvictionPolicy",
     "Float16Codec",
     "Int8Codec",
     "KVHeader",
@@ -50,6 +57,7 @@ __all__ = [
     "build_part",
     "codec_for",
     "dequantize_int8",
+    "eviction_policy",
     "index_block_texts",
     "open_index_store",
     "plan_build",

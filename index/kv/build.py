@@ -154,7 +154,7 @@ def put_batches(
         extra = len(out) - len(batch)
         if extra:
             logger.warning("kv build: compute_fn returned %d blocks that were not asked for; ignored", extra)
-        store.put_many({k: out[k] for k in batch})
+        store.put_many({k: out[k] for k in batch}, admit=False)  # a build is asked for: no admission rule
         shards += 1
         if progress is not None:
             progress(len(batch))

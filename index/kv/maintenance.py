@@ -29,6 +29,7 @@ from heedrank.index.kv.format import (
     BadEntry,
     Loc,
     io_error,
+    read_shard_index,
     shard_index_bytes,
     shard_meta,
     shard_names,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # the store calls these functions; they never import it
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_SHARD_MAX_BYTES", "CompactReport", "adopt", "adopt_parts", "compact", "verify"]
+__all__ = ["DEFAULT_SHARD_MAX_BYTES", "CompactReport", "adopt", "adopt_parts", "compact", "dead_bytes_by_shard", "reclaim", "verify"]
 
 DEFAULT_SHARD_MAX_BYTES = 256 * 2**20
 """Payload bytes per shard that :func:`compact` writes (256 MiB)."""
@@ -106,76 +107,157 @@ def compact(store: KVStore, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES, s
     Raises:
         KVStoreError: disk full / I/O error (the store is unchanged) or readonly/closed.
     """
+    store._check_writable()
+    with store._writer:
+        store._check_writable()
+        return _rewrite(store, None, shard_max_bytes=shard_max_bytes, show_progress=show_progress)
+
+
+def dead_bytes_by_shard(store: KVStore) -> dict[int, int]:
+    """Bytes of each committed shard's ``.bin`` that no live block uses: deleted, evicted or
+    replaced entries, entries dropped as corrupt, and the alignment padding of those
+    (``bin_bytes`` minus the live entries' payload rounded up to :data:`ALIGN`). ``O(blocks)``."""
+    with store._rw.read():
+        metas = list(store._manifest["shards"])
+        live: dict[int, int] = {}
+        for loc in store._index.values():
+            live[loc.shard] = live.get(loc.shard, 0) + loc.length + (-loc.length % ALIGN)
+    return {m["id"]: max(0, int(m["bin_bytes"]) - live.get(m["id"], 0)) for m in metas}
+
+
+def reclaim(store: KVStore, max_dead_bytes: int, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES) -> CompactReport | None:
+    """Partial compaction, with the store's writer lock HELD by the caller (a bounded store's
+    :meth:`~heedrank.index.kv.KVStore.put_many` calls it): rewrite the live blocks of the
+    shards with the largest share of dead bytes (:func:`dead_bytes_by_shard`), most dead
+    first, until the dead bytes left in the other shards are at most ``max_dead_bytes``,
+    in ONE manifest commit; then remove the rewritten shards. Shards with no live block are
+    just dropped. Tombstones are kept only for keys that the untouched shards still hold.
+
+    Cost: reads and writes the live bytes of the chosen shards once (at most the live bytes
+    of the store), and parses the untouched shards' index files to prune tombstones.
+
+    Returns:
+        What was done, or ``None`` when the dead bytes are already ``<= max_dead_bytes``.
+
+    Raises:
+        KVStoreError: disk full / I/O error (nothing committed: the store is unchanged).
+    """
+    dead = dead_bytes_by_shard(store)
+    total = sum(dead.values())
+    if total <= max_dead_bytes:
+        return None
+    sizes = {m["id"]: max(1, int(m["bin_bytes"])) for m in store._manifest["shards"]}
+    chosen: set[int] = set()
+    for sid in sorted(dead, key=lambda s: (dead[s] / sizes[s], dead[s]), reverse=True):
+        if total <= max_dead_bytes or dead[sid] == 0:
+            break
+        chosen.add(sid)
+        total -= dead[sid]
+    return _rewrite(store, chosen, shard_max_bytes=shard_max_bytes, show_progress=False)
+
+
+def _tombstones_for(store: KVStore, kept: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """The tombstones still needed once only the shards ``kept`` remain of the old ones: those
+    of keys one of them holds (all of them when an index file cannot be read)."""
+    tomb: dict[str, int] = store._manifest["tombstones"]
+    if not tomb or not kept:
+        return {}
+    held: set[str] = set()
+    for meta in kept:
+        rows = read_shard_index(store.path, meta, trust=True)
+        if rows is None:  # cannot tell: keep them all (correct, just not pruned)
+            return dict(tomb)
+        held.update(row[0] for row in rows)
+    return {key: s for key, s in tomb.items() if key in held}
+
+
+def _rewrite(store: KVStore, shard_ids: set[int] | None, *, shard_max_bytes: int, show_progress: bool) -> CompactReport:
+    """Rewrite the live blocks of the shards ``shard_ids`` (all: ``None``) into new shards,
+    commit, remove the old ones. The writer lock is held by the caller. See :func:`compact`."""
     from tqdm.auto import tqdm
 
-    store._check_writable()
     t0 = time.perf_counter()
-    with store._writer:
-        bytes_before = store._dir_bytes()
-        old_shards = list(store._manifest["shards"])
-        with store._rw.read():
-            live = sorted(store._index.items(), key=lambda kv: (kv[1].shard, kv[1].offset))
-        # plan new shards by payload bytes
-        groups: list[list[tuple[BlockKey, Loc]]] = [[]]
-        size = 0
-        for key, loc in live:
-            if groups[-1] and size + loc.length > shard_max_bytes:
-                groups.append([])
-                size = 0
-            groups[-1].append((key, loc))
-            size += loc.length + (-loc.length % ALIGN)
-        groups = [g for g in groups if g]
-        bad: list[tuple[BlockKey, Loc, str]] = []
-        new_metas: list[dict[str, Any]] = []
-        new_locs: dict[BlockKey, Loc] = {}
+    bytes_before = store._dir_bytes()
+    all_shards = list(store._manifest["shards"])
+    old_shards = [m for m in all_shards if shard_ids is None or m["id"] in shard_ids]
+    kept_shards = [m for m in all_shards if shard_ids is not None and m["id"] not in shard_ids]
+    old_ids = {m["id"] for m in old_shards}
+    with store._rw.read():
+        live = [(key, loc) for key, loc in store._index.items() if loc.shard in old_ids]
+    # eviction order first (a reopened store seeds its order from the shard order), else shard order
+    rank = store._eviction_rank()
+    if rank:
+        live.sort(key=lambda kv: (rank.get(kv[0], -1), kv[1].shard, kv[1].offset))
+    else:
+        live.sort(key=lambda kv: (kv[1].shard, kv[1].offset))
+    # plan new shards by payload bytes
+    groups: list[list[tuple[BlockKey, Loc]]] = [[]]
+    size = 0
+    for key, loc in live:
+        if groups[-1] and size + loc.length > shard_max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((key, loc))
+        size += loc.length + (-loc.length % ALIGN)
+    groups = [g for g in groups if g]
+    bad: list[tuple[BlockKey, Loc, str]] = []
+    new_metas: list[dict[str, Any]] = []
+    new_locs: dict[BlockKey, Loc] = {}
 
-        def payloads(group: list[tuple[BlockKey, Loc]]) -> Iterator[tuple[BlockKey, int, Sequence[Any]]]:
-            for key, loc in group:
-                try:
-                    buf = store._read_entry(loc)  # old shards stay mapped: only this writer closes them
-                except BadEntry as exc:
-                    bad.append((key, loc, str(exc)))
-                    bar.update(1)
-                    continue
-                yield key, loc.tokens, [buf]
+    def payloads(group: list[tuple[BlockKey, Loc]]) -> Iterator[tuple[BlockKey, int, Sequence[Any]]]:
+        for key, loc in group:
+            try:
+                buf = store._read_entry(loc)  # old shards stay mapped: only this writer closes them
+            except BadEntry as exc:
+                bad.append((key, loc, str(exc)))
+                bar.update(1)
+                continue
+            yield key, loc.tokens, [buf]
 
-        try:
-            with tqdm(total=len(live), desc="compact kv", unit="block", disable=not show_progress) as bar:
-                for group in groups:
-                    ready = list(payloads(group))  # mmap views of verified entries: cheap
-                    if ready:
-                        meta, locs = store._write_shard(iter(ready), len(ready), progress=bar)
-                        new_metas.append(meta)
-                        new_locs.update(locs)
-            manifest = store._new_manifest(new_metas, {})
-            store._commit(manifest)
-        except BaseException as exc:  # nothing committed: remove the new shards
-            unlink_quiet(*(store.path / m[k] for m in new_metas for k in ("bin", "idx")))
-            if isinstance(exc, OSError):
-                raise io_error("compacting", store.path, exc) from exc
-            raise
-        with store._rw.write():
-            store._manifest = manifest
-            # blocks deleted or re-put meanwhile cannot happen (writer lock held);
-            # entries dropped as corrupt by readers meanwhile stay dropped
-            store._index = {key: loc for key, loc in new_locs.items() if key in store._index}
-            store._maps.clear()
-            store._dropped += len(bad)
-        for key, _loc, why in bad:
-            logger.warning("KV store %s: entry %r is corrupt (%s); dropped by compaction", store.path, key, why)
-        for m in old_shards:
-            unlink_quiet(store.path / m["bin"], store.path / m["idx"])
-        try:
-            fsync_dir(store.path)
-        except OSError:  # pragma: no cover
-            pass
-        report = CompactReport(
-            blocks=len(new_locs), shards_before=len(old_shards), shards_after=len(new_metas),
-            bytes_before=bytes_before, bytes_after=store._dir_bytes(), dropped_entries=len(bad),
-            seconds=time.perf_counter() - t0,
-        )
+    try:
+        with tqdm(total=len(live), desc="compact kv", unit="block", disable=not show_progress) as bar:
+            for group in groups:
+                ready = list(payloads(group))  # mmap views of verified entries: cheap
+                if ready:
+                    meta, locs = store._write_shard(iter(ready), len(ready), progress=bar)
+                    new_metas.append(meta)
+                    new_locs.update(locs)
+        manifest = store._new_manifest(kept_shards + new_metas, _tombstones_for(store, kept_shards))
+        store._commit(manifest)
+    except BaseException as exc:  # nothing committed: remove the new shards
+        unlink_quiet(*(store.path / m[k] for m in new_metas for k in ("bin", "idx")))
+        if isinstance(exc, OSError):
+            raise io_error("compacting", store.path, exc) from exc
+        raise
+    with store._rw.write():
+        store._manifest = manifest
+        # blocks deleted or re-put meanwhile cannot happen (writer lock held);
+        # entries dropped as corrupt by readers meanwhile stay dropped
+        index = {key: loc for key, loc in store._index.items() if loc.shard not in old_ids}
+        index.update((key, loc) for key, loc in new_locs.items() if key in store._index)
+        store._index = index
+        # the store lets go of the old mappings; arrays already returned by reads are decoded
+        # copies, and a mapping still referenced elsewhere stays valid after the unlink (POSIX)
+        for sid in old_ids:
+            store._maps.pop(sid, None)
+        store._dropped += len(bad)
+    store._forget([key for key, _loc, _why in bad])
+    for key, _loc, why in bad:
+        logger.warning("KV store %s: entry %r is corrupt (%s); dropped by compaction", store.path, key, why)
+    for m in old_shards:
+        unlink_quiet(store.path / m["bin"], store.path / m["idx"])
+    try:
+        fsync_dir(store.path)
+    except OSError:  # pragma: no cover
+        pass
+    report = CompactReport(
+        blocks=len(new_locs), shards_before=len(all_shards), shards_after=len(kept_shards) + len(new_metas),
+        bytes_before=bytes_before, bytes_after=store._dir_bytes(), dropped_entries=len(bad),
+        seconds=time.perf_counter() - t0,
+    )
     logger.info(
-        "compacted KV store %s: %d -> %d shards, %d -> %d bytes", store.path,
+        "compacted KV store %s%s: %d -> %d shards, %d -> %d bytes", store.path,
+        "" if shard_ids is None else f" ({len(old_shards)} shards rewritten)",
         report.shards_before, report.shards_after, report.bytes_before, report.bytes_after,
     )
     return report
@@ -197,6 +279,9 @@ def adopt(store: KVStore, source: str | os.PathLike[str], *, verify: bool = Fals
     Crash safety: before the commit the new files are orphans (removed at the next
     writable open) and ``source`` is intact, so a rerun adopts it again; after it,
     ``source`` is redundant.
+
+    With a ``disk_budget``, ``store`` then evicts down to it (the adopted blocks count as
+    the most recent puts) and reclaims dead bytes (:meth:`~heedrank.index.kv.KVStore.enforce_budget`).
 
     Args:
         store: The writable store that adopts.
@@ -247,6 +332,11 @@ def adopt(store: KVStore, source: str | os.PathLike[str], *, verify: bool = Fals
                 raise
             if new_metas:
                 store._install(manifest, locs)
+                try:
+                    store._enforce_budget_locked()  # a bounded store evicts what does not fit
+                except KVStoreError as exc:
+                    logger.warning("KV store %s: could not evict down to its disk budget after adopting %s (%s)",
+                                   store.path, src_path, exc)
         finally:
             src.close()
     if remove:

@@ -18,7 +18,42 @@ Integrity: every read from disk verifies the entry's crc32 (zlib.crc32, ~6 GB/s 
 core: ~0.2 ms for a 1.2 MB entry, small next to decoding it to float32; LRU hits skip it).
 A bad entry (checksum, truncated file, wrong length) is logged, dropped from the in-memory
 index and reported as missing, so a build recomputes it; it is never returned. Reads
-memory-map each shard (``numpy.memmap``), lazily, and keep it mapped.
+memory-map each shard (``numpy.memmap``), lazily, and keep it mapped. What a read returns
+is always a new array decoded from the mapped bytes, never a view of a mapping, so arrays a
+caller holds stay intact whatever happens to the shards later (eviction, compaction, close).
+
+Bounded cache tier (``disk_budget``): by default a store only grows (a full prebuild is the
+unbounded special case). With a disk budget it behaves as a cache:
+
+* Budget: after :meth:`KVStore.put_many` (and :meth:`KVStore.enforce_budget`, a writable
+  open, :meth:`KVStore.adopt`) returns, the live blocks take at most ``disk_budget`` bytes,
+  each counted as its payload rounded up to the 64-byte entry alignment (what it occupies
+  in its shard; so ``stats().live_bytes <= disk_budget``). A put first picks victims
+  (:mod:`heedrank.index.kv.tiers`: ``eviction="lru" | "lfu" | "fifo"``) and tombstones them
+  in the SAME manifest commit that adds its shard: a crash leaves the store before or after
+  the whole put, never over budget and never with a victim half gone. The blocks being put
+  are never victims. A put larger than the budget by itself writes, in the given order,
+  each block that still fits (the others are logged and counted in
+  ``stats().over_budget``); it never raises for that.
+* Disk bytes: evicted and replaced entries stay in their shards as dead bytes. When the dead
+  bytes exceed ``compact_slack * disk_budget`` (default 25%) the put (or delete) reclaims
+  them before returning (:func:`heedrank.index.kv.maintenance.reclaim`: it rewrites the live
+  blocks of the shards with the largest share of dead bytes until at most half that slack is
+  left). So once a write returns, the shard files hold at most
+  ``disk_budget * (1 + compact_slack)`` bytes, plus the index files and the manifest (about
+  the key's length + 50 bytes per block and per tombstone). While a put runs, its new shard (at most
+  ``disk_budget``) comes on top, and while a reclaim runs, the copies it writes (at most the
+  live bytes of the shards it rewrites).
+* Admission (``admit_after``): with ``admit_after=n > 1`` a block is written only on its
+  n-th offer while it is among the last ``admit_window`` distinct keys offered
+  (:class:`heedrank.index.kv.tiers.Admission`), so a one-off candidate never evicts a block
+  that is asked for again; blocks not admitted are not written (``put_many`` does not count
+  them; the caller keeps them in RAM). A block already stored is always rewritten, and
+  ``put_many(..., admit=False)`` (an explicit fill or prebuild) skips admission, never the
+  budget.
+* Access statistics (last access, access count) live in memory, updated by every read hit
+  (RAM-cache hits too) and put; after a reopen (or :meth:`KVStore.refresh`) they are seeded
+  from the shard order: an older shard counts as an older access, every count as 1.
 """
 
 from __future__ import annotations
@@ -64,6 +99,7 @@ from heedrank.index.kv.format import (
     unlink_quiet,
 )
 from heedrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
+from heedrank.index.kv.tiers import Admission, EvictionPolicy, eviction_policy
 from heedrank.index.rwlock import RWLock
 from heedrank.lru import ByteLRU, CacheStats
 
@@ -113,6 +149,11 @@ class KVStoreStats:
         tombstones: Deletions not yet compacted away.
         dropped_entries: Entries found corrupt or truncated since open (served as misses).
         cache: The RAM LRU's counters.
+        disk_budget: The budget of live bytes (``None``: unbounded).
+        evictions: Blocks evicted to stay within the budget since open.
+        not_admitted: Blocks offered to :meth:`KVStore.put_many` and not written by the
+            admission rule since open.
+        over_budget: Blocks not written since open because their put alone exceeded the budget.
     """
 
     blocks: int
@@ -122,6 +163,15 @@ class KVStoreStats:
     tombstones: int
     dropped_entries: int
     cache: CacheStats
+    disk_budget: int | None = None
+    evictions: int = 0
+    not_admitted: int = 0
+    over_budget: int = 0
+
+
+def _disk_size(length: int) -> int:
+    """Bytes an entry of ``length`` payload bytes occupies in its shard (64-byte aligned)."""
+    return length + (-length % ALIGN)
 
 
 class KVStore:
@@ -142,20 +192,40 @@ class KVStore:
             in the LRU, and for a float16 store a plain copy instead of a conversion: ~3x
             faster reads; what a fp16/bf16 model consumes anyway).
         readonly: Open without the writer lock; writes raise :class:`KVStoreError`.
+        disk_budget: Bytes of live blocks on disk (each counted 64-byte aligned), ``> 0``, or
+            ``None`` (default): unbounded. See the module docstring for the eviction and
+            the bound on the bytes of the directory. A readonly opener only reports it.
+        eviction: Which block goes first when the budget is full: ``"lru"`` (default),
+            ``"lfu"`` or ``"fifo"`` (:mod:`heedrank.index.kv.tiers`). Used with a budget only.
+        admit_after: Offers of a block before :meth:`put_many` writes it, ``>= 1``
+            (default 1: every put is written).
+        admit_window: Distinct keys the admission rule remembers, ``>= 1`` (default 100,000).
+        compact_slack: Dead bytes allowed in the shards, as a fraction of ``disk_budget``,
+            ``>= 0`` (default 0.25), before a write reclaims them. Used with a budget only.
 
     Raises (of the constructors):
-        ValidationError: a bad ``out_dtype``, or ``$HEEDRANK_KV_CACHE_BYTES`` is not a byte count.
+        ValidationError: a bad ``out_dtype``, ``disk_budget``, ``admit_after``,
+            ``admit_window`` or ``compact_slack``, or ``$HEEDRANK_KV_CACHE_BYTES`` is not a
+            byte count.
+        UnknownNameError: an unknown ``eviction`` (a :class:`ValidationError`).
     """
 
     def __init__(
         self, path: Path, header: KVHeader, *, readonly: bool, cache_bytes: int | None, lock_fd: int | None,
-        out_dtype: str = "float32",
+        out_dtype: str = "float32", disk_budget: int | None = None, eviction: str = "lru", admit_after: int = 1,
+        admit_window: int = 100_000, compact_slack: float = 0.25,
     ) -> None:
         try:
             if out_dtype not in ("float32", "float16"):
                 raise ValidationError(f"out_dtype must be 'float32' or 'float16', got {out_dtype!r}")
             budget = KV_CACHE_BUDGET.from_env() if cache_bytes is None else int(cache_bytes)
             codec = codec_for(header)
+            if disk_budget is not None and (isinstance(disk_budget, bool) or int(disk_budget) <= 0):
+                raise ValidationError(f"disk_budget must be a positive number of bytes or None (unbounded), got {disk_budget!r}")
+            if not compact_slack >= 0:
+                raise ValidationError(f"compact_slack must be >= 0 (a fraction of disk_budget), got {compact_slack!r}")
+            policy = eviction_policy(eviction)
+            admission = Admission(admit_after, admit_window)
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -177,17 +247,30 @@ class KVStore:
         self._next_shard = 0
         self._dropped = 0
         self._closed = False
+        self.disk_budget: int | None = None if disk_budget is None else int(disk_budget)
+        """Bytes of live blocks allowed on disk (``None``: unbounded)."""
+        self.eviction = eviction
+        self.compact_slack = float(compact_slack)
+        self._policy: EvictionPolicy | None = policy if self.disk_budget is not None and not readonly else None
+        self._admission = admission
+        self._evictions = 0
+        self._not_admitted = 0
+        self._over_budget = 0
 
     # ---- constructors
 
     @classmethod
     def create(
-        cls, path: str | os.PathLike[str], header: KVHeader, *, cache_bytes: int | None = None, out_dtype: str = "float32"
+        cls, path: str | os.PathLike[str], header: KVHeader, *, cache_bytes: int | None = None, out_dtype: str = "float32",
+        disk_budget: int | None = None, eviction: str = "lru", admit_after: int = 1, admit_window: int = 100_000,
+        compact_slack: float = 0.25,
     ) -> KVStore:
-        """Create an empty store at ``path`` (a new or empty directory).
+        """Create an empty store at ``path`` (a new or empty directory). The keywords are
+        the class's (see :class:`KVStore`).
 
         Raises:
             KVStoreError: ``path`` exists and is not empty, or cannot be written.
+            ValidationError: a bad keyword.
         """
         path = Path(path).expanduser().absolute()
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -197,7 +280,11 @@ class KVStore:
         except OSError as exc:
             raise io_error("creating the directory", path, exc) from exc
         lock_fd = cls._acquire_lock(path)
-        store = cls(path, header, readonly=False, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype)
+        store = cls(
+            path, header, readonly=False, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype,
+            disk_budget=disk_budget, eviction=eviction, admit_after=admit_after, admit_window=admit_window,
+            compact_slack=compact_slack,
+        )
         try:
             write_atomic(path / HEADER_FILE, header_bytes(header), write=_write)
             store._manifest = store._new_manifest([], {})
@@ -211,17 +298,24 @@ class KVStore:
     @classmethod
     def open(
         cls, path: str | os.PathLike[str], expected_header: KVHeader, *, readonly: bool = False,
-        cache_bytes: int | None = None, out_dtype: str = "float32",
+        cache_bytes: int | None = None, out_dtype: str = "float32", disk_budget: int | None = None,
+        eviction: str = "lru", admit_after: int = 1, admit_window: int = 100_000, compact_slack: float = 0.25,
     ) -> KVStore:
-        """Open an existing store, checking it was built for ``expected_header``.
+        """Open an existing store, checking it was built for ``expected_header``. The keywords
+        are the class's (see :class:`KVStore`).
 
-        A writable open also removes uncommitted files (shards of a writer that died, tmp files).
+        A writable open also removes uncommitted files (shards of a writer that died, tmp
+        files) and, with a ``disk_budget`` smaller than what the store holds, evicts down to
+        it (the oldest shards' blocks first: there are no access statistics yet) and reclaims
+        the dead bytes (:meth:`enforce_budget`; an I/O error there is logged, not raised:
+        the next write tries again).
 
         Raises:
             KVStoreMismatchError: the stored header differs (the message names the fields and
                 the rebuild command).
             KVStoreError: no store at ``path``, damaged header/manifest, or another process
                 holds the writer lock.
+            ValidationError: a bad keyword.
         """
         path = Path(path).expanduser().absolute()
         header_file = path / HEADER_FILE
@@ -237,7 +331,11 @@ class KVStore:
         if stored != expected_header:
             raise _mismatch(path, stored, expected_header)
         lock_fd = None if readonly else cls._acquire_lock(path)
-        store = cls(path, stored, readonly=readonly, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype)
+        store = cls(
+            path, stored, readonly=readonly, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype,
+            disk_budget=disk_budget, eviction=eviction, admit_after=admit_after, admit_window=admit_window,
+            compact_slack=compact_slack,
+        )
         try:
             store._load()
             if not readonly:
@@ -245,6 +343,11 @@ class KVStore:
         except BaseException:
             store.close()
             raise
+        if store._policy is not None:
+            try:
+                store.enforce_budget()
+            except KVStoreError as exc:
+                logger.warning("KV store %s: could not shrink to its disk budget at open (%s); the next write tries again", path, exc)
         return store
 
     @classmethod
@@ -351,6 +454,9 @@ class KVStore:
             self._maps.clear()
             self._dropped += dropped
         self._cache.clear()
+        if self._policy is not None:  # no access statistics survive a reopen: shard order it is
+            ordered = sorted(index.items(), key=lambda kv: (kv[1].shard, kv[1].offset))
+            self._policy.seed((key, _disk_size(loc.length)) for key, loc in ordered)
 
     def _remove_orphans(self) -> None:
         committed = {name for m in self._manifest["shards"] for name in (m["bin"], m["idx"])}
@@ -394,7 +500,7 @@ class KVStore:
             size = len(mm)  # unlinked (e.g. compacted by another process): the mapping stays valid
         if end > size:
             raise BadEntry(f"shard truncated to {size} bytes, entry ends at byte {end}")
-        buf = mm[loc.offset : end]
+        buf = mm[loc.offset : end].view(np.ndarray)  # a plain array: what is decoded from it is too
         if zlib.crc32(buf.data) != loc.crc:
             raise BadEntry("crc32 mismatch")
         return buf
@@ -437,6 +543,8 @@ class KVStore:
         if bad:
             self._drop(bad)
         found = {key: got[key] for key in wanted if key in got}
+        if self._policy is not None and found:
+            self._policy.touch(found)
         return found, [key for key in wanted if key not in got]
 
     def get(self, key: BlockKey) -> tuple[np.ndarray, np.ndarray] | None:
@@ -449,6 +557,7 @@ class KVStore:
             for key, loc, why in bad:
                 if self._index.get(key) == loc:
                     del self._index[key]
+                    self._forget([key])
                     self._dropped += 1
                     meta = next((m for m in self._manifest["shards"] if m["id"] == loc.shard), {"bin": loc.shard})
                     logger.warning(
@@ -538,29 +647,164 @@ class KVStore:
             raise
         return shard_meta(sid, offset, idx, len(rows)), locs
 
-    def _install(self, manifest: dict[str, Any], locs: Mapping[BlockKey, Loc]) -> None:
+    def _install(self, manifest: dict[str, Any], locs: Mapping[BlockKey, Loc], evicted: Sequence[BlockKey] = ()) -> None:
         """After ``manifest`` is committed: serve it, with ``locs`` new or moved (their RAM
-        copies invalidated)."""
+        copies invalidated) and ``evicted`` gone."""
         with self._rw.write():
             self._manifest = manifest
+            for key in evicted:
+                self._index.pop(key, None)
+                self._cache.pop(key)
             self._index.update(locs)
             for key in locs:
                 self._cache.pop(key)
+            if self._policy is not None:
+                self._policy.remove(evicted)
+                self._policy.put((key, _disk_size(loc.length)) for key, loc in locs.items())
+            self._evictions += len(evicted)
 
-    def put_many(self, items: Mapping[BlockKey, tuple[Any, Any]]) -> int:
-        """Store blocks as ONE new shard, committed atomically (all or none).
+    # ---- the budget (see the module docstring and heedrank.index.kv.tiers)
+
+    def _forget(self, keys: Iterable[BlockKey]) -> None:
+        """Blocks no longer live (dropped as corrupt): out of the eviction bookkeeping."""
+        if self._policy is not None:
+            self._policy.remove(keys)
+
+    def _eviction_rank(self) -> dict[BlockKey, int]:
+        """``{key: position}`` in the eviction order (first victim 0); ``{}`` without a budget.
+        Compaction writes blocks in this order, so a reopened store seeds a similar one."""
+        if self._policy is None:
+            return {}
+        return {key: i for i, key in enumerate(self._policy.order())}
+
+    def _admit(self, encoded: list[tuple[BlockKey, int, list[np.ndarray]]], admit: bool) -> list[tuple[BlockKey, int, list[np.ndarray]]]:
+        """The blocks the admission rule lets through (all with ``admit=False`` or ``admit_after=1``;
+        a block already stored always passes). Counts the others."""
+        if self._admission.after <= 1:
+            return encoded
+        if not admit:
+            self._admission.forget(key for key, _, _ in encoded)
+            return encoded
+        with self._rw.read():
+            stored = {key for key, _, _ in encoded if key in self._index}
+        kept = [e for e in encoded if e[0] in stored or self._admission.offer(e[0])]
+        refused = len(encoded) - len(kept)
+        if refused:
+            self._not_admitted += refused
+            logger.debug("KV store %s: %d of %d blocks not admitted (admit_after=%d)", self.path, refused, len(encoded),
+                         self._admission.after)
+        return kept
+
+    def _make_room(self, encoded: list[tuple[BlockKey, int, list[np.ndarray]]]) -> tuple[list[tuple[BlockKey, int, list[np.ndarray]]], list[BlockKey]]:
+        """With a budget: ``(blocks to write, victims to evict in the same commit)``. Blocks
+        are taken in the given order while they fit in the budget by themselves; the others
+        are counted and logged."""
+        budget, policy = self.disk_budget, self._policy
+        if budget is None or policy is None:
+            return encoded, []
+        kept: list[tuple[BlockKey, int, list[np.ndarray]]] = []
+        room = budget
+        for entry in encoded:
+            size = _disk_size(self.codec.nbytes(entry[1]))
+            if size <= room:
+                kept.append(entry)
+                room -= size
+        skipped = len(encoded) - len(kept)
+        if skipped:
+            self._over_budget += skipped
+            logger.warning(
+                "KV store %s: a put of %d blocks exceeds the disk budget of %d bytes by itself; %d blocks not written",
+                self.path, len(encoded), budget, skipped,
+            )
+        keys = {key for key, _, _ in kept}
+        replaced = sum(policy.size(key) or 0 for key in keys)
+        need = policy.total_bytes - replaced + (budget - room) - budget
+        return kept, policy.victims(need, protect=keys)
+
+    def _tombstone_locked(self, keys: Sequence[BlockKey], what: str) -> dict[str, Any]:
+        """Commit tombstones for live ``keys`` (the writer lock held); the new manifest.
+        Raises KVStoreError (nothing committed)."""
+        tomb = dict(self._manifest["tombstones"])
+        for key in keys:
+            tomb[key] = self._next_shard
+        manifest = self._new_manifest(list(self._manifest["shards"]), tomb)
+        try:
+            self._commit(manifest)
+        except OSError as exc:
+            raise io_error(what, self.path, exc) from exc
+        return manifest
+
+    def _reclaim_locked(self) -> None:
+        """With a budget: when the shards' dead bytes exceed ``compact_slack * disk_budget``,
+        rewrite the most-dead shards until at most half that is left (the writer lock held).
+        A failure (disk full) is logged: the store stays as it was and the next write retries."""
+        if self._policy is None or self.disk_budget is None:
+            return
+        bins = sum(int(m["bin_bytes"]) for m in self._manifest["shards"])
+        slack = self.compact_slack * self.disk_budget
+        if bins - self._policy.total_bytes <= slack:
+            return
+        try:
+            maintenance.reclaim(self, int(slack / 2))
+        except KVStoreError as exc:
+            logger.warning("KV store %s: reclaiming dead bytes failed (%s); the next write tries again", self.path, exc)
+
+    def _enforce_budget_locked(self) -> int:
+        """Evict down to the budget and reclaim dead bytes (the writer lock held). Returns the
+        blocks evicted. Raises KVStoreError when the eviction cannot be committed."""
+        if self._policy is None or self.disk_budget is None:
+            return 0
+        victims = self._policy.victims(self._policy.total_bytes - self.disk_budget)
+        if victims:
+            manifest = self._tombstone_locked(victims, "committing an eviction")
+            self._install(manifest, {}, victims)
+            logger.info("KV store %s: evicted %d blocks to stay within its disk budget of %d bytes", self.path,
+                        len(victims), self.disk_budget)
+        self._reclaim_locked()
+        return len(victims)
+
+    def enforce_budget(self) -> int:
+        """Evict blocks (in the policy's order) until the live ones fit in ``disk_budget``,
+        in one manifest commit, then reclaim dead bytes if they exceed the slack. A no-op
+        without a budget (or readonly). :meth:`put_many` keeps the budget by itself; this is
+        for a store opened with a smaller budget than it holds (the writable open calls it)
+        and after :meth:`adopt`.
+
+        Returns:
+            Blocks evicted.
+
+        Raises:
+            KVStoreError: I/O error (nothing evicted) or a closed store.
+        """
+        if self._policy is None:
+            return 0
+        self._check_writable()
+        with self._writer:
+            self._check_writable()
+            return self._enforce_budget_locked()
+
+    def put_many(self, items: Mapping[BlockKey, tuple[Any, Any]], *, admit: bool = True) -> int:
+        """Store blocks as ONE new shard, committed atomically (all or none), together with
+        the eviction of the blocks that make room for them when the store has a
+        ``disk_budget``; then, with a budget, reclaim dead bytes past the slack (see the
+        module docstring).
 
         Args:
             items: ``{key: (keys, values)}``, each float ``(n_layers, kv_heads, T, head_dim)``
                 (float16/float32/...; converted to the store's dtype). A stored key is replaced.
+                Every array is checked, admitted or not.
+            admit: Apply the admission rule (``admit_after``). ``False`` (an explicit fill or
+                prebuild) writes every block, still within the budget.
 
         Returns:
-            Blocks written.
+            Blocks written: the admitted ones that fit in the budget (the others are not
+            written, and not an error: see :meth:`stats`).
 
         Raises:
             ValidationError: a bad key or array (nothing written).
             KVStoreError: disk full or another I/O error (nothing committed, partial files
-                removed), or a readonly/closed store.
+                removed, nothing evicted), or a readonly/closed store. A failed reclaim after
+                the commit is only logged.
         """
         self._check_writable()
         encoded: list[tuple[BlockKey, int, list[np.ndarray]]] = []
@@ -573,11 +817,17 @@ class KVStore:
             return 0
         with self._writer:
             self._check_writable()
+            encoded = self._admit(encoded, admit)
+            encoded, evict = self._make_room(encoded)
+            if not encoded:
+                return 0
             bin_path = ""
             try:
                 meta, locs = self._write_shard(iter(encoded), len(encoded))
                 bin_path = meta["bin"]
                 tomb = {k: s for k, s in self._manifest["tombstones"].items() if k not in locs}
+                for key in evict:  # hides them in every shard so far, this one included
+                    tomb[key] = self._next_shard
                 manifest = self._new_manifest(self._manifest["shards"] + [meta], tomb)
                 try:
                     self._commit(manifest)
@@ -586,12 +836,15 @@ class KVStore:
                     raise
             except OSError as exc:
                 raise io_error(f"writing shard {bin_path or 'of ' + str(len(encoded)) + ' blocks'}", self.path, exc) from exc
-            self._install(manifest, locs)
-        logger.debug("KV store %s: committed %s (%d blocks, %d bytes)", self.path, meta["bin"], meta["entries"], meta["bin_bytes"])
+            self._install(manifest, locs, evict)
+            self._reclaim_locked()
+        logger.debug("KV store %s: committed %s (%d blocks, %d bytes; %d evicted)", self.path, meta["bin"], meta["entries"],
+                     meta["bin_bytes"], len(evict))
         return len(encoded)
 
     def delete(self, keys: Iterable[BlockKey]) -> int:
-        """Delete blocks (tombstones, committed atomically; bytes come back on :meth:`compact`).
+        """Delete blocks (tombstones, committed atomically; bytes come back on :meth:`compact`,
+        or at once past the slack with a ``disk_budget``).
 
         Returns:
             Blocks that were stored and are now deleted.
@@ -605,19 +858,14 @@ class KVStore:
                 live = [k for k in dict.fromkeys(keys) if k in self._index]
             if not live:
                 return 0
-            tomb = dict(self._manifest["tombstones"])
-            for key in live:
-                tomb[key] = self._next_shard
-            manifest = self._new_manifest(list(self._manifest["shards"]), tomb)
-            try:
-                self._commit(manifest)
-            except OSError as exc:
-                raise io_error("committing a deletion", self.path, exc) from exc
+            manifest = self._tombstone_locked(live, "committing a deletion")
             with self._rw.write():
                 self._manifest = manifest
                 for key in live:
                     self._index.pop(key, None)
                     self._cache.pop(key)
+                self._forget(live)
+            self._reclaim_locked()
         return len(live)
 
     # ---- maintenance (heedrank.index.kv.maintenance)
@@ -658,14 +906,19 @@ class KVStore:
         return total
 
     def stats(self) -> KVStoreStats:
-        """Blocks, shards, bytes on disk (whole directory), live payload bytes, cache counters."""
+        """Blocks, shards, bytes on disk (whole directory), live payload bytes, cache counters,
+        the disk budget and the eviction / admission counters since open."""
         with self._rw.read():
             blocks = len(self._index)
             live = sum(loc.length for loc in self._index.values())
             shards = len(self._manifest.get("shards", []))
             tombstones = len(self._manifest.get("tombstones", {}))
             dropped = self._dropped
-        return KVStoreStats(blocks, shards, self._dir_bytes(), live, tombstones, dropped, self._cache.stats())
+        return KVStoreStats(
+            blocks, shards, self._dir_bytes(), live, tombstones, dropped, self._cache.stats(),
+            disk_budget=self.disk_budget, evictions=self._evictions, not_admitted=self._not_admitted,
+            over_budget=self._over_budget,
+        )
 
     def cache_stats(self) -> CacheStats:
         """The RAM LRU's counters (hits, misses, evictions, bytes) for /metrics."""

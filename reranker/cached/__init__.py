@@ -243,6 +243,15 @@ class CachedBlockRankReranker(BlockRankReranker):
         """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
         return [block_key(document_block(self.base_lm.tokenizer, self.layout, t)[0]) for t in texts]
 
+    def cold_candidates(self, candidates: Sequence[Document], block_store: Any = None) -> list[bool]:
+        """Per candidate, whether its block would have to be encoded now: in neither
+        ``block_store`` (the collection's document KV store) nor the RAM tier
+        (:meth:`block_source`). Tokenisation only, no LM pass; a store read that later fails
+        its checksum is still encoded then."""
+        keys = self.block_keys([doc.content for doc in candidates])
+        memory = self.block_source().memory
+        return [not ((block_store is not None and block_store.contains(k)) or k in memory) for k in keys]
+
     def instruction_kv(self) -> list[tuple[Any, Any]]:
         """Block 0's keys/values for layers ``0..kv_depth`` (computed once per reranker)."""
         depth = self.kv_depth

@@ -111,13 +111,14 @@ def _client(index_dir, method="cachedfake", options=None, **kw):
     from heedrank.api.app import create_app
     from heedrank.settings import Settings
 
+    kw.setdefault("fill_blocks", False)  # the background fill has its own tests below
     settings = Settings(index=str(index_dir), rerank_method=method, rerank_options=options or {}, warmup=False, **kw)
     return TestClient(create_app(settings))
 
 
-def _stored(client) -> set[str]:
+def _stored(client, method: str = "cachedfake") -> set[str]:
     pipeline = client.app.state.pipeline
-    reranker = pipeline.rerankers.get("cachedfake")[0]
+    reranker = pipeline.rerankers.get(method)[0]
     return set(pipeline.index.block_store(reranker.block_store_header()).keys())
 
 
@@ -192,3 +193,107 @@ def test_startup_check_with_the_real_blockrank(index_dir):
         assert runtime.wait_ready(300) and runtime.status == "failed"
         error = c.get("/health").json()["error"]
         assert "index kv build" in error and "--layer 4" in error and "layer: stored 3, expected 4" in error
+
+
+class ColdAwareFake(CachedFake):
+    """:class:`CachedFake` that says which candidates are cold (not in the store), as cached
+    BlockRank does, so that a recompute budget applies."""
+
+    def cold_candidates(self, candidates: Sequence[Document], block_store: Any = None) -> list[bool]:
+        keys = self.block_keys([c.content for c in candidates])
+        return [block_store is None or not block_store.contains(k) for k in keys]
+
+
+def _wait(predicate, seconds: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_cold_store_answers_at_once_and_fills_in_the_background(monkeypatch, index_dir):
+    """No store at start-up: a search with a budget of 0 reranks nothing and keeps the first
+    stage (saying so), the background fill stores every document's block, and then the same
+    search is fully reranked; a restart finds the store filled and encodes nothing."""
+    from heedrank.blocks import BlockFiller
+
+    monkeypatch.setitem(registry._RERANKERS, "coldfake", ColdAwareFake)
+    monkeypatch.setattr(BlockFiller, "scan_chunk", 1)
+    body = {"query": "apples fruit", "top_k": 3, "retriever": "bm25",
+            "rerank": {"method": "coldfake", "candidates": 3, "cold_budget": 0}}
+    gate = __import__("threading").Event()
+    real_scan = BlockFiller._scan
+
+    def held_scan(self):  # the fill's document scan waits for the test's first search
+        gate.wait(10)
+        yield from real_scan(self)
+
+    monkeypatch.setattr(BlockFiller, "_scan", held_scan)
+    with _client(index_dir, method="coldfake", fill_blocks=True) as c:
+        runtime = c.app.state.runtime
+        assert runtime.wait_ready(10) and runtime.status == "ok"
+        first = c.post("/search", json=body).json()
+        assert first["rerank"]["reranked"] == 0 and first["rerank"]["skipped_cold"] == 3
+        assert all(h["reranked"] is False for h in first["results"])
+        plain = c.post("/search", json={**body, "rerank": False}).json()
+        assert [h["doc_id"] for h in first["results"]] == [h["doc_id"] for h in plain["results"]]  # first stage kept
+        gate.set()
+        filler = runtime.fillers["default"]
+        _wait(lambda: filler.scan_done and filler.queued() == 0)
+        assert len(_stored(c, "coldfake")) == 3  # a1 and a4 share one block
+        again = c.post("/search", json=body).json()
+        assert again["rerank"]["reranked"] == 3 and again["rerank"]["skipped_cold"] == 0
+        assert all(h["reranked"] for h in again["results"])
+        unlimited = c.post("/search", json={**body, "rerank": {**body["rerank"], "cold_budget": "unlimited"}})
+        assert unlimited.status_code == 200 and unlimited.json()["rerank"]["skipped_cold"] == 0
+    with _client(index_dir, method="coldfake", fill_blocks=True) as c:
+        runtime = c.app.state.runtime
+        assert runtime.wait_ready(10)
+        filler = runtime.fillers["default"]
+        _wait(lambda: filler.scan_done)
+        assert filler.filled == 0
+
+
+def test_the_fill_yields_to_requests(monkeypatch, index_dir):
+    """While a request is in flight the fill encodes nothing; it resumes when the service is idle."""
+    from heedrank.blocks import BlockFiller
+
+    monkeypatch.setitem(registry._RERANKERS, "coldfake", ColdAwareFake)
+    with _client(index_dir, method="coldfake") as c:  # no fill at start-up: driven by hand below
+        runtime = c.app.state.runtime
+        assert runtime.wait_ready(10)
+        pipeline = c.app.state.pipeline
+        reranker, lock = pipeline.rerankers.get("coldfake")
+        cache = pipeline.rerankers
+        with cache._idle:
+            cache._active += 1  # a request in flight
+        filler = BlockFiller(pipeline.index, reranker, lock, cache).start()
+        try:
+            import time
+
+            time.sleep(0.3)
+            assert filler.filled == 0 and not _stored(c, "coldfake")
+            with cache._idle:
+                cache._active -= 1
+                cache._idle.notify_all()
+            _wait(lambda: filler.scan_done)
+            filler.stop()
+            assert filler.filled == 3 and len(_stored(c, "coldfake")) == 3
+        finally:
+            filler.stop()
+
+
+def test_the_fill_stops_at_the_disk_budget(monkeypatch, index_dir):
+    """A store with room for fewer than the three distinct blocks: the fill stores what fits, counting
+    each block at the largest a block can be, and stops its scan; the store never passes its budget."""
+    monkeypatch.setitem(registry._RERANKERS, "coldfake", ColdAwareFake)
+    largest = 128  # a fake block of 8 tokens: (2, 1, 8, 2) float16 keys and values
+    with _client(index_dir, method="coldfake", fill_blocks=True, kv_disk_bytes=2 * largest) as c:
+        runtime = c.app.state.runtime
+        assert runtime.wait_ready(10)
+        filler = runtime.fillers["default"]
+        _wait(lambda: filler.at_budget)
+        stats = filler.store.stats()
+        assert 1 <= stats.blocks < 3 and stats.live_bytes <= 2 * largest and not filler.scan_done

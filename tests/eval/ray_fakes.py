@@ -150,8 +150,8 @@ class StopAfterFirstShard:
         original = kvstore.KVStore.put_many
         flag, mode = self.flag, self.mode
 
-        def put_many(store, items):
-            n = original(store, items)
+        def put_many(store, items, **kw):
+            n = original(store, items, **kw)
             try:
                 fd = os.open(flag, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             except FileExistsError:

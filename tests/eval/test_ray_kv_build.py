@@ -80,12 +80,14 @@ def local_blocks(corpus, encoder, tmp_path_factory):
 
 
 def _assert_same_blocks(store, reference):
+    """Equal to fp16 rounding; atol 1e-5 for values near 0, where another batching's float32
+    rounding moves a value by a few fp16 steps (the keys and values are O(1))."""
     got = _blocks(store)
     assert sorted(got) == sorted(reference)
     for key, (k, v) in reference.items():
         assert got[key][0].shape == k.shape
-        np.testing.assert_allclose(got[key][0], k, rtol=2**-10, atol=1e-6, err_msg=f"keys of block {key}")
-        np.testing.assert_allclose(got[key][1], v, rtol=2**-10, atol=1e-6, err_msg=f"values of block {key}")
+        np.testing.assert_allclose(got[key][0], k, rtol=2**-10, atol=1e-5, err_msg=f"keys of block {key}")
+        np.testing.assert_allclose(got[key][1], v, rtol=2**-10, atol=1e-5, err_msg=f"values of block {key}")
 
 
 def _build_on_ray(ix, encoder, config, options, **kw):

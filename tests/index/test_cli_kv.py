@@ -41,7 +41,7 @@ def test_kv_build_info_rerun_and_mismatch(tiny_index: Path) -> None:
     assert first.exit_code == 0, first.output
     report = json.loads(first.stdout[first.stdout.index("{"):])
     assert report["blocks"] == 5 and report["computed"] == 5 and report["skipped"] == 0  # 6 docs, 5 distinct texts
-    assert report["header"]["layer"] == 3 and report["header"]["dtype"] == "float16"
+    assert report["header"]["layer"] == 3 and report["header"]["dtype"] == "int8"  # the default
     again = runner.invoke(app, args)
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout[again.stdout.index("{"):])["computed"] == 0

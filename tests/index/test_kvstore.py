@@ -502,7 +502,13 @@ import json, sys, time
 from heedrank.index.kv import store as kv
 path, slow_from, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 h = kv.KVHeader(**json.loads(sys.argv[4]))
-store = kv.KVStore.open_or_create(path, h, cache_bytes=0)
+budget = int(sys.argv[5]) if len(sys.argv) > 5 else None
+store = kv.KVStore.open_or_create(path, h, cache_bytes=0, disk_budget=budget)
+real_reclaim = kv.maintenance.reclaim
+def noisy_reclaim(*args, **kwargs):
+    print("reclaim", flush=True)
+    return real_reclaim(*args, **kwargs)
+kv.maintenance.reclaim = noisy_reclaim
 real, state = kv._write, {"batch": 0}
 def slow_write(fd, data):
     if state["batch"] >= slow_from:
@@ -514,14 +520,17 @@ for b in range(100000):
     ids = [f"{prefix}b{b}-{i}" for i in range(8)]
     print(f"writing {b}", flush=True)
     store.put_many({d: doc_arrays(d, h.n_layers, h.kv_heads, h.head_dim, h.max_doc_tokens) for d in ids})
+    if budget is not None and b > 0:  # scramble the LRU order (evictions all over the shards); this batch last
+        store.get_many([f"{prefix}b{(b * 7 + j) % b}-{j}" for j in range(6)] + ids)
     print(f"committed {b}", flush=True)
 '''
 
 
-def _spawn(path: Path, slow_from: int, prefix: str) -> subprocess.Popen:
+def _spawn(path: Path, slow_from: int, prefix: str, budget: int | None = None) -> subprocess.Popen:
     hdr = {k: v for k, v in H.to_dict().items() if k != "n_layers"}
+    extra = [] if budget is None else [str(budget)]
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(path), str(slow_from), prefix, json.dumps(hdr)],
+        [sys.executable, "-c", _CHILD, str(path), str(slow_from), prefix, json.dumps(hdr), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -591,6 +600,65 @@ def test_kill9_mid_write_leaves_only_committed_shards(tmp_path):
         done = [int(x.split()[1]) for x in lines if x.startswith("committed")]
         committed[f"r{r}"] = max(done)
         _check_after_kill(path, committed)
+
+
+def _check_bounded_after_kill(path: Path, budget: int, acked: tuple[str, int] | None) -> None:
+    """After a kill -9 of a bounded writer: what is committed is within the budget and reads
+    back exactly, before any repair (readonly) and after the writable open's cleanup."""
+    with KVStore.open(path, H, readonly=True, cache_bytes=0) as r:  # as the kill left it
+        st = r.stats()
+        assert st.live_bytes <= budget
+        assert_exact(r, r.keys())  # crc32 and exact values of every live block
+        if acked is not None:  # the last acknowledged batch is the newest: never a victim yet
+            prefix, b = acked
+            assert all(r.contains(f"{prefix}b{b}-{i}") for i in range(8))
+    with KVStore.open(path, H, cache_bytes=0, disk_budget=budget) as s:
+        assert set(os.listdir(path)) == committed_files(path)  # orphans of a put or a reclaim removed
+        st = s.stats()
+        assert st.live_bytes <= budget and st.evictions == 0
+        shard_bytes = sum(p.stat().st_size for p in path.glob("shard-*.bin"))
+        assert shard_bytes <= budget * 1.25  # dead bytes past the slack are reclaimed at open
+        assert_exact(s, s.keys())
+
+
+def test_kill9_during_eviction_and_reclaim_keeps_the_store_consistent(tmp_path):
+    path = tmp_path / "kv"
+    budget = 3 * 8 * H.entry_nbytes(H.max_doc_tokens)  # ~5 batches of 8 blocks: evicts from about the 6th
+    rng = random.Random(29)
+    written = reclaims = 0
+    # 1) writes slowed from batch 5; the child reads earlier blocks after each put, so evictions
+    #    leave shards partly live and a reclaim rewrites blocks: SIGKILL while it writes its shard
+    # 2) slowed from the start, killed shortly after a reclaim starts; 3) full speed, random times
+    runs = [(5, "reclaim"), (0, "reclaim"), (0, "reclaim"), (10**9, "committed 0"), (10**9, "committed 0")]
+    for r, (slow_from, want) in enumerate(runs):
+        proc = _spawn(path, slow_from=slow_from, prefix=f"k{r}", budget=budget)
+        lines: list[str] = []
+        try:
+            _wait_line(proc, want, lines)
+            if r == 0:
+                deadline = time.monotonic() + 10
+                partial: list[Path] = []
+                while not partial and time.monotonic() < deadline:
+                    partial = [p for p in path.glob("shard-*.bin")
+                               if p.name not in committed_files(path) and p.stat().st_size > 0]
+                    time.sleep(0.002)
+                assert partial, "the reclaim wrote no shard"
+            else:
+                time.sleep(rng.uniform(0.0, 0.05 if want == "reclaim" else 0.2))
+            proc.kill()
+        finally:
+            proc.wait(timeout=10)
+        lines += [x.strip() for x in proc.stdout.read().splitlines()]
+        if r == 0:
+            # killed mid-rewrite: its shard is left uncommitted (>= 2 slowed writes, 40 ms, remained)
+            assert lines[-1] == "reclaim" and all(p.exists() and p.name not in committed_files(path) for p in partial)
+        done = [int(x.split()[1]) for x in lines if x.startswith("committed")]
+        written += 8 * len(done)
+        reclaims += lines.count("reclaim")
+        _check_bounded_after_kill(path, budget, (f"k{r}", max(done)) if done else None)
+    with KVStore.open(path, H, readonly=True) as s:
+        assert written > len(s)  # blocks were evicted
+    assert reclaims >= 3
 
 
 def test_float16_output_option(tmp_path):

@@ -71,7 +71,7 @@ def test_cached_mode_linear_path_equals_the_masked_reference(default_lm, nf_docs
 
 def test_scores_from_stored_blocks_equal_the_uncached_path(default_lm, nf_docs, tmp_path) -> None:
     query = "do statins reduce cancer risk"
-    first = _reranker(default_lm)
+    first = _reranker(default_lm, kv_dtype="float16")  # the exact store; int8 has its own bound (test_kvstore)
     header = first.block_store_header()
     docs = nf_docs[:8]
     expected = _reference(first, query, docs)
@@ -80,7 +80,7 @@ def test_scores_from_stored_blocks_equal_the_uncached_path(default_lm, nf_docs, 
         assert cold.details["cache"] == {"hits": 0, "misses": 8}
         assert len(store) == 8
     # a fresh reranker (empty RAM cache) reads every block from the store
-    second = _reranker(default_lm)
+    second = _reranker(default_lm, kv_dtype="float16")
     with KVStore.open(tmp_path / "kv", header) as store:
         warm = second.rerank(Query("q", query), docs, block_store=store)
         assert warm.details["cache"] == {"hits": 8, "misses": 0}
@@ -166,3 +166,21 @@ def test_the_shipped_weights_card_matches_the_default_model(default_lm) -> None:
     r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=card["max_doc_tokens"], options={
         "query_adapter": None, "layer": card["layer"], "scoring": "learned"}), lm=default_lm)
     assert r.learned_weights().shape == (card["layer"] + 1, default_lm.num_heads)
+
+
+def test_scores_from_an_int8_store_stay_close_to_the_uncached_path(default_lm, nf_docs, tmp_path) -> None:
+    """The default store (int8: per-channel keys, per-token values): scores read back from it
+    stay within 2% of the score range of the exact path, and the top document is the same."""
+    query = "do statins reduce cancer risk"
+    r = _reranker(default_lm)
+    assert r.block_store_header().dtype == "int8"  # the default
+    docs = nf_docs[:8]
+    expected = _reference(r, query, docs)
+    with KVStore.create(tmp_path / "kv", r.block_store_header()) as store:
+        r.rerank(Query("q", query), docs, block_store=store)
+        warm = _reranker(default_lm).rerank(Query("q", query), docs, block_store=store)
+        assert warm.details["cache"] == {"hits": 8, "misses": 0}
+    got = _scores(warm, docs)
+    spread = max(expected) - min(expected)
+    assert max(abs(x - y) for x, y in zip(got, expected)) < 0.02 * spread
+    assert warm.ranking.hits[0].doc_id == docs[max(range(8), key=lambda i: expected[i])].doc_id

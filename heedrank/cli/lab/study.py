@@ -39,7 +39,7 @@ def lab_dump(
                                                   "serves the blocks.")] = None,
     layer: Annotated[int, typer.Option("--layer", help="l*: layers 0..l* are read.")] = 15,
     max_doc_tokens: MaxDocTokensOpt = 128,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "float16",
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "int8",
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (heedrank lab train "
