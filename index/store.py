@@ -630,10 +630,12 @@ class Index:
                 path = Path(self.path) / self.KV_DIR
                 if not (path / "header.json").exists() and not create:
                     return None
-                # float16 out: the RAM cache holds half the bytes; blocks are widened while
-                # copied into a query's context
+                # float16 blocks come out as float16 (the RAM cache holds half the bytes; they are
+                # widened while copied into a query's context); int8 ones as float32, decoded in
+                # one pass (a float16 copy would cost a slow float32 -> float16 conversion per read)
+                out = "float32" if want.dtype == "int8" else "float16"
                 tiers = {} if self.kv_tiers is None else self.kv_tiers.store_options()
-                stores[key] = KVStore.open_or_create(path, want, out_dtype="float16", cache_bytes=self.kv_cache_bytes,
+                stores[key] = KVStore.open_or_create(path, want, out_dtype=out, cache_bytes=self.kv_cache_bytes,
                                                      **tiers)
             return stores[key]
 
