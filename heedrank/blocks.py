@@ -561,7 +561,7 @@ class BlockFiller:
 
         scan: Iterator[tuple[BlockKey, str]] | None = self._scan()
         pending: dict[BlockKey, tuple[Any, Any]] = {}
-        finished = False
+        finished = full = False
         last_commit = time.monotonic()
         logger.info("collection %r: filling the document KV store in the background (%d blocks stored)",
                     self.name, len(self.store) if hasattr(self.store, "__len__") else -1)
@@ -570,7 +570,7 @@ class BlockFiller:
                 item = self._next_queued()
                 if item is None and scan is not None:
                     if self._full(len(pending)):
-                        self.at_budget = True
+                        full = True
                         logger.info("collection %r: the document KV store holds its disk budget; the background "
                                     "fill stops its document scan", self.name)
                         scan = None
@@ -581,6 +581,8 @@ class BlockFiller:
                             finished = True
                 if item is None:
                     self._commit(pending)
+                    if full:
+                        self.at_budget = True  # after the commit: what the scan stored is visible
                     if finished and not self.scan_done:
                         self.scan_done = True
                         logger.info("collection %r: background fill done: every document's block is stored "
