@@ -291,6 +291,9 @@ class Runtime:
             except Exception:  # pragma: no cover - a store that cannot count
                 count = None
             out[name] = {**dict(p.describe_index), "num_docs": count, "retrievers": sorted(p.retrievers)}
+            filler = self.fillers.get(name)
+            if filler is not None:
+                out[name]["kv_store"] = filler.describe()
         return out
 
 

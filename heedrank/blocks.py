@@ -505,6 +505,19 @@ class BlockFiller:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def describe(self) -> dict[str, Any]:
+        """The store and its fill, for ``GET /info``: ``blocks`` stored, ``live_bytes``,
+        ``disk_budget`` (bytes or ``None``), ``filling`` (the thread runs), ``queued`` skipped
+        blocks, ``filled`` (blocks this fill encoded), ``scan_done``, ``at_budget``."""
+        stats = self.store.stats() if self.store is not None else None
+        return {
+            "blocks": None if stats is None else stats.blocks,
+            "live_bytes": None if stats is None else stats.live_bytes,
+            "disk_budget": getattr(self.store, "disk_budget", None),
+            "filling": self.running and not (self.scan_done or self.at_budget) or self.queued() > 0,
+            "queued": self.queued(), "filled": self.filled, "scan_done": self.scan_done, "at_budget": self.at_budget,
+        }
+
     def queued(self) -> int:
         """Skipped blocks waiting to be filled."""
         with self._qlock:

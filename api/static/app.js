@@ -396,8 +396,13 @@
       const read = Number.isFinite(rr.doc_tokens) ? `the first ${rr.doc_tokens} tokens of each document` : "";
       add("read", `${read}${read && rr.truncated ? `; ${rr.truncated} of ${rr.candidates} are longer` : ""}`
         || `${rr.truncated || 0} truncated`);
+      if (rr.skipped_cold) {
+        add("reranked", `${rr.reranked} of ${rr.candidates}; ${rr.skipped_cold} whose blocks are not stored yet keep `
+          + "their first-stage places (the service stores them in the background)");
+      }
       for (const [k, v] of Object.entries(rr)) {  // e.g. cache hits, when the service reports them
-        if (["method", "candidates", "prompt_tokens", "truncated", "doc_tokens", "warnings"].includes(k)) continue;
+        if (["method", "candidates", "prompt_tokens", "truncated", "doc_tokens", "warnings", "reranked",
+             "skipped_cold"].includes(k)) continue;
         if (v === null || v === undefined) continue;
         add(k.replace(/_/g, " "), jsonText(v));
       }

@@ -243,6 +243,8 @@ def test_a_cold_store_answers_at_once_and_fills_in_the_background(monkeypatch, i
         filler = runtime.fillers["default"]
         _wait(lambda: filler.scan_done and filler.queued() == 0)
         assert len(_stored(c, "coldfake")) == 3  # a1 and a4 share one block
+        kv = c.get("/info").json()["collections"]["default"]["kv_store"]
+        assert kv["blocks"] == 3 and kv["scan_done"] and not kv["filling"] and kv["disk_budget"] is None
         again = c.post("/search", json=body).json()
         assert again["rerank"]["reranked"] == 3 and again["rerank"]["skipped_cold"] == 0
         assert all(h["reranked"] for h in again["results"])

@@ -1,0 +1,250 @@
+"""Benchmark: a corpus larger than its document KV store's disk budget.
+
+Every passage the shared data holds (BEIR NFCorpus and SciFact, the DL19 and DL21 passages of all
+their runs: about 30k documents) in one BM25 index; the default reranker served as the service
+serves it (recompute budget per search, background fill between searches) with a disk budget of
+``--budget-share`` of the full int8 store; a stream of ``--stream`` queries drawn from all their
+queries with a Zipf popularity (``--zipf``: weight ``1 / rank**s`` over a seeded shuffle), one
+after another with ``--gap`` idle seconds between them (when the fill runs). Reports:
+
+- per stream quarter: p50 / p95 latency (seconds), the share of candidate blocks found stored
+  (hit rate) and the share of candidates reranked;
+- then NFCorpus test (BM25 top 20) nDCG@10 as served from the budgeted store (its recompute
+  budget applies) against every candidate reranked from an unbounded store (the fully filled
+  store's ranking), with a paired randomization test.
+
+Steps are cached under ``--out`` (corpus, index, the reference run); the budgeted store starts
+empty each run.
+
+    python bench/tiered_store.py [--out runs/tiered] [--stream 600] [--gap 0.3] [--budget-share 0.1]
+        [--cold-budget 4] [--data ../shared/data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MEAN_BLOCK = None
+
+
+def build_corpus(data: Path, out: Path) -> int:
+    """``out``: BEIR-layout rows of every passage (NFCorpus ids as they are, the others prefixed)."""
+    from heedrank.data import iter_beir_documents, load_run_json
+
+    seen: set[str] = set()
+    n = 0
+    with gzip.open(out, "wt", encoding="utf-8") as f:
+        def put(doc_id: str, title: str, text: str) -> None:
+            nonlocal n
+            if doc_id in seen:
+                return
+            seen.add(doc_id)
+            f.write(json.dumps({"_id": doc_id, "title": title, "text": text}) + "\n")
+            n += 1
+        for d in iter_beir_documents(data / "beir-nfcorpus"):
+            put(d.doc_id, d.title, d.text)
+        for d in iter_beir_documents(data / "beir-scifact"):
+            put(f"sf-{d.doc_id}", d.title, d.text)
+        for year in ("2019", "2021"):
+            folder = data / f"msmarco-trec-dl-{year}-passage"
+            for run in sorted(folder.glob("retrieve_results_*.json.gz")):
+                _, docs, _ = load_run_json(run)
+                for doc_id, d in docs.items():
+                    put(f"dl{year[2:]}-{doc_id}", "", d.text)
+    return n
+
+
+def query_pool(data: Path) -> list[str]:
+    from heedrank.data import load_beir_qrels, load_beir_queries, load_trec_topics
+
+    pool: list[str] = []
+    nf = load_beir_queries(data / "beir-nfcorpus")
+    for split in ("test", "dev"):
+        pool += [nf[q].text for q in sorted(load_beir_qrels(data / "beir-nfcorpus", split)) if q in nf]
+    sf = load_beir_queries(data / "beir-scifact")
+    pool += [sf[q].text for q in sorted(sf)]
+    pool += [q.text for q in load_trec_topics(data / "msmarco-trec-dl-2019-passage" / "topics.dl19-passage.txt").values()]
+    pool += [q.text for q in load_trec_topics(data / "msmarco-trec-dl-2021-passage" / "topics.dl21.txt").values()]
+    return [q for q in pool if q.strip()]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def nf_test_run(pipe, cold_budget: int | None) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    from heedrank.data import load_beir_qrels, load_beir_queries
+    from heedrank.pipeline import SearchOptions
+    from heedrank.types import Query
+
+    data = ROOT.parent / "shared" / "data" / "beir-nfcorpus"
+    queries = load_beir_queries(data)
+    qids = [q for q in sorted(load_beir_qrels(data, "test")) if q in queries]
+    run: dict[str, dict[str, float]] = {}
+    counts = {"reranked": 0, "skipped": 0}
+    opts = SearchOptions(top_k=10, retriever="bm25", rerank="default", candidates=20, fusion="default",
+                         cold_budget=cold_budget)
+    for qid in qids:
+        res = pipe.search(Query(qid, queries[qid].text), opts)
+        run[qid] = {h.doc_id: float(h.score) for h in res.ranking.hits}
+        if res.rerank is None:  # the first stage found nothing
+            continue
+        counts["reranked"] += len(res.rerank.ranking)
+        counts["skipped"] += len(res.rerank.details.get("cold_skipped", ()))
+    return run, counts
+
+
+def ndcg(run: dict[str, dict[str, float]]) -> dict[str, float]:
+    import ir_measures
+
+    from heedrank.data import load_beir_qrels
+
+    qrels = load_beir_qrels(ROOT.parent / "shared" / "data" / "beir-nfcorpus", "test")
+    return {m.query_id: m.value for m in ir_measures.iter_calc([ir_measures.nDCG @ 10], qrels, run)}
+
+
+def paired_p(a: list[float], b: list[float], trials: int = 10000) -> float:
+    rng = random.Random(0)
+    diffs = [y - x for x, y in zip(a, b)]
+    observed = abs(sum(diffs))
+    hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) >= observed - 1e-12 for _ in range(trials))
+    return (hits + 1) / (trials + 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "tiered")
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--stream", type=int, default=600)
+    ap.add_argument("--gap", type=float, default=0.3)
+    ap.add_argument("--zipf", type=float, default=1.0)
+    ap.add_argument("--budget-share", type=float, default=0.1)
+    ap.add_argument("--cold-budget", type=int, default=4)
+    ap.add_argument("--eviction", default="lru")
+    ap.add_argument("--torch-threads", type=int, default=1)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    sys.path.insert(0, str(ROOT))
+    from heedrank.blocks import BlockFiller
+    from heedrank.config import KVTiers, PipelineConfig, RerankerConfig
+    from heedrank.index.builder import build_index
+    from heedrank.pipeline import Pipeline, SearchOptions
+    from heedrank.reranker.doccache import document_blocks
+    from heedrank.types import Query
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    corpus = args.out / "corpus.jsonl.gz"
+    if not corpus.exists():
+        tmp = args.out / "corpus.tmp.jsonl.gz"
+        n = build_corpus(args.data, tmp)
+        tmp.rename(corpus)
+        print(f"corpus: {n} documents", flush=True)
+    ix_dir = args.out / "ix"
+    if not (ix_dir / "params.json").exists():
+        shutil.rmtree(ix_dir, ignore_errors=True)
+        build_index(corpus, ix_dir, dense=False, show_progress=False)
+    shutil.rmtree(ix_dir / "kv", ignore_errors=True)  # the budgeted store starts empty
+
+    # the full store's size: every distinct block's int8 bytes
+    probe = Pipeline.from_config(PipelineConfig(index_dir=str(ix_dir), reranker=RerankerConfig(method="default")))
+    reranker = probe._cache().get("default")[0]
+    reranker.load()
+    from heedrank.index.kv.codec import codec_for
+
+    codec = codec_for(reranker.block_store_header())
+    texts = [d.content for d in probe.index.docstore.iter_documents()]
+    lengths = {tuple(ids): len(ids) for ids, _ in document_blocks(reranker.base_lm.tokenizer, reranker.layout, texts)}
+    full_bytes = sum(codec.nbytes(t) for t in lengths.values())
+    probe.close()
+    budget = int(args.budget_share * full_bytes)
+    print(f"{len(texts)} documents, {len(lengths)} distinct blocks, full int8 store {full_bytes / 1e9:.2f} GB, "
+          f"disk budget {budget / 1e9:.2f} GB ({args.budget_share:.0%})", flush=True)
+
+    tiers = KVTiers(disk_bytes=budget, eviction=args.eviction)
+    pipe = Pipeline.from_config(PipelineConfig(index_dir=str(ix_dir), reranker=RerankerConfig(method="default"),
+                                               kv_tiers=tiers))
+    cache = pipe._cache()
+    reranker, lock = cache.get("default")
+    reranker.load()
+    filler = BlockFiller(pipe.index, reranker, lock, cache, name="tiered").start()
+    cache.cold_listener = lambda _r, _store, docs: filler.offer(docs)
+
+    pool = query_pool(args.data)
+    rng = random.Random(7)
+    rng.shuffle(pool)
+    weights = [1.0 / (r + 1) ** args.zipf for r in range(len(pool))]
+    stream = rng.choices(pool, weights=weights, k=args.stream)
+    opts = SearchOptions(top_k=10, retriever="bm25", rerank="default", candidates=20, fusion="default",
+                         cold_budget=args.cold_budget)
+    rows = []
+    t_start = time.monotonic()
+    for i, text in enumerate(stream):
+        t0 = time.perf_counter()
+        res = pipe.search(Query(f"s{i}", text), opts)
+        seconds = time.perf_counter() - t0
+        rr = res.rerank
+        if rr is None:  # the first stage found nothing
+            continue
+        skipped = len(rr.details.get("cold_skipped", ()))
+        cache_counts = rr.details.get("cache", {"hits": 0, "misses": 0})
+        n = len(rr.ranking) + skipped
+        rows.append({"seconds": seconds, "candidates": n, "hits": cache_counts["hits"], "reranked": len(rr.ranking)})
+        time.sleep(args.gap)
+    stream_minutes = (time.monotonic() - t_start) / 60
+    store = filler.store
+    filler.stop()
+    stats = store.stats()
+    print(f"\nstream of {args.stream} queries from {len(pool)} (Zipf s={args.zipf}), gap {args.gap} s, cold budget "
+          f"{args.cold_budget}, eviction {args.eviction}: {stream_minutes:.1f} min; store after: {stats.blocks} blocks, "
+          f"{stats.live_bytes / 1e9:.2f} GB live, {stats.bytes_on_disk / 1e9:.2f} GB on disk, {stats.evictions} "
+          f"evictions, {stats.not_admitted} not admitted; the fill encoded {filler.filled} blocks\n")
+    print("| queries | p50 s | p95 s | hit rate | reranked |\n|---|---|---|---|---|")
+    q = max(1, len(rows) // 4)
+    for part in range(4):
+        rs = rows[part * q:(part + 1) * q] if part < 3 else rows[3 * q:]
+        cand = sum(r["candidates"] for r in rs)
+        lat = [r["seconds"] for r in rs]
+        print(f"| {part * q + 1}-{part * q + len(rs)} | {statistics.median(lat):.3f} | {pct(lat, 0.95):.3f} | "
+              f"{sum(r['hits'] for r in rs) / cand:.1%} | {sum(r['reranked'] for r in rs) / cand:.1%} |")
+    lat = [r["seconds"] for r in rows]
+    cand = sum(r["candidates"] for r in rows)
+    print(f"| all | {statistics.median(lat):.3f} | {pct(lat, 0.95):.3f} | {sum(r['hits'] for r in rows) / cand:.1%} | "
+          f"{sum(r['reranked'] for r in rows) / cand:.1%} |")
+
+    served, counts = nf_test_run(pipe, args.cold_budget)
+    pipe.close()
+    ref_path = args.out / "nf-test-reference.json"
+    if ref_path.exists():
+        reference = json.loads(ref_path.read_text())
+    else:
+        ref_dir = args.out / "ix-ref"
+        if not (ref_dir / "params.json").exists():
+            shutil.copytree(ix_dir, ref_dir, ignore=shutil.ignore_patterns("kv"))
+        ref = Pipeline.from_config(PipelineConfig(index_dir=str(ref_dir), reranker=RerankerConfig(method="default")))
+        reference, _ = nf_test_run(ref, None)
+        ref.close()
+        ref_path.write_text(json.dumps(reference))
+    a, b = ndcg(reference), ndcg(served)
+    qids = sorted(set(a) & set(b))
+    xa, xb = [a[q] for q in qids], [b[q] for q in qids]
+    print(f"\nNFCorpus test ({len(qids)} queries, BM25 top 20 over the whole corpus): nDCG@10 every candidate reranked "
+          f"{100 * statistics.fmean(xa):.2f}, as served from the budgeted store {100 * statistics.fmean(xb):.2f} "
+          f"(delta {100 * (statistics.fmean(xb) - statistics.fmean(xa)):+.2f}, paired p {paired_p(xa, xb):.3f}); "
+          f"reranked {counts['reranked']} of {counts['reranked'] + counts['skipped']} candidates")
+    (args.out / "stream.json").write_text(json.dumps({"rows": rows, "args": {k: str(v) for k, v in vars(args).items()}}))
+
+
+if __name__ == "__main__":
+    main()
