@@ -119,8 +119,8 @@ class Settings(BaseSettings):
         4, ge=0,
         description="/search's recompute budget: candidates whose document blocks are not stored yet that one search "
         "encodes inline (about 0.06 s each); the others keep their first-stage positions and are stored by the "
-        "background fill. Unset (HEEDRANK_COLD_BUDGET=null) = no budget: every candidate is reranked. rerank-batch "
-        "and /rerank have no budget unless asked.",
+        "background fill. HEEDRANK_COLD_BUDGET=unlimited (or null) = no budget: every candidate is reranked. /rerank (the "
+        "client's documents, never stored) and rerank-batch (a batch is judged in full) rerank every candidate.",
     )
     fill_blocks: bool = Field(
         True,
@@ -158,6 +158,14 @@ class Settings(BaseSettings):
 
             self.max_doc_tokens = default_max_doc_tokens(self.rerank_method)
         return self
+
+    @field_validator("cold_budget", mode="before")
+    @classmethod
+    def _no_budget(cls, value: Any) -> Any:
+        # HEEDRANK_COLD_BUDGET=null | none | unlimited | (empty): no budget, as "unlimited" in a request
+        if isinstance(value, str) and value.strip().lower() in ("", "null", "none", "unlimited"):
+            return None
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -99,3 +99,13 @@ def test_the_pipeline_reranks_within_the_budget_and_hands_the_rest_to_the_fill()
     assert sorted(part.ranking.doc_ids) == sorted(first)
     with pytest.raises(ValidationError, match="cold_budget"):
         pipe.search(Query("q", "apple"), SearchOptions(rerank="reverse", cold_budget=-1))
+
+
+@pytest.mark.parametrize(("raw", "want"), [("4", 4), ("0", 0), ("unlimited", None), ("null", None), ("", None)])
+def test_the_service_setting(monkeypatch, raw, want) -> None:
+    from heedrank.settings import Settings
+
+    monkeypatch.setenv("HEEDRANK_COLD_BUDGET", raw)
+    assert Settings().cold_budget == want
+    monkeypatch.delenv("HEEDRANK_COLD_BUDGET")
+    assert Settings().cold_budget == 4  # the default
