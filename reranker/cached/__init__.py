@@ -32,6 +32,7 @@ adapter) it resolves once, in :meth:`CachedBlockRankReranker.load`
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -107,6 +108,8 @@ class CachedBlockRankReranker(BlockRankReranker):
         self._block_source = BlockSource(block_cache_bytes)
         self._state: CachedState | None = None
         self._load_lock = threading.Lock()
+        self._tok_lock = threading.Lock()
+        self._tokenized: OrderedDict[str, tuple[tuple[int, ...], bool, BlockKey]] = OrderedDict()
         self._kv0: dict[int, Any] = {}
 
     @classmethod
@@ -241,7 +244,36 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     def block_keys(self, texts: Sequence[str]) -> list[BlockKey]:
         """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
-        return [block_key(document_block(self.base_lm.tokenizer, self.layout, t)[0]) for t in texts]
+        return [key for _, _, key in self.tokenized_blocks(texts)]
+
+    TOKENIZED_BLOCKS = 8192
+    """Document texts whose block token ids and key :meth:`tokenized_blocks` keeps (about 1 KB each)."""
+
+    def tokenized_blocks(self, texts: Sequence[str]) -> list[tuple[list[int], bool, BlockKey]]:
+        """Per text: its block's token ids, whether its content was cut to the budget, and its
+        store key; tokenised in one batched call for the texts not seen recently (an LRU of
+        :attr:`TOKENIZED_BLOCKS` texts), so that a search that asks which candidates are cold
+        (:meth:`cold_candidates`) and then builds its prompt tokenises each text once."""
+        tokenizer, layout = self.base_lm.tokenizer, self.layout
+        cache = self._tokenized
+        with self._tok_lock:
+            missing = [t for t in dict.fromkeys(texts) if t not in cache]
+        fresh = document_blocks(tokenizer, layout, missing)
+        with self._tok_lock:
+            for text, (ids, cut) in zip(missing, fresh):
+                cache[text] = (tuple(ids), cut, block_key(ids))
+            out = []
+            for text in texts:
+                entry = cache.get(text)
+                if entry is None:  # evicted by another thread in between: recompute alone
+                    ids, cut = document_block(tokenizer, layout, text)
+                    entry = (tuple(ids), cut, block_key(ids))
+                cache[text] = entry
+                cache.move_to_end(text)
+                out.append((list(entry[0]), entry[1], entry[2]))
+            while len(cache) > self.TOKENIZED_BLOCKS:
+                cache.popitem(last=False)
+        return out
 
     def cold_candidates(self, candidates: Sequence[Document], block_store: Any = None) -> list[bool]:
         """Per candidate, whether its block would have to be encoded now: in neither
@@ -281,8 +313,8 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         tok = self.base_lm.tokenizer
         layout = self.layout
-        blocks = document_blocks(tok, layout, [doc.content for doc in candidates])
-        docs, truncated = [ids for ids, _ in blocks], [cut for _, cut in blocks]
+        blocks = self.tokenized_blocks([doc.content for doc in candidates])
+        docs, truncated = [ids for ids, _, _ in blocks], [cut for _, cut, _ in blocks]
         prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
                              query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
                              layout.query_offset, query.strip(), [])
