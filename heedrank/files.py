@@ -128,6 +128,42 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+def replace_dir(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """Make the directory ``tmp`` (written by the caller) durable and put it in place of
+    ``final``: every file and folder under ``tmp`` fsynced, then ``final`` (when it exists)
+    renamed to ``final.old``, ``tmp`` renamed to ``final``, their parent fsynced, and
+    ``final.old`` removed. After a crash at any point, ``final`` or ``final.old`` is a complete
+    directory (:func:`existing_dir` finds it). Used for training checkpoints.
+
+    Raises:
+        OSError: a write, fsync or rename failed (``tmp`` is left for the caller).
+    """
+    import shutil
+
+    tmp, final = Path(tmp), Path(final)
+    for root, dirs, files in os.walk(tmp):
+        for name in files:
+            _fsync_file(Path(root) / name)
+        fsync_dir(root)
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def existing_dir(final: str | os.PathLike[str]) -> Path | None:
+    """``final`` when it exists, else the ``final.old`` that :func:`replace_dir` left when it
+    stopped between its two renames, else ``None``."""
+    final = Path(final)
+    if final.is_dir():
+        return final
+    old = final.with_name(final.name + ".old")
+    return old if old.is_dir() else None
+
+
 def write_atomic(
     path: str | os.PathLike[str], data: Any | Callable[[Path], None], *, durable: bool = True,
     write: Writer = write_all,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heedrank.errors import ValidationError
+from heedrank.files import existing_dir, replace_dir
 from heedrank.reranker.adapters import adapter_state, inject_lora, save_adapter
 from heedrank.types import Document
 
@@ -300,8 +301,9 @@ def train_query_adapter(
     state = _State()
     rng = random.Random(cfg.seed)
     ckpt = out / "checkpoint"
-    if (ckpt / "state.json").is_file():
-        _load_checkpoint(ckpt, lm.model, weights, opt, state, rng)
+    found = existing_dir(ckpt)  # or the previous one, when a save stopped between its renames
+    if found is not None and (found / "state.json").is_file():
+        _load_checkpoint(found, lm.model, weights, opt, state, rng)
         logger.info("resumed query-adapter training from %s at step %d", ckpt, state.step)
     if not state.order:
         state.order = list(range(len(usable)))
@@ -436,8 +438,7 @@ def _save_checkpoint(path: Path, model: Any, weights: Any, opt: Any, state: _Sta
         "step": state.step, "cursor": state.cursor, "order": state.order, "history": state.history,
         "best": state.best, "seconds": state.seconds, "rng": [st[0], list(st[1]), st[2]],
     }))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    replace_dir(tmp, path)  # fsynced, then renamed: a crash leaves this or the previous checkpoint
 
 
 def _load_checkpoint(path: Path, model: Any, weights: Any, opt: Any, state: _State, rng: random.Random) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heedrank.config import RerankerConfig
+from heedrank.files import replace_dir
 from heedrank.errors import ValidationError
 from heedrank.types import Document
 
@@ -135,8 +136,15 @@ class _State:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def _checkpoints(out: Path) -> list[Path]:
+    """``out/checkpoints/step-N`` folders in step order (not the ``.tmp`` / ``.old`` ones a
+    save in progress leaves)."""
+    found = [p for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
 def _latest_checkpoint(out: Path) -> Path | None:
-    ckpts = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    ckpts = _checkpoints(out)
     return ckpts[-1] if ckpts else None
 
 
@@ -311,9 +319,8 @@ def _save_checkpoint(out: Path, lm: Any, peft_model: Any, opt: Any, state: _Stat
         "step": state.step, "cursor": state.cursor, "order": state.order, "history": state.history,
         "rng": [st[0], list(st[1]), st[2]],
     }))
-    shutil.rmtree(ckpt, ignore_errors=True)
-    tmp.rename(ckpt)
-    ckpts = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    replace_dir(tmp, ckpt)  # fsynced, then renamed: a crash leaves a complete checkpoint or none
+    ckpts = _checkpoints(out)
     for old in ckpts[: -cfg.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
 

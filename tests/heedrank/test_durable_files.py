@@ -101,3 +101,45 @@ def test_only_a_reranker_with_a_block_tier_gets_its_budget(monkeypatch) -> None:
 
     assert registry.build_reranker(Config("plain"), block_cache_bytes=5) == "plain"
     assert registry.build_reranker(Config("tiered"), block_cache_bytes=5) == "tiered" and built["tiered"] == 5
+
+
+def test_replace_dir_puts_a_complete_folder_in_place(tmp_path, monkeypatch) -> None:
+    """Training checkpoints: the new folder replaces the old one; a save that stops between its
+    two renames leaves the old one findable as ``.old``; every file is fsynced first."""
+    import os
+
+    from heedrank.files import existing_dir, replace_dir
+
+    final = tmp_path / "checkpoint"
+    assert existing_dir(final) is None
+    for step in (1, 2):
+        tmp = tmp_path / "checkpoint.tmp"
+        (tmp / "adapter").mkdir(parents=True)
+        (tmp / "state.json").write_text(f'{{"step": {step}}}')
+        (tmp / "adapter" / "w.bin").write_bytes(b"x" * step)
+        replace_dir(tmp, final)
+        assert (final / "state.json").read_text() == f'{{"step": {step}}}' and not tmp.exists()
+        assert not (tmp_path / "checkpoint.old").exists() and existing_dir(final) == final
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    tmp = tmp_path / "checkpoint.tmp"
+    tmp.mkdir()
+    (tmp / "state.json").write_text('{"step": 3}')
+    real_rename = type(tmp).rename
+    calls = []
+
+    def stop_at_second_rename(self, target):
+        calls.append(target)
+        if len(calls) == 2:
+            raise OSError("killed between the renames (test)")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(type(tmp), "rename", stop_at_second_rename)
+    try:
+        replace_dir(tmp, final)
+    except OSError:
+        pass
+    assert any(s.endswith("checkpoint.tmp/state.json") for s in synced)  # fsynced before any rename
+    found = existing_dir(final)
+    assert found == tmp_path / "checkpoint.old" and (found / "state.json").read_text() == '{"step": 2}'
