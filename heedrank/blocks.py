@@ -514,7 +514,7 @@ class BlockFiller:
             "blocks": None if stats is None else stats.blocks,
             "live_bytes": None if stats is None else stats.live_bytes,
             "disk_budget": getattr(self.store, "disk_budget", None),
-            "filling": self.running and not (self.scan_done or self.at_budget) or self.queued() > 0,
+            "filling": self.running and (not (self.scan_done or self.at_budget) or self.queued() > 0),
             "queued": self.queued(), "filled": self.filled, "scan_done": self.scan_done, "at_budget": self.at_budget,
         }
 
@@ -567,7 +567,7 @@ class BlockFiller:
             return False
         header = self.store.header
         largest = self.store.codec.nbytes(header.max_doc_tokens)
-        return int(self.store.stats().live_bytes) + (pending + 1) * largest > int(budget)
+        return int(self.store.budget_bytes()) + (pending + 1) * largest > int(budget)  # O(1): checked per block
 
     def _run(self) -> None:
         import time

@@ -905,6 +905,15 @@ class KVStore:
                 total += entry.stat(follow_symlinks=False).st_size
         return total
 
+    def budget_bytes(self) -> int:
+        """Bytes the disk budget counts now: every live block's payload rounded up to its
+        64-byte alignment. O(1) with a budget (the eviction policy keeps the sum), a pass over
+        the index without one; unlike :meth:`stats`, no directory listing."""
+        if self._policy is not None:
+            return int(self._policy.total_bytes)
+        with self._rw.read():
+            return sum(_disk_size(loc.length) for loc in self._index.values())
+
     def stats(self) -> KVStoreStats:
         """Blocks, shards, bytes on disk (whole directory), live payload bytes, cache counters,
         the disk budget and the eviction / admission counters since open."""

@@ -267,8 +267,7 @@ class CachedBlockRankReranker(BlockRankReranker):
                 entry = cache.get(text)
                 if entry is None:  # evicted by another thread in between: recompute alone
                     ids, cut = document_block(tokenizer, layout, text)
-                    entry = (tuple(ids), cut, block_key(ids))
-                cache[text] = entry
+                    entry = cache[text] = (tuple(ids), cut, block_key(ids))
                 cache.move_to_end(text)
                 out.append((list(entry[0]), entry[1], entry[2]))
             while len(cache) > self.TOKENIZED_BLOCKS:
