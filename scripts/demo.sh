@@ -29,7 +29,9 @@ for _ in $(seq 1 600); do
 done
 cat <<MSG
 
-heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Try:
+heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Its document KV store fills
+in the background (about 5 minutes; GET /info shows how far): until then a search reranks the candidates
+whose blocks are stored plus 4 more, and says how many it skipped ("skipped_cold"). Try:
 
   curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
     -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "explain": true}'

@@ -394,7 +394,8 @@
       add("candidates", rr.candidates);
       if (rr.prompt_tokens !== undefined) add("prompt tokens", rr.prompt_tokens);
       const read = Number.isFinite(rr.doc_tokens) ? `the first ${rr.doc_tokens} tokens of each document` : "";
-      add("read", `${read}${read && rr.truncated ? `; ${rr.truncated} of ${rr.candidates} are longer` : ""}`
+      const scored = Number.isInteger(rr.reranked) ? rr.reranked : rr.candidates;  // truncation counts read ones
+      add("read", `${read}${read && rr.truncated ? `; ${rr.truncated} of ${scored} are longer` : ""}`
         || `${rr.truncated || 0} truncated`);
       if (rr.skipped_cold) {
         add("reranked", `${rr.reranked} of ${rr.candidates}; ${rr.skipped_cold} whose blocks are not stored yet keep `
