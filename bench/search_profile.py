@@ -43,7 +43,6 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=1)
-    ap.add_argument("--dtype", default="float32", help="the reranker LM's compute dtype")
     args = ap.parse_args()
 
     import torch
@@ -56,8 +55,7 @@ def main() -> None:
     from heedrank.reranker.cached import scorers
     from heedrank.types import Query
 
-    pipe = Pipeline.from_config(PipelineConfig(index_dir=str(args.index), reranker=RerankerConfig(method="default",
-                                                                                          dtype=args.dtype)))
+    pipe = Pipeline.from_config(PipelineConfig(index_dir=str(args.index), reranker=RerankerConfig(method="default")))
     reranker = pipe._cache().get("default")[0]
     reranker.load()
     clock: dict[str, float] = defaultdict(float)
