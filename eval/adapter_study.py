@@ -39,10 +39,12 @@ def examples_from(queries: Sequence[Query], candidates: Mapping[str, Sequence[Do
 
 
 def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: int,
-                retriever: str = "hybrid") -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Any, Path | None]:
+                retriever: str = "hybrid", index: Path | None = None) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Any, Path | None]:
     """Candidates of one data source, ``DIR:SPLIT`` (BEIR; its cached index is built on first
     use) or ``DIR@RUN`` (TREC DL run with passage text, e.g.
-    ``../shared/data/msmarco-trec-dl-2021-passage@BM25``).
+    ``../shared/data/msmarco-trec-dl-2021-passage@BM25``). ``index``: a BEIR source's index
+    (``heedrank index build``; its first stage and its document KV store) instead of the
+    cached one.
 
     Returns:
         ``(queries, candidates, first-stage scores, qrels, index dir or None)``.
@@ -54,7 +56,8 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
         data, run = spec.rsplit("@", 1)
         return (*trec_dl_candidates(data, run_name=run, candidates=candidates, queries=max_queries, seed=seed), None)
     data, _, split = spec.partition(":")
-    index = ensure_index(data, dense=retriever != "bm25")
+    if index is None:
+        index = ensure_index(data, dense=retriever != "bm25")
     got = beir_candidates(data, split or "train", queries=max_queries, candidates=candidates, seed=seed,
                           index_dir=index, retriever=retriever)
     return (*got, index)

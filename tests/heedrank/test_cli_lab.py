@@ -114,12 +114,16 @@ def test_lab_fit_exports_a_card_and_lab_calibrate_writes_its_cutoff(tmp_path) ->
     assert data["fit"] == {"loss": "pairwise", "temperature": 1.0, "layers": None} and len(data["weights"]) == 12
     res = CliRunner().invoke(app, ["lab", "calibrate", "--card", str(card), "--calibrate", str(unseen), "--dev",
                                    str(dev), "--test", f"t={test}", "--counts", "6,12", "--test-counts", "12",
-                                   "--write", "--out", str(tmp_path / "cal.json")])
+                                   "--write-card", str(tmp_path / "out" / "card.json"), "--out", str(tmp_path / "cal.json")])
     assert res.exit_code == 0, res.output
     assert "calibration: 40 queries (0 excluded), counts [6, 12]" in res.output and "| t (12 q) | none | 12 |" in res.output
-    written = json.loads(card.read_text())["calibration"]
+    assert "calibration" not in json.loads(card.read_text())  # the card read is never rewritten
+    written = json.loads((tmp_path / "out" / "card.json").read_text())["calibration"]
     assert written["command"].startswith(f"heedrank lab calibrate --card {card} --calibrate {unseen} --dev {dev}")
-    assert written["command"].endswith("--counts 6,12 --test-counts 12 --write")
+    assert written["command"].endswith(f"--counts 6,12 --test-counts 12 --write-card {tmp_path / 'out' / 'card.json'}")
+    in_place = CliRunner().invoke(app, ["lab", "calibrate", "--card", str(card), "--calibrate", str(unseen), "--dev",
+                                        str(dev), "--counts", "6,12", "--test-counts", "12", "--write-card", str(card)])
+    assert in_place.exit_code == 2 and "in place" in in_place.output
     assert set(written["test"]["t"]) == {"score", "rank", "none"}
     assert json.loads((tmp_path / "cal.json").read_text())["calibration"] == written
     no_train = CliRunner().invoke(app, ["lab", "fit", "--dev", str(dev), "--test", f"t={test}", "--export",

@@ -19,7 +19,7 @@ Examples:
 
   heedrank lab dump --out runs/study/nf-dev.npz --data data/beir-nfcorpus --split dev --index indexes/nfcorpus
   heedrank lab fit --train nf-train.npz --dev nf-dev.npz --test nf-test=nf-test.npz --loss pairwise --export card.json
-  heedrank lab calibrate --card card.json --calibrate unseen.npz --dev nf-dev.npz --test dl19=dl19.npz@2 --write
+  heedrank lab calibrate --card card.json --calibrate unseen.npz --dev nf-dev.npz --test dl19=dl19.npz@2 --write-card out/card.json
 """
 
 
@@ -105,7 +105,7 @@ def lab_fit(
 
 def lab_calibrate(
     card: Annotated[Path, typer.Option("--card", help="Weights card whose learned scorer and fusion weight are "
-                                       "calibrated; --write adds the calibration to it.")],
+                                       "calibrated (read only).")],
     calibrate: Annotated[list[Path], typer.Option("--calibrate", help="Dumps of queries the reranker was NOT trained "
                                                   "on: the maps are fitted on them (repeatable).")],
     dev: Annotated[Path, typer.Option("--dev", help="Dev dump: the thresholds and the fixed top-k are chosen on it.")],
@@ -118,7 +118,9 @@ def lab_calibrate(
                                         "first stage's top N of each dump.")] = "10,20,30,50",
     test_counts: Annotated[str, typer.Option("--test-counts", help="Counts measured on test sets ('all': every "
                                              "candidate of the dump).")] = "20,all",
-    write: Annotated[bool, typer.Option("--write/--no-write", help="Write the calibration into --card.")] = False,
+    write_card: Annotated[Optional[Path], typer.Option(
+        "--write-card", help="Write --card with this calibration to this NEW path (never over --card or a packaged "
+        "card: a recipe writes there, a commit replaces the packaged one).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
 ) -> None:
     """The relevance cut-off: served scores mapped to P(relevant) (Platt scaling, one map per
@@ -130,13 +132,32 @@ def lab_calibrate(
     card_data = json.loads(card.read_text(encoding="utf-8"))
     command = command_line("heedrank lab calibrate", [
         ("--card", card), ("--calibrate", calibrate), ("--exclude", exclude), ("--dev", dev), ("--test", test),
-        ("--counts", counts), ("--test-counts", test_counts), ("--write", True)])
+        ("--counts", counts), ("--test-counts", test_counts), ("--write-card", write_card)])
     run = calibrate_cutoff(card_data, calibrate, dev, tests, exclude=exclude or [],
                            counts=[int(x) for x in counts.split(",")], test_counts=test_counts.split(","),
                            command=command)
     if out is not None:
         out.write_text(json.dumps({"calibration": run.entry, "results": run.results}, indent=1))
-    if write:
+    if write_card is not None:
         card_data["calibration"] = run.entry
-        card.write_text(json.dumps(card_data, indent=1))
+        write_new_card(write_card, card_data, source=card)
     typer.echo(format_cutoff(run))
+
+
+def write_new_card(path: Path, card: dict, *, source: Path) -> None:
+    """Write a weights card to a new ``path`` (atomic, fsynced): a recipe's output, which a
+    commit then copies over the packaged card; never the card it was read from nor a file in
+    the package's ``reranker/data``.
+
+    Raises:
+        typer.BadParameter: ``path`` is ``source`` or lies in the packaged data folder.
+    """
+    from heedrank.files import write_atomic
+    from heedrank.reranker.heads import DATA_DIR
+
+    target = path.resolve()
+    if target == source.resolve() or DATA_DIR.resolve() in target.parents:
+        raise typer.BadParameter(f"{path} would be rewritten in place: write to a new path (a recipe's out/ folder) "
+                                 "and replace the packaged card by a commit", param_hint="--write-card")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(target, (json.dumps(card, indent=1) + "\n").encode())

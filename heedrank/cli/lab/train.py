@@ -88,6 +88,9 @@ def train_query_adapter_cmd(
     eval_every: Annotated[int, typer.Option("--eval-every")] = 100,
     scratch_kv: Annotated[Optional[Path], typer.Option("--scratch-kv", help="Folder of writable KV stores for "
                                                        "sources without an index store (blocks computed once).")] = None,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Index of the BEIR sources (`heedrank index "
+                                                  "build`): its first stage and document KV store; default: the "
+                                                  "cached index of each source.")] = None,
     layer: Annotated[int, typer.Option("--layer", help="l*.")] = 15,
     max_doc_tokens: MaxDocTokensOpt = 128,
     model: ModelOpt = None,
@@ -121,14 +124,14 @@ def train_query_adapter_cmd(
     examples, stores = [], {}
     for spec in train:
         queries, cands, _, qrels, index = load_source(spec, candidates=candidates, max_queries=train_queries,
-                                                      seed=seed, retriever=retriever)
+                                                      seed=seed, retriever=retriever, index=None if "@" in spec else index)
         examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)
                      if ex.query_id not in excluded]
         stores[spec] = source_store(reranker, index, scratch_kv, spec)
     evaluate = None
     if dev:
         dq, dc, ds, dqrels, dindex = load_source(dev, candidates=candidates, max_queries=dev_queries, seed=seed,
-                                                 retriever=retriever)
+                                                 retriever=retriever, index=None if "@" in dev else index)
         evaluate = dev_evaluator(dq, dc, ds, dqrels, objective=objective,
                                  block_store=source_store(reranker, dindex, scratch_kv, dev))
     summary = train_query_adapter(reranker, examples, cfg, block_stores=stores, evaluate=evaluate,

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Rebuild the default reranker (the weights card and the query adapter of SmolLM2-135M-Instruct's
+# cached BlockRank) from ../shared/data. README.md beside this file says what each step does and
+# how long it takes. Usage:
+#
+#   bash recipes/default/run.sh            # every step not done yet, in order
+#   bash recipes/default/run.sh fit        # one step (again), e.g. after a fix to the scorer
+#
+# Resumable: each step is marked done in $RECIPE_WORK/done/ when it ends, and the commands inside
+# a step resume what they were writing (dumps, adapter checkpoints) after a kill -9. Nothing is
+# written into the package: the artefacts land in $RECIPE_WORK/out/, and `install` copies them
+# over reranker/data/ for a commit.
+#
+# Settings (environment):
+#   RECIPE_WORK   work folder (default runs/recipe/default; ignored by git)
+#   RECIPE_INDEX  NFCorpus index with its document store (default $RECIPE_WORK/index: built by
+#                 the `index` step; an existing `heedrank index build` + `index kv build` folder
+#                 can be named instead, the step then only checks it)
+#   RECIPE_DATA   the shared data (default ../shared/data)
+#   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
+#                 the adapter was not trained on, 2,190)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+W=${RECIPE_WORK:-runs/recipe/default}
+D=${RECIPE_DATA:-../shared/data}
+IDX=${RECIPE_INDEX:-$W/index}
+HR=${HEEDRANK:-heedrank}
+[ -x .venv/bin/heedrank ] && [ -z "${HEEDRANK:-}" ] && HR=.venv/bin/heedrank
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+NF=$D/beir-nfcorpus
+mkdir -p "$W"/{done,dumps,kv,reports,out,logs}
+STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate assemble)
+
+dump() {  # dump NAME ARGS...: one feature dump, resumed if it was stopped
+    local name=$1; shift
+    "$HR" lab dump --out "$W/dumps/$name.npz" "$@" > "$W/reports/$name.json"
+}
+
+step_index() {
+    if [ ! -f "$IDX/params.json" ]; then
+        "$HR" index build --corpus "$NF" --out "$IDX"
+    fi
+    if [ ! -f "$IDX/kv/header.json" ] || [ "${RECIPE_INDEX:-}" = "" ]; then
+        "$HR" index kv build --index "$IDX"   # resumes; a complete store returns at once
+    fi
+}
+
+step_dumps() {  # the head-weight fit's features, base model (no adapter)
+    dump nf-train-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --max-queries 400 --index "$IDX"
+    dump dl21-bm25-30 --data "$D/msmarco-trec-dl-2021-passage" --trec-run BM25 --candidates 30 --store "$W/kv/dl21"
+    dump scifact-train-bm25-30 --data "$D/beir-scifact" --split train --retriever bm25 --candidates 30 --max-queries 100 \
+        --store "$W/kv/scifact"
+    dump nf-dev-hybrid50 --data "$NF" --split dev --retriever hybrid --candidates 50 --index "$IDX"
+}
+
+step_fit() {  # head weights: pairwise, three sources, L2 chosen on NFCorpus dev
+    "$HR" lab fit --train "$W/dumps/nf-train-hybrid50.npz" --train "$W/dumps/dl21-bm25-30.npz" \
+        --train "$W/dumps/scifact-train-bm25-30.npz" --dev "$W/dumps/nf-dev-hybrid50.npz" \
+        --test "nfcorpus-dev-hybrid50=$W/dumps/nf-dev-hybrid50.npz" \
+        --loss pairwise --temperature 1 --out "$W/reports/fit.json" --export "$W/out/card.fit.json"
+}
+
+step_adapter() {  # query-side LoRA, the fitted head weights fixed; best step on 60 dev queries
+    "$HR" lab train query-adapter --train "$NF:train" --train-queries 400 --dev "$NF:dev" --dev-queries 60 \
+        --index "$IDX" --out "$W/adapter" --steps 600 --batch-queries 2 --eval-every 50 --lr 3e-4 \
+        --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/adapter.json"
+}
+
+step_eval_dumps() {  # the served reranker's features (with the adapter): dev and the test sets
+    local a=(--adapter "$W/adapter/best")
+    dump qa-nf-dev-hybrid50 --data "$NF" --split dev --retriever hybrid --candidates 50 --index "$IDX" "${a[@]}"
+    dump qa-nf-test-hybrid50 --data "$NF" --split test --retriever hybrid --candidates 50 --index "$IDX" "${a[@]}"
+    dump qa-nf-test-bm25-20 --data "$NF" --split test --retriever bm25 --candidates 20 --index "$IDX" "${a[@]}"
+    dump qa-dl19-bm25-100 --data "$D/msmarco-trec-dl-2019-passage" --trec-run BM25 --candidates 100 \
+        --store "$W/kv/dl19" "${a[@]}"
+}
+
+step_fusion() {  # the fusion weight on dev, then every figure of the served configuration
+    "$HR" lab fit --fixed-weights "default=$W/out/card.fit.json" --dev "$W/dumps/qa-nf-dev-hybrid50.npz" \
+        --test "nfcorpus-test-hybrid50=$W/dumps/qa-nf-test-hybrid50.npz" \
+        --test "nfcorpus-test-bm25-20=$W/dumps/qa-nf-test-bm25-20.npz" \
+        --test "dl19-bm25-100=$W/dumps/qa-dl19-bm25-100.npz" --out "$W/reports/fusion.json"
+}
+
+step_calibration_dumps() {  # NFCorpus train queries the adapter never saw, with the adapter
+    "$PY" recipes/default/steps.py calibration-ids --data "$NF" --exclude "$W/dumps/nf-train-hybrid50.npz" \
+        --limit "${RECIPE_CALIBRATION_QUERIES:-0}" --out "$W/calibration-queries.txt"
+    dump qa-nf-train-unseen-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
+        --query-ids "$W/calibration-queries.txt" --adapter "$W/adapter/best"
+}
+
+step_calibrate() {  # the cut-off's Platt maps and thresholds (dev), on the card with the fusion weight
+    "$PY" recipes/default/steps.py fused-card --card "$W/out/card.fit.json" --fusion "$W/reports/fusion.json" \
+        --out "$W/out/card.fused.json"
+    rm -f "$W/out/card.calibrated.json"
+    "$HR" lab calibrate --card "$W/out/card.fused.json" --calibrate "$W/dumps/qa-nf-train-unseen-hybrid50.npz" \
+        --exclude "$W/dumps/nf-train-hybrid50.npz" --dev "$W/dumps/qa-nf-dev-hybrid50.npz" \
+        --test "nf-test=$W/dumps/qa-nf-test-hybrid50.npz" --test "dl19=$W/dumps/qa-dl19-bm25-100.npz@2" \
+        --counts 10,20,30,50 --test-counts 20,all --write-card "$W/out/card.calibrated.json" \
+        --out "$W/reports/calibrate.json"
+}
+
+step_assemble() {  # the packaged artefacts, their fields naming only files of the repository
+    "$PY" recipes/default/steps.py assemble --work "$W" --model smollm2-135m-instruct
+}
+
+step_install() {  # copy out/ over the packaged artefacts (then review `git diff` and commit)
+    "$PY" recipes/default/steps.py install --work "$W" --model smollm2-135m-instruct
+}
+
+run_step() {
+    local s=$1 t0 t1
+    t0=$(date +%s)
+    echo "[recipe] $(date -u +%FT%TZ) step $s ..."
+    "step_${s//-/_}" 2>&1 | tee -a "$W/logs/$s.log"
+    t1=$(date +%s)
+    printf '%s\t%s\t%s\n' "$s" "$((t1 - t0))" "$(date -u +%FT%TZ)" >> "$W/steps.tsv"
+    touch "$W/done/$s"
+    echo "[recipe] step $s done in $((t1 - t0)) s"
+}
+
+if [ $# -gt 0 ]; then
+    for s in "$@"; do run_step "$s"; done
+else
+    for s in "${STEPS[@]}"; do
+        [ -f "$W/done/$s" ] || run_step "$s"
+    done
+    echo "[recipe] every step done: out/ is in $W/out; 'bash recipes/default/run.sh install' copies it into reranker/data"
+fi

@@ -1,0 +1,164 @@
+"""Helpers of recipes/default/run.sh: the calibration queries, the fused card, the packaged
+artefacts assembled from the recipe's outputs, and their installation into reranker/data.
+
+Run through ``run.sh``; each subcommand reads and writes only the recipe's work folder (and
+``install`` the package's data folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "reranker" / "data"
+RUN = "bash recipes/default/run.sh"
+TESTS = {"nfcorpus-test-hybrid50": "qa-nf-test-hybrid50", "nfcorpus-test-bm25-20": "qa-nf-test-bm25-20",
+         "dl19-bm25-100": "qa-dl19-bm25-100"}
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _write(path: Path, data: Any) -> None:
+    from heedrank.files import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(data, indent=1) + "\n").encode())
+
+
+def _sha256(path: Path) -> str:
+    from heedrank.files import file_sha256
+
+    return file_sha256(path)
+
+
+def calibration_ids(args: argparse.Namespace) -> None:
+    """NFCorpus train queries (those with train qrels) not in the ``--exclude`` dump, sorted;
+    ``--limit N > 0``: a seeded sample of N of them."""
+    from heedrank.data import load_beir_qrels
+    from heedrank.eval.lab import read_query_ids
+
+    seen = read_query_ids([Path(args.exclude)])
+    ids = sorted(q for q in load_beir_qrels(args.data, "train") if q not in seen)
+    if args.limit > 0 and args.limit < len(ids):
+        ids = sorted(random.Random(0).sample(ids, args.limit))
+    Path(args.out).write_text("".join(f"{q}\n" for q in ids), encoding="utf-8")
+    print(f"{len(ids)} calibration queries ({len(seen)} training queries left out) -> {args.out}")
+
+
+def _served(fusion: dict[str, Any]) -> dict[str, Any]:
+    """The served configuration's figures from the fusion step's report: the dev-chosen
+    fusion weight, pure and fused nDCG@10 on dev and each test set, p against the first stage."""
+    pure, fused = "default (pure reranker)", "interpolation: first stage + default (fused)"
+    chosen = fusion["chosen_on_dev"][fused]
+    tests = {name: {"first stage": rows["first stage"]["ndcg@10"], "pure": rows[pure]["ndcg@10"],
+                    "pure_p": rows[pure]["p"], "fused": rows[fused]["ndcg@10"], "fused_p": rows[fused]["p"]}
+             for name, rows in fusion["tests"].items()}
+    return {"alpha": round(float(chosen["alpha"]), 4),
+            "dev": {"first stage": fusion["dev"]["first stage"], "pure": fusion["dev"][pure], "fused": chosen["dev"]},
+            "tests": tests}
+
+
+def fused_card(args: argparse.Namespace) -> None:
+    """The fitted card with the fusion weight chosen on dev with the adapter (what is served)."""
+    card, served = _read(Path(args.card)), _served(_read(Path(args.fusion)))
+    card["fusion"] = {"alpha": served["alpha"], "dev_ndcg@10": served["dev"]["fused"],
+                      "test_ndcg@10": {t: {"first stage": r["first stage"], "fused": r["fused"], "p": r["fused_p"]}
+                                       for t, r in served["tests"].items()}}
+    _write(Path(args.out), card)
+    print(f"fusion weight {served['alpha']} (dev fused {served['dev']['fused']:.2f}) -> {args.out}")
+
+
+def assemble(args: argparse.Namespace) -> None:
+    """``out/<model>.blockrank-cached.json`` and ``out/<model>.query-adapter/``: the recipe's
+    card (weights, fusion, calibration) and adapter, their ``command`` fields naming the
+    recipe's steps and their inputs recorded by sha256 (the dumps live in the work folder)."""
+    work, model = Path(args.work), args.model
+    card = _read(work / "out" / "card.calibrated.json")
+    served = _served(_read(work / "reports" / "fusion.json"))
+    dumps = {p.stem: _sha256(p) for p in sorted((work / "dumps").glob("*.npz"))}
+    train = card.get("train") or {}
+    card["train"] = {"dumps": [Path(d).stem for d in train.get("dumps", [])], "queries": train.get("queries")}
+    card["command"] = f"{RUN} fit"
+    card["dev_ndcg@10"] = {"first stage": served["dev"]["first stage"], "learned": served["dev"]["pure"]}
+    card["test_ndcg@10"] = {t: {"first stage": r["first stage"], "learned": r["pure"], "p": r["pure_p"]}
+                            for t, r in served["tests"].items()}
+    card["configuration"] = {
+        "name": "default", "method": "blockrank-cached", "scoring": "learned", "query_adapter": "packaged",
+        "fusion": served["alpha"],
+        "dev_ndcg@10": {"first stage": round(served["dev"]["first stage"], 1), "default": round(served["dev"]["fused"], 1)},
+        "test_ndcg@10": {t: {"first stage": round(r["first stage"], 1), "default": round(r["fused"], 1),
+                             "p": round(r["fused_p"], 4)} for t, r in served["tests"].items()},
+        "note": "this card's weights with the packaged query adapter, fused with the first stage at the weight chosen "
+                "on NFCorpus dev (324 queries, hybrid top 50); every test query, paired randomization test against "
+                f"the first stage; rebuilt by `{RUN}` (recipes/default/README.md)"}
+    calibration = card.get("calibration") or {}
+    calibration["command"] = f"{RUN} calibrate"
+    card["recipe"] = {"recipe": "recipes/default", "steps": f"{RUN} (recipes/default/README.md)",
+                      "dumps_sha256": dumps}
+    out_card = work / "out" / f"{model}.blockrank-cached.json"
+    _write(out_card, card)
+    src, dst = work / "adapter" / "best", work / "out" / f"{model}.query-adapter"
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copyfile(src / "adapter.safetensors", tmp / "adapter.safetensors")
+    meta = _read(src / "adapter.json")
+    (meta.get("model") or {}).pop("path", None)  # a path of the machine that trained it
+    meta.get("config", {}).pop("out_dir", None)
+    meta["command"] = f"{RUN} adapter"
+    meta["scorer_weights"] = f"the packaged card reranker/data/{model}.blockrank-cached.json (fixed in training)"
+    meta["test_ndcg@10"] = served["tests"]
+    meta["dev_ndcg@10_nfcorpus_dev_hybrid50"] = {**served["dev"], "fusion_alpha": served["alpha"]}
+    _write(tmp / "adapter.json", meta)
+    from heedrank.files import replace_dir
+
+    replace_dir(tmp, dst)
+    if calibration.get("query_adapter_sha256") not in (None, _sha256(dst / "adapter.safetensors")):
+        sys.exit("the calibration was fitted with another adapter than out/'s: rerun the calibrate step")
+    print(f"assembled {out_card} and {dst}")
+
+
+def install(args: argparse.Namespace) -> None:
+    """Copy ``out/``'s artefacts over the packaged ones (review ``git diff``, then commit)."""
+    work, model = Path(args.work), args.model
+    card = work / "out" / f"{model}.blockrank-cached.json"
+    adapter = work / "out" / f"{model}.query-adapter"
+    if not card.is_file() or not (adapter / "adapter.safetensors").is_file():
+        sys.exit(f"nothing to install: run the recipe's steps first ({RUN})")
+    shutil.copyfile(card, DATA / card.name)
+    for name in ("adapter.json", "adapter.safetensors"):
+        shutil.copyfile(adapter / name, DATA / adapter.name / name)
+    print(f"installed into {DATA}: review `git diff --stat reranker/data`, then commit")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("calibration-ids")
+    p.add_argument("--data", required=True)
+    p.add_argument("--exclude", required=True)
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("fused-card")
+    p.add_argument("--card", required=True)
+    p.add_argument("--fusion", required=True)
+    p.add_argument("--out", required=True)
+    for name in ("assemble", "install"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", required=True)
+        p.add_argument("--model", required=True)
+    args = parser.parse_args(argv)
+    {"calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
+     "install": install}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
