@@ -1,0 +1,138 @@
+"""recipes/default: its helper steps on tiny inline inputs, and (slow) that the recipe's fit
+step gives the packaged card's head weights to 1e-6 from the recipe's own dumps."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "default"
+CARD = ROOT / "reranker" / "data" / "smollm2-135m-instruct.blockrank-cached.json"
+
+
+def _steps():
+    spec = importlib.util.spec_from_file_location("recipe_default_steps", RECIPE / "steps.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fusion_report() -> dict:
+    pure, fused = "default (pure reranker)", "interpolation: first stage + default (fused)"
+    rows = {"first stage": {"ndcg@10": 35.0, "p": None}, pure: {"ndcg@10": 33.0, "p": 0.01},
+            fused: {"ndcg@10": 36.5, "p": 0.02}}
+    return {"chosen_on_dev": {fused: {"alpha": 0.6000000000000001, "dev": 34.4}},
+            "dev": {"first stage": 32.8, pure: 30.5, fused: 34.4}, "tests": {"t": rows}}
+
+
+def test_calibration_ids_leave_out_the_training_queries(tmp_path, monkeypatch) -> None:
+    steps = _steps()
+    monkeypatch.setattr("heedrank.data.load_beir_qrels", lambda data, split: {f"q{i}": {"d": 1} for i in range(6)})
+    monkeypatch.setattr("heedrank.eval.lab.read_query_ids", lambda paths: {"q1", "q4"})
+    out = tmp_path / "ids.txt"
+    steps.main(["calibration-ids", "--data", "x", "--exclude", "train.npz", "--out", str(out)])
+    assert out.read_text().split() == ["q0", "q2", "q3", "q5"]
+    steps.main(["calibration-ids", "--data", "x", "--exclude", "train.npz", "--limit", "2", "--out", str(out)])
+    picked = out.read_text().split()
+    assert len(picked) == 2 and set(picked) <= {"q0", "q2", "q3", "q5"} and picked == sorted(picked)
+
+
+def test_fused_card_and_assemble_name_only_the_recipe(tmp_path) -> None:
+    steps = _steps()
+    work = tmp_path / "w"
+    (work / "out").mkdir(parents=True)
+    (work / "reports").mkdir()
+    (work / "dumps").mkdir()
+    (work / "dumps" / "nf-train-hybrid50.npz").write_bytes(b"dump")
+    (work / "reports" / "fusion.json").write_text(json.dumps(_fusion_report()))
+    fit = {"weights": [0.5, -0.25], "train": {"dumps": ["/abs/runs/x/dumps/nf-train-hybrid50.npz"], "queries": 3},
+           "command": "heedrank lab fit --train /abs/runs/x/dumps/nf-train-hybrid50.npz"}
+    (work / "out" / "card.fit.json").write_text(json.dumps(fit))
+    steps.main(["fused-card", "--card", str(work / "out" / "card.fit.json"), "--fusion",
+                str(work / "reports" / "fusion.json"), "--out", str(work / "out" / "card.fused.json")])
+    fused = json.loads((work / "out" / "card.fused.json").read_text())
+    assert fused["fusion"]["alpha"] == 0.6 and fused["fusion"]["test_ndcg@10"]["t"]["fused"] == 36.5
+    adapter = work / "adapter" / "best"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter.safetensors").write_bytes(b"tensors")
+    (adapter / "adapter.json").write_text(json.dumps({"model": {"name": "m", "path": "/abs/model.gguf"},
+                                                      "config": {"out_dir": "/abs/runs/x/adapter"}}))
+    from heedrank.files import file_sha256
+
+    calibrated = {**fused, "calibration": {"command": "heedrank lab calibrate --card /abs/x",
+                                           "query_adapter_sha256": file_sha256(adapter / "adapter.safetensors")}}
+    (work / "out" / "card.calibrated.json").write_text(json.dumps(calibrated))
+    steps.main(["assemble", "--work", str(work), "--model", "m"])
+    card = json.loads((work / "out" / "m.blockrank-cached.json").read_text())
+    meta = json.loads((work / "out" / "m.query-adapter" / "adapter.json").read_text())
+    text = json.dumps(card) + json.dumps(meta)
+    assert "/abs" not in text  # no path of the machine that ran the recipe
+    assert card["command"] == "bash recipes/default/run.sh fit"
+    assert card["calibration"]["command"] == "bash recipes/default/run.sh calibrate"
+    assert card["train"] == {"dumps": ["nf-train-hybrid50"], "queries": 3}
+    assert card["recipe"]["dumps_sha256"] == {"nf-train-hybrid50": file_sha256(work / "dumps" / "nf-train-hybrid50.npz")}
+    assert card["configuration"]["fusion"] == 0.6 and card["configuration"]["test_ndcg@10"]["t"]["default"] == 36.5
+    assert card["test_ndcg@10"]["t"] == {"first stage": 35.0, "learned": 33.0, "p": 0.01}
+    assert meta["command"] == "bash recipes/default/run.sh adapter"
+    assert (work / "out" / "m.query-adapter" / "adapter.safetensors").read_bytes() == b"tensors"
+
+
+def test_assemble_refuses_a_calibration_of_another_adapter(tmp_path) -> None:
+    steps = _steps()
+    work = tmp_path / "w"
+    for d in ("out", "reports", "dumps", "adapter/best"):
+        (work / d).mkdir(parents=True)
+    (work / "reports" / "fusion.json").write_text(json.dumps(_fusion_report()))
+    (work / "adapter" / "best" / "adapter.safetensors").write_bytes(b"new")
+    (work / "adapter" / "best" / "adapter.json").write_text("{}")
+    (work / "out" / "card.calibrated.json").write_text(json.dumps(
+        {"weights": [1.0], "calibration": {"query_adapter_sha256": "0" * 64}}))
+    with pytest.raises(SystemExit, match="another adapter"):
+        steps.main(["assemble", "--work", str(work), "--model", "m"])
+
+
+def _recipe_dumps() -> Path | None:
+    """The recipe's dumps folder when it holds every dump the packaged card names, unchanged."""
+    work = Path(os.environ.get("RECIPE_WORK", ROOT / "runs" / "recipe" / "default"))
+    want = (json.loads(CARD.read_text()).get("recipe") or {}).get("dumps_sha256") or {}
+    if not want:
+        return None
+    from heedrank.files import file_sha256
+
+    for name, sha in want.items():
+        path = work / "dumps" / f"{name}.npz"
+        if not path.is_file() or file_sha256(path) != sha:
+            return None
+    return work / "dumps"
+
+
+@pytest.mark.slow
+def test_the_fit_step_gives_the_packaged_weights(tmp_path) -> None:
+    """The recipe's `fit` step, rerun on the recipe's dumps, writes the packaged head weights
+    (to 1e-6) and the same L2 choice."""
+    dumps = _recipe_dumps()
+    if dumps is None:
+        pytest.skip("the recipe's dumps are not here: run `bash recipes/default/run.sh index dumps` "
+                    "(RECIPE_WORK names another work folder)")
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from heedrank.cli import app
+
+    packaged = json.loads(CARD.read_text())
+    out = tmp_path / "card.json"
+    train = [a for name in packaged["train"]["dumps"] for a in ("--train", str(dumps / f"{name}.npz"))]
+    dev = dumps / "nf-dev-hybrid50.npz"
+    res = CliRunner().invoke(app, ["lab", "fit", *train, "--dev", str(dev), "--test", f"nfcorpus-dev-hybrid50={dev}",
+                                   "--loss", packaged["fit"]["loss"], "--temperature",
+                                   str(packaged["fit"]["temperature"]), "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    refit = json.loads(out.read_text())
+    assert refit["l2"] == packaged["l2"]
+    np.testing.assert_allclose(refit["weights"], packaged["weights"], rtol=0, atol=1e-6)
