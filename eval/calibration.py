@@ -1,16 +1,15 @@
-"""Fitting and evaluating the relevance cut-off (:mod:`heedrank.calibration`) on study dumps.
+"""Evaluating the relevance cut-off (:mod:`heedrank.calibration`) on study dumps.
 
-For every query of a dump, each candidate count ``N`` of ``counts`` (the first stage's top
-``N``, re-scored as the service would score that many: per-(layer, head) features z-scored
-over the ``N``), and each serving mode (fused with first-stage scores, fused with the
-reciprocal rank of the given order, the reranker alone), the served scores are computed
-exactly as the service computes them (:func:`heedrank.eval.study.variant_scores`,
-:func:`heedrank.fusion.fuse`, :func:`heedrank.calibration.features`). One logistic map per
-mode is fitted on calibration queries (which the reranker must not have been trained on),
-its threshold and the best fixed top-k are chosen on dev for the mean F1 over the counts,
-and both are measured on test sets: precision, recall (of every judged relevant document
-in the qrels) and F1 of the returned set per query; an empty set has precision 1 and F1 0.
-Paired randomization test (:func:`heedrank.eval.compare.randomization_test`) of the
+For every query of a dump, each candidate count ``N`` (the first stage's top ``N``,
+re-scored as the service would score that many: per-(layer, head) features z-scored over
+the ``N``), and each serving mode (fused with first-stage scores, fused with the reciprocal
+rank of the given order, the reranker alone), the served scores are computed exactly as the
+service computes them (:func:`served`: :func:`heedrank.eval.study.variant_scores`,
+:func:`heedrank.fusion.fuse`, :func:`heedrank.calibration.features`). The maps are fitted
+by :mod:`heedrank.train.calibration`; here a cut-off is measured on a set
+(:func:`evaluate_cutoff`): precision, recall (of every judged relevant document in the
+qrels) and F1 of the returned set per query (an empty set has precision 1 and F1 0), and the
+paired randomization test (:func:`heedrank.eval.compare.randomization_test`) of the
 per-query F1 difference.
 """
 
@@ -23,15 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from heedrank.calibration import MODES, Calibration, PlattMap, features
+from heedrank.calibration import Calibration, PlattMap, features
 from heedrank.eval.study import QueryItem, variant_scores
 from heedrank.fusion import standardize
 from heedrank.serving import ServePolicy
 
 logger = logging.getLogger(__name__)
-
-THRESHOLDS = tuple(float(t) for t in np.round(np.arange(0.02, 0.905, 0.02), 3))
-"""Thresholds tried on dev (probabilities)."""
 
 
 @dataclass(frozen=True)
@@ -111,65 +107,11 @@ def per_query(rows: Sequence[Served], keep: Any) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-def fit_map(rows: Sequence[Served], *, c: float = 1.0) -> tuple[tuple[float, ...], float]:
-    """Logistic regression (scikit-learn, L2 with inverse strength ``c``) of relevance on the
-    map inputs of every candidate of ``rows``: ``(coef (4,), intercept)``."""
-    from sklearn.linear_model import LogisticRegression
-
-    x = np.concatenate([r.x for r in rows if len(r.labels)])
-    y = np.concatenate([r.labels for r in rows if len(r.labels)])
-    model = LogisticRegression(C=c, max_iter=2000).fit(x, y)
-    return tuple(float(v) for v in model.coef_[0]), float(model.intercept_[0])
-
-
 def keep_above(plat: PlattMap, threshold: float) -> Any:
+    """``keep(row) -> int``: how many of a served list's candidates have P(relevant) >= ``threshold``."""
     def keep(row: Served) -> int:
         return sum(1 for p in plat.probabilities(list(row.scores)) if p >= threshold)
     return keep
-
-
-def fit_calibration(calibrate: Sequence[QueryItem], calibrate_qrels: Mapping[str, Mapping[str, int]],
-                    dev: Sequence[QueryItem], dev_qrels: Mapping[str, Mapping[str, int]], card: Mapping[str, Any], *,
-                    counts: Sequence[int] = (10, 20, 30, 50), modes: Sequence[str] = MODES,
-                    show_progress: bool = True) -> tuple[Calibration, dict[str, Any]]:
-    """Fit one map per mode on ``calibrate`` (all ``counts``), choose its threshold and the
-    best fixed top-k on dev (mean F1 averaged over ``counts``).
-
-    Args:
-        calibrate: Dump items of queries the reranker was not trained on.
-        card: The weights card whose learned scorer and fusion weight are calibrated.
-
-    Returns:
-        ``(calibration, report)``: the report has per mode the dev F1 per threshold, the
-        chosen threshold, the best fixed k and the dev Brier score against the base rate.
-    """
-    from tqdm.auto import tqdm
-
-    variant = head_variant(card)
-    alpha = float((card.get("fusion") or {}).get("alpha", 0.6))
-    maps, report = {}, {}
-    for mode in tqdm(modes, desc="calibrate", unit="mode", disable=not show_progress):
-        rows = [r for n in counts for r in served(calibrate, calibrate_qrels, variant, alpha, mode, n)]
-        coef, intercept = fit_map(rows)
-        dev_rows = {n: served(dev, dev_qrels, variant, alpha, mode, n) for n in counts}
-        probe = PlattMap(coef, intercept, 0.5)
-        f1 = {t: float(np.mean([per_query(dev_rows[n], keep_above(probe, t))[:, 2].mean() for n in counts]))
-              for t in THRESHOLDS}
-        t_best = max(f1, key=lambda t: (f1[t], -t))
-        k_f1 = {k: float(np.mean([per_query(dev_rows[n], lambda r, k=k: min(k, len(r.labels)))[:, 2].mean()
-                                  for n in counts])) for k in range(1, max(counts) + 1)}
-        k_best = max(k_f1, key=lambda k: (k_f1[k], -k))
-        xd = [r for n in counts for r in dev_rows[n] if len(r.labels)]
-        pd = np.concatenate([probe.probabilities(list(r.scores)) for r in xd])
-        yd = np.concatenate([r.labels for r in xd])
-        maps[mode] = PlattMap(coef, intercept, t_best)
-        report[mode] = {"threshold": t_best, "dev_f1": f1[t_best], "top_k": k_best, "dev_f1_top_k": k_f1[k_best],
-                        "dev_brier": float(np.mean((pd - yd) ** 2)), "dev_brier_base_rate": float(np.var(yd)),
-                        "calibration_candidates": int(sum(len(r.labels) for r in rows))}
-        logger.info("calibration %s: threshold %.2f (dev F1 %.4f), top-%d (dev F1 %.4f)", mode, t_best, f1[t_best],
-                    k_best, k_f1[k_best])
-    info = {"counts": list(counts), "calibration_queries": len(calibrate), "dev": report}
-    return Calibration(alpha, maps, info), report
 
 
 def evaluate_cutoff(items: Sequence[QueryItem], qrels: Mapping[str, Mapping[str, int]], card: Mapping[str, Any],

@@ -17,7 +17,7 @@ A map holds only for the scores it was fitted on, so a :class:`Calibration` carr
 per way of serving (:data:`MODES`) and the fusion weight it was fitted at; ``/search`` and
 ``/rerank`` refuse a cut-off the reranker has no map for (:meth:`Calibration.map_for`).
 The maps are fitted on queries the reranker was not trained on, the thresholds chosen on dev
-(``heedrank lab calibrate``, :mod:`heedrank.eval.calibration`), and written into the
+(``heedrank lab calibrate``, :mod:`heedrank.train.calibration`), and written into the
 reranker's weights card under ``"calibration"``.
 
 Pure Python (no numpy): it runs on every reranked request.

@@ -50,3 +50,39 @@ def default_lm():
     from heedrank.reranker.lm import load_lm
 
     return load_lm()
+
+
+@pytest.fixture(scope="session")
+def nfcorpus_train_slice(nfcorpus_dir):
+    """``(queries, candidates, first-stage scores, qrels)``: five NFCorpus train queries with
+    at least two relevant documents, each with two of them and one shared negative as
+    candidates (scores 3, 2, 1)."""
+    from heedrank.data import iter_beir_documents, load_beir_qrels, load_beir_queries
+
+    qrels = load_beir_qrels(nfcorpus_dir, "train")
+    queries = load_beir_queries(nfcorpus_dir)
+    qids = [q for q in sorted(qrels) if q in queries and sum(g > 0 for g in qrels[q].values()) >= 2][:5]
+    wanted = {d for q in qids for d in sorted(qrels[q])[:2]}
+    docs = {}
+    for doc in iter_beir_documents(nfcorpus_dir):
+        if doc.doc_id in wanted or len(docs) < 3:
+            docs[doc.doc_id] = doc
+    cands, scores = {}, {}
+    negatives = [d for d in list(docs)[:3] if all(d not in qrels[q] for q in qids)]
+    for q in qids:
+        pos = [docs[d] for d in sorted(qrels[q])[:2] if d in docs]
+        cands[q] = pos + [docs[negatives[0]]]
+        scores[q] = [3.0, 2.0, 1.0]
+    return [queries[q] for q in qids], cands, scores, qrels
+
+
+@pytest.fixture(scope="session")
+def icr_slice_dump(tmp_path_factory, nfcorpus_train_slice) -> Path:
+    """An ICR attention dump (:func:`heedrank.eval.heads.dump_attention`, candidates shuffled,
+    24 tokens per document) of :func:`nfcorpus_train_slice`, written once per session."""
+    from heedrank.config import RerankerConfig
+    from heedrank.eval.heads import dump_attention
+
+    qs, cands, scores, qrels = nfcorpus_train_slice
+    return dump_attention(tmp_path_factory.mktemp("icr") / "dump", qs, cands, scores, qrels,
+                          reranker_config=RerankerConfig(max_doc_tokens=24), shuffle=True, show_progress=False)

@@ -1,36 +1,18 @@
-"""Fitting the relevance cut-off on study dumps (:mod:`heedrank.eval.calibration`): the scores it
-fits on are the ones the service serves, the fit finds a real signal, and the figures are
-precision, recall and F1 of the returned prefix."""
+"""Evaluating the relevance cut-off on study dumps (:mod:`heedrank.eval.calibration`): the
+scores a map is fitted on and measured with are the ones the service serves, and the figures
+are precision, recall and F1 of the returned prefix (the fit: tests/train/test_cutoff_fit.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from heedrank.calibration import PlattMap
-from heedrank.eval.calibration import evaluate_cutoff, fit_calibration, per_query, prf, served, subset
-from heedrank.eval.study import QueryItem, variant_scores
+from heedrank.calibration import Calibration, PlattMap
+from heedrank.eval.calibration import evaluate_cutoff, prf, served, subset
+from heedrank.eval.study import variant_scores
 from heedrank.serving import ServePolicy
 from heedrank.types import Ranking, ScoredDoc
-
-L, H = 2, 3
-
-
-def _items(n_queries: int, n: int = 12, seed: int = 0) -> tuple[list[QueryItem], dict, dict]:
-    """Synthetic dump items: head 0 of layer 0 carries the relevance signal, the first stage a weaker one."""
-    rng = np.random.default_rng(seed)
-    items, qrels = [], {}
-    for q in range(n_queries):
-        rel = rng.random(n) < 0.25
-        cal = rng.normal(size=(n, L, H)).astype(np.float32)
-        cal[:, 0, 0] += 2.0 * rel
-        first = np.sort(rng.normal(size=n) + 0.5 * rel)[::-1].copy()  # first-stage order (descending)
-        ids = [f"q{q}d{i}" for i in range(n)]
-        items.append(QueryItem(f"q{q}", ids, first, rel.astype(np.float64), {"calibrated": cal}))
-        qrels[f"q{q}"] = {d: 1 for d, r in zip(ids, rel) if r} | {f"q{q}-unretrieved": 1}
-    card = {"layer": L - 1, "weights": [1.0] + [0.0] * (L * H - 1), "fusion": {"alpha": 0.6}}
-    return items, qrels, card
-
+from study_items import CUTOFF_H as H, CUTOFF_L as L, cutoff_items as _items
 
 def test_served_scores_are_the_services() -> None:
     items, qrels, card = _items(3)
@@ -61,17 +43,12 @@ def test_prf_counts_the_returned_prefix() -> None:
     assert prf(labels, 0, 4) == (1.0, 0.0, 0.0)  # nothing returned
 
 
-def test_fit_finds_the_signal_and_beats_a_fixed_cut_on_held_out_queries() -> None:
-    cal_items, cal_qrels, card = _items(150, seed=1)
-    dev, dev_qrels, _ = _items(60, seed=2)
-    test, test_qrels, _ = _items(60, seed=3)
-    calibration, report = fit_calibration(cal_items, cal_qrels, dev, dev_qrels, card, counts=(6, 12),
-                                          show_progress=False)
-    assert set(calibration.maps) == {"score", "rank", "none"} and calibration.alpha == 0.6
-    assert calibration.maps["none"].coef[0] > 0.5  # P(relevant) rises with the served score
-    assert 0 < report["none"]["dev_brier"] < report["none"]["dev_brier_base_rate"]
-    r = evaluate_cutoff(test, test_qrels, card, calibration, "none", 12, report["none"]["top_k"])
-    assert r["queries"] == 60 and 0 < r["auto"][3] < 12  # it returns fewer than all candidates, more than none
-    assert r["auto"][2] > r["fixed"][2] - 0.02
-    rows = served(test, test_qrels, {"kind": "linear", "spec": "heads", "weights": card["weights"]}, 0.6, "none", 12)
-    assert per_query(rows, lambda row: 12)[:, 3].tolist() == [12.0] * 60
+def test_evaluate_cutoff_counts_what_the_map_keeps() -> None:
+    items, qrels, card = _items(20, seed=5)
+    keep_all = Calibration(0.6, {"none": PlattMap((0.0, 0.0, 0.0, 0.0), 10.0, 0.5)}, {})  # P ~ 1 for every candidate
+    r = evaluate_cutoff(items, qrels, card, keep_all, "none", 12, 12)
+    assert r["queries"] == 20 and r["auto"] == pytest.approx(r["fixed"]) and r["delta_f1"] == pytest.approx(0.0)
+    assert r["auto"][3] == 12.0  # every candidate returned
+    keep_none = Calibration(0.6, {"none": PlattMap((0.0, 0.0, 0.0, 0.0), -10.0, 0.5)}, {})
+    r = evaluate_cutoff(items, qrels, card, keep_none, "none", 12, 3)
+    assert r["auto"][3] == 0.0 and r["auto"][0] == 1.0 and r["auto"][2] == 0.0  # nothing returned: P 1, F1 0

@@ -83,18 +83,12 @@ def test_command_line_names_the_run() -> None:
 
 
 def _dump(path: Path, n_queries: int, seed: int) -> Path:
-    """A synthetic feature dump (tests/eval/test_study.py's items): head 1 of layer 2 carries
-    relevance, the first stage a weaker signal."""
-    import sys
-
+    """A synthetic feature dump (tests/study_items.py): head 1 of layer 2 carries relevance,
+    the first stage a weaker signal."""
     from heedrank.eval.study import save_items
+    from study_items import study_items
 
-    folder = str(Path(__file__).resolve().parents[1] / "eval")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    from test_study import _items
-
-    items, qrels = _items(n_queries, seed)
+    items, qrels = study_items(n_queries, seed)
     save_items(path, items, {"qrels": qrels, "layer": 3, "max_doc_tokens": 16})
     return path
 

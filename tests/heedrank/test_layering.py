@@ -1,7 +1,8 @@
 """The package layering, read from the source with ``ast``: dependencies point one way
 (``heedrank`` <- ``index`` <- ``retriever``; ``heedrank`` <- ``reranker``; the engines
 (``heedrank.engine``) over those three, importing them only inside functions; ``api`` and
-``eval`` above them; nothing imports ``api``; the CLI is the one composition root), and
+``eval`` above them; ``train`` above ``eval``, imported by nothing but the CLI; nothing
+imports ``api``; the CLI is the one composition root), and
 no two modules import each other, directly or through others, deferred imports included
 (imports under ``if TYPE_CHECKING:`` are type-only and do not count)."""
 
@@ -14,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYER_DIRS = {"heedrank": "heedrank", "index": "index", "retriever": "retriever", "reranker": "reranker",
-              "api": "api", "eval": "eval"}
+              "api": "api", "eval": "eval", "train": "train"}
 # layer -> the layers it may import (itself always allowed)
 ALLOWED = {
     "core": {"core"},
@@ -23,8 +24,9 @@ ALLOWED = {
     "reranker": {"core"},
     "engine": {"core", "index", "retriever", "reranker"},
     "eval": {"core", "index", "retriever", "reranker", "engine"},
+    "train": {"core", "index", "retriever", "reranker", "engine", "eval"},
     "api": {"core", "index", "retriever", "reranker"},
-    "cli": {"core", "index", "retriever", "reranker", "eval", "api", "engine"},
+    "cli": {"core", "index", "retriever", "reranker", "eval", "train", "api", "engine"},
 }
 # layer -> the layers it may import at module level (the rest only inside functions)
 AT_IMPORT = {"engine": {"core", "engine"}}
@@ -44,7 +46,7 @@ def _layer(module: str) -> str:
         return "core"
     if parts[1] in {"cli", "__main__"}:
         return "cli"
-    return parts[1] if parts[1] in {"index", "retriever", "reranker", "api", "eval", "engine"} else "core"
+    return parts[1] if parts[1] in {"index", "retriever", "reranker", "api", "eval", "engine", "train"} else "core"
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -114,6 +116,14 @@ def test_the_block_contract_and_the_store_package() -> None:
     assert GRAPH["heedrank.index.kv.maintenance"] & kv == {"heedrank.index.kv.format"}
     assert "heedrank.index.kv.maintenance" in GRAPH["heedrank.index.kv.store"]
     assert not GRAPH["heedrank.index.kv.store"] & {"heedrank.index.kv.build"}
+
+
+def test_the_train_layer_is_read() -> None:
+    assert _layer("heedrank.train.loop") == "train" and "heedrank.train.loop" in GRAPH
+    assert "heedrank.train.loop" in GRAPH["heedrank.train.blockrank"]
+    assert "heedrank.eval.study" in GRAPH["heedrank.train.heads"]  # train builds on eval...
+    assert "train" not in ALLOWED["eval"] and "train" in ALLOWED["cli"]  # ...never the reverse
+    assert {layer for layer, allowed in ALLOWED.items() if "train" in allowed} == {"cli"}
 
 
 def test_a_forbidden_edge_is_caught() -> None:

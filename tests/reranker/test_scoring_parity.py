@@ -51,7 +51,7 @@ def dump(default_lm, nfcorpus_head, tmp_path_factory):
 
 
 def test_served_training_and_study_scorers_agree_on_a_saved_dump(default_lm, card, dump) -> None:
-    from heedrank.reranker.query_adapter import differentiable_scores  # noqa: F401  (the training path's scorer)
+    from heedrank.train.query_adapter import differentiable_scores  # noqa: F401  (the training path's scorer)
 
     _, w = card
     docs, item = dump

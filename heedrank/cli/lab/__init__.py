@@ -5,10 +5,12 @@ scoring layer (``layer-sweep``), ICR's query-focused heads (``heads dump|detect|
 
 :mod:`heedrank.cli.app` registers this group lazily (as ``vllm bench`` is): these modules
 are imported only when ``heedrank lab ...`` is invoked, never by ``heedrank --help`` or a
-product command. The work is in :mod:`heedrank.eval` (:mod:`heedrank.eval.lab`,
-:mod:`heedrank.eval.study`, :mod:`heedrank.eval.calibration`, :mod:`heedrank.eval.heads`,
-:mod:`heedrank.eval.sweep`) and :mod:`heedrank.reranker.train`; the commands print or write
-its records.
+product command. The work is in :mod:`heedrank.eval` (dumps, evaluation:
+:mod:`heedrank.eval.lab`, :mod:`heedrank.eval.study`, :mod:`heedrank.eval.heads`,
+:mod:`heedrank.eval.sweep`) and :mod:`heedrank.train` (fits and fine-tuning:
+:mod:`heedrank.train.heads`, :mod:`heedrank.train.calibration`,
+:mod:`heedrank.train.icr_heads`, :mod:`heedrank.train.blockrank`,
+:mod:`heedrank.train.query_adapter`); the commands print or write their records.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def heads_detect(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Detect query-focused heads: BM25 candidates shuffled with the gold always included, per-head scores, top-k."""
-    from heedrank.eval.heads import detect_heads
+    from heedrank.train.icr_heads import detect_heads
 
     cfg = reranker_config("icr", model, max_doc_tokens, device)
     dump = dump or out.with_suffix(".dump")
@@ -102,7 +102,7 @@ def heads_fit(
     nonneg: Annotated[bool, typer.Option("--nonneg/--signed", help="Keep weights >= 0.")] = True,
 ) -> None:
     """Learn per-head weights with the group contrastive loss (used with heads=learned)."""
-    from heedrank.eval.heads import fit_head_weights
+    from heedrank.train.icr_heads import fit_head_weights
 
     hs = fit_head_weights(dump, heads, max_layer=max_layer, epochs=epochs, lr=lr, l2=l2, support=support,
                           nonneg=nonneg)

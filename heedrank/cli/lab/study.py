@@ -1,8 +1,9 @@
 """``heedrank lab dump``, ``lab fit`` and ``lab calibrate``: per-candidate attention
 features of cached BlockRank from one pass per query, the fit and comparison of scorers on
 them (learned head weights, fusion with the first stage, the weights card), and the
-relevance cut-off's calibration. The work is :mod:`heedrank.eval.lab`; these commands
-parse options and print or write its records."""
+relevance cut-off's calibration. The work is :mod:`heedrank.eval.lab` (the dump),
+:mod:`heedrank.train.heads` (the fit) and :mod:`heedrank.train.calibration` (the cut-off);
+these commands parse options and print or write their records."""
 
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ def lab_fit(
     """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
     with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
     against the first stage on each test set."""
-    from heedrank.eval.lab import command_line, fit_study, parse_named
-    from heedrank.eval.study import format_study, weights_card
+    from heedrank.eval.lab import command_line, parse_named
+    from heedrank.train.heads import fit_study, format_study, weights_card
 
     if export is not None and not train:
         raise typer.BadParameter("--export writes the learned head weights: give --train dumps", param_hint="--export")
@@ -126,7 +127,8 @@ def lab_calibrate(
     """The relevance cut-off: served scores mapped to P(relevant) (Platt scaling, one map per
     serving mode), thresholds ("auto") chosen on dev for mean F1, then precision, recall and F1
     at the cut-off against the best fixed top-k (also chosen on dev) on each test set."""
-    from heedrank.eval.lab import calibrate_cutoff, command_line, format_cutoff, parse_named
+    from heedrank.eval.lab import command_line, parse_named
+    from heedrank.train.calibration import calibrate_cutoff, format_cutoff
 
     tests = parse_named(test or [], "--test", "NAME=DUMP[@MIN_GRADE]")
     card_data = json.loads(card.read_text(encoding="utf-8"))

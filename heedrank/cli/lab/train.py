@@ -1,5 +1,6 @@
 """``heedrank lab train``: fine-tune rerankers: BlockRank (the LM) and the query-side adapter of
-cached BlockRank (stored blocks stay valid)."""
+cached BlockRank (stored blocks stay valid). The work is :mod:`heedrank.train.blockrank` and
+:mod:`heedrank.train.query_adapter` (one resumable loop, :mod:`heedrank.train.loop`)."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def train_blockrank_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """BlockRank fine-tuning: L = L_NTP + lambda * L_aux through the linear block path (resumable)."""
-    from heedrank.eval.training_data import blockrank_examples
-    from heedrank.reranker.train import TrainConfig, train_blockrank
+    from heedrank.train.blockrank import TrainConfig, train_blockrank
+    from heedrank.train.data import blockrank_examples
 
     device = _auto_device(device)
     examples = blockrank_examples(data, split, candidates=candidates, max_queries=max_queries, seed=seed, index_dir=index)
@@ -108,10 +109,10 @@ def train_query_adapter_cmd(
     """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise or
     pairwise loss through the query passes only; dev nDCG@10 every --eval-every steps, best
     kept (resumable)."""
-    from heedrank.eval.adapter_study import dev_evaluator, examples_from, load_source, source_store
     from heedrank.eval.lab import read_query_ids
     from heedrank.registry import build_reranker
-    from heedrank.reranker.query_adapter import QueryAdapterConfig, train_query_adapter
+    from heedrank.train.data import dev_evaluator, examples_from, load_source, source_store
+    from heedrank.train.query_adapter import QueryAdapterConfig, train_query_adapter
 
     cfg = QueryAdapterConfig(out_dir=str(out), objective=objective, lora_r=lora_r, lora_alpha=2 * lora_r,
                              train_weights=train_weights, lr=lr, steps=steps, batch_queries=batch_queries,

@@ -12,7 +12,7 @@ from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.errors import ValidationError  # noqa: E402
 from heedrank.types import Document, Query  # noqa: E402
 from heedrank.reranker.blockrank import BlockRankReranker  # noqa: E402
-from heedrank.reranker.train import TrainConfig, TrainingExample, example_losses, train_blockrank  # noqa: E402
+from heedrank.train.blockrank import TrainConfig, TrainingExample, example_losses, train_blockrank  # noqa: E402
 
 DOCS = (
     Document("cat", "Cats are small furry pets."),

@@ -14,8 +14,9 @@ through the same exact linear block forward as inference (:func:`heedrank.rerank
 :func:`heedrank.reranker.blockforward.query_pass`), never the dense 4-D mask. ``aux_only`` runs layers
 ``0..l*`` only (no LM head, no NTP).
 
-Checkpoints (``out/checkpoints/step-N``: weights or LoRA adapter, optimizer, state) make
-a run resumable; the final model is saved to ``out/`` (LoRA merged) with its tokenizer and
+Checkpoints (``out/checkpoints/step-N``: weights or LoRA adapter, optimizer, the sampler
+and RNG state), written by the shared loop :func:`heedrank.train.loop.run_loop`, make a run
+resumable; the final model is saved to ``out/`` (LoRA merged) with its tokenizer and
 loads as a reranker model (``--model out``).
 """
 
@@ -25,16 +26,14 @@ import json
 import logging
 import math
 import random
-import shutil
-import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heedrank.config import RerankerConfig
-from heedrank.files import replace_dir
 from heedrank.errors import ValidationError
+from heedrank.train.loop import Checkpoints, LoopConfig, run_loop
 from heedrank.types import Document
 
 if TYPE_CHECKING:
@@ -93,7 +92,8 @@ class TrainConfig:
 def example_losses(reranker: BlockRankReranker, ex: TrainingExample, cfg: TrainConfig) -> dict[str, Any]:
     """``{"total", "aux", "ntp"}`` loss tensors of one example (``ntp`` is None with ``aux_only``).
 
-    Differentiable when called with grad enabled.
+    Each is a 0-d float tensor (``aux``: float32 from the signal scores ``(N,)``; ``ntp``:
+    float32 cross-entropy over the answer tokens), differentiable when called with grad enabled.
     """
     import torch
 
@@ -128,24 +128,77 @@ def example_losses(reranker: BlockRankReranker, ex: TrainingExample, cfg: TrainC
     return {"total": total, "aux": aux, "ntp": ntp}
 
 
-@dataclass
-class _State:
-    step: int = 0
-    cursor: int = 0
-    order: list[int] = field(default_factory=list)
-    history: list[dict[str, float]] = field(default_factory=list)
+class _BlockRankTask:
+    """:class:`heedrank.train.loop.TrainingTask` of BlockRank fine-tuning: ``grad_accum``
+    examples per optimizer step; checkpoints hold the weights (full fine-tuning) or the LoRA
+    adapter, and the optimizer."""
+
+    def __init__(self, reranker: BlockRankReranker, peft_model: Any, opt: Any, params: list[Any],
+                 examples: Sequence[TrainingExample], cfg: TrainConfig) -> None:
+        self.reranker, self.peft_model, self.opt, self.params = reranker, peft_model, opt, params
+        self.examples, self.cfg = examples, cfg
+
+    def train_step(self, draw: Callable[[], int], rng: random.Random) -> dict[str, float]:
+        import torch
+
+        cfg = self.cfg
+        self.reranker.lm.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        agg = {"total": 0.0, "aux": 0.0, "ntp": 0.0}
+        for _ in range(cfg.grad_accum):
+            losses = example_losses(self.reranker, self.examples[draw()], cfg)
+            (losses["total"] / cfg.grad_accum).backward()
+            for k in agg:
+                if losses[k] is not None:
+                    agg[k] += float(losses[k].detach()) / cfg.grad_accum
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        self.opt.step()
+        rec = {"loss": agg["total"], "aux": agg["aux"]}
+        if not cfg.aux_only:
+            rec["ntp"] = agg["ntp"]
+        return rec
+
+    def save_state(self, folder: Path) -> None:
+        import torch
+
+        lm = self.reranker.lm
+        if self.peft_model is not None:
+            self.peft_model.save_pretrained(str(folder / "adapter"))
+        else:
+            from safetensors.torch import save_file
+
+            sd = {k: v.detach().contiguous() for k, v in lm.model.state_dict().items()}
+            if getattr(lm.model.config, "tie_word_embeddings", False):
+                sd.pop("lm_head.weight", None)
+            save_file(sd, str(folder / "model.safetensors"))
+        torch.save(self.opt.state_dict(), folder / "optimizer.pt")
+
+    def load_state(self, folder: Path) -> None:
+        """The optimizer, and the weights of full fine-tuning (a LoRA adapter was read when the
+        model was built: :func:`train_blockrank`)."""
+        import torch
+
+        if self.peft_model is None:
+            from safetensors.torch import load_file
+
+            self.reranker.lm.model.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
+        self.opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+
+    def dev_loss(self, dev_examples: Sequence[TrainingExample]) -> float:
+        """Mean auxiliary loss of ``dev_examples`` (no gradient)."""
+        import torch
+
+        model = self.reranker.lm.model
+        model.eval()
+        with torch.no_grad():
+            vals = [float(example_losses(self.reranker, ex, self.cfg)["aux"]) for ex in dev_examples]
+        model.train()
+        return sum(vals) / len(vals)
 
 
-def _checkpoints(out: Path) -> list[Path]:
-    """``out/checkpoints/step-N`` folders in step order (not the ``.tmp`` / ``.old`` ones a
-    save in progress leaves)."""
-    found = [p for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[5:]))
-
-
-def _latest_checkpoint(out: Path) -> Path | None:
-    ckpts = _checkpoints(out)
-    return ckpts[-1] if ckpts else None
+def checkpoints_of(out: str | Path, keep: int = 2) -> Checkpoints:
+    """The checkpoints of a BlockRank run in ``out``: ``out/checkpoints/step-N``."""
+    return Checkpoints.numbered(Path(out) / "checkpoints", keep=keep)
 
 
 def train_blockrank(
@@ -157,8 +210,14 @@ def train_blockrank(
 ) -> dict[str, Any]:
     """Fine-tune the LM for BlockRank; resumes from the latest checkpoint in ``cfg.out_dir``.
 
+    Runs :func:`heedrank.train.loop.run_loop`: ``cfg.grad_accum`` examples per step (sampled
+    by the loop, seeded), the dev auxiliary loss (``dev_aux``, lower is better) at step 0,
+    every ``cfg.eval_every`` steps and at the end, a checkpoint every ``cfg.checkpoint_every``
+    steps (the last ``cfg.keep_checkpoints`` kept).
+
     Returns:
-        Summary: steps, seconds per step, final and dev losses, output paths.
+        Summary: steps, seconds per step, history (per-step ``loss``/``aux``/``ntp`` records
+        and ``dev_aux`` records), best dev record, final model folder, loss plot.
 
     Raises:
         ValidationError: no examples, or options that do not fit the model.
@@ -173,7 +232,8 @@ def train_blockrank(
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    resume = _latest_checkpoint(out)
+    checkpoints = checkpoints_of(out, cfg.keep_checkpoints)
+    resume = checkpoints.latest()
     lm = load_trainable_lm(cfg.model, device=cfg.device)
     peft_model = None
     if cfg.lora:
@@ -186,10 +246,6 @@ def train_blockrank(
         else:
             peft_model = get_peft_model(lm.model, lcfg)
         lm = LoadedLM(peft_model.get_base_model(), lm.tokenizer, lm.identity, lm.device)
-    elif resume is not None:
-        from safetensors.torch import load_file
-
-        lm.model.load_state_dict(load_file(str(resume / "model.safetensors")), strict=False)
     reranker = BlockRankReranker(
         RerankerConfig(method="blockrank", max_doc_tokens=cfg.max_doc_tokens, device=cfg.device,
                        options={} if cfg.layer is None else {"layer": cfg.layer}),
@@ -199,78 +255,19 @@ def train_blockrank(
         _freeze_below(lm, cfg.freeze_below)
     params = [p for p in lm.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    state = _State()
-    rng = random.Random(cfg.seed)
-    if resume is not None:
-        opt.load_state_dict(torch.load(resume / "optimizer.pt", weights_only=False))
-        raw = json.loads((resume / "state.json").read_text())
-        state = _State(raw["step"], raw["cursor"], raw["order"], raw["history"])
-        rng.setstate(tuple(raw["rng"][:1]) + (tuple(raw["rng"][1]),) + tuple(raw["rng"][2:]))
-        logger.info("resumed from %s (step %d)", resume, state.step)
-    if not state.order:
-        state.order = list(range(len(examples)))
-        rng.shuffle(state.order)
-
-    def next_example() -> TrainingExample:
-        if state.cursor >= len(state.order):
-            rng.shuffle(state.order)
-            state.cursor = 0
-        ex = examples[state.order[state.cursor]]
-        state.cursor += 1
-        return ex
-
-    def dev_loss() -> float | None:
-        if not dev_examples:
-            return None
-        lm.model.eval()
-        with torch.no_grad():
-            vals = [float(example_losses(reranker, ex, cfg)["aux"]) for ex in dev_examples]
-        lm.model.train()
-        return sum(vals) / len(vals)
-
-    bar: Any = None
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=state.step, desc="train blockrank", unit="step")
-    if state.step == 0 and dev_examples:
-        state.history.append({"step": 0, "dev_aux": dev_loss()})
-    t_start = time.perf_counter()
-    steps_run = 0
-    lm.model.train()
-    while state.step < cfg.steps:
-        opt.zero_grad(set_to_none=True)
-        agg = {"total": 0.0, "aux": 0.0, "ntp": 0.0}
-        for _ in range(cfg.grad_accum):
-            losses = example_losses(reranker, next_example(), cfg)
-            (losses["total"] / cfg.grad_accum).backward()
-            for k in agg:
-                if losses[k] is not None:
-                    agg[k] += float(losses[k].detach()) / cfg.grad_accum
-        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        opt.step()
-        state.step += 1
-        steps_run += 1
-        rec: dict[str, float] = {"step": state.step, "loss": agg["total"], "aux": agg["aux"]}
-        if not cfg.aux_only:
-            rec["ntp"] = agg["ntp"]
-        if dev_examples and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
-            rec["dev_aux"] = dev_loss()
-        state.history.append(rec)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in rec.items() if k != "step" and v is not None})
-        if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
-            _save_checkpoint(out, lm, peft_model, opt, state, rng, cfg)
-    if bar is not None:
-        bar.close()
-    seconds = time.perf_counter() - t_start
-    final = _save_final(out, lm, peft_model, state, cfg)
+    task = _BlockRankTask(reranker, peft_model, opt, params, examples, cfg)
+    loop_cfg = LoopConfig(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every,
+                          seed=cfg.seed, metric="dev_aux", higher_is_better=False, desc="train blockrank")
+    result = run_loop(task, len(examples), loop_cfg, checkpoints,
+                      evaluate=(lambda step: {"dev_aux": task.dev_loss(dev_examples)}) if dev_examples else None,
+                      show_progress=show_progress)
+    state, steps_run = result.state, result.steps_this_run
+    final = _save_final(out, lm, peft_model)
     plot_losses(state.history, out / "losses.png")
     summary = {
         "steps": state.step, "steps_this_run": steps_run,
-        "seconds_per_step": seconds / steps_run if steps_run else None,
-        "history": state.history, "model_dir": str(final), "plot": str(out / "losses.png"),
+        "seconds_per_step": result.seconds_this_run / steps_run if steps_run else None,
+        "history": state.history, "best": state.best, "model_dir": str(final), "plot": str(out / "losses.png"),
     }
     (out / "heedrank-train.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=1))
     return summary
@@ -296,36 +293,8 @@ def _freeze_below(lm: Any, first_trained: int) -> None:
             p.requires_grad_(False)
 
 
-def _save_checkpoint(out: Path, lm: Any, peft_model: Any, opt: Any, state: _State, rng: random.Random,
-                     cfg: TrainConfig) -> None:
-    import torch
-
-    ckpt = out / "checkpoints" / f"step-{state.step}"
-    tmp = ckpt.with_name(ckpt.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if peft_model is not None:
-        peft_model.save_pretrained(str(tmp / "adapter"))
-    else:
-        from safetensors.torch import save_file
-
-        sd = {k: v.detach().contiguous() for k, v in lm.model.state_dict().items()}
-        if getattr(lm.model.config, "tie_word_embeddings", False):
-            sd.pop("lm_head.weight", None)
-        save_file(sd, str(tmp / "model.safetensors"))
-    torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    st = rng.getstate()
-    (tmp / "state.json").write_text(json.dumps({
-        "step": state.step, "cursor": state.cursor, "order": state.order, "history": state.history,
-        "rng": [st[0], list(st[1]), st[2]],
-    }))
-    replace_dir(tmp, ckpt)  # fsynced, then renamed: a crash leaves a complete checkpoint or none
-    ckpts = _checkpoints(out)
-    for old in ckpts[: -cfg.keep_checkpoints]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _save_final(out: Path, lm: Any, peft_model: Any, state: _State, cfg: TrainConfig) -> Path:
+def _save_final(out: Path, lm: Any, peft_model: Any) -> Path:
+    """The final model in ``out`` (LoRA merged) with its tokenizer: a reranker model folder."""
     model = peft_model.merge_and_unload() if peft_model is not None else lm.model
     model.eval()
     model.save_pretrained(str(out), safe_serialization=True)

@@ -21,7 +21,7 @@ from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 from heedrank.reranker.doccache import encode_blocks  # noqa: E402
 from heedrank.reranker.lm import load_trainable_lm  # noqa: E402
 from heedrank.reranker.adapters import adapter_disabled, has_adapter, inject_lora, load_adapter, save_adapter  # noqa: E402
-from heedrank.reranker.query_adapter import (  # noqa: E402
+from heedrank.train.query_adapter import (  # noqa: E402
     QueryAdapterConfig,
     RankingExample,
     base_instruction_kv,

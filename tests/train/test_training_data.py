@@ -1,4 +1,4 @@
-"""Query-adapter training's data and dev callback (eval/adapter_study.py) on real NFCorpus
+"""Query-adapter training's data and dev callback (:mod:`heedrank.train.data`) on real NFCorpus
 documents: grades from qrels, the store each source reads, and the dev figures."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from heedrank.config import RerankerConfig  # noqa: E402
-from heedrank.eval.adapter_study import dev_evaluator, examples_from, source_store  # noqa: E402
+from heedrank.train.data import dev_evaluator, examples_from, source_store  # noqa: E402
 from heedrank.eval.metrics import evaluate_run  # noqa: E402
 from heedrank.reranker.cached import CachedBlockRankReranker
 from heedrank.types import Query  # noqa: E402

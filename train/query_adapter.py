@@ -24,16 +24,14 @@ import json
 import logging
 import math
 import random
-import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heedrank.errors import ValidationError
-from heedrank.files import existing_dir, replace_dir
 from heedrank.reranker.adapters import adapter_state, inject_lora, save_adapter
+from heedrank.train.loop import Checkpoints, LoopConfig, run_loop
 from heedrank.types import Document
 
 if TYPE_CHECKING:
@@ -202,7 +200,7 @@ def listwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
 def pairwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
     """RankNet (Burges et al. 2005): the mean over candidate pairs ``(i, j)`` with
     ``grade_i > grade_j`` of ``log(1 + exp(-(s_i - s_j) / tau))``, each pair weighted
-    ``grade_i - grade_j`` (the study's pairwise fit, :mod:`heedrank.eval.study`). ``scores``:
+    ``grade_i - grade_j`` (the study's pairwise fit, :func:`heedrank.train.heads.fit_listwise`). ``scores``:
     ``(N,)`` float tensor; a list without two grades gives 0 (no gradient)."""
     import torch
 
@@ -231,14 +229,61 @@ def sample_candidates(ex: RankingExample, max_candidates: int, max_positives: in
 
 
 # ----------------------------------------------------------------------------- training
-@dataclass
-class _State:
-    step: int = 0
-    cursor: int = 0
-    order: list[int] = field(default_factory=list)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    best: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
+class _AdapterTask:
+    """:class:`heedrank.train.loop.TrainingTask` of the query adapter: ``batch_queries``
+    examples per optimizer step; checkpoints hold the LoRA tensors (and the trained head
+    weights, ``scorer.weights``) and the optimizer."""
+
+    def __init__(self, reranker: CachedBlockRankReranker, examples: Sequence[RankingExample], cfg: QueryAdapterConfig,
+                 weights: Any, opt: Any, lora_params: list[Any], kv0: Any, block_stores: Mapping[str, Any]) -> None:
+        self.reranker, self.examples, self.cfg = reranker, examples, cfg
+        self.weights, self.opt, self.lora_params, self.kv0, self.block_stores = weights, opt, lora_params, kv0, block_stores
+
+    def train_step(self, draw: Callable[[], int], rng: random.Random) -> dict[str, float]:
+        import torch
+
+        cfg, reranker = self.cfg, self.reranker
+        self.opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(cfg.batch_queries):
+            ex = self.examples[draw()]
+            picked = sample_candidates(ex, cfg.max_candidates, cfg.max_positives, rng)
+            assert picked is not None  # usable examples have a positive and a negative
+            docs, grades = picked
+            prompt = reranker.build_prompt(ex.query, docs)
+            kv = context_for(reranker, prompt, self.kv0, store=self.block_stores.get(ex.source))
+            reranker.lm.model.train()
+            scores = differentiable_scores(reranker, prompt, kv, cfg.objective, self.weights)
+            loss = (pairwise_loss if cfg.loss == "pairwise" else listwise_loss)(scores, grades, cfg.tau)
+            (loss / cfg.batch_queries).backward()
+            total += float(loss.detach()) / cfg.batch_queries
+        torch.nn.utils.clip_grad_norm_(self.lora_params, 1.0)
+        self.opt.step()
+        return {"loss": total}
+
+    def save_state(self, folder: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        tensors = adapter_state(self.reranker.lm.model)
+        if self.weights.numel():
+            tensors["scorer.weights"] = self.weights.detach().clone()
+        save_file(tensors, str(folder / "adapter.safetensors"))
+        torch.save(self.opt.state_dict(), folder / "optimizer.pt")
+
+    def load_state(self, folder: Path) -> None:
+        import torch
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(folder / "adapter.safetensors"))
+        params = dict(self.reranker.lm.model.named_parameters())
+        with torch.no_grad():
+            w = tensors.pop("scorer.weights", None)
+            if w is not None and self.weights.numel():
+                self.weights.copy_(w)
+            for n, t in tensors.items():
+                params[n].copy_(t)
+        self.opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
 
 
 def train_query_adapter(
@@ -249,13 +294,15 @@ def train_query_adapter(
 ) -> dict[str, Any]:
     """Train a query-side LoRA adapter on cached BlockRank; resumable.
 
-    Every step takes ``cfg.batch_queries`` examples, reads their candidate blocks (base model,
-    from ``block_store`` or computed once and kept in the reranker's RAM cache), runs the query
-    (and ``N/A``) passes with the adapter and back-propagates the listwise loss through them.
-    A checkpoint (adapter, optimizer, sampler state) is written every ``cfg.checkpoint_every``
-    steps to ``out/checkpoint`` atomically; a rerun continues from it (``kill -9`` loses at
-    most that many steps). ``evaluate(reranker, weights)`` (e.g. dev nDCG@10, key ``"dev"``) runs
-    every ``cfg.eval_every`` steps; the best dev adapter is saved to ``out/best``.
+    Runs :func:`heedrank.train.loop.run_loop`. Every step takes ``cfg.batch_queries``
+    examples, reads their candidate blocks (base model, from ``block_store`` or computed once
+    and kept in the reranker's RAM cache), runs the query (and ``N/A``) passes with the
+    adapter and back-propagates the listwise loss through them. A checkpoint (adapter,
+    optimizer, sampler and RNG state) is written every ``cfg.checkpoint_every`` steps to
+    ``out/checkpoint`` atomically; a rerun continues from it (``kill -9`` loses at most that
+    many steps). ``evaluate(reranker, weights)`` (e.g. dev nDCG@10, key ``"dev"``) runs at
+    step 0, every ``cfg.eval_every`` steps and at the end; the best dev adapter is saved to
+    ``out/best``.
 
     Args:
         reranker: A :class:`heedrank.reranker.cached.CachedBlockRankReranker`
@@ -263,7 +310,8 @@ def train_query_adapter(
         examples: Training queries (those without a positive or a negative are skipped).
         block_stores: Document KV store per example ``source`` (read-only is fine; a writable
             one keeps the blocks it lacked); a source without one uses the RAM cache.
-        evaluate: Dev callback returning figures; higher ``"dev"`` is better.
+        evaluate: Dev callback returning figures; higher ``"dev"`` is better. ``weights``:
+            float64 ``((l* + 1) * heads,)`` head weights (``objective="learned"``), else ``None``.
         card: Extra fields for ``adapter.json`` (data, commands).
 
     Returns:
@@ -271,6 +319,7 @@ def train_query_adapter(
 
     Raises:
         ValidationError: a reranker not in cached mode, or no usable example.
+        NotFoundError, ValidationError: ``cfg.init`` is not an adapter of this LoRA config.
     """
     import torch
 
@@ -298,16 +347,6 @@ def train_query_adapter(
     if weights.requires_grad:
         groups.append({"params": [weights], "lr": cfg.weights_lr, "weight_decay": 0.0})
     opt = torch.optim.AdamW(groups, weight_decay=0.0)
-    state = _State()
-    rng = random.Random(cfg.seed)
-    ckpt = out / "checkpoint"
-    found = existing_dir(ckpt)  # or the previous one, when a save stopped between its renames
-    if found is not None and (found / "state.json").is_file():
-        _load_checkpoint(found, lm.model, weights, opt, state, rng)
-        logger.info("resumed query-adapter training from %s at step %d", ckpt, state.step)
-    if not state.order:
-        state.order = list(range(len(usable)))
-        rng.shuffle(state.order)
     kv0 = base_instruction_kv(reranker)
     base_card = {
         "model": lm.identity, "layer": reranker.layer, "max_doc_tokens": reranker.config.max_doc_tokens,
@@ -317,69 +356,25 @@ def train_query_adapter(
         "config": asdict(cfg), "trainable_parameters": n_params, **(card or {}),
     }
     saved_weights = weights if cfg.objective == "learned" else None
+    task = _AdapterTask(reranker, usable, cfg, weights, opt, lora_params, kv0, block_stores or {})
 
-    def run_eval(step: int) -> None:
-        if evaluate is None:
-            return
+    def run_eval(step: int) -> dict[str, float]:
+        assert evaluate is not None
         lm.model.eval()
-        t0 = time.perf_counter()
-        figures = evaluate(reranker, weights.detach() if cfg.objective == "learned" else None)
-        rec = {"step": step, **figures, "eval_seconds": time.perf_counter() - t0}
-        state.history.append(rec)
-        logger.info("step %d: %s", step, {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
-        if "dev" in figures and (not state.best or figures["dev"] > state.best["dev"]):
-            state.best = {"step": step, **figures}
-            save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": figures}, saved_weights)
+        return evaluate(reranker, weights.detach() if cfg.objective == "learned" else None)
 
-    if state.step == 0 and not state.history:
-        run_eval(0)
-    bar: Any = None
-    if show_progress:
-        from tqdm.auto import tqdm
+    def save_best(step: int, figures: Mapping[str, float]) -> None:
+        save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": dict(figures)}, saved_weights)
 
-        bar = tqdm(total=cfg.steps, initial=state.step, desc="train query adapter", unit="step")
-    steps_run = 0
-    t_run = time.perf_counter()
-    while state.step < cfg.steps:
-        t_step = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(cfg.batch_queries):
-            if state.cursor >= len(state.order):
-                rng.shuffle(state.order)
-                state.cursor = 0
-            ex = usable[state.order[state.cursor]]
-            state.cursor += 1
-            picked = sample_candidates(ex, cfg.max_candidates, cfg.max_positives, rng)
-            assert picked is not None  # usable examples have a positive and a negative
-            docs, grades = picked
-            prompt = reranker.build_prompt(ex.query, docs)
-            kv = context_for(reranker, prompt, kv0, store=(block_stores or {}).get(ex.source))
-            lm.model.train()
-            scores = differentiable_scores(reranker, prompt, kv, cfg.objective, weights)
-            loss = (pairwise_loss if cfg.loss == "pairwise" else listwise_loss)(scores, grades, cfg.tau)
-            (loss / cfg.batch_queries).backward()
-            total += float(loss.detach()) / cfg.batch_queries
-        torch.nn.utils.clip_grad_norm_(lora_params, 1.0)
-        opt.step()
-        state.step += 1
-        steps_run += 1
-        state.seconds += time.perf_counter() - t_step
-        state.history.append({"step": state.step, "loss": total})
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{total:.3f}")
-        if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
-            _save_checkpoint(ckpt, lm.model, weights, opt, state, rng)
-        if (cfg.eval_every and state.step % cfg.eval_every == 0) or state.step == cfg.steps:
-            run_eval(state.step)
-            _save_checkpoint(ckpt, lm.model, weights, opt, state, rng)
-    if bar is not None:
-        bar.close()
+    loop_cfg = LoopConfig(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every,
+                          seed=cfg.seed, metric="dev", higher_is_better=True, desc="train query adapter")
+    result = run_loop(task, len(usable), loop_cfg, checkpoints_of(out), evaluate=None if evaluate is None else run_eval,
+                      on_best=save_best, show_progress=show_progress)
+    state = result.state
     final = save_adapter(out / "final", lm.model, {**base_card, "step": state.step}, saved_weights)
     per_step = state.seconds / state.step if state.step else math.nan
     summary = {
-        "steps": state.step, "steps_this_run": steps_run, "seconds_this_run": time.perf_counter() - t_run,
+        "steps": state.step, "steps_this_run": result.steps_this_run, "seconds_this_run": result.seconds_this_run,
         "train_seconds_per_step": per_step,
         "examples_per_second": cfg.batch_queries / per_step if state.step else math.nan,
         "trainable_parameters": n_params, "best": state.best, "history": state.history,
@@ -387,6 +382,11 @@ def train_query_adapter(
     }
     (out / "summary.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=1))
     return summary
+
+
+def checkpoints_of(out: str | Path) -> Checkpoints:
+    """The checkpoint of a query-adapter run in ``out``: one folder, ``out/checkpoint``."""
+    return Checkpoints.rolling(Path(out) / "checkpoint")
 
 
 def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequence[int]) -> None:
@@ -419,43 +419,3 @@ def _warm_start(model: Any, path: Path, cfg: QueryAdapterConfig, layers: Sequenc
         for n, t in tensors.items():
             params[n].copy_(t)
     logger.info("query adapter initialised from %s", path)
-
-
-def _save_checkpoint(path: Path, model: Any, weights: Any, opt: Any, state: _State, rng: random.Random) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tensors = adapter_state(model)
-    if weights.numel():
-        tensors["scorer.weights"] = weights.detach().clone()
-    save_file(tensors, str(tmp / "adapter.safetensors"))
-    torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    st = rng.getstate()
-    (tmp / "state.json").write_text(json.dumps({
-        "step": state.step, "cursor": state.cursor, "order": state.order, "history": state.history,
-        "best": state.best, "seconds": state.seconds, "rng": [st[0], list(st[1]), st[2]],
-    }))
-    replace_dir(tmp, path)  # fsynced, then renamed: a crash leaves this or the previous checkpoint
-
-
-def _load_checkpoint(path: Path, model: Any, weights: Any, opt: Any, state: _State, rng: random.Random) -> None:
-    import torch
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path / "adapter.safetensors"))
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        w = tensors.pop("scorer.weights", None)
-        if w is not None and weights.numel():
-            weights.copy_(w)
-        for n, t in tensors.items():
-            params[n].copy_(t)
-    opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    raw = json.loads((path / "state.json").read_text())
-    state.step, state.cursor, state.order = raw["step"], raw["cursor"], raw["order"]
-    state.history, state.best, state.seconds = raw["history"], raw["best"], raw.get("seconds", 0.0)
-    st = raw["rng"]
-    rng.setstate((st[0], tuple(st[1]), st[2]))
