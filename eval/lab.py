@@ -72,7 +72,7 @@ def dump_study(
     Returns:
         ``{"out": path, "queries": n}``.
     """
-    from heedrank.eval.heads import beir_candidates, trec_dl_candidates
+    from heedrank.eval.candidates import beir_candidates, trec_dl_candidates
     from heedrank.eval.study import dump_features
     from heedrank.index.kv import KVStore
     from heedrank.registry import build_reranker

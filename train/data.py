@@ -113,7 +113,7 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
         ``(queries, candidates, first-stage scores, qrels, index dir or None)``.
     """
     from heedrank.eval.beir import ensure_index
-    from heedrank.eval.heads import beir_candidates, trec_dl_candidates
+    from heedrank.eval.candidates import beir_candidates, trec_dl_candidates
 
     if "@" in spec:
         data, run = spec.rsplit("@", 1)

@@ -27,7 +27,8 @@ app = typer.Typer(help="Query-focused retrieval heads: detect, fit weights.", ep
 
 def _dump(data: Path, source: str, split: str, queries: Optional[int], candidates: int, seed: int,
           index: Optional[Path], run: str, shuffle: bool, ensure_gold: bool, out: Path, cfg: RerankerConfig) -> Path:
-    from heedrank.eval.heads import beir_candidates, dump_attention, trec_dl_candidates
+    from heedrank.eval.candidates import beir_candidates, trec_dl_candidates
+    from heedrank.eval.heads import dump_attention
 
     if source == "beir":
         qs, cands, scores, qrels = beir_candidates(
