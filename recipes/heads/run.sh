@@ -32,6 +32,8 @@ import json, sys
 card = json.load(open(sys.argv[1]))
 card.get("model", {}).pop("path", None)  # a path of the machine that ran it
 card["command"] = "bash recipes/heads/run.sh"
+card.get("weights_info", {})["dump"] = ("the detection step's dump (128 NFCorpus train queries, BM25 top 20 shuffled, "
+                                        "a relevant one always in)")
 json.dump(card, open(sys.argv[2], "w"), indent=1)
 PY
 }
