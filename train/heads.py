@@ -31,20 +31,12 @@ logger = logging.getLogger(__name__)
 LOSSES = ("listwise", "pairwise", "lambdarank")
 """Losses of :func:`fit_listwise` and :func:`fit_study`."""
 
-PENALTIES = {"l2": (1e-3, 1e-2, 1e-1, 1.0), "l1": (1e-3, 3e-3, 1e-2, 3e-2)}
-"""The penalty of the head-weight fit and the strengths :func:`run_study` chooses from on dev.
-``l1`` (``l1 * |w|_1``, no L2) is the sparse fit of docs/RESULTS.md, "The default rebuilt by its
-recipe": a transfer guard measured by leaving one training source out."""
-
 
 def fit_listwise(
     items: Sequence[QueryItem], spec: str, *, l2: float = 1e-3, epochs: int = 200, lr: float = 0.05,
     temperature: float = 1.0, layers: Sequence[int] | None = None, seed: int = 0, loss: str = "listwise",
-    l1: float = 0.0,
 ) -> np.ndarray:
-    """Linear weights ``(F,)`` minimising, plus ``l2 * |w|^2 + l1 * |w|_1`` (full-batch Adam in
-    torch, float64; the L1 term's subgradient shrinks weak heads towards zero, Adam does not
-    make them exactly zero):
+    """Linear weights ``(F,)`` minimising, plus ``l2 * |w|^2`` (full-batch Adam in torch, float64):
 
     ``loss="listwise"``: the softmax loss over each query's candidates with every positive
     counted (``-log sum_pos softmax(s / temperature)``; graded labels weight positives by
@@ -102,8 +94,6 @@ def fit_listwise(
             else:
                 total = total - torch.logsumexp(s + torch.log(y.clamp_min(1e-30)), 0) + torch.logsumexp(s, 0)
         total = total / len(Xs) + l2 * (w * w).sum()
-        if l1:
-            total = total + l1 * w.abs().sum()
         total.backward()
         opt.step()
     return w.detach().numpy()
@@ -115,9 +105,8 @@ def _mean(d: Mapping[str, float]) -> float:
 def run_study(
     train: Sequence[QueryItem], dev: Sequence[QueryItem], dev_qrels: Mapping[str, Mapping[str, int]],
     tests: Mapping[str, tuple[Sequence[QueryItem], Mapping[str, Mapping[str, int]]]], *,
-    l2s: Sequence[float] | None = None, layers: Sequence[int] | None = None, epochs: int = 150,
+    l2s: Sequence[float] = (1e-3, 1e-2, 1e-1, 1.0), layers: Sequence[int] | None = None, epochs: int = 150,
     loss: str = "listwise", temperature: float = 1.0, fixed: Mapping[str, Sequence[float]] | None = None,
-    penalty: str = "l2",
 ) -> dict[str, Any]:
     """Every variant chosen on ``dev`` only, then scored on each test set: nDCG@10 (x100),
     delta against the first stage and a paired randomization test.
@@ -129,11 +118,10 @@ def run_study(
     dev-tuned interpolation ``alpha z(first) + (1 - alpha) z(reranker)`` of each pure scorer.
     ``fixed``: named head weights ``((l* + 1) * heads,)`` scored as given (e.g. a weights card,
     or a query adapter's), each with its own dev-tuned interpolation; with ``train`` empty only
-    these and the zero-shot variants are scored. ``penalty``: ``"l2"`` or ``"l1"``, its strength
-    chosen on dev from ``l2s`` (default: :data:`PENALTIES` of that penalty).
+    these and the zero-shot variants are scored.
 
     Returns:
-        ``{"chosen_on_dev": {variant: {"l2" or "l1" or "alpha", "dev"}}, "dev": {variant: nDCG@10},
+        ``{"chosen_on_dev": {variant: {"l2" or "alpha", "dev"}}, "dev": {variant: nDCG@10},
         "tests": {set: {variant: {"ndcg@10", "delta", "p"}}}, "variants": {variant: spec}}``.
 
     Raises:
@@ -157,22 +145,18 @@ def run_study(
              ("heads+raw+signal", "learned weights on calibrated, raw and signal attention (pure reranker)"),
              ("heads+first", "learned head weights + first stage (fused)"),
              ("heads+raw+signal+first", "learned weights on all attention features + first stage (fused)"))
-    if penalty not in PENALTIES:
-        raise ValueError(f"penalty must be one of {', '.join(PENALTIES)}, got {penalty!r}")
-    strengths = PENALTIES[penalty] if l2s is None else tuple(l2s)
     for spec, label in specs if train else ():
         best = None
-        for c in strengths:
-            w = fit_listwise(train, spec, l2=c if penalty == "l2" else 0.0, l1=c if penalty == "l1" else 0.0,
-                             epochs=epochs, layers=layers, loss=loss, temperature=temperature)
+        for l2 in l2s:
+            w = fit_listwise(train, spec, l2=l2, epochs=epochs, layers=layers, loss=loss, temperature=temperature)
             v = {"kind": "linear", "spec": spec, "weights": w.tolist(), "layers": list(layers) if layers else None}
             score = _mean(ndcg10(dev, variant_run(dev, v), dev_qrels))
-            logger.info("study: %s %s=%g dev nDCG@10 %.2f", spec, penalty, c, score)
+            logger.info("study: %s l2=%g dev nDCG@10 %.2f", spec, l2, score)
             if best is None or score > best[0]:
-                best = (score, c, v)
+                best = (score, l2, v)
         assert best is not None
         variants[label] = best[2]
-        chosen[label] = {penalty: best[1], "dev": best[0]}
+        chosen[label] = {"l2": best[1], "dev": best[0]}
     if train:
         pure.append("learned head weights (pure reranker)")
     for base in ("zero-shot calibrated, masked (served scorer)", *pure):
@@ -244,7 +228,7 @@ def weights_card(report: Mapping[str, Any], meta: Mapping[str, Any], *, command:
         "format": 1, "kind": "blockrank-cached-learned-heads", "template": CACHE_TEMPLATE_VERSION,
         "model": model.get("name"), "model_sha256": model.get("sha256"), "layer": meta.get("layer"),
         "max_doc_tokens": meta.get("max_doc_tokens"), "spec": "heads", "weights": variant["weights"],
-        **{k: v for k, v in report["chosen_on_dev"][PURE].items() if k in PENALTIES}, "train": report.get("train"),
+        "l2": report["chosen_on_dev"][PURE]["l2"], "train": report.get("train"),
         "dev_ndcg@10": {"first stage": report["dev"]["first stage"], "learned": report["dev"][PURE]},
         "test_ndcg@10": {t: {"first stage": rows["first stage"]["ndcg@10"], "learned": rows[PURE]["ndcg@10"],
                              "p": rows[PURE]["p"]} for t, rows in report["tests"].items()},
@@ -305,23 +289,19 @@ class StudyFit:
 def fit_study(
     train: Sequence[Path], dev: Path, tests: Mapping[str, Path], *, epochs: int = 150, loss: str = "listwise",
     temperature: float = 1.0, max_layer: int | None = None, fixed: Mapping[str, Path] | None = None,
-    penalty: str = "l2",
 ) -> StudyFit:
     """Fit and compare the study's variants on feature dumps: learned head weights fitted on
     ``train`` (none: only the zero-shot scorers and the ``fixed`` weights, read with
     :func:`fixed_weights`), every choice made on ``dev``, then nDCG@10 with paired tests on
-    each of ``tests``; layers ``0..max_layer`` only when given; ``penalty``: ``"l2"`` or
-    ``"l1"`` (:data:`PENALTIES`).
+    each of ``tests``; layers ``0..max_layer`` only when given.
 
     Raises:
-        ValidationError: an unknown ``loss`` or ``penalty``.
+        ValidationError: an unknown ``loss``.
     """
     from heedrank.eval.study import load_items
 
     if loss not in LOSSES:
         raise ValidationError(f"--loss: expected one of {', '.join(LOSSES)}, got {loss!r}")
-    if penalty not in PENALTIES:
-        raise ValidationError(f"--penalty: expected one of {', '.join(PENALTIES)}, got {penalty!r}")
     train_items = [it for path in train for it in load_items(path)[1]]
     weights = {name: fixed_weights(path) for name, path in (fixed or {}).items()}
     dev_meta, dev_items = load_items(dev)
@@ -331,7 +311,7 @@ def fit_study(
         test_sets[name] = (items, meta["qrels"])
     layers = list(range(max_layer + 1)) if max_layer is not None else None
     report = run_study(train_items, dev_items, dev_meta["qrels"], test_sets, epochs=epochs, loss=loss,
-                       temperature=temperature, layers=layers, fixed=weights, penalty=penalty)
-    report["fit"] = {"loss": loss, "temperature": temperature, "layers": layers, "penalty": penalty}
+                       temperature=temperature, layers=layers, fixed=weights)
+    report["fit"] = {"loss": loss, "temperature": temperature, "layers": layers}
     report["train"] = {"dumps": [str(p) for p in train], "queries": len(train_items)}
     return StudyFit(report, dev_meta)

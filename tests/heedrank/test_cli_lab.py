@@ -105,7 +105,7 @@ def test_lab_fit_exports_a_card_and_lab_calibrate_writes_its_cutoff(tmp_path) ->
     data = json.loads(card.read_text())
     assert data["command"] == (f"heedrank lab fit --train {train} --dev {dev} --test t={test} --loss pairwise "
                                f"--temperature 1 --export {card}")
-    assert data["fit"] == {"loss": "pairwise", "temperature": 1.0, "layers": None, "penalty": "l2"} and len(data["weights"]) == 12
+    assert data["fit"] == {"loss": "pairwise", "temperature": 1.0, "layers": None} and len(data["weights"]) == 12
     res = CliRunner().invoke(app, ["lab", "calibrate", "--card", str(card), "--calibrate", str(unseen), "--dev",
                                    str(dev), "--test", f"t={test}", "--counts", "6,12", "--test-counts", "12",
                                    "--write-card", str(tmp_path / "out" / "card.json"), "--out", str(tmp_path / "cal.json")])

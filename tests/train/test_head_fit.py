@@ -63,18 +63,3 @@ def test_fixed_weights_are_scored_as_given_without_training() -> None:
     assert rows["card (pure reranker)"]["ndcg@10"] > rows["first stage"]["ndcg@10"] + 10
     assert rows["card (pure reranker)"]["ndcg@10"] > rows["wrong (pure reranker)"]["ndcg@10"]
     assert "alpha" in report["chosen_on_dev"]["interpolation: first stage + card (fused)"]
-
-
-def test_l1_penalty_shrinks_the_uninformative_heads_and_is_chosen_on_dev() -> None:
-    train, _ = study_items(40, seed=3)
-    plain = fit_listwise(train, "heads", l2=0.0, epochs=100, loss="pairwise")
-    sparse = fit_listwise(train, "heads", l2=0.0, l1=0.03, epochs=100, loss="pairwise")
-    others = [i for i in range(12) if i != 2 * 3 + 1]
-    assert int(np.argmax(sparse)) == 2 * 3 + 1
-    assert np.abs(sparse[others]).sum() < 0.5 * np.abs(plain[others]).sum()
-    dev, dev_qrels = study_items(15, seed=6)
-    report = run_study(train, dev, dev_qrels, {}, epochs=40, penalty="l1", l2s=(1e-3, 3e-2))
-    chosen = report["chosen_on_dev"]["learned head weights (pure reranker)"]
-    assert set(chosen) == {"l1", "dev"} and chosen["l1"] in (1e-3, 3e-2)
-    with pytest.raises(ValueError, match="penalty"):
-        run_study(train, dev, dev_qrels, {}, epochs=1, penalty="l0")

@@ -81,8 +81,6 @@ def lab_fit(
     fixed_weights: Annotated[Optional[list[str]], typer.Option(
         "--fixed-weights", help="NAME=PATH head weights scored as given (repeatable): a weights card (.json) or a "
         "query adapter folder (its trained weights, else the model's shipped card).")] = None,
-    penalty: Annotated[str, typer.Option("--penalty", help="Penalty of the head-weight fit, its strength chosen on "
-                                         "dev: l2 (1e-3..1) or l1 (1e-3..3e-2, no L2).")] = "l2",
 ) -> None:
     """Fit and compare the study's variants (zero-shot scorers, learned head weights, fusion
     with the first stage): choices on dev only, then nDCG@10 with paired randomization tests
@@ -95,13 +93,13 @@ def lab_fit(
     tests = {name: Path(p) for name, p in parse_named(test, "--test", "NAME=DUMP").items()}
     fixed = {name: Path(p) for name, p in parse_named(fixed_weights or [], "--fixed-weights").items()}
     fit = fit_study(train or [], dev, tests, epochs=epochs, loss=loss, temperature=temperature, max_layer=max_layer,
-                    fixed=fixed, penalty=penalty)
+                    fixed=fixed)
     if out is not None:
         out.write_text(json.dumps(fit.report, indent=1))
     if export is not None:
         command = command_line("heedrank lab fit", [
             ("--train", train), ("--dev", dev), ("--test", test), ("--loss", loss), ("--temperature", temperature),
-            ("--max-layer", max_layer), ("--penalty", None if penalty == "l2" else penalty), ("--export", export)])
+            ("--max-layer", max_layer), ("--export", export)])
         export.write_text(json.dumps(weights_card(fit.report, fit.dev_meta, command=command), indent=1))
     typer.echo(format_study(fit.report))
 
