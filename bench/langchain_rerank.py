@@ -1,5 +1,5 @@
 """LangChain's ``CohereRerank`` against a running heedrank service: the obvious cases of
-issue #32 (one relevant document among 1, 2, 4 and 9 off-topic ones, in every position).
+`/rerank` (one relevant document among 1, 2, 4 and 9 off-topic ones, in every position).
 
 ``langchain-cohere`` pins a Cohere SDK (5.x) that cannot be installed beside the project's
 pinned one (7.3.1), so this runs in a venv of its own::
@@ -8,7 +8,7 @@ pinned one (7.3.1), so this runs in a venv of its own::
     heedrank serve --index indexes/nfcorpus --port 8766 &
     /tmp/lc/bin/python bench/langchain_rerank.py --url http://localhost:8766 --model rerank-v3.5
 
-Prints each miss and the count of lists whose answer came first (docs/RESULTS.md, issue #32).
+Prints each miss and the count of lists whose answer came first (docs/RESULTS.md, "/rerank's default: a position prior").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ DEFAULT_RERANK_METHOD = "default"
 (``blockrank-cached``, :data:`heedrank.reranker.options.DEFAULT_METHOD`)."""
 
 DEFAULT_LM = "smollm2-135m-instruct"
-"""Name of the packaged default reranker LM (SmolLM2-135M-Instruct, see shared/design/MODELS.md)."""
+"""Name of the packaged default reranker LM (SmolLM2-135M-Instruct; the packaged LMs: :mod:`heedrank.reranker.lm`)."""
 
 ENV_PREFIX = "HEEDRANK_"
 """Prefix of every setting's environment variable (:class:`heedrank.settings.Settings`)."""

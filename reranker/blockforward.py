@@ -1,7 +1,7 @@
 """The linear BlockRank forward: block 0, the candidate blocks, the query passes.
 
 Source: Gupta et al. 2025, "Scalable In-context Ranking with Generative Models"
-(arXiv 2510.05396), Sections 3-4; specified in ``shared/design/ALGORITHMS.md`` section 3.
+(arXiv 2510.05396), Sections 3-4.
 The prompt's blocks, attention pattern and positions are those of
 :mod:`heedrank.reranker.blockrank` (which builds :class:`BlockPrompt`); this module runs them.
 

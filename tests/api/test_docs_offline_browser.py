@@ -1,4 +1,4 @@
-"""``/docs`` (Swagger UI) and ``/redoc`` on a machine without internet access (issue #20.5): a
+"""``/docs`` (Swagger UI) and ``/redoc`` on a machine without internet access: a
 real browser (Debian's chromium driven by Playwright, as in ``test_ui_browser.py``) opens them
 against a real server while every request to another host is refused, and sees the API's
 operations listed. Their scripts and styles come from the installed ``fastapi-offline``

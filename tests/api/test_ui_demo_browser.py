@@ -1,4 +1,4 @@
-"""The search page against the demo's own configuration (issue #22.3), in a real browser:
+"""The search page against the demo's own configuration, in a real browser:
 ``scripts/demo.sh``'s service (the default method: cached BlockRank with the learned head
 weights and the packaged query adapter, fused with the first stage; hybrid first stage;
 the index's document KV store filled before serving) over the first 40 real NFCorpus

@@ -1,4 +1,4 @@
-"""BM25's Unicode analysis (issue #20.2): text that is the same to a reader but not in bytes
+"""BM25's Unicode analysis: text that is the same to a reader but not in bytes
 gives the same tokens at index and query time (NFKC, case folding, zero-width characters and
 soft hyphens removed); the analyzer version is recorded in the index params; an index built
 with the older analyzer still answers as it did, says how to upgrade, and is upgraded by

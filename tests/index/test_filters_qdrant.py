@@ -1,4 +1,4 @@
-"""Filters as clients send them (issue #20.3): numbers past 64 bits answered exactly or refused
+"""Filters as clients send them: numbers past 64 bits answered exactly or refused
 naming the clause (never an OverflowError from SQLite), nulls read as absent and Qdrant's
 ``min_should``, so that filters built with ``qdrant-client``'s models parse as they mean. The
 SQL compilation is checked against the pure-Python oracle throughout."""

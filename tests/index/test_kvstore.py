@@ -1,4 +1,4 @@
-"""Document KV store (issue #13): header checks, fp16/int8 codecs, checksums, truncation,
+"""Document KV store: header checks, fp16/int8 codecs, checksums, truncation,
 full disk, delete + compact, RAM LRU, threads, resumable builds, kill -9 mid-write."""
 
 from __future__ import annotations

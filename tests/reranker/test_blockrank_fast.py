@@ -1,4 +1,4 @@
-"""Oracle tests of cached BlockRank's fast path (issue #13) against the previous exact path.
+"""Oracle tests of cached BlockRank's fast path against the previous exact path.
 
 The fast path (``BlockRankReranker.fast_path``, the default) assembles the context into a
 reused buffer with room for the query pass, writes the query block's keys/values in place

@@ -1,4 +1,4 @@
-"""Evidence from the method that ranks (issue #22.3): the default configuration (cached
+"""Evidence from the method that ranks: the default configuration (cached
 BlockRank, learned head weights, the packaged query adapter) explains its ranking with spans
 whose character offsets slice the text they claim, on real NFCorpus documents."""
 

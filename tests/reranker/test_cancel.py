@@ -1,4 +1,4 @@
-"""A reranking whose result nobody will read stops at its next layer (issue #20.1): the
+"""A reranking whose result nobody will read stops at its next layer: the
 attention function every LM layer runs checks the thread's cancellation token
 (:mod:`heedrank.cancel`), so ICR and BlockRank on the real small LM raise
 :class:`JobCancelledError` at the layer after the token is set, and the reranker answers the

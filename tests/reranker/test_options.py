@@ -1,5 +1,5 @@
 """Typed reranker options: unknown keys refused, types and ranges checked, defaults kept,
-checked by the CLI before any model loads (issue #12.1)."""
+checked by the CLI before any model loads."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One scorer for serving, training and the study (issue #21.1): on a saved feature dump of
+"""One scorer for serving, training and the study: on a saved feature dump of
 real NFCorpus candidates, the served learned scorer, the query-adapter training scorer and the
 study's linear variant give the same scores (1e-6) and the same fused order, and the served
 reranker's own scores match the dump's."""

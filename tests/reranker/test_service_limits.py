@@ -1,4 +1,4 @@
-"""Requests inside the limits /info states succeed (issue #11.2), end to end through the API
+"""Requests inside the limits /info states succeed, end to end through the API
 with the real small LM and a small fake window, and /info lists every method's options."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The shared rerank skeleton on the real small LM: identical texts share a score (#11.3),
-windows and query budgets keep requests inside the advertised limits working (#11.2),
-options are parsed at construction and checked against the model (#12)."""
+"""The shared rerank skeleton on the real small LM: identical texts share a score,
+windows and query budgets keep requests inside the advertised limits working,
+options are parsed at construction and checked against the model."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ DOCS = [
 ]
 
 
-# ---------------------------------------------------------------- identical texts (#11.3)
+# ---------------------------------------------------------------- identical texts
 def test_icr_scores_identical_texts_once_and_alike(default_lm):
     icr = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=48), lm=default_lm)
     docs = DOCS[:3] + [Document("copy-of-water", DOCS[0].text)] + DOCS[3:5]
@@ -65,7 +65,7 @@ def test_blockrank_is_permutation_invariant(blockrank):
     assert dup["again"] == dup[docs[2].doc_id]
 
 
-# ---------------------------------------------------------------- layer and head checks (#12.2)
+# ---------------------------------------------------------------- layer and head checks
 def test_layer_scores_refuse_a_layer_past_the_model(blockrank):
     n = blockrank.lm.num_layers
     for bad in ([3, n], [n + 5], [-1, 3]):
@@ -87,7 +87,7 @@ def test_options_are_parsed_at_construction_and_reported(default_lm):
     assert icr["options"]["heads"] == [[3, 1]] and icr["options"]["mask_std"] == 2.0 and icr["heads_spec"] == "list"
 
 
-# ---------------------------------------------------------------- limits (#11.2)
+# ---------------------------------------------------------------- limits
 def test_icr_windows_rank_every_candidate_aligned_on_the_anchor(default_lm):
     limit = 220
     icr = ICRReranker(RerankerConfig(method="icr", max_doc_tokens=32, options={"window_tokens": limit}), lm=default_lm)

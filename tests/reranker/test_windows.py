@@ -1,4 +1,4 @@
-"""Window planning and anchor alignment (issue #11.2), without a model."""
+"""Window planning and anchor alignment, without a model."""
 
 from __future__ import annotations
 
