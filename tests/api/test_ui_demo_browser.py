@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,7 +92,9 @@ def test_the_page_searches_with_the_default_configuration_and_highlights_evidenc
         expect(page.locator("#results")).not_to_have_attribute("aria-busy", "true")
         expect(page.locator("#error")).to_be_hidden()
         api = resp.value.json()
-        assert api["rerank"]["method"] == "default" and api["rerank"]["fusion"] == pytest.approx(0.6)
+        alpha = json.loads((Path(__file__).resolve().parents[2] / "reranker" / "data"
+                            / "smollm2-135m-instruct.blockrank-cached.json").read_text())["fusion"]["alpha"]
+        assert api["rerank"]["method"] == "default" and api["rerank"]["fusion"] == pytest.approx(alpha)
         hits = api["results"]
         expect(page.locator("#results > li.hit")).to_have_count(len(hits))
         marks = 0
@@ -107,7 +110,7 @@ def test_the_page_searches_with_the_default_configuration_and_highlights_evidenc
                 assert [tuple(m) for m in shown] == want, (hit["doc_id"], field)
                 marks += len(want)
         assert marks >= len(hits)  # highlighted results
-        expect(page.locator('#rerank-info dd[data-key="fusion"]')).to_contain_text("0.6")
+        expect(page.locator('#rerank-info dd[data-key="fusion"]')).to_contain_text(f"{alpha:g}")
     finally:
         context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
