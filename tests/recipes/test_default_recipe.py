@@ -136,3 +136,19 @@ def test_the_fit_step_gives_the_packaged_weights(tmp_path) -> None:
     refit = json.loads(out.read_text())
     assert refit["l2"] == packaged["l2"]
     np.testing.assert_allclose(refit["weights"], packaged["weights"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", ["default", "heads"])
+def test_every_step_of_a_recipe_is_defined(recipe) -> None:
+    """`bash -n` accepts the script, and each step it runs (or `install`) has its function."""
+    import re
+    import subprocess
+
+    script = ROOT / "recipes" / recipe / "run.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    listed = re.search(r"^STEPS=\(([^)]*)\)", text, re.M)
+    steps = listed.group(1).split() if listed else re.search(r"for s in ([a-z -]+); do", text).group(1).split()
+    for step in [*steps, "install"]:
+        assert re.search(rf"^step_{step.replace('-', '_')}\(\) \{{", text, re.M), step
+    assert (ROOT / "recipes" / recipe / "README.md").is_file()
