@@ -97,8 +97,8 @@ class RerankRequest(BaseModel):
     )
     cutoff: CutoffValue = Field(
         None,
-        description="Return only the reranked results whose calibrated probability of relevance (`probability`) is "
-        "at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev for the best F1; "
+        description="Return only the reranked results whose calibrated probability of relevance (their `score`) "
+        "is at least this: a probability in [0, 1], or 'auto' = the threshold chosen on NFCorpus dev for the best F1; "
         "then fewer than top_k results, possibly none, come back. Only for a calibrated reranker (the default "
         "method) with fusion 'default' or 'none'; null or 'none' (when omitted) = top_k results.",
         examples=["auto", 0.3],
@@ -201,9 +201,18 @@ class Hit(BaseModel):
     """One result."""
 
     doc_id: str
-    score: float = Field(
-        description="Reranker score for reranked hits, first-stage score otherwise (shifted below the "
-        "reranked ones); higher = more relevant, comparable only within one response."
+    score: float | None = Field(
+        description="The score to read. A reranked hit: in [0, 1], its calibrated probability of relevance where "
+        "the method has a calibration for the scores served (rerank.calibrated; the default method: Platt scaling "
+        "fitted on held-out NFCorpus train queries, independent of where the first stage had the document), else "
+        "sigmoid of its served score. A hit the reranker did not score (skipped as cold, or below the candidates): "
+        "null. Without reranking: the first-stage score. Results are in `rank` order, which `raw_score` gives."
+    )
+    raw_score: float = Field(
+        description="What orders the results (descending, ties by doc_id): the served score of a reranked hit "
+        "(alpha z(first stage) + (1 - alpha) z(reranker), or the reranker's own with fusion 'none'), the "
+        "first-stage score otherwise (placed between or below the reranked ones); unitless, may be negative, "
+        "comparable only within one response."
     )
     rank: int = Field(description="1-based position.")
     title: str
@@ -214,11 +223,6 @@ class Hit(BaseModel):
     )
     first_stage_rank: int | None = Field(
         None, description="1-based position in the first-stage ranking (before reranking); null when unknown."
-    )
-    probability: float | None = Field(
-        None, description="Calibrated probability of relevance in [0, 1] of a reranked result (the default method; "
-        "Platt scaling fitted on held-out NFCorpus train queries); null when the reranker has no calibration for "
-        "the scores served, or for results below the reranked candidates."
     )
     reranked: bool | None = Field(
         None, description="Whether the reranker scored this hit: false for a candidate skipped as cold (its block not "
@@ -261,6 +265,9 @@ class RerankInfo(BaseModel):
         "reranker's own order.")
     cutoff: float | None = Field(
         None, description="The probability threshold applied (rerank.cutoff; 'auto' resolved); null = none.")
+    calibrated: bool = Field(
+        False, description="Whether a reranked hit's `score` is the calibrated probability of relevance (else "
+        "sigmoid of its served score).")
     reranked: int | None = Field(
         None, description="Candidates the reranker scored: `candidates` less those skipped as cold.")
     skipped_cold: int = Field(
@@ -270,7 +277,7 @@ class RerankInfo(BaseModel):
 
 
 class SearchResponse(BaseModel):
-    """Body of a successful ``POST /search``; ``results`` are sorted by descending score."""
+    """Body of a successful ``POST /search``; ``results`` are in rank order (descending ``raw_score``)."""
 
     results: list[Hit]
     timings: Timings
@@ -466,7 +473,7 @@ class CohereRerankMeta(BaseModel):
     order_prior: float | None = Field(
         None, description="With the default fusion: how much the given order counted, in z-units of reranker score "
         "per unit of log(1 + position) (0: not at all, the order did not agree with the reranker more than chance; "
-        "at most 1.5).")
+        "at most 1.0).")
     raw_scores: list[float] = Field(
         default_factory=list,
         description="The reranker's own score of each result, in the order of results (meta.method says how to "

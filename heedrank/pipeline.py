@@ -338,6 +338,9 @@ class SearchResult:
         fusion: The fusion weight used (:class:`heedrank.serving.ServePolicy`), or ``None``.
         probabilities: Calibrated probability of relevance of each reranked candidate, by doc
             id, when the reranker has a calibration for the scores served (else ``None``).
+        relevance: The score a user reads, in [0, 1], of each reranked candidate, by doc id
+            (:attr:`heedrank.serving.Served.relevance`: the calibrated probability where there
+            is a calibration), or ``None`` without reranking.
         cutoff: The probability threshold applied (``SearchOptions.cutoff``), or ``None``.
         missing: First-stage hits (of the top ``max(k, candidates)``) missing from the document
             store, so neither reranked nor returned.
@@ -352,6 +355,7 @@ class SearchResult:
     probabilities: Mapping[str, float] | None = None
     cutoff: float | None = None
     missing: tuple[str, ...] = ()
+    relevance: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -712,7 +716,7 @@ class Pipeline:
             }
             results.append(SearchResult(q, final, ranking, timings, rr, policy.alpha if rr is not None and policy else None,
                                         served.probabilities if served else None, served.threshold if served else None,
-                                        row.missing))
+                                        row.missing, served.relevance if served else None))
         return results
 
 

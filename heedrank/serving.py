@@ -59,9 +59,9 @@ class PositionPrior:
     orders); docs/RESULTS.md, "/rerank's default: a position prior", has the table of forms.
     """
 
-    weight: float = 1.5
-    onset: float = 1.0
-    width: float = 0.5
+    weight: float = 1.0
+    onset: float = 0.5
+    width: float = 1.0
 
     def agreement(self, z_reranker: Sequence[float]) -> float:
         """``T``: how much the given order agrees with the reranker (unitless, ~N(0, 1) when it does not)."""

@@ -86,10 +86,12 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
     evidence = rr.details.get("evidence") if rr is not None else None
     first_rank = {h.doc_id: i for i, h in enumerate(result.first_stage.hits, 1)}
     scored = None if rr is None else set(rr.ranking.doc_ids)
+    relevance = result.relevance or {}
     hits = [
         Hit(
             doc_id=h.doc_id,
-            score=h.score,
+            score=h.score if scored is None else relevance.get(h.doc_id),
+            raw_score=h.score,
             rank=i,
             title=h.document.title if h.document else "",
             text=h.document.text if h.document else "",
@@ -100,7 +102,6 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
                 if evidence is not None and h.doc_id in evidence else None
             ),
             first_stage_rank=first_rank.get(h.doc_id),
-            probability=(result.probabilities or {}).get(h.doc_id),
             reranked=None if scored is None else h.doc_id in scored,
         )
         for i, h in enumerate(result.ranking.hits, 1)
@@ -111,7 +112,8 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
         info = RerankInfo(method=method, candidates=len(rr.ranking) + skipped, reranked=len(rr.ranking),
                           skipped_cold=skipped, truncated=len(rr.truncated), doc_tokens=doc_tokens,
                           prompt_tokens=int(rr.prompt_tokens), warnings=list(getattr(rr, "warnings", ())),
-                          cache=rr.details.get("cache"), fusion=result.fusion, cutoff=result.cutoff)
+                          cache=rr.details.get("cache"), fusion=result.fusion, cutoff=result.cutoff,
+                          calibrated=result.probabilities is not None)
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},
                       queue=queue_seconds)
     return SearchResponse(results=hits, timings=timings, rerank=info)

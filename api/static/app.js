@@ -333,7 +333,19 @@
     return p;
   }
 
-  function renderHit(hit, lo, hi) {
+  function scoreLine(hit, calibrated) {
+    // the one score to read: a reranked hit's calibrated probability (or sigmoid score), a first-stage score
+    // without reranking; the order's own key stays in the title (raw_score)
+    const raw = `raw score ${fmtScore(hit.raw_score)}`;
+    if (hit.reranked === false) return el("span", { class: "not-reranked", title: raw, text: "not reranked" });
+    if (calibrated && Number.isFinite(hit.score)) {
+      return el("span", { title: raw }, "P(relevant) ",
+        el("code", { class: "probability", text: Number(hit.score).toFixed(2) }));
+    }
+    return el("span", { title: raw }, "score ", el("code", { class: "score", text: fmtScore(hit.score) }));
+  }
+
+  function renderHit(hit, lo, hi, calibrated) {
     const spans = Array.isArray(hit.evidence) ? hit.evidence : [];
     const textSpans = spans.filter((s) => s.field === "text");
     const titleSpans = spans.filter((s) => s.field === "title");
@@ -355,9 +367,7 @@
         moveBadge(hit)),
       el("div", { class: "hit-meta" },
         el("span", {}, "id ", el("code", { class: "doc-id", text: hit.doc_id })),
-        el("span", {}, "score ", el("code", { class: "score", text: fmtScore(hit.score) })),
-        Number.isFinite(hit.probability) ? el("span", {}, "P(relevant) ",
-          el("code", { class: "probability", text: Number(hit.probability).toFixed(2) })) : null,
+        scoreLine(hit, calibrated),
         Number.isInteger(hit.first_stage_rank) ? el("span", { text: `first stage #${hit.first_stage_rank}` }) : null,
         spans.length ? el("span", { text: `${spans.length} evidence span${spans.length > 1 ? "s" : ""}` }) : null),
       el("p", { class: "hit-text" }, highlighted(hit.text || "", textSpans, lo, hi)),
@@ -418,7 +428,7 @@
       .filter(Number.isFinite);
     const lo = scores.length ? Math.min(...scores) : 0;
     const hi = scores.length ? Math.max(...scores) : 0;
-    $("results").replaceChildren(...hits.map((h) => renderHit(h, lo, hi)));
+    $("results").replaceChildren(...hits.map((h) => renderHit(h, lo, hi, Boolean(data.rerank && data.rerank.calibrated))));
     renderTimings(data.timings || {});
     renderRerankInfo(data.rerank || null);
     show($("run-info"), true);

@@ -55,20 +55,24 @@ def test_search_fusion_is_on_for_a_method_that_records_a_weight(client, monkeypa
 
 def test_search_cutoff_returns_the_calibrated_hits(client, monkeypatch):
     """``rerank.cutoff``: the reranked hits whose calibrated probability passes the threshold,
-    each hit with its ``probability``; ``rerank.cutoff`` is echoed in ``rerank.cutoff``."""
+    each hit's ``score`` that probability (``rerank.calibrated``); ``rerank.cutoff`` is echoed in
+    ``rerank.cutoff``."""
     from api_fakes import FakeReranker
 
     from heedrank.calibration import Calibration, PlattMap
 
     body = {"query": "apples", "top_k": 4, "rerank": {"method": "fake", "candidates": 4, "fusion": "none"}}
     plain = client.post("/search", json=body).json()
-    assert all(h.get("probability") is None for h in plain["results"]) and plain["rerank"].get("cutoff") is None
+    assert plain["rerank"].get("cutoff") is None and plain["rerank"]["calibrated"] is False
+    # no calibration and no score scale (a plugin's own scores): score is the reranker's own score
+    assert all("probability" not in h and h["score"] == h["raw_score"] for h in plain["results"])
     r = client.post("/search", json={**body, "rerank": {**body["rerank"], "cutoff": "auto"}})
     assert r.status_code == 422 and "no calibrated scores" in r.json()["error"]
     monkeypatch.setattr(FakeReranker, "calibration", Calibration(None, {"none": PlattMap((3.0, 0.0, 0.0, 0.0), 0.0, 0.5)}),
                         raising=False)
     scored = client.post("/search", json=body).json()
-    probs = [h["probability"] for h in scored["results"]]
+    assert scored["rerank"]["calibrated"] is True
+    probs = [h["score"] for h in scored["results"]]
     assert all(p is not None for p in probs) and probs == sorted(probs, reverse=True)
     cut = client.post("/search", json={**body, "rerank": {**body["rerank"], "cutoff": "auto"}}).json()
     assert cut["rerank"]["cutoff"] == 0.5

@@ -236,7 +236,7 @@ def test_a_cold_store_answers_at_once_and_fills_in_the_background(monkeypatch, i
         assert runtime.wait_ready(10) and runtime.status == "ok"
         first = c.post("/search", json=body).json()
         assert first["rerank"]["reranked"] == 0 and first["rerank"]["skipped_cold"] == 3
-        assert all(h["reranked"] is False for h in first["results"])
+        assert all(h["reranked"] is False and h["score"] is None for h in first["results"])  # nothing to read
         plain = c.post("/search", json={**body, "rerank": False}).json()
         assert [h["doc_id"] for h in first["results"]] == [h["doc_id"] for h in plain["results"]]  # first stage kept
         gate.set()
@@ -247,7 +247,7 @@ def test_a_cold_store_answers_at_once_and_fills_in_the_background(monkeypatch, i
         assert kv["blocks"] == 3 and kv["scan_done"] and not kv["filling"] and kv["disk_budget"] is None
         again = c.post("/search", json=body).json()
         assert again["rerank"]["reranked"] == 3 and again["rerank"]["skipped_cold"] == 0
-        assert all(h["reranked"] for h in again["results"])
+        assert all(h["reranked"] and h["score"] is not None for h in again["results"])
         unlimited = c.post("/search", json={**body, "rerank": {**body["rerank"], "cold_budget": "unlimited"}})
         assert unlimited.status_code == 200 and unlimited.json()["rerank"]["skipped_cold"] == 0
     with _client(index_dir, method="coldfake", fill_blocks=True) as c:

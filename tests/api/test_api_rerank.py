@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from heedrank.api.app import create_app
+from heedrank.serving import PositionPrior
 from api_fakes import FakeReranker, SlowReranker
 
 DOCS = ["a long document about apples and orchards", "short", "a medium document", "tiny!"]
@@ -312,7 +313,7 @@ def test_rerank_default_prior_keeps_an_agreeing_order_but_not_over_a_confident_r
     given = [f"{t} {i}" for i, t in enumerate(given)]  # distinct texts (identical ones would share a score)
     given[9], given[10] = given[10], given[9]  # 44 then 43 characters: a near tie the reranker reverses
     order, relevance, strength = _prior(given)
-    assert strength == pytest.approx(1.5)
+    assert strength == pytest.approx(PositionPrior().weight)
     body = client.post("/rerank", json={"query": "apples", "documents": given}).json()
     assert body["meta"]["order_prior"] == pytest.approx(strength) and body["meta"].get("fusion") is None
     assert [x["index"] for x in body["results"]] == order == list(range(len(given)))  # the prior breaks the near tie
@@ -441,7 +442,8 @@ def test_search_and_rerank_serve_one_list_with_the_same_probabilities(client, mo
     search = client.post("/search", json={"query": query, "top_k": 8, "retriever": "bm25",
                                           "rerank": {"method": "fake", "candidates": 8, "fusion": "none"}})
     assert search.status_code == 200, search.text
-    probs_search = {h["doc_id"]: h["probability"] for h in search.json()["results"]}
+    probs_search = {h["doc_id"]: h["score"] for h in search.json()["results"]}
+    assert search.json()["rerank"]["calibrated"] is True
     assert len(probs_search) == 8 and all(0.0 < p < 1.0 for p in probs_search.values())
     order = list(OverlapRetriever(INDEXED).retrieve([Query("q", query)], 8)[0].doc_ids)
     assert set(order) == set(probs_search)

@@ -10,7 +10,7 @@ from api_fakes import DOCS
 def _check_ranking(body: dict, k: int) -> list[str]:
     results = body["results"]
     ids = [h["doc_id"] for h in results]
-    scores = [h["score"] for h in results]
+    scores = [h["raw_score"] for h in results]
     assert len(results) == k
     assert len(set(ids)) == len(ids), "doc ids must be distinct"
     assert scores == sorted(scores, reverse=True), "results must be sorted by descending score"

@@ -53,7 +53,7 @@ def test_search_with_icr_rerank(real_client):
     body = r.json()
     hits = body["results"]
     doc_ids = [h["doc_id"] for h in hits]
-    scores = [h["score"] for h in hits]
+    scores = [h["raw_score"] for h in hits]
     assert len(hits) == k
     assert len(set(doc_ids)) == k
     assert set(doc_ids) <= ids

@@ -461,8 +461,9 @@ def test_the_cutoff_is_sent_and_its_probabilities_shown(page, ui):
     answer = ui.http.post("/search", json={**sent, "rerank": {"method": "spans"}}).json()
     answer["results"] = answer["results"][:3]
     for hit, p in zip(answer["results"], (0.81, 0.42, 0.2)):
-        hit["probability"] = p
+        hit["score"] = p
     answer["rerank"]["cutoff"] = 0.12
+    answer["rerank"]["calibrated"] = True
     page.route("**/search", lambda route: route.fulfill(status=200, content_type="application/json",
                                                           body=json.dumps(answer)))
     page.select_option("#cutoff", "0.3")
