@@ -8,7 +8,7 @@ table: per setting and candidate count, the p50 and p95 seconds of the whole sea
 rerank stage, the blocks per document read, and the stored bytes per document (the store's mean
 block size times blocks per document).
 
-    python bench/passage_blocks.py --index indexes/nfcorpus [--passages 1,2,3] [--candidates 20]
+    PYTHONPATH=. python bench/passage_blocks.py --index indexes/nfcorpus [--passages 1,2,3] [--candidates 20]
         [--queries 30] [--torch-threads 1]
 """
 
