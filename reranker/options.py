@@ -404,13 +404,6 @@ class CachedBlockRankOptions(RerankerOptions):
                                                           "the context"),
         _int(1, optional=True),
     )
-    passages: int = _option(
-        1, "int >= 1",
-        "blocks per document: 1 = its first max_doc_tokens tokens; N > 1 = up to N passage blocks of at most "
-        "max_doc_tokens tokens (the title repeated in each), the document scored by its best passage (MaxP; "
-        "reranker/cached/passages.py)",
-        _int(1),
-    )
 
     def check(self) -> None:
         if self.heads != "all" and self.scoring != "signal":

@@ -49,7 +49,6 @@ from heedrank.reranker.cached.adapter import QueryAdapter
 from heedrank.reranker.cached.blocks import Context, block_arrays, fetch_context, store_header
 from heedrank.reranker.cached.card import WeightsCard
 from heedrank.reranker.cached.evidence import document_evidence
-from heedrank.reranker.cached.passages import expand, pool_max
 from heedrank.reranker.cached.scorers import QueryPass, SignalScorer
 from heedrank.reranker.cached.state import CachedState, learned_weights, load_state
 from heedrank.reranker.doccache import (
@@ -338,20 +337,6 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         s = self.loaded()
         return learned_weights(self.options, self.config, s.card, s.adapter, s.layer, s.lm)
-
-    def score_documents(self, query: str, docs: Sequence[Document], *, block_store: Any = None) -> DocumentScores:
-        """One prompt over the documents' blocks; with ``passages > 1`` over their passage
-        blocks (:mod:`heedrank.reranker.cached.passages`), each document scored by its best
-        passage (``truncated``: its text went on past its last passage)."""
-        limit = self.options.passages
-        if limit <= 1:
-            return super().score_documents(query, docs, block_store=block_store)
-        passages, owner = expand(self.base_lm.tokenizer, docs, self.config.max_doc_tokens, limit)
-        scored = super().score_documents(query, passages, block_store=block_store)
-        last = {o: j for j, o in enumerate(owner)}
-        return replace(scored, scores=pool_max(scored.scores, owner, len(docs)),
-                       truncated=[bool(scored.truncated[last[i]]) for i in range(len(docs))],
-                       details={**scored.details, "passages": len(passages)}, passes=())
 
     def score_prompt(self, prompt: BlockPrompt, query: str, *, block_store: Any = None) -> DocumentScores:
         """Hook of the rerank skeleton (under the LM's lock): the context from the store, then
