@@ -123,3 +123,27 @@ def test_lab_fit_exports_a_card_and_lab_calibrate_writes_its_cutoff(tmp_path) ->
     no_train = CliRunner().invoke(app, ["lab", "fit", "--dev", str(dev), "--test", f"t={test}", "--export",
                                         str(tmp_path / "x.json")])
     assert no_train.exit_code == 2 and "--train" in no_train.output
+
+
+def test_query_adapter_sources_keep_their_own_index(tmp_path, monkeypatch) -> None:
+    """A TREC DL source (no index) listed before the dev set does not take the dev set's
+    ``--index`` away: every BEIR source reads the index it was given."""
+    import heedrank.registry as registry
+    import heedrank.train.data as data
+    import heedrank.train.query_adapter as query_adapter
+
+    stores: list[tuple[str, object]] = []
+
+    def load_source(spec, *, index=None, **_):
+        return [], {}, {}, {}, None if "@" in spec else index
+
+    monkeypatch.setattr(data, "load_source", load_source)
+    monkeypatch.setattr(data, "source_store", lambda reranker, index, scratch, name: stores.append((name, index)))
+    monkeypatch.setattr(data, "dev_evaluator", lambda *a, **k: None)
+    monkeypatch.setattr(query_adapter, "train_query_adapter", lambda *a, **k: {"steps": 0})
+    monkeypatch.setattr(registry, "build_reranker", lambda config: object())
+    result = CliRunner().invoke(app, ["lab", "train", "query-adapter", "--train", "nf:train", "--train",
+                                      "dl22@BM25~SPLADE", "--dev", "nf:dev", "--index", str(tmp_path),
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert stores == [("nf:train", tmp_path), ("dl22@BM25~SPLADE", None), ("nf:dev", tmp_path)]

@@ -71,7 +71,9 @@ def train_blockrank_cmd(
 @app.command("query-adapter")
 def train_query_adapter_cmd(
     train: Annotated[list[str], typer.Option("--train", help="Training source, repeatable: DIR:SPLIT (BEIR) or "
-                                             "DIR@RUN (TREC DL run with passage text).")],
+                                             "DIR@RUN (TREC DL run with passage text, NIST qrels) or DIR@RUN~TEACHER (graded by "
+                                             "the teacher run's ranks: distillation, e.g. "
+                                             "DL22@BM25~SPLADE_P_P_ENSEMBLE_DISTIL).")],
     out: Annotated[Path, typer.Option("--out", help="Output directory (checkpoint, best/, final/); resumes.")],
     dev: Annotated[str, typer.Option("--dev", help="Dev source (every choice is made on it).")] = "",
     dev_queries: Annotated[Optional[int], typer.Option("--dev-queries", help="Seeded dev subset.")] = 100,
@@ -124,11 +126,12 @@ def train_query_adapter_cmd(
     reranker = build_reranker(config)
     examples, stores = [], {}
     for spec in train:
-        queries, cands, _, qrels, index = load_source(spec, candidates=candidates, max_queries=train_queries,
-                                                      seed=seed, retriever=retriever, index=None if "@" in spec else index)
+        queries, cands, _, qrels, source_index = load_source(spec, candidates=candidates, max_queries=train_queries,
+                                                             seed=seed, retriever=retriever,
+                                                             index=None if "@" in spec else index)
         examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)
                      if ex.query_id not in excluded]
-        stores[spec] = source_store(reranker, index, scratch_kv, spec)
+        stores[spec] = source_store(reranker, source_index, scratch_kv, spec)
     evaluate = None
     if dev:
         dq, dc, ds, dqrels, dindex = load_source(dev, candidates=candidates, max_queries=dev_queries, seed=seed,
