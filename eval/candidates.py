@@ -51,49 +51,16 @@ def beir_candidates(
     return selected, cands, scores, qrels
 
 
-TEACHER_GRADES: tuple[tuple[int, int], ...] = ((3, 3), (10, 2), (20, 1))
-"""Graded pseudo-judgements from a teacher run's ranks: ``(deepest rank, grade)``, so ranks
-1-3 get grade 3, 4-10 grade 2, 11-20 grade 1 and the rest 0 (the listwise loss then weights a
-candidate ``2^grade - 1``: 7, 3, 1)."""
-
-
-def teacher_qrels(run: dict[str, dict[str, float]], grades: tuple[tuple[int, int], ...] = TEACHER_GRADES) -> Qrels:
-    """Pseudo-qrels from a stronger first stage's run (listwise distillation of its ranking,
-    Rank-DistiLLM, Schlatt et al., ECIR 2025): each query's documents ordered by
-    (-score, doc_id), graded by rank through ``grades``; grade-0 documents are left out."""
-    out: dict[str, dict[str, int]] = {}
-    for qid, scores in run.items():
-        ranked = sorted(scores.items(), key=lambda x: (-x[1], x[0]))
-        judged = {}
-        for rank, (doc_id, _) in enumerate(ranked, 1):
-            grade = next((g for deepest, g in grades if rank <= deepest), 0)
-            if grade:
-                judged[doc_id] = grade
-        out[qid] = judged
-    return out
-
-
 def trec_dl_candidates(
     data_dir: str | Path, *, run_name: str, candidates: int, queries: int | None = None, seed: int = 0,
-    teacher: str | None = None,
 ) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Qrels]:
-    """Top ``candidates`` of a TREC DL first-stage run JSON (with passage text).
-
-    Args:
-        teacher: Another run of the same folder (e.g. ``SPLADE_P_P_ENSEMBLE_DISTIL``) whose
-            ranking grades the candidates (:func:`teacher_qrels`) instead of the NIST qrels,
-            which the folder then need not have (TREC DL 2022). The queries are the teacher's.
-    """
-    from heedrank.data import load_run_json, load_trec_qrels, trec_dl_paths, trec_dl_run_json
+    """Top ``candidates`` of a TREC DL first-stage run JSON (with passage text)."""
+    from heedrank.data import load_run_json, load_trec_qrels, trec_dl_paths
     from heedrank.eval.harness import select_queries
 
-    if teacher is None:
-        paths = trec_dl_paths(data_dir, run_name)
-        run, docs, topics = load_run_json(paths.run_json)
-        qrels = load_trec_qrels(paths.qrels)
-    else:
-        run, docs, topics = load_run_json(trec_dl_run_json(data_dir, run_name))
-        qrels = teacher_qrels(load_run_json(trec_dl_run_json(data_dir, teacher))[0])
+    paths = trec_dl_paths(data_dir, run_name)
+    run, docs, topics = load_run_json(paths.run_json)
+    qrels = load_trec_qrels(paths.qrels)
     selected, _ = select_queries(topics, qrels, queries, seed)
     cands, scores = {}, {}
     for q in selected:

@@ -625,26 +625,15 @@ def trec_dl_paths(
         )
     if run_file is not None:
         return TrecDLPaths(topics_path, qrels_path, Path(run_file), None, y)
-    run_json = trec_dl_run_json(d, run_name, year=y)  # type: ignore[arg-type]
+    run_json = pick(f"retrieve_results_{run_name}_{y}_top100.json")
+    if run_json is None:
+        prefix, suffix = "retrieve_results_", f"_{y}_top100.json"
+        available = sorted(
+            p.name.removesuffix(".gz")[len(prefix):-len(suffix)]
+            for p in d.glob(f"{prefix}*{suffix}*")  # type: ignore[union-attr]
+        )
+        raise NotFoundError(
+            f"run {run_name!r} not found in {d} for {y}; available runs: {available or 'none'} "
+            "(or pass a run JSON with --run-file)"
+        )
     return TrecDLPaths(topics_path, qrels_path, run_json, pick(f"trec_results_{run_name}_{y}_top100.txt"), y)
-
-
-def trec_dl_run_json(data_dir: str | Path, run_name: str, *, year: str | int | None = None) -> Path:
-    """The run JSON with passage text (``retrieve_results_<RUN>_dlNN_top100.json[.gz]``) of
-    one run in a TREC DL folder; topics and qrels are not needed (an unlabelled year, such as
-    DL 2022, read for training with a teacher run).
-
-    Raises:
-        NotFoundError: no such run in the folder; the message lists the available runs.
-    """
-    d = Path(data_dir)
-    y = normalize_trec_dl_year(year) if year is not None else detect_trec_dl_year(d)
-    for cand in (d / f"retrieve_results_{run_name}_{y}_top100.json", d / f"retrieve_results_{run_name}_{y}_top100.json.gz"):
-        if cand.is_file():
-            return cand
-    prefix, suffix = "retrieve_results_", f"_{y}_top100.json"
-    available = sorted(p.name.removesuffix(".gz")[len(prefix):-len(suffix)] for p in d.glob(f"{prefix}*{suffix}*"))
-    raise NotFoundError(
-        f"run {run_name!r} not found in {d} for {y}; available runs: {available or 'none'} "
-        "(or pass a run JSON with --run-file)"
-    )

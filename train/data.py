@@ -105,10 +105,7 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
                 retriever: str = "hybrid", index: Path | None = None) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Any, Path | None]:
     """Candidates of one data source, ``DIR:SPLIT`` (BEIR; its cached index is built on first
     use) or ``DIR@RUN`` (TREC DL run with passage text, e.g.
-    ``../shared/data/msmarco-trec-dl-2021-passage@BM25``), graded by the NIST qrels or, with
-    ``DIR@RUN~TEACHER``, by another run's ranking (distillation,
-    :func:`heedrank.eval.candidates.teacher_qrels`; e.g.
-    ``../shared/data/msmarco-trec-dl-2022-passage@BM25~SPLADE_P_P_ENSEMBLE_DISTIL``). ``index``: a BEIR source's index
+    ``../shared/data/msmarco-trec-dl-2021-passage@BM25``). ``index``: a BEIR source's index
     (``heedrank index build``; its first stage and its document KV store) instead of the
     cached one.
 
@@ -120,9 +117,7 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
 
     if "@" in spec:
         data, run = spec.rsplit("@", 1)
-        run, _, teacher = run.partition("~")
-        return (*trec_dl_candidates(data, run_name=run, candidates=candidates, queries=max_queries, seed=seed,
-                                    teacher=teacher or None), None)
+        return (*trec_dl_candidates(data, run_name=run, candidates=candidates, queries=max_queries, seed=seed), None)
     data, _, split = spec.partition(":")
     if index is None:
         index = ensure_index(data, dense=retriever != "bm25")

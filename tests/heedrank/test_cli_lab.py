@@ -143,7 +143,7 @@ def test_query_adapter_sources_keep_their_own_index(tmp_path, monkeypatch) -> No
     monkeypatch.setattr(query_adapter, "train_query_adapter", lambda *a, **k: {"steps": 0})
     monkeypatch.setattr(registry, "build_reranker", lambda config: object())
     result = CliRunner().invoke(app, ["lab", "train", "query-adapter", "--train", "nf:train", "--train",
-                                      "dl22@BM25~SPLADE", "--dev", "nf:dev", "--index", str(tmp_path),
+                                      "dl21@BM25", "--dev", "nf:dev", "--index", str(tmp_path),
                                       "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert stores == [("nf:train", tmp_path), ("dl22@BM25~SPLADE", None), ("nf:dev", tmp_path)]
+    assert stores == [("nf:train", tmp_path), ("dl21@BM25", None), ("nf:dev", tmp_path)]

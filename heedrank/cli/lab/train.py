@@ -71,9 +71,7 @@ def train_blockrank_cmd(
 @app.command("query-adapter")
 def train_query_adapter_cmd(
     train: Annotated[list[str], typer.Option("--train", help="Training source, repeatable: DIR:SPLIT (BEIR) or "
-                                             "DIR@RUN (TREC DL run with passage text, NIST qrels) or DIR@RUN~TEACHER (graded by "
-                                             "the teacher run's ranks: distillation, e.g. "
-                                             "DL22@BM25~SPLADE_P_P_ENSEMBLE_DISTIL).")],
+                                             "DIR@RUN (TREC DL run with passage text).")],
     out: Annotated[Path, typer.Option("--out", help="Output directory (checkpoint, best/, final/); resumes.")],
     dev: Annotated[str, typer.Option("--dev", help="Dev source (every choice is made on it).")] = "",
     dev_queries: Annotated[Optional[int], typer.Option("--dev-queries", help="Seeded dev subset.")] = 100,
