@@ -90,18 +90,14 @@ def blockrank_examples(
 
 
 def examples_from(queries: Sequence[Query], candidates: Mapping[str, Sequence[Document]],
-                  qrels: Mapping[str, Mapping[str, int]],
-                  first_scores: Mapping[str, Sequence[float]] | None = None) -> list[RankingExample]:
-    """One example per query with candidates, grades from ``qrels`` (unjudged = 0), and the
-    first stage's scores when given (the residual loss needs them)."""
+                  qrels: Mapping[str, Mapping[str, int]]) -> list[RankingExample]:
+    """One example per query with candidates, grades from ``qrels`` (unjudged = 0)."""
     out = []
     for q in queries:
         docs = tuple(candidates.get(q.query_id, ()))
         if docs:
             judged = qrels.get(q.query_id, {})
-            first = tuple(float(x) for x in (first_scores or {}).get(q.query_id, ()))
-            out.append(RankingExample(q.query_id, q.text, docs, tuple(int(judged.get(d.doc_id, 0)) for d in docs),
-                                      first_stage=first))
+            out.append(RankingExample(q.query_id, q.text, docs, tuple(int(judged.get(d.doc_id, 0)) for d in docs)))
     return out
 
 

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heedrank.errors import ValidationError
-from heedrank.fusion import fuse
 from heedrank.reranker.adapters import adapter_state, inject_lora, save_adapter
 from heedrank.train.loop import Checkpoints, LoopConfig, run_loop
 from heedrank.types import Document
@@ -53,8 +52,6 @@ class RankingExample:
         documents: Candidates (first-stage order).
         grades: Relevance grade per candidate (0 = not relevant / unjudged).
         source: Name of the data source (selects its document KV store in training).
-        first_stage: The first stage's score per candidate (empty when unknown; needed by the
-            residual loss, ``QueryAdapterConfig.fusion``).
     """
 
     query_id: str
@@ -62,7 +59,6 @@ class RankingExample:
     documents: tuple[Document, ...]
     grades: tuple[int, ...]
     source: str = ""
-    first_stage: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,12 +90,6 @@ class QueryAdapterConfig:
         eval_every: Steps between dev evaluations (the callback), 0 = only at the end.
         checkpoint_every: Steps between checkpoints.
         seed: Seed of sampling and initialisation.
-        fusion: ``None``: the loss scores the reranker alone. A weight ``alpha`` in [0, 1]:
-            residual training (CLEAR, Gao et al., ECIR 2021, section 3: the reranker learns
-            what the first stage misses): the loss scores the served fusion
-            ``alpha z(first stage) + (1 - alpha) z(reranker)`` over the step's candidates
-            (:func:`heedrank.fusion.fuse`, the first stage a fixed offset), and the best step is
-            chosen by the dev callback's ``"dev_fused"``.
     """
 
     out_dir: str
@@ -120,15 +110,12 @@ class QueryAdapterConfig:
     eval_every: int = 100
     checkpoint_every: int = 25
     seed: int = 0
-    fusion: float | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in ("learned", "signal"):
             raise ValidationError(f"objective must be 'learned' or 'signal', got {self.objective!r}")
         if self.loss not in ("listwise", "pairwise"):
             raise ValidationError(f"loss must be 'listwise' or 'pairwise', got {self.loss!r}")
-        if self.fusion is not None and not 0.0 <= self.fusion <= 1.0:
-            raise ValidationError(f"fusion must be in [0, 1] or None, got {self.fusion!r}")
         for name in ("lora_r", "steps", "batch_queries", "max_candidates", "max_positives", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValidationError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -226,25 +213,18 @@ def pairwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
     return (torch.nn.functional.softplus(-diff) * w).sum() / w.sum()
 
 
-def sample_indices(ex: RankingExample, max_candidates: int, max_positives: int, rng: random.Random) -> list[int] | None:
-    """Positions of one step's candidates in ``ex.documents``: up to ``max_positives``
-    positives (random), then negatives in first-stage order (the hard ones) up to
-    ``max_candidates``, ascending; ``None`` when the example has no positive or no negative."""
+def sample_candidates(ex: RankingExample, max_candidates: int, max_positives: int, rng: random.Random
+                      ) -> tuple[list[Document], list[int]] | None:
+    """Candidates of one step: up to ``max_positives`` positives (random), then negatives in
+    first-stage order (the hard ones) up to ``max_candidates``; ``None`` when the example has
+    no positive or no negative. The returned list keeps first-stage order."""
     pos = [i for i, g in enumerate(ex.grades) if g > 0]
     neg = [i for i, g in enumerate(ex.grades) if g <= 0]
     if not pos or not neg:
         return None
     if len(pos) > max_positives:
         pos = rng.sample(pos, max_positives)
-    return sorted(pos + neg[: max(1, max_candidates - len(pos))])
-
-
-def sample_candidates(ex: RankingExample, max_candidates: int, max_positives: int, rng: random.Random
-                      ) -> tuple[list[Document], list[int]] | None:
-    """The candidates and grades at :func:`sample_indices` (first-stage order kept)."""
-    keep = sample_indices(ex, max_candidates, max_positives, rng)
-    if keep is None:
-        return None
+    keep = sorted(pos + neg[: max(1, max_candidates - len(pos))])
     return [ex.documents[i] for i in keep], [ex.grades[i] for i in keep]
 
 
@@ -267,16 +247,13 @@ class _AdapterTask:
         total = 0.0
         for _ in range(cfg.batch_queries):
             ex = self.examples[draw()]
-            keep = sample_indices(ex, cfg.max_candidates, cfg.max_positives, rng)
-            assert keep is not None  # usable examples have a positive and a negative
-            docs, grades = [ex.documents[i] for i in keep], [ex.grades[i] for i in keep]
+            picked = sample_candidates(ex, cfg.max_candidates, cfg.max_positives, rng)
+            assert picked is not None  # usable examples have a positive and a negative
+            docs, grades = picked
             prompt = reranker.build_prompt(ex.query, docs)
             kv = context_for(reranker, prompt, self.kv0, store=self.block_stores.get(ex.source))
             reranker.lm.model.train()
             scores = differentiable_scores(reranker, prompt, kv, cfg.objective, self.weights)
-            if cfg.fusion is not None:
-                first = torch.tensor([ex.first_stage[i] for i in keep], dtype=scores.dtype)
-                scores = fuse(first, scores, cfg.fusion)
             loss = (pairwise_loss if cfg.loss == "pairwise" else listwise_loss)(scores, grades, cfg.tau)
             (loss / cfg.batch_queries).backward()
             total += float(loss.detach()) / cfg.batch_queries
@@ -353,8 +330,6 @@ def train_query_adapter(
     usable = [ex for ex in examples if any(g > 0 for g in ex.grades) and any(g <= 0 for g in ex.grades)]
     if not usable:
         raise ValidationError("no training query has both a relevant and a non-relevant candidate")
-    if cfg.fusion is not None and any(len(ex.first_stage) != len(ex.documents) for ex in usable):
-        raise ValidationError("residual training (fusion) needs every example's first-stage scores")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -392,7 +367,7 @@ def train_query_adapter(
         save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": dict(figures)}, saved_weights)
 
     loop_cfg = LoopConfig(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every,
-                          seed=cfg.seed, metric="dev" if cfg.fusion is None else "dev_fused", higher_is_better=True, desc="train query adapter")
+                          seed=cfg.seed, metric="dev", higher_is_better=True, desc="train query adapter")
     result = run_loop(task, len(usable), loop_cfg, checkpoints_of(out), evaluate=None if evaluate is None else run_eval,
                       on_best=save_best, show_progress=show_progress)
     state = result.state

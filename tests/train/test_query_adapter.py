@@ -190,33 +190,6 @@ def test_training_warm_starts_from_an_adapter(lm, nf_docs, tmp_path) -> None:
         train_query_adapter(_reranker(load_trainable_lm(), card), examples, other, show_progress=False)
 
 
-def test_residual_training_scores_the_served_fusion(lm, nf_docs, tmp_path) -> None:
-    """``fusion``: the first step's loss is the listwise loss of ``alpha z(first stage) + (1 -
-    alpha) z(reranker)`` (LoRA starts at zero, so the reranker scores the base model's), and the
-    best step is chosen by ``dev_fused``; examples without first-stage scores are refused."""
-    from heedrank.fusion import fuse
-
-    card = _card(tmp_path / "card.json", lm)
-    docs, query, first = nf_docs[:4], "statins and cancer", (0.1, 2.0, 0.5, -1.0)
-    base = torch.tensor(_train_scores(_reranker(load_trainable_lm(), card), query, docs), dtype=torch.float64)
-    want = float(listwise_loss(fuse(torch.tensor(first, dtype=torch.float64), base, 0.3), (1, 0, 0, 0), 1.0))
-    figures = iter([{"dev": 2.0, "dev_fused": 1.0}, {"dev": 1.0, "dev_fused": 3.0}])
-    cfg = QueryAdapterConfig(out_dir=str(tmp_path / "run"), steps=1, batch_queries=1, max_candidates=4, lora_r=2,
-                             eval_every=1, lr=1e-3, fusion=0.3)
-    example = RankingExample("q0", query, tuple(docs), (1, 0, 0, 0), first_stage=first)
-    got = train_query_adapter(_reranker(lm, card), [example], cfg, evaluate=lambda r, w: next(figures),
-                              show_progress=False)
-    loss = [h["loss"] for h in got["history"] if "loss" in h][0]
-    assert loss == pytest.approx(want, rel=1e-4)  # float32 passes in train mode: not bit-equal
-    assert abs(loss - float(listwise_loss(base, (1, 0, 0, 0), 1.0))) > 1e-2  # not the reranker's own loss
-    assert got["best"]["step"] == 1  # dev_fused 3.0 beats 1.0, although dev fell
-    with pytest.raises(ValidationError, match="first-stage scores"):
-        train_query_adapter(_reranker(load_trainable_lm(), card), [RankingExample("q0", query, tuple(docs), (1, 0, 0, 0))],
-                            QueryAdapterConfig(**{**cfg.__dict__, "out_dir": str(tmp_path / "run2")}), show_progress=False)
-    with pytest.raises(ValidationError, match="fusion must be"):
-        QueryAdapterConfig(out_dir="x", fusion=1.5)
-
-
 def test_sample_candidates_keeps_order_caps_positives() -> None:
     docs = tuple(Document(f"d{i}", f"text {i}") for i in range(10))
     grades = (0, 1, 0, 1, 1, 0, 0, 1, 0, 0)

@@ -105,10 +105,6 @@ def train_query_adapter_cmd(
     exclude_queries: Annotated[Optional[list[Path]], typer.Option(
         "--exclude-queries", help="Query ids never trained on (repeatable): a text file (one id per line) or a "
         "study dump (.npz: its queries), e.g. queries held out for the cut-off's calibration.")] = None,
-    fusion: Annotated[Optional[float], typer.Option(
-        "--fusion", help="Residual training: the loss scores the served fusion ALPHA z(first stage) + (1 - ALPHA) "
-        "z(reranker) instead of the reranker alone, and the best step is chosen by dev's fused nDCG@10 at ALPHA.")
-    ] = None,
 ) -> None:
     """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise or
     pairwise loss through the query passes only; dev nDCG@10 every --eval-every steps, best
@@ -121,17 +117,17 @@ def train_query_adapter_cmd(
     cfg = QueryAdapterConfig(out_dir=str(out), objective=objective, lora_r=lora_r, lora_alpha=2 * lora_r,
                              train_weights=train_weights, lr=lr, steps=steps, batch_queries=batch_queries,
                              max_candidates=max_candidates, eval_every=eval_every, seed=seed, loss=loss,
-                             init=None if init is None else str(init), fusion=fusion)
+                             init=None if init is None else str(init))
     excluded = read_query_ids(exclude_queries or [])
     config = reranker_config("blockrank-cached", model, max_doc_tokens, _auto_device(device), opts).with_options(
         layer=layer, scoring="learned" if objective == "learned" else "signal", query_adapter=None)
     reranker = build_reranker(config)
     examples, stores = [], {}
     for spec in train:
-        queries, cands, first, qrels, source_index = load_source(
-            spec, candidates=candidates, max_queries=train_queries, seed=seed, retriever=retriever,
-            index=None if "@" in spec else index)
-        examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels, first)
+        queries, cands, _, qrels, source_index = load_source(spec, candidates=candidates, max_queries=train_queries,
+                                                             seed=seed, retriever=retriever,
+                                                             index=None if "@" in spec else index)
+        examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)
                      if ex.query_id not in excluded]
         stores[spec] = source_store(reranker, source_index, scratch_kv, spec)
     evaluate = None
@@ -139,8 +135,7 @@ def train_query_adapter_cmd(
         dq, dc, ds, dqrels, dindex = load_source(dev, candidates=candidates, max_queries=dev_queries, seed=seed,
                                                  retriever=retriever, index=None if "@" in dev else index)
         evaluate = dev_evaluator(dq, dc, ds, dqrels, objective=objective,
-                                 block_store=source_store(reranker, dindex, scratch_kv, dev),
-                                 **({} if fusion is None else {"alpha": fusion}))
+                                 block_store=source_store(reranker, dindex, scratch_kv, dev))
     summary = train_query_adapter(reranker, examples, cfg, block_stores=stores, evaluate=evaluate,
                                   card={"train": list(train), "dev": dev, "dev_queries": dev_queries,
                                         "candidates": candidates, "retriever": retriever})
