@@ -8,7 +8,9 @@ INDEX=${HEEDRANK_INDEX:-indexes/nfcorpus}
 PORT=${PORT:-8000}
 bash scripts/setup.sh
 if [ ! -f "$INDEX/params.json" ]; then
-  .venv/bin/heedrank index build --corpus "$DATA/beir-nfcorpus" --out "$INDEX"
+  # its parameters go to $INDEX/params.json, not to the terminal
+  .venv/bin/heedrank index build --corpus "$DATA/beir-nfcorpus" --out "$INDEX" > /dev/null
+  echo "indexed BEIR NFCorpus into $INDEX"
 fi
 # No wait for the document KV store: the service serves as soon as the models are loaded and fills the
 # store in the background while it is idle (~5 min for NFCorpus on 2 cores; it resumes after a restart).
@@ -22,11 +24,16 @@ HEEDRANK_DEFAULT_RETRIEVER=${HEEDRANK_DEFAULT_RETRIEVER:-hybrid} \
     .venv/bin/heedrank serve --index "$INDEX" --port "$PORT" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT INT TERM
+READY=
 for _ in $(seq 1 600); do
-  if curl -fs "http://127.0.0.1:$PORT/health" 2>/dev/null | grep -q '"ok"'; then break; fi
+  if curl -fs "http://127.0.0.1:$PORT/health" 2>/dev/null | grep -q '"ok"'; then READY=1; break; fi
   kill -0 $SERVER 2>/dev/null || { echo "server exited" >&2; exit 1; }
   sleep 1
 done
+if [ -z "$READY" ]; then
+  echo "the server did not report healthy within 600 s: see its log above, or curl http://127.0.0.1:$PORT/health" >&2
+  exit 1
+fi
 cat <<MSG
 
 heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Its document KV store fills
