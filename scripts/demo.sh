@@ -37,7 +37,8 @@ fi
 cat <<MSG
 
 heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Its document KV store fills
-in the background (about 5 minutes; GET /info shows how far): until then a search reranks the candidates
+in the background (about 5 minutes; in GET /info, collections.default.kv_store.blocks counts up to
+num_docs and "filling" turns false): until then a search reranks the candidates
 whose blocks are stored plus 4 more, and says how many it skipped ("skipped_cold"). Try:
 
   curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
