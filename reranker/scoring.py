@@ -247,11 +247,24 @@ def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bo
     return ids, spans
 
 
+def is_filler(text: str) -> bool:
+    """Whether a span says nothing to a reader: every word of it, lower-cased without
+    punctuation, is an English stopword (bm25s's list) or shorter than two characters.
+    Attention often lands on such tokens ("the", ","); they are left out of evidence."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    for word in text.split():
+        core = "".join(c for c in word.lower() if c.isalnum())
+        if len(core) >= 2 and core not in STOPWORDS_EN:
+            return False
+    return True
+
+
 def top_spans(doc: Document, offsets: Sequence[tuple[str, int, int]], scores: Sequence[float],
               max_spans: int) -> list[EvidenceSpan]:
     """Words from token offsets (a word's score is the sum of its tokens'), the best
-    ``3 * max_spans`` positive words, adjacent ones merged, the best ``max_spans`` spans,
-    best first."""
+    ``3 * max_spans`` positive words, adjacent ones merged, the best ``max_spans`` spans
+    that are not filler (:func:`is_filler`: stopwords and punctuation alone), best first."""
     words: list[list[Any]] = []  # [field, start, end, score]
     for (fld, a, b), sc in zip(offsets, scores):
         if not fld:
@@ -270,8 +283,9 @@ def top_spans(doc: Document, offsets: Sequence[tuple[str, int, int]], scores: Se
         else:
             spans.append([fld, a, b, sc, i])
     spans.sort(key=lambda s: (-s[3], s[0] != "text", s[1]))
-    out = []
-    for fld, a, b, sc, _ in spans[:max_spans]:
+    out: list[EvidenceSpan] = []
+    for fld, a, b, sc, _ in spans:
         value = doc.title if fld == "title" else doc.text
-        out.append(EvidenceSpan(fld, a, b, value[a:b], float(sc)))
+        if len(out) < max_spans and not is_filler(value[a:b]):
+            out.append(EvidenceSpan(fld, a, b, value[a:b], float(sc)))
     return out
