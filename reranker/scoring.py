@@ -285,7 +285,9 @@ def top_spans(doc: Document, offsets: Sequence[tuple[str, int, int]], scores: Se
     spans.sort(key=lambda s: (-s[3], s[0] != "text", s[1]))
     out: list[EvidenceSpan] = []
     for fld, a, b, sc, _ in spans:
-        value = doc.title if fld == "title" else doc.text
-        if len(out) < max_spans and not is_filler(value[a:b]):
-            out.append(EvidenceSpan(fld, a, b, value[a:b], float(sc)))
+        if len(out) == max_spans:
+            break
+        text = (doc.title if fld == "title" else doc.text)[a:b]
+        if not is_filler(text):
+            out.append(EvidenceSpan(fld, a, b, text, float(sc)))
     return out
