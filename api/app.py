@@ -71,16 +71,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from heedrank import __version__
+from heedrank.config import NOISY_LOGGERS
 from heedrank.errors import HeedrankError, ClientClosedError
 from heedrank.pipeline import Pipeline
 from heedrank.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-NOISY_LOGGERS = ("faiss", "faiss.loader", "httpx", "urllib3", "filelock", "datasets", "sentence_transformers",
-                 "transformers")
-"""Libraries whose INFO lines read like errors or repeat per request ("Could not load library with AVX512
-support", one line per HTTP call): shown from WARNING up."""
 
 
 class _HealthPolls(logging.Filter):

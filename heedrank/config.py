@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import operator
 import os
 from dataclasses import dataclass, field, replace
@@ -281,3 +283,17 @@ class PipelineConfig:
     def limits(self) -> SearchLimits:
         """The :class:`SearchLimits` of the pipeline built from this configuration."""
         return SearchLimits(max_top_k=self.max_top_k, max_candidates=self.max_candidates)
+
+
+NOISY_LOGGERS = ("faiss", "faiss.loader", "httpx", "urllib3", "filelock", "datasets", "sentence_transformers",
+                 "transformers", "bm25s")
+"""Libraries whose INFO lines read like errors or repeat per request ("Could not load library with AVX512
+support", one line per HTTP call), or that log at DEBUG on their own (bm25s sets its logger to DEBUG):
+the CLI and the service show them from WARNING up."""
+
+
+def is_library_noise(record: logging.LogRecord) -> bool:
+    """A record below WARNING from one of :data:`NOISY_LOGGERS` (or a child logger). A handler
+    filter, because a library may set its logger's level when it is first imported (bm25s sets
+    DEBUG), after the CLI set it."""
+    return record.levelno < logging.WARNING and record.name.split(".")[0] in NOISY_LOGGERS

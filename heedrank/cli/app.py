@@ -92,7 +92,10 @@ def _main(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "sentence_transformers", "transformers", "faiss"):
+    from heedrank.config import NOISY_LOGGERS, is_library_noise
+
+    handler.addFilter(lambda record: not is_library_noise(record))
+    for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -45,3 +45,18 @@ def test_engine_flags_take_the_engine_parameter_s_place():
     assert order == sorted(order)
     bad = runner.invoke(demo, ["--actor-gpus", "1"])
     assert bad.exit_code != 0 and "only apply with --engine ray" in str(bad.exception)
+
+
+def test_library_debug_lines_are_noise_even_when_the_library_sets_its_level() -> None:
+    """bm25s sets its own logger to DEBUG on import; the CLI's handler filter drops its lines
+    below WARNING and keeps its warnings and every heedrank line."""
+    import logging
+
+    from heedrank.config import is_library_noise
+
+    def rec(name: str, level: int) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, "m", None, None)
+
+    assert is_library_noise(rec("bm25s", logging.DEBUG)) and is_library_noise(rec("faiss.loader", logging.INFO))
+    assert not is_library_noise(rec("bm25s", logging.WARNING))
+    assert not is_library_noise(rec("heedrank.index.builder", logging.INFO))
