@@ -18,8 +18,13 @@ reranker's own timings plus timers around the steps that report none:
 Prints one markdown table: per candidate count, each stage's median and its share of the
 median total. The first ``--warmup`` queries are not counted.
 
+``--variant NAME=KEY=VALUE,KEY=VALUE`` (repeatable) profiles the default reranker with other options
+beside the default itself (``NAME`` ``default``), in the same process and over the same store, each
+query run by every variant in turn (the first to run alternates, since the second finds the blocks in
+the store's RAM tier) so that a noisy machine slows them alike; the table has a column per variant.
+
     python bench/search_profile.py --index indexes/nfcorpus [--candidates 20,100] [--queries 30]
-        [--torch-threads 1]
+        [--torch-threads 1] [--variant short=query_template=short,scorer_weights=CARD,query_adapter=DIR]
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE,...")
     args = ap.parse_args()
 
     import torch
@@ -52,68 +58,107 @@ def main() -> None:
     from heedrank.api.routes.search import to_response
     from heedrank.config import PipelineConfig, RerankerConfig
     from heedrank.pipeline import Pipeline, SearchOptions
-    from heedrank.reranker.cached import scorers
     from heedrank.types import Query
 
+    variants = {"default": {}}
+    for spec in args.variant:
+        name, _, opts = spec.partition("=")
+        variants[name] = dict(kv.split("=", 1) for kv in opts.split(",") if kv)
     pipe = Pipeline.from_config(PipelineConfig(index_dir=str(args.index), reranker=RerankerConfig(method="default")))
-    reranker = pipe._cache().get("default")[0]
-    reranker.load()
-    clock: dict[str, float] = defaultdict(float)
-
-    def timed(name, fn):
-        def wrapper(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                clock[name] += time.perf_counter() - t0
-        return wrapper
-
-    reranker.build_prompt = timed("prompt", reranker.build_prompt)
-    reranker.score_prompt = timed("score_prompt", reranker.score_prompt)
-    scorers.LearnedScorer.score = timed("scorer", scorers.LearnedScorer.score)
+    clocks = {}
+    for name, opts in variants.items():
+        reranker = pipe._cache().get("default", opts or None)[0]
+        reranker.load()
+        clock: dict[str, float] = defaultdict(float)
+        for attr in ("build_prompt", "score_prompt"):
+            setattr(reranker, attr, timed(clock, "prompt" if attr == "build_prompt" else attr, getattr(reranker, attr)))
+        cls = reranker.loaded().scorer.__class__
+        cls.score = timed_scorer(cls.score)
+        clocks[name] = clock
 
     queries = test_queries(args.queries + args.warmup)
-    rows = []
-    for c in [int(x) for x in args.candidates.split(",")]:
-        per: dict[str, list[float]] = defaultdict(list)
+    med: dict[tuple[int, str, str], float] = {}
+    counts = [int(x) for x in args.candidates.split(",")]
+    for c in counts:
+        per: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in variants}
         for i, text in enumerate(queries):
-            clock.clear()
-            t0 = time.perf_counter()
-            res = pipe.search(Query(f"q{i}", text), SearchOptions(top_k=10, retriever="hybrid", rerank="default",
-                                                                  candidates=c, fusion="default"))
-            t1 = time.perf_counter()
-            to_response(res, "default").model_dump_json()
-            t2 = time.perf_counter()
-            if i < args.warmup:
-                continue
-            rr = res.rerank
-            tm = rr.details["timings"]
-            stage = {
-                "first stage": res.timings["retrieve"], "hydrate": res.timings["hydrate"], "prompt": clock["prompt"],
-                "store read": tm.get("blocks_fetch", 0.0), "encode (cold)": tm.get("blocks_encode", 0.0),
-                "assemble": tm.get("blocks_assemble", 0.0), "query + N/A pass": tm.get("query", 0.0),
-            }
-            stage["scoring"] = clock["scorer"] - stage["query + N/A pass"]
-            context = stage["store read"] + stage["encode (cold)"] + stage["assemble"]
-            stage["rerank rest"] = res.timings["rerank"] - clock["prompt"] - clock["score_prompt"]
-            stage["rerank rest"] += clock["score_prompt"] - clock["scorer"] - context
-            stage["serving"] = (t1 - t0) - res.timings["retrieve"] - res.timings["hydrate"] - res.timings["rerank"]
-            stage["serialise"] = t2 - t1
-            stage["total"] = t2 - t0
-            for k, v in stage.items():
-                per[k].append(v)
-        total = statistics.median(per["total"])
-        for name in STAGES:
-            med = statistics.median(per[name])
-            rows.append((c, name, med, med / total))
-        rows.append((c, "total (p50)", total, 1.0))
+            order = list(variants.items())
+            for name, opts in order if i % 2 == 0 else order[::-1]:  # who reads the store first alternates
+                clock = clocks[name]
+                clock.clear()
+                CURRENT[0] = clock
+                t0 = time.perf_counter()
+                res = pipe.search(Query(f"q{i}", text), SearchOptions(top_k=10, retriever="hybrid", rerank="default",
+                                                                      rerank_options=opts or None, candidates=c,
+                                                                      fusion="default"))
+                t1 = time.perf_counter()
+                to_response(res, "default").model_dump_json()
+                t2 = time.perf_counter()
+                if i < args.warmup:
+                    continue
+                for k, v in stages(res, clock, t0, t1, t2).items():
+                    per[name][k].append(v)
+        for name in variants:
+            for stage in (*STAGES, "total"):
+                med[(c, name, stage)] = statistics.median(per[name][stage])
     print(f"\n`/search` profile: {args.index}, hybrid first stage, default reranker, {args.queries} NFCorpus test "
-          f"queries, {args.torch_threads} torch thread(s), one process\n")
-    print("| candidates | stage | p50 s | share of total |\n|---|---|---|---|")
-    for c, name, med, share in rows:
-        print(f"| {c} | {name} | {med:.4f} | {share:.0%} |")
+          f"queries, {args.torch_threads} torch thread(s), one process, median seconds (share of the total)\n")
+    names = list(variants)
+    print("| candidates | stage | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+    for c in counts:
+        for stage in (*STAGES, "total"):
+            cells = [f"{med[(c, n, stage)]:.4f} ({med[(c, n, stage)] / med[(c, n, 'total')]:.0%})" for n in names]
+            print(f"| {c} | {'total (p50)' if stage == 'total' else stage} | " + " | ".join(cells) + " |")
+    for name, opts in variants.items():
+        if opts:
+            print(f"\n{name}: {opts}")
     pipe.close()
+
+
+CURRENT: list[dict[str, float]] = [{}]
+"""The clock of the variant running now (the scorer's timer is shared by the scorer class)."""
+
+
+def timed(clock: dict[str, float], name: str, fn):
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            clock[name] += time.perf_counter() - t0
+    return wrapper
+
+
+def timed_scorer(fn):
+    if getattr(fn, "_timed", False):
+        return fn
+
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            CURRENT[0]["scorer"] += time.perf_counter() - t0
+    wrapper._timed = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def stages(res, clock: dict[str, float], t0: float, t1: float, t2: float) -> dict[str, float]:
+    """Seconds per stage of one search (module docstring)."""
+    tm = res.rerank.details["timings"]
+    stage = {
+        "first stage": res.timings["retrieve"], "hydrate": res.timings["hydrate"], "prompt": clock["prompt"],
+        "store read": tm.get("blocks_fetch", 0.0), "encode (cold)": tm.get("blocks_encode", 0.0),
+        "assemble": tm.get("blocks_assemble", 0.0), "query + N/A pass": tm.get("query", 0.0),
+    }
+    stage["scoring"] = clock["scorer"] - stage["query + N/A pass"]
+    context = stage["store read"] + stage["encode (cold)"] + stage["assemble"]
+    stage["rerank rest"] = res.timings["rerank"] - clock["prompt"] - clock["score_prompt"]
+    stage["rerank rest"] += clock["score_prompt"] - clock["scorer"] - context
+    stage["serving"] = (t1 - t0) - res.timings["retrieve"] - res.timings["hydrate"] - res.timings["rerank"]
+    stage["serialise"] = t2 - t1
+    stage["total"] = t2 - t0
+    return stage
 
 
 if __name__ == "__main__":
