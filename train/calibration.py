@@ -33,15 +33,33 @@ THRESHOLDS = tuple(float(t) for t in np.round(np.arange(0.02, 0.905, 0.02), 3))
 """Thresholds tried on dev (probabilities)."""
 
 
+MONOTONE = {0: 1.0, 1: -1.0}
+"""Signs the map's weights are held to (indices into :data:`heedrank.calibration.FEATURES`):
+the score's weight non-negative, ``log(1 + i)``'s non-positive. Within a query the other two
+inputs are constant, so a map that keeps them is non-increasing down the served order by
+itself, and two hits share a probability only when they share a score (without the signs,
+the running minimum of :meth:`heedrank.calibration.PlattMap.probabilities` flattened runs
+of hits to one value)."""
+
+
 def fit_map(rows: Sequence[Served], *, c: float = 1.0) -> tuple[tuple[float, ...], float]:
     """Logistic regression (scikit-learn, L2 with inverse strength ``c``) of relevance on the
-    map inputs of every candidate of ``rows``: ``(coef (4,), intercept)``."""
+    map inputs of every candidate of ``rows``, with the signs of :data:`MONOTONE`: an input
+    whose weight comes out with the wrong sign is held at 0 and the rest refitted (the
+    active-set step of sign-constrained least squares, Lawson and Hanson 1974, ch. 23).
+    Returns ``(coef (4,), intercept)``."""
     from sklearn.linear_model import LogisticRegression
 
     x = np.concatenate([r.x for r in rows if len(r.labels)])
     y = np.concatenate([r.labels for r in rows if len(r.labels)])
-    model = LogisticRegression(C=c, max_iter=2000).fit(x, y)
-    return tuple(float(v) for v in model.coef_[0]), float(model.intercept_[0])
+    free = list(range(x.shape[1]))
+    while True:
+        model = LogisticRegression(C=c, max_iter=2000).fit(x[:, free], y)
+        coef = dict(zip(free, (float(v) for v in model.coef_[0])))
+        wrong = [j for j, sign in MONOTONE.items() if j in coef and coef[j] * sign < 0]
+        if not wrong:
+            return tuple(coef.get(j, 0.0) for j in range(x.shape[1])), float(model.intercept_[0])
+        free.remove(max(wrong, key=lambda j: abs(coef[j])))
 
 
 def fit_calibration(calibrate: Sequence[QueryItem], calibrate_qrels: Mapping[str, Mapping[str, int]],
