@@ -44,53 +44,6 @@ DOC_CLOSE = " | END"
 CACHE_TEMPLATE_VERSION = "blockrank-cached-v1"
 """Version of the cached prompt layout; part of every document KV store's header."""
 
-
-@dataclass(frozen=True)
-class QueryTemplate:
-    """The trusted text of the query block around the query (the blocks before it do not
-    depend on it, so a store serves every query template).
-
-    Attributes:
-        name: Its name (option ``query_template``).
-        final: Text before the query.
-        answer: Text after the query, before the chat template's assistant turn.
-        answer_prefix: The answer's opening, after the assistant turn; its last tokens are
-            BlockRank's signal tokens.
-    """
-
-    name: str
-    final: str
-    answer: str
-    answer_prefix: str
-
-
-QUERY_TEMPLATES: dict[str, QueryTemplate] = {
-    "v1": QueryTemplate("v1", FINAL, ANSWER, "Final Answer: ["),
-    "short": QueryTemplate("short", "\nQuery:", "", "Answer: ["),
-}
-"""The query templates by name. ``v1``: BlockRank's final instruction and answer prefix (54
-tokens around a 6-token query with SmolLM2's chat template); ``short``: ``Query:`` and the
-answer's opening only (18 tokens), about a third of the rows of a query pass
-(docs/RESULTS.md, "A shorter query block")."""
-
-
-def scoring_template(query_template: str) -> str:
-    """The template name weights cards and query adapters record and are checked against:
-    :data:`CACHE_TEMPLATE_VERSION`, followed by ``/query-<name>`` for another query template
-    than ``v1``."""
-    return CACHE_TEMPLATE_VERSION if query_template == "v1" else f"{CACHE_TEMPLATE_VERSION}/query-{query_template}"
-
-
-def query_template_of(template: str | None) -> str | None:
-    """The query template named in a card's or adapter's ``template`` (the inverse of
-    :func:`scoring_template`), or ``None`` for another layout or an unknown query template."""
-    if template == CACHE_TEMPLATE_VERSION:
-        return "v1"
-    prefix = f"{CACHE_TEMPLATE_VERSION}/query-"
-    if template and template.startswith(prefix) and template[len(prefix):] in QUERY_TEMPLATES:
-        return template[len(prefix):]
-    return None
-
 BlockKV = tuple[Any, Any]
 """One document block's keys and values: two float tensors ``(n_layers, kv_heads, T, head_dim)``."""
 
@@ -107,8 +60,6 @@ class BlockLayout:
         query_offset: Position of the query block's first token,
             ``L0 + len(open) + max_doc_tokens + len(close)``.
         chat_template: Whether the chat template wraps the prompt.
-        query_template: The query block's template (:data:`QUERY_TEMPLATES`); not part of
-            :meth:`fingerprint`, since no stored block depends on it.
     """
 
     instruction_ids: tuple[int, ...]
@@ -117,13 +68,6 @@ class BlockLayout:
     max_doc_tokens: int
     query_offset: int
     chat_template: bool
-    query_template: str = "v1"
-
-    @property
-    def template(self) -> str:
-        """What weights cards and query adapters fitted on this layout record
-        (:func:`scoring_template`)."""
-        return scoring_template(self.query_template)
 
     @property
     def max_block_tokens(self) -> int:
@@ -138,27 +82,22 @@ class BlockLayout:
         return h.hexdigest()
 
 
-def build_layout(tokenizer: Any, max_doc_tokens: int, *, chat_template: bool = True,
-                 query_template: str = "v1") -> BlockLayout:
-    """The cached prompt's block 0 and block markers for ``tokenizer``, with the query
-    block's template ``query_template``.
+def build_layout(tokenizer: Any, max_doc_tokens: int, *, chat_template: bool = True) -> BlockLayout:
+    """The cached prompt's block 0 and block markers for ``tokenizer``.
 
     Raises:
-        ValidationError: ``max_doc_tokens < 1``, or an unknown query template.
+        ValidationError: ``max_doc_tokens < 1``.
     """
     from heedrank.errors import ValidationError
 
     if max_doc_tokens < 1:
         raise ValidationError(f"max_doc_tokens must be >= 1, got {max_doc_tokens}")
-    if query_template not in QUERY_TEMPLATES:
-        raise ValidationError(f"query_template must be one of {sorted(QUERY_TEMPLATES)}, got {query_template!r}")
     wrap = chat_wrap(tokenizer, chat_template)
     block0 = bos_ids(tokenizer, wrap) + encode_trusted(tokenizer, wrap.prefix + INSTRUCTION + "\n\nDocuments:")
     open_ids = encode_trusted(tokenizer, DOC_OPEN)
     close_ids = encode_trusted(tokenizer, DOC_CLOSE)
     offset = len(block0) + len(open_ids) + max_doc_tokens + len(close_ids)
-    return BlockLayout(tuple(block0), tuple(open_ids), tuple(close_ids), max_doc_tokens, offset, chat_template,
-                       query_template)
+    return BlockLayout(tuple(block0), tuple(open_ids), tuple(close_ids), max_doc_tokens, offset, chat_template)
 
 
 def document_block(tokenizer: Any, layout: BlockLayout, content: str) -> tuple[list[int], bool]:
@@ -182,14 +121,12 @@ def document_blocks(tokenizer: Any, layout: BlockLayout, contents: Sequence[str]
     return out
 
 
-def query_block(tokenizer: Any, layout: BlockLayout, query: str) -> list[int]:
-    """Token ids of the query block in the layout's query template: the text before the
-    query, the query (untrusted text), the text after it and the answer prefix; its last
-    tokens (``:`` and `` [``) are BlockRank's signal tokens."""
+def query_block(tokenizer: Any, layout: BlockLayout, query: str, answer_prefix: str = "Final Answer: [") -> list[int]:
+    """Token ids of the query block: final instruction, the query (untrusted text), the
+    answer prefix; its last tokens (``:`` and `` [``) are BlockRank's signal tokens."""
     wrap = chat_wrap(tokenizer, layout.chat_template)
-    t = QUERY_TEMPLATES[layout.query_template]
-    return (encode_trusted(tokenizer, t.final) + encode_untrusted(tokenizer, " " + query.strip())
-            + encode_trusted(tokenizer, t.answer + wrap.suffix + t.answer_prefix))
+    return (encode_trusted(tokenizer, FINAL) + encode_untrusted(tokenizer, " " + query.strip())
+            + encode_trusted(tokenizer, ANSWER + wrap.suffix + answer_prefix))
 
 
 def block_key(block_ids: Sequence[int]) -> BlockKey:

@@ -387,13 +387,6 @@ class CachedBlockRankOptions(RerankerOptions):
         "reranker's l* and block length, else none; null = none",
         _path_or(AUTO, "packaged"),
     )
-    query_template: str = _option(
-        AUTO, "'auto' | 'v1' | 'short'",
-        "the query block's text around the query (stored blocks do not depend on it): 'v1' BlockRank's final "
-        "instruction and answer prefix, 'short' 'Query:' and the answer's opening only (a third of the query "
-        "pass's rows); 'auto' = the one the weights card was fitted with when learned scoring uses a card, else 'v1'",
-        _choice(AUTO, "v1", "short"),
-    )
     n_signal: int = _n_signal()
     chat_template: bool = _chat_template()
     doc_batch_size: int = _doc_batch_size()

@@ -225,8 +225,7 @@ def weights_card(report: Mapping[str, Any], meta: Mapping[str, Any], *, command:
     variant = report["variants"][PURE]
     model = (meta.get("reranker") or {}).get("model") or {}
     return {
-        "format": 1, "kind": "blockrank-cached-learned-heads",
-        "template": (meta.get("reranker") or {}).get("template") or CACHE_TEMPLATE_VERSION,
+        "format": 1, "kind": "blockrank-cached-learned-heads", "template": CACHE_TEMPLATE_VERSION,
         "model": model.get("name"), "model_sha256": model.get("sha256"), "layer": meta.get("layer"),
         "max_doc_tokens": meta.get("max_doc_tokens"), "spec": "heads", "weights": variant["weights"],
         "l2": report["chosen_on_dev"][PURE]["l2"], "train": report.get("train"),

@@ -17,7 +17,6 @@
 #                 the `index` step; an existing `heedrank index build` + `index kv build` folder
 #                 can be named instead, the step then only checks it)
 #   RECIPE_DATA   the shared data (default ../shared/data)
-#   RECIPE_QUERY_TEMPLATE  the query block's template, v1 or short (default v1; option query_template)
 #   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
 #                 the adapter was not trained on, 2,190)
 set -euo pipefail
@@ -31,13 +30,12 @@ HR=${HEEDRANK:-heedrank}
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 NF=$D/beir-nfcorpus
-QT=${RECIPE_QUERY_TEMPLATE:-v1}
 mkdir -p "$W"/{done,dumps,kv,reports,out,logs}
 STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate assemble)
 
 dump() {  # dump NAME ARGS...: one feature dump, resumed if it was stopped
     local name=$1; shift
-    "$HR" lab dump --out "$W/dumps/$name.npz" --query-template "$QT" "$@" > "$W/reports/$name.json"
+    "$HR" lab dump --out "$W/dumps/$name.npz" "$@" > "$W/reports/$name.json"
 }
 
 step_index() {
@@ -67,7 +65,7 @@ step_fit() {  # head weights: pairwise, three sources, L2 chosen on NFCorpus dev
 step_adapter() {  # query-side LoRA, the fitted head weights fixed; best step on 60 dev queries
     "$HR" lab train query-adapter --train "$NF:train" --train-queries 400 --dev "$NF:dev" --dev-queries 60 \
         --index "$IDX" --out "$W/adapter" --steps 600 --batch-queries 2 --eval-every 50 --lr 3e-4 \
-        --opt "scorer_weights=$W/out/card.fit.json" --opt "query_template=$QT" > "$W/reports/adapter.json"
+        --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/adapter.json"
 }
 
 step_eval_dumps() {  # the served reranker's features (with the adapter): dev and the test sets

@@ -52,6 +52,7 @@ from heedrank.reranker.cached.evidence import document_evidence
 from heedrank.reranker.cached.scorers import QueryPass, SignalScorer
 from heedrank.reranker.cached.state import CachedState, learned_weights, load_state
 from heedrank.reranker.doccache import (
+    CACHE_TEMPLATE_VERSION,
     BlockLayout,
     BlockSource,
     block_key,
@@ -207,11 +208,9 @@ class CachedBlockRankReranker(BlockRankReranker):
         or another query adapter than the maps were fitted with (they hold for its scores only)."""
         return self.loaded().calibration
 
-    def layout_version(self) -> str:
-        """The template name weights cards and query adapters fitted on this reranker record
-        (:attr:`heedrank.reranker.doccache.BlockLayout.template`: the cached layout's version and
-        the query template)."""
-        return self.layout.template
+    @staticmethod
+    def layout_version() -> str:
+        return CACHE_TEMPLATE_VERSION
 
     # -- the document KV store's side --------------------------------------------------------
     @property
@@ -337,7 +336,7 @@ class CachedBlockRankReranker(BlockRankReranker):
             ValidationError: a card for another model, ``l*``, block length or layout.
         """
         s = self.loaded()
-        return learned_weights(self.options, self.config, s.card, s.adapter, s.layer, s.lm, s.layout.template)
+        return learned_weights(self.options, self.config, s.card, s.adapter, s.layer, s.lm)
 
     def score_prompt(self, prompt: BlockPrompt, query: str, *, block_store: Any = None) -> DocumentScores:
         """Hook of the rerank skeleton (under the LM's lock): the context from the store, then
@@ -394,7 +393,6 @@ class CachedBlockRankReranker(BlockRankReranker):
         d = super().describe()
         d["scoring"] = self.scoring
         d["kv_dtype"] = self.options.kv_dtype
-        d["template"] = self.layout.template
         if self.adapter is not None:
             d["query_adapter"] = self.adapter.describe()
         if self.scoring == "learned" and self.card is not None:

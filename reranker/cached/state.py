@@ -17,7 +17,7 @@ from heedrank.errors import NotFoundError, ValidationError
 from heedrank.reranker.cached.adapter import AdapterFit, QueryAdapter, load_query_adapter
 from heedrank.reranker.cached.card import WeightsCard, find_card
 from heedrank.reranker.cached.scorers import CalibratedScorer, LearnedScorer, Scorer, SignalScorer
-from heedrank.reranker.doccache import BlockLayout, build_layout, query_template_of
+from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION, BlockLayout, build_layout
 from heedrank.reranker.options import AUTO, CachedBlockRankOptions
 
 
@@ -65,26 +65,14 @@ def resolve_layer(option: int | None, scoring: str, card: WeightsCard | None, n_
     return layer
 
 
-def resolve_query_template(option: str, scoring: str, card: WeightsCard | None) -> str:
-    """The query block's template: option ``query_template``; ``'auto'`` = the one the card
-    was fitted with when learned scoring uses it (a card of an unknown template: ``'v1'``, and
-    its weights are then refused as fitted for another layout), else ``'v1'``."""
-    if option != AUTO:
-        return option
-    if scoring == "learned" and card is not None:
-        return query_template_of(card.template) or "v1"
-    return "v1"
-
-
 def learned_weights(options: CachedBlockRankOptions, config: RerankerConfig, card: WeightsCard | None,
-                    adapter: QueryAdapter | None, layer: int, lm: Any, template: str) -> Any:
+                    adapter: QueryAdapter | None, layer: int, lm: Any) -> Any:
     """The learned scorer's weights, float64 ``(l* + 1, heads)``: the query adapter's own when
     it carries some that fit and no ``scorer_weights`` is given, else the card's.
 
     Raises:
         NotFoundError: no card ships for the model and none is given.
-        ValidationError: a card for another model, ``l*``, block length or layout (``template``:
-            :attr:`heedrank.reranker.doccache.BlockLayout.template`).
+        ValidationError: a card for another model, ``l*``, block length or layout.
     """
     import numpy as np
 
@@ -97,7 +85,7 @@ def learned_weights(options: CachedBlockRankOptions, config: RerankerConfig, car
         name = lm.identity.get("name", "")
         raise NotFoundError(f"no learned BlockRank weights ship for model {name!r}; fit them with "
                             "`heedrank lab fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
-    want = {"layer": layer, "max_doc_tokens": config.max_doc_tokens, "template": template, "spec": "heads"}
+    want = {"layer": layer, "max_doc_tokens": config.max_doc_tokens, "template": CACHE_TEMPLATE_VERSION, "spec": "heads"}
     return card.weights_for(want, lm.identity.get("sha256"), shape)
 
 
@@ -141,14 +129,13 @@ def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: An
     scoring = options.scoring if options.scoring != AUTO else ("learned" if _fits(card, options, config)
                                                                else "calibrated")
     layer = resolve_layer(options.layer, scoring, card, base.num_layers)
-    layout = build_layout(base.tokenizer, config.max_doc_tokens, chat_template=options.chat_template,
-                          query_template=resolve_query_template(options.query_template, scoring, card))
+    layout = build_layout(base.tokenizer, config.max_doc_tokens, chat_template=options.chat_template)
     adapter = load_query_adapter(options.query_adapter, base, AdapterFit(layer, config.max_doc_tokens,
-                                                                         layout.template))
+                                                                         CACHE_TEMPLATE_VERSION))
     lm = base if adapter is None else adapter.lm
     scorer: Scorer = signal
     if scoring == "learned":
-        scorer = LearnedScorer(learned_weights(options, config, card, adapter, layer, lm, layout.template))
+        scorer = LearnedScorer(learned_weights(options, config, card, adapter, layer, lm))
     elif scoring == "calibrated":
         scorer = CalibratedScorer(options.mask_std)
     calibration = _calibration(card, adapter) if scoring == "learned" else None

@@ -154,11 +154,6 @@ def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default
     path.write_text(json.dumps({**card, "layer": LAYER + 1}))
     with pytest.raises(ValidationError, match="refit"):
         _reranker(default_lm, scoring="learned", scorer_weights=str(path)).rerank(Query("q", "vitamin d"), docs)
-    # a card fitted on the short query template: 'auto' takes its template, an explicit other one is refused
-    path.write_text(json.dumps({**card, "template": "blockrank-cached-v1/query-short"}))
-    assert _reranker(default_lm, scoring="learned", scorer_weights=str(path)).layout.query_template == "short"
-    with pytest.raises(ValidationError, match="refit"):
-        _reranker(default_lm, scoring="learned", scorer_weights=str(path), query_template="v1").learned_weights()
 
 
 def test_the_shipped_weights_card_matches_the_default_model(default_lm) -> None:
@@ -189,30 +184,3 @@ def test_scores_from_an_int8_store_stay_close_to_the_uncached_path(default_lm, n
     spread = max(expected) - min(expected)
     assert max(abs(x - y) for x, y in zip(got, expected)) < 0.02 * spread
     assert warm.ranking.hits[0].doc_id == docs[max(range(8), key=lambda i: expected[i])].doc_id
-
-
-def test_the_short_query_template_changes_the_query_block_only(default_lm, nf_docs, tmp_path) -> None:
-    from heedrank.reranker.doccache import QUERY_TEMPLATES, query_block, query_template_of, scoring_template
-
-    v1 = build_layout(default_lm.tokenizer, 48)
-    short = build_layout(default_lm.tokenizer, 48, query_template="short")
-    assert v1.fingerprint() == short.fingerprint()  # a store serves both: no block depends on the query block
-    assert (v1.template, short.template) == ("blockrank-cached-v1", "blockrank-cached-v1/query-short")
-    assert {name: query_template_of(scoring_template(name)) for name in QUERY_TEMPLATES} == {n: n for n in QUERY_TEMPLATES}
-    assert query_template_of("blockrank-cached-v2") is None
-    tok = default_lm.tokenizer
-    q1, q2 = query_block(tok, v1, "do statins reduce cancer risk"), query_block(tok, short, "do statins reduce cancer risk")
-    assert (len(q1), len(q2)) == (54, 18)
-    assert tok.decode(q2).startswith("\nQuery: do statins reduce cancer risk<|im_end|>")
-    assert tok.decode(q2[-3:]) == "Answer: ["  # the signal tokens ':' and ' [' end both templates
-    assert q1[-2:] == q2[-2:]
-    with pytest.raises(ValidationError, match="query_template"):
-        build_layout(tok, 48, query_template="long")
-    # the same stored blocks serve a reranker with either template; its scores are its own
-    r1, r2 = _reranker(default_lm), _reranker(default_lm, query_template="short")
-    assert r1.block_store_header() == r2.block_store_header()
-    assert r2.layout_version() == "blockrank-cached-v1/query-short" and r2.describe()["template"] == r2.layout_version()
-    docs = nf_docs[:4]
-    s2 = _scores(r2.rerank(Query("q", "do statins reduce cancer risk"), docs), docs)
-    assert s2 != _scores(r1.rerank(Query("q", "do statins reduce cancer risk"), docs), docs)
-    assert s2 == pytest.approx(_reference(r2, "do statins reduce cancer risk", docs), abs=1e-5)

@@ -41,8 +41,6 @@ def lab_dump(
     layer: Annotated[int, typer.Option("--layer", help="l*: layers 0..l* are read.")] = 15,
     max_doc_tokens: MaxDocTokensOpt = 128,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "int8",
-    query_template: Annotated[str, typer.Option("--query-template", help="The query block's template: v1 or "
-                                                "short (option query_template).")] = "v1",
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (heedrank lab train "
@@ -58,7 +56,7 @@ def lab_dump(
     from heedrank.eval.lab import dump_study
 
     config = reranker_config("blockrank-cached", model, max_doc_tokens, device, None).with_options(
-        layer=layer, scoring="calibrated", kv_dtype=kv_dtype, query_adapter=None, query_template=query_template)
+        layer=layer, scoring="calibrated", kv_dtype=kv_dtype, query_adapter=None)
     if adapter is not None:  # the reranker loads it on a private copy of the LM (option query_adapter)
         config = config.with_options(query_adapter=str(adapter))
     typer.echo(json.dumps(dump_study(
