@@ -24,7 +24,7 @@ query run by every variant in turn (the first to run alternates, since the secon
 the store's RAM tier) so that a noisy machine slows them alike; the table has a column per variant.
 
     python bench/search_profile.py --index indexes/nfcorpus [--candidates 20,100] [--queries 30]
-        [--torch-threads 1] [--variant short=query_template=short,scorer_weights=CARD,query_adapter=DIR]
+        [--torch-threads 1] [--variant other=scorer_weights=CARD,query_adapter=DIR]
 """
 
 from __future__ import annotations
