@@ -6,7 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+PIP=(pip_install)
+# pip warns once per package about each configured index folder that does not exist (a machine's
+# pip.conf may name several); those lines say nothing about this install, so they are dropped.
+pip_install() {
+    .venv/bin/python -m pip install -q --disable-pip-version-check "$@" \
+        2> >(grep -v "^WARNING: Location 'file://[^']*' is ignored: it is neither a file nor a directory\.$" >&2)
+}
 # CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 # Override with HEEDRANK_TORCH (e.g. "torch==2.13.0" from another index, or a CUDA build).
 "${PIP[@]}" "${HEEDRANK_TORCH:-torch==2.13.0}"
