@@ -11,7 +11,8 @@ reranked candidates, whose served scores in served order are ``s_0 >= s_1 >= ...
 made non-increasing down the ranking, so a threshold always keeps a prefix of the served
 order. The fit holds ``w_score >= 0`` and ``w_rank <= 0`` (:data:`heedrank.train.calibration.MONOTONE`),
 which makes the map non-increasing by itself, with one probability per distinct score; a running
-minimum guards maps fitted without those signs (it flattened runs of hits to one probability). ``s`` is the score the candidates are served by: the fused score
+minimum guards maps fitted without those signs (it flattened runs of hits to one probability).
+``s`` is the score the candidates are served by: the fused score
 ``alpha z(first stage) + (1 - alpha) z(reranker)`` (:mod:`heedrank.fusion`), or with no fusion
 the reranker's score z-scored over the candidates. Both are unitless; ``P`` is a probability.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-
 import operator
 import os
 from dataclasses import dataclass, field, replace

@@ -18,6 +18,7 @@ Torch is imported only by the functions that take tensors.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -247,15 +248,22 @@ def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bo
     return ids, spans
 
 
+@functools.cache
+def _stopwords() -> frozenset[str]:
+    """bm25s's English stopwords, as a set (read once)."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
+
+
 def is_filler(text: str) -> bool:
     """Whether a span says nothing to a reader: every word of it, lower-cased without
     punctuation, is an English stopword (bm25s's list) or shorter than two characters.
     Attention often lands on such tokens ("the", ","); they are left out of evidence."""
-    from bm25s.stopwords import STOPWORDS_EN
-
+    stop = _stopwords()
     for word in text.split():
         core = "".join(c for c in word.lower() if c.isalnum())
-        if len(core) >= 2 and core not in STOPWORDS_EN:
+        if len(core) >= 2 and core not in stop:
             return False
     return True
 
