@@ -57,7 +57,7 @@ def _non_blank(value: str) -> str:
 
 
 class ReAttnOptions(BaseModel):
-    """ReAttn switches (ALGORITHMS.md section 4)."""
+    """ReAttn switches (docs/design/algorithms.md section 4)."""
 
     model_config = ConfigDict(extra="forbid")
 

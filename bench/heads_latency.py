@@ -1,7 +1,7 @@
 """Benchmark: ICR with all heads vs the query-focused (QR) head set, same prompts.
 
 ``heads=qr`` reads only the selected heads and stops the forward pass after the deepest
-selected layer (ALGORITHMS.md section 2), so it must never be slower than all-heads ICR.
+selected layer (docs/design/algorithms.md section 2), so it must never be slower than all-heads ICR.
 For the first ``--queries`` DL19 queries and their BM25 top ``--candidates`` passages
 (``--max-doc-tokens`` each), both variants rerank the same documents, alternating, in one
 process on one loaded model; prints the median latency of each, the ratio, and the layers

@@ -5,7 +5,7 @@ A *dump* holds, per query, the calibrated per-head token attention ``c[l,h,j]`` 
 pass (float16, all layers), the prompt's token ids and document spans, the candidates with
 their first-stage scores and qrels grades. Head detection and weight fitting
 (:mod:`heedrank.train.icr_heads`) and every ablation variant are computed from dumps, so
-the LM runs once per query (ALGORITHMS.md section 2).
+the LM runs once per query (docs/design/algorithms.md section 2).
 """
 
 from __future__ import annotations

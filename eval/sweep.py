@@ -1,5 +1,5 @@
 """Choosing BlockRank's scoring layer ``l*``: nDCG@10 of BlockRank reranking read at every
-layer, from one forward pass per query (ALGORITHMS.md section 3; the paper reads layer 20
+layer, from one forward pass per query (docs/design/algorithms.md section 3; the paper reads layer 20
 of 32). Run on a *dev* split, never on test.
 """
 

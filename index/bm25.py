@@ -1,7 +1,7 @@
 """BM25 over ``title + " " + text`` with bm25s (the ``bm25/`` folder of an index directory).
 
 Scoring: bm25s ``method="lucene"`` with ``k1 = 0.9``, ``b = 0.4``, the parameters of
-pyserini's BEIR "flat" baselines (ALGORITHMS.md section 5)::
+pyserini's BEIR "flat" baselines (docs/design/algorithms.md section 5)::
 
     score(q, d) = sum over query tokens t of  idf(t) * tf(t, d) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))
     idf(t)      = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))

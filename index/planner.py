@@ -1,6 +1,6 @@
 """Filtered vector search that never comes back short: choose exact or ANN search by the
 filter's selectivity, raise ``efSearch`` / ``nprobe`` as the filter gets more selective,
-and retry exactly when the ANN answer is short (ALGORITHMS.md section 5).
+and retry exactly when the ANN answer is short (docs/design/algorithms.md section 5).
 
 The filter arrives as the set of labels it allows (from the document store, see
 :meth:`heedrank.index.store.Index.filter_vids`), so its selectivity ``s = allowed / live`` is

@@ -3,7 +3,7 @@
 Sources: Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
 Factuality"; Zhang et al. 2025, "Query-Focused Retrieval Heads Improve Long-Context
 Reasoning and Re-ranking" (QRHead), Section 3 (repo princeton-pli/QRHead); QRRanker (Li et
-al. 2026, arXiv 2602.12192) for trained head scoring. Specified in ALGORITHMS.md section 2.
+al. 2026, arXiv 2602.12192) for trained head scoring. Specified in docs/design/algorithms.md section 2.
 
 - Per-head document score (detection): ``s_h(d) = sum_{j in d, kept by the mask of c_h} c_h,j``
   where ``c_h,j`` is head ``h``'s calibrated query-span attention to token ``j`` and the mask

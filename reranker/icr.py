@@ -270,7 +270,7 @@ class ICRReranker(AttentionReranker):
 
     def per_head_scores(self, att: TokenAttention):
         """Per-(layer, head) masked document scores ``s_h(d)``: ``(L_read, H, N)`` float32
-        for the layers in ``att.layers`` (ALGORITHMS.md section 2)."""
+        for the layers in ``att.layers`` (docs/design/algorithms.md section 2)."""
         from heedrank.reranker.heads import per_head_document_scores
 
         return per_head_document_scores(att.calibrated(), att.spans, self.options.mask_std)

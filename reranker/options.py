@@ -191,10 +191,10 @@ class RerankerOptions:
 _HEADS_DOC = (
     "attention heads scored: 'all', 'qr' (the model's packaged query-focused head set), {learned}"
     "a head-set JSON path, or [[layer, head], ...]; the forward pass stops after the deepest selected layer "
-    "(ALGORITHMS.md section 2)"
+    "(docs/design/algorithms.md section 2)"
 )
 _REATTN_DOC = (
-    "ReAttn re-weighting of the token attention (ALGORITHMS.md section 4): false, true, or "
+    "ReAttn re-weighting of the token attention (docs/design/algorithms.md section 4): false, true, or "
     "{idf, entropy, gamma}"
 )
 _QUERY_TOKENS_DOC = (
@@ -232,7 +232,7 @@ def _block_mask_std() -> Any:
 
 @dataclass(frozen=True)
 class ICROptions(RerankerOptions):
-    """Options of the ICR reranker (ALGORITHMS.md section 1). Every field is a
+    """Options of the ICR reranker (docs/design/algorithms.md section 1). Every field is a
     ``RerankerConfig.options`` key; see :meth:`describe` for types and meaning."""
 
     method: ClassVar[str] = "icr"
@@ -280,7 +280,7 @@ class ICROptions(RerankerOptions):
 
 @dataclass(frozen=True)
 class BlockRankOptions(RerankerOptions):
-    """Options of the BlockRank reranker (ALGORITHMS.md section 3). Every field is a
+    """Options of the BlockRank reranker (docs/design/algorithms.md section 3). Every field is a
     ``RerankerConfig.options`` key; see :meth:`describe` for types and meaning."""
 
     method: ClassVar[str] = "blockrank"
@@ -346,7 +346,7 @@ def _path_or(*named: str) -> Coerce:
 
 @dataclass(frozen=True)
 class CachedBlockRankOptions(RerankerOptions):
-    """Options of cached BlockRank (registry name ``"blockrank-cached"``; ALGORITHMS.md
+    """Options of cached BlockRank (registry name ``"blockrank-cached"``; docs/design/algorithms.md
     section 3, "query_in_instruction" extension): block 0 is the fixed instruction only and
     a candidate block carries no id, so each block's keys and values depend on the document
     alone and come from the index's document KV store. Defaults are the best measured

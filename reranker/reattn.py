@@ -2,7 +2,7 @@
 
 Source: Tian, Mo, Zhang, Qi, Nie, "ReAttn: Improving Attention-based Re-ranking via
 Attention Re-weighting", Findings of EACL 2026 (arXiv 2602.19969), Section 3. No official
-code; the formulas are ALGORITHMS.md section 4 (**our choice**, every constant an option):
+code; the formulas are docs/design/algorithms.md section 4 (**our choice**, every constant an option):
 
 1. Cross-document IDF on query-overlapping tokens: a document token overlaps the query
    when its normalised surface form (lower-cased word piece, prefix marks stripped) also

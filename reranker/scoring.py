@@ -1,9 +1,9 @@
 """Scoring primitives shared by the attention rerankers.
 
 - :data:`CALIBRATION_QUERY`: the content-free query of ICR's calibration (ICR paper,
-  Section 3.2; ALGORITHMS.md section 1), reused by BlockRank's ``scoring="calibrated"``.
+  Section 3.2; docs/design/algorithms.md section 1), reused by BlockRank's ``scoring="calibrated"``.
 - :func:`masked_document_scores`: per-document sum of calibrated token scores under the
-  ``mean - 2 std`` token mask (ALGORITHMS.md sections 1-2).
+  ``mean - 2 std`` token mask (docs/design/algorithms.md sections 1-2).
 - :func:`spans_from_lengths`: ``[start, end)`` token ranges of consecutive documents.
 - :func:`distinct_texts`: candidates grouped by identical text, so that each distinct text
   is scored once and its duplicates share its score (docs/RESULTS.md, "Duplicates").
@@ -38,7 +38,7 @@ def masked_document_scores(token_scores: Any, spans: Sequence[tuple[int, int]], 
     """Per-document sum of token scores, dropping tokens at or below ``mean - n_std * std``.
 
     The standard deviation uses Bessel's correction and is taken per document, as ICR's
-    reference code (ALGORITHMS.md section 1). A constant document keeps all its tokens
+    reference code (docs/design/algorithms.md section 1). A constant document keeps all its tokens
     (the reference would drop them all).
 
     Args:

@@ -15,7 +15,7 @@ RRF_K = 60
 
 
 def reciprocal_rank_fusion(rankings: Sequence[Ranking], k: int, rrf_k: int = RRF_K) -> Ranking:
-    """Fuse rankings of one query by reciprocal rank fusion (ALGORITHMS.md section 5).
+    """Fuse rankings of one query by reciprocal rank fusion (docs/design/algorithms.md section 5).
 
     ``RRF(d) = sum over rankings r containing d of 1 / (rrf_k + rank_r(d))`` with
     ``rank_r`` 1-based in each ranking's ``(-score, doc_id)`` order; a document absent

@@ -18,7 +18,7 @@ FUSIONS = ("rrf", "weighted")
 
 
 class HybridRetriever:
-    """Fusion of several retrievers (BM25 and dense by default), ALGORITHMS.md section 5.
+    """Fusion of several retrievers (BM25 and dense by default), docs/design/algorithms.md section 5.
 
     Each retriever returns its top ``max(k, depth)`` under the same metadata filter;
     ``fusion="rrf"`` scores documents ``sum_r 1 / (rrf_k + rank_r(d))``,

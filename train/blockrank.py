@@ -1,7 +1,7 @@
 """BlockRank fine-tuning with the auxiliary contrastive attention loss.
 
 Source: Gupta et al. 2025, "Scalable In-context Ranking with Generative Models"
-(arXiv 2510.05396), Section 4 (repo nilesh2797/BlockRank, ``losses.py``); ALGORITHMS.md
+(arXiv 2510.05396), Section 4 (repo nilesh2797/BlockRank, ``losses.py``); docs/design/algorithms.md
 section 3:
 
     L = L_NTP + lambda * L_aux,   L_aux = -log( sum_{p in pos} exp(S_p / tau) / sum_k exp(S_k / tau) )

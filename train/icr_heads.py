@@ -1,5 +1,5 @@
 """Query-focused heads of ICR, the training side: detecting the heads and fitting per-head
-weights from attention dumps (:func:`heedrank.eval.heads.dump_attention`; ALGORITHMS.md
+weights from attention dumps (:func:`heedrank.eval.heads.dump_attention`; docs/design/algorithms.md
 section 2).
 
 :func:`detect_heads` scores every (layer, head) on a dump of a train split (QRScore, or the
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def detect_heads(dump_dir: str | Path, *, method: str = "qrscore", top_k: int = 16, mask_std: float | None = 2.0
                  ) -> HeadSet:
-    """Detect query-focused heads from a dump (ALGORITHMS.md section 2): each head's score
+    """Detect query-focused heads from a dump (docs/design/algorithms.md section 2): each head's score
     (``method="qrscore"``: QRScore of its per-document scores against the relevant set;
     ``"ndcg"``: nDCG@10 of the head alone) averaged over the queries with a relevant candidate.
 
@@ -70,7 +70,7 @@ def _scaled(s: Any, lo: float = 0.0, hi: float = 8.0) -> Any:
 
 def group_contrastive_loss(scores: Any, gold: Any) -> Any:
     """``-mean_{p in G} log(e^{s_p} / (e^{s_p} + sum_{n not in G} e^{s_n}))`` after min-max
-    scaling the query's scores to [0, 8] (ALGORITHMS.md section 2).
+    scaling the query's scores to [0, 8] (docs/design/algorithms.md section 2).
 
     Args:
         scores: ``(N,)`` float tensor, one score per candidate.

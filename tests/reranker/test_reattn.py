@@ -1,4 +1,4 @@
-"""ReAttn re-weighting (ALGORITHMS.md section 4)."""
+"""ReAttn re-weighting (docs/design/algorithms.md section 4)."""
 
 from __future__ import annotations
 

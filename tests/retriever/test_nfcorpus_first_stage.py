@@ -4,7 +4,7 @@ queries) with the packaged all-MiniLM-L6-v2, pinned to the figures measured on t
 Indexes are built once into the cache (``$HEEDRANK_CACHE_DIR/indexes``; about 5 minutes
 for truncation and 15 for passages on two busy cores), or taken from
 ``$HEEDRANK_NFCORPUS_INDEX`` / ``$HEEDRANK_NFCORPUS_MAXP_INDEX``. nDCG@10 is ``trec_eval``'s
-on the raw run (as in ``test_nfcorpus_bm25.py``); references (ALGORITHMS.md): BM25 32.2,
+on the raw run (as in ``test_nfcorpus_bm25.py``); references (docs/design/algorithms.md): BM25 32.2,
 all-MiniLM-L6-v2 31.6.
 """
 
