@@ -68,7 +68,7 @@ def main() -> None:
                 cmd += ["--max-queries", str(args.max_queries)]
             subprocess.run(cmd, check=True)
         dumps[name] = dump
-    from heedrank.eval.study import load_items, ndcg10, variant_run
+    from heedrank.lab.study import load_items, ndcg10, variant_run
 
     rows = []
     for scorer in ("masked", "signal"):

@@ -40,7 +40,7 @@ def main() -> None:
 
     from heedrank.config import RerankerConfig
     from heedrank.data import load_beir_corpus
-    from heedrank.eval.candidates import beir_candidates
+    from heedrank.lab.candidates import beir_candidates
     from heedrank.eval.metrics import evaluate_run
     from heedrank.pipeline import fuse_scores
     from heedrank.reranker.cached import CachedBlockRankReranker

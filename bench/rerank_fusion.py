@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from heedrank.config import RerankerConfig
 from heedrank.eval.compare import randomization_test
-from heedrank.eval.candidates import beir_candidates, trec_dl_candidates
+from heedrank.lab.candidates import beir_candidates, trec_dl_candidates
 from heedrank.eval.metrics import evaluate_run
 from heedrank.fusion import fuse, reciprocal_ranks
 from heedrank.pipeline import block_store_for

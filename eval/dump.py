@@ -1,8 +1,8 @@
 """Attention dumps: per query, the calibrated per-head token attention of one ICR pass
 (float16, all layers), the prompt's token ids and document spans, the candidates with their
 first-stage scores and qrels grades (docs/design/algorithms.md section 2). Written by the evaluator
-(``eval --dump``) and by :func:`heedrank.eval.heads.dump_attention`; read by head detection and
-weight fitting (:mod:`heedrank.train.icr_heads`) and the ablation (:mod:`heedrank.eval.heads`). Depends on nothing else in
+(``eval --dump``) and by :func:`heedrank.lab.head_study.dump_attention`; read by head detection and
+weight fitting (:mod:`heedrank.lab.train.icr_heads`) and the ablation (:mod:`heedrank.lab.head_study`). Depends on nothing else in
 ``eval``, so the harness can write dumps without importing the heads study.
 """
 

@@ -193,7 +193,7 @@ def run_evaluation(
     and ``<out_dir>/<name>.json``.
 
     With ``spec.dump_dir`` (ICR with option ``keep_attention``), each query's per-head
-    attention is also saved as an attention dump (:mod:`heedrank.eval.heads`) from the same pass.
+    attention is also saved as an attention dump (:mod:`heedrank.lab.head_study`) from the same pass.
 
     Queries are reranked one at a time (a progress bar counts queries); per-query
     latencies come from :attr:`heedrank.pipeline.SearchResult.timings`. The reranker's

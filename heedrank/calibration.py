@@ -9,7 +9,7 @@ reranked candidates, whose served scores in served order are ``s_0 >= s_1 >= ...
     P(relevant) = sigmoid(w . [s_i, log(1 + i), s_0, log N] + b)
 
 made non-increasing down the ranking, so a threshold always keeps a prefix of the served
-order. The fit holds ``w_score >= 0`` and ``w_rank <= 0`` (:data:`heedrank.train.calibration.MONOTONE`),
+order. The fit holds ``w_score >= 0`` and ``w_rank <= 0`` (:data:`heedrank.lab.train.cutoff_fit.MONOTONE`),
 which makes the map non-increasing by itself, with one probability per distinct score; a running
 minimum guards maps fitted without those signs (it flattened runs of hits to one probability).
 ``s`` is the score the candidates are served by: the fused score
@@ -20,7 +20,7 @@ A map holds only for the scores it was fitted on, so a :class:`Calibration` carr
 per way of serving (:data:`MODES`) and the fusion weight it was fitted at; ``/search`` and
 ``/rerank`` refuse a cut-off the reranker has no map for (:meth:`Calibration.map_for`).
 The maps are fitted on queries the reranker was not trained on, the thresholds chosen on dev
-(``heedrank lab calibrate``, :mod:`heedrank.train.calibration`), and written into the
+(``heedrank lab calibrate``, :mod:`heedrank.lab.train.cutoff_fit`), and written into the
 reranker's weights card under ``"calibration"``.
 
 Pure Python (no numpy): it runs on every reranked request.

@@ -6,7 +6,7 @@ reranker and the request (:meth:`ServePolicy.of`), and one method applies it to 
 (:meth:`ServePolicy.apply`). ``/search`` and every caller of
 :meth:`heedrank.pipeline.Pipeline.search_batch` (``rerank-batch``, ``eval beir``/``trec-dl``,
 the Ray engine's actors), ``/rerank``, and the calibration fit
-(:func:`heedrank.eval.calibration.served`, through :meth:`ServePolicy.served_scores`) all go
+(:func:`heedrank.lab.cutoff_eval.served`, through :meth:`ServePolicy.served_scores`) all go
 through it, so a probability, a threshold or a fused score means the same number everywhere.
 
 Served scores (unitless), for one query's ``N`` reranked candidates:

@@ -1,7 +1,7 @@
 """Query adapters on disk and in the model: LoRA layers injected in place, switched off for
 document blocks (they are always the base model's), saved and loaded.
 
-A query-side adapter (trained by :mod:`heedrank.train.query_adapter`) is injected in
+A query-side adapter (trained by :mod:`heedrank.lab.train.query_adapter`) is injected in
 place into the LM; block 0 and candidate blocks (:mod:`heedrank.reranker.doccache`) are
 encoded with it switched off, so the document KV store built without it stays valid.
 Depends on nothing else of the reranker (it sits below blockrank, doccache and the trainer).

@@ -78,10 +78,10 @@ def nfcorpus_train_slice(nfcorpus_dir):
 
 @pytest.fixture(scope="session")
 def icr_slice_dump(tmp_path_factory, nfcorpus_train_slice) -> Path:
-    """An ICR attention dump (:func:`heedrank.eval.heads.dump_attention`, candidates shuffled,
+    """An ICR attention dump (:func:`heedrank.lab.head_study.dump_attention`, candidates shuffled,
     24 tokens per document) of :func:`nfcorpus_train_slice`, written once per session."""
     from heedrank.config import RerankerConfig
-    from heedrank.eval.heads import dump_attention
+    from heedrank.lab.head_study import dump_attention
 
     qs, cands, scores, qrels = nfcorpus_train_slice
     return dump_attention(tmp_path_factory.mktemp("icr") / "dump", qs, cands, scores, qrels,

@@ -1,12 +1,12 @@
-"""Synthetic feature-dump items (:class:`heedrank.eval.study.QueryItem`) with a known
-informative head, shared by the study's evaluation tests (tests/eval) and its fits
-(tests/train). ``tests/`` is on ``sys.path`` (its conftest.py sits there)."""
+"""Synthetic feature-dump items (:class:`heedrank.lab.study.QueryItem`) with a known
+informative head, shared by the study's evaluation tests (tests/lab) and its fits
+(tests/lab/train). ``tests/`` is on ``sys.path`` (its conftest.py sits there)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from heedrank.eval.study import QueryItem
+from heedrank.lab.study import QueryItem
 
 
 def study_items(n_queries: int, seed: int, n: int = 12, L: int = 4, H: int = 3) -> tuple[list[QueryItem], dict]:

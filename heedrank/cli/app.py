@@ -9,7 +9,7 @@ The product commands, what a user of the service runs, are ``index build|info|co
 (:mod:`~heedrank.cli.serve`), ``rerank-batch`` (:mod:`~heedrank.cli.batch`) and ``eval
 beir|trec-dl|compare`` (:mod:`~heedrank.cli.eval`); the options they share are in
 :mod:`~heedrank.cli.options`. Research and model building is one group, ``heedrank lab``
-(:mod:`heedrank.cli.lab`), registered lazily as ``vllm bench`` is: its modules are imported
+(:mod:`heedrank.lab.cli`), registered lazily as ``vllm bench`` is: its modules are imported
 only when ``lab`` is invoked.
 
 Commands import their implementation lazily, so ``heedrank --help`` is instant.
@@ -46,7 +46,7 @@ LAB_HELP = "Research and model building: feature study, cut-off calibration, hea
 
 
 class _LazyLab(TyperGroup):
-    """``heedrank lab``: its commands are :mod:`heedrank.cli.lab`'s, imported the first time
+    """``heedrank lab``: its commands are :mod:`heedrank.lab.cli`'s, imported the first time
     this group lists or resolves one (``heedrank lab ...``, ``heedrank lab --help``), never
     when the root's help only names it."""
 
@@ -70,7 +70,7 @@ class _LazyLab(TyperGroup):
 @functools.cache
 def _lab_group() -> TyperGroup:
     """The lab's commands, wrapped by the error boundary once per process."""
-    from heedrank.cli.lab import app as lab_app
+    from heedrank.lab.cli import app as lab_app
 
     _wrap_all(lab_app)
     group = typer.main.get_command(lab_app)

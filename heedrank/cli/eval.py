@@ -1,7 +1,7 @@
 """``heedrank eval``: evaluate the pipeline (BEIR, TREC DL) and compare reports. ``eval beir``
 and ``eval trec-dl`` build one :class:`~heedrank.eval.spec.EvalSpec` each. The research
 evaluations (layer sweep, head ablation, feature study) are ``heedrank lab``'s
-(:mod:`heedrank.cli.lab`)."""
+(:mod:`heedrank.lab.cli`)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def calibration_ids(args: argparse.Namespace) -> None:
     """NFCorpus train queries (those with train qrels) not in the ``--exclude`` dump, sorted;
     ``--limit N > 0``: a seeded sample of N of them."""
     from heedrank.data import load_beir_qrels
-    from heedrank.eval.lab import read_query_ids
+    from heedrank.lab.dumps import read_query_ids
 
     seen = read_query_ids([Path(args.exclude)])
     ids = sorted(q for q in load_beir_qrels(args.data, "train") if q not in seen)

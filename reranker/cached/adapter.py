@@ -1,6 +1,6 @@
 """The query adapter of cached BlockRank: resolved, checked and loaded in one step.
 
-A query adapter (``heedrank lab train query-adapter``, :mod:`heedrank.train.query_adapter`)
+A query adapter (``heedrank lab train query-adapter``, :mod:`heedrank.lab.train.query_adapter`)
 is LoRA on the query and ``N/A`` passes only. The reranker runs those passes on a private
 copy of the shared LM carrying it (the block encoders switch its LoRA layers off,
 :func:`heedrank.reranker.adapters.adapter_disabled`), so stored blocks stay valid and the

@@ -119,9 +119,9 @@ def test_the_block_contract_and_the_store_package() -> None:
 
 
 def test_the_train_layer_is_read() -> None:
-    assert _layer("heedrank.train.loop") == "train" and "heedrank.train.loop" in GRAPH
-    assert "heedrank.train.loop" in GRAPH["heedrank.train.blockrank"]
-    assert "heedrank.eval.study" in GRAPH["heedrank.train.heads"]  # train builds on eval...
+    assert _layer("heedrank.lab.train.loop") == "train" and "heedrank.lab.train.loop" in GRAPH
+    assert "heedrank.lab.train.loop" in GRAPH["heedrank.lab.train.blockrank"]
+    assert "heedrank.lab.study" in GRAPH["heedrank.lab.train.head_fit"]  # train builds on eval...
     assert "train" not in ALLOWED["eval"] and "train" in ALLOWED["cli"]  # ...never the reverse
     assert {layer for layer, allowed in ALLOWED.items() if "train" in allowed} == {"cli"}
 

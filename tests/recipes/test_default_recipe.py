@@ -34,7 +34,7 @@ def _fusion_report() -> dict:
 def test_calibration_ids_leave_out_the_training_queries(tmp_path, monkeypatch) -> None:
     steps = _steps()
     monkeypatch.setattr("heedrank.data.load_beir_qrels", lambda data, split: {f"q{i}": {"d": 1} for i in range(6)})
-    monkeypatch.setattr("heedrank.eval.lab.read_query_ids", lambda paths: {"q1", "q4"})
+    monkeypatch.setattr("heedrank.lab.dumps.read_query_ids", lambda paths: {"q1", "q4"})
     out = tmp_path / "ids.txt"
     steps.main(["calibration-ids", "--data", "x", "--exclude", "train.npz", "--out", str(out)])
     assert out.read_text().split() == ["q0", "q2", "q3", "q5"]

@@ -134,7 +134,7 @@ def test_outside_cached_mode_there_is_no_store_header(default_lm) -> None:
 def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default_lm, nf_docs, tmp_path) -> None:
     import numpy as np
 
-    from heedrank.eval.study import block_features
+    from heedrank.lab.study import block_features
     from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
     L, H = LAYER + 1, default_lm.num_heads

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from heedrank.config import RerankerConfig  # noqa: E402
-from heedrank.eval.study import QueryItem, block_features, load_items, save_items, variant_scores  # noqa: E402
+from heedrank.lab.study import QueryItem, block_features, load_items, save_items, variant_scores  # noqa: E402
 from heedrank.fusion import fuse, standardize  # noqa: E402
 from heedrank.serving import ServePolicy  # noqa: E402
 from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
@@ -51,7 +51,7 @@ def dump(default_lm, nfcorpus_head, tmp_path_factory):
 
 
 def test_served_training_and_study_scorers_agree_on_a_saved_dump(default_lm, card, dump) -> None:
-    from heedrank.train.query_adapter import differentiable_scores  # noqa: F401  (the training path's scorer)
+    from heedrank.lab.train.query_adapter import differentiable_scores  # noqa: F401  (the training path's scorer)
 
     _, w = card
     docs, item = dump
