@@ -1,24 +1,33 @@
-"""Standardisation and fusion of first-stage and reranker scores: the one implementation
-that serving (:meth:`heedrank.pipeline.Pipeline.search`), the query-adapter training and the
-training study all call, so that a weights card and a fusion weight chosen on dev mean the
-same thing where they are used (``tests/heedrank/test_scoring_parity.py``).
+"""Score normalisation and fusion: the one home of the z-score, min-max, reciprocal rank and
+sigmoid that serving (:meth:`heedrank.pipeline.Pipeline.search`), the hybrid first stage
+(:mod:`heedrank.retriever.hybrid`), the scorers (:mod:`heedrank.reranker.scoring`), the
+calibration maps (:mod:`heedrank.calibration`), the query-adapter training and the training
+study all call, so that a weights card and a fusion weight chosen on dev mean the same thing
+where they are used (``tests/heedrank/test_scoring_parity.py``).
 
 Fusion (docs/RESULTS.md, "Fusion"): ``alpha * z(first stage) + (1 - alpha) * z(reranker)``,
 each score z-scored over one query's candidates (population standard deviation; a
 constant list gives zeros). With no first-stage scores (``/rerank``), the first-stage score
 is the reciprocal rank ``1 / rank`` of the given order (:func:`reciprocal_ranks`).
+Reciprocal rank fusion (:func:`rrf`) scores a rank ``1 / (60 + rank)``
+(docs/design/algorithms.md section 5).
 
 Works on numpy arrays and torch tensors alike (gradients flow through torch); this module
-imports neither.
+imports neither at import time.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 EPS = 1e-12
-"""Standard deviations at or below this count as zero (the z-scores are then 0)."""
+"""Spreads (a standard deviation, a max - min range) at or below this count as zero: the
+slice is constant, and :func:`standardize` gives zeros, :func:`minmax` ones."""
+
+RRF_K = 60
+"""The constant of reciprocal rank fusion (Cormack et al., SIGIR 2009)."""
 
 
 def _is_torch(x: Any) -> bool:
@@ -47,6 +56,86 @@ def standardize(x: Any, axis: int = 0) -> Any:
     mu = x.mean(axis=axis, keepdims=True)
     sd = x.std(axis=axis, keepdims=True)
     return (x - mu) / np.where(sd > EPS, sd, 1.0)
+
+
+def standardized_weights(x: Any, weights: Any, axis: int = 0) -> Any:
+    """The weights of a linear map on :func:`standardize` ``(x)`` carried to raw ``x``:
+    ``w / sd`` per column, 0 for a constant column (``sd <= EPS``), so that
+    ``standardize(x) @ w == x @ standardized_weights(x, w) - const`` (one constant per slice).
+
+    Args:
+        x: ``(N, F)`` numpy array or torch tensor (features of one query's candidates).
+        weights: ``(F,)`` weights, same type.
+        axis: The axis standardised over (0: per column).
+
+    Returns:
+        ``(F,)`` weights (units of ``1 / x``), the type of ``x``.
+    """
+    if _is_torch(x):
+        import torch
+
+        sd = x.std(dim=axis, unbiased=False)
+        return torch.where(sd > EPS, weights / torch.where(sd > EPS, sd, torch.ones_like(sd)), torch.zeros_like(sd))
+    import numpy as np
+
+    sd = np.asarray(x).std(axis=axis)
+    return np.where(sd > EPS, np.asarray(weights) / np.where(sd > EPS, sd, 1.0), 0.0)
+
+
+def minmax(x: Any, axis: int = 0) -> Any:
+    """``(x - min) / (max - min)`` along ``axis``, into ``[0, 1]``; a constant slice
+    (``max - min <= EPS``) gives ones.
+
+    Args:
+        x: numpy array or torch tensor, any float dtype (e.g. ``(N,)`` scores of one ranking).
+
+    Returns:
+        The same type, shape and dtype as ``x``; unitless, in ``[0, 1]``.
+    """
+    if _is_torch(x):
+        import torch
+
+        lo, hi = x.amin(dim=axis, keepdim=True), x.amax(dim=axis, keepdim=True)
+        span = hi - lo
+        return torch.where(span > EPS, (x - lo) / torch.where(span > EPS, span, torch.ones_like(span)),
+                           torch.ones_like(x))
+    import numpy as np
+
+    x = np.asarray(x)
+    lo, hi = x.min(axis=axis, keepdims=True), x.max(axis=axis, keepdims=True)
+    span = hi - lo
+    return np.where(span > EPS, (x - lo) / np.where(span > EPS, span, 1.0), 1.0)
+
+
+def rrf(rank: Any, k: float = RRF_K) -> Any:
+    """``1 / (k + rank)``: the reciprocal-rank-fusion score of a 1-based ``rank``
+    (docs/design/algorithms.md section 5).
+
+    Args:
+        rank: 1-based rank(s): an int, or a numpy array / torch tensor of them.
+        k: Smoothing constant (:data:`RRF_K`).
+
+    Returns:
+        Unitless score(s) in ``(0, 1 / (k + 1)]``, the type of ``rank`` (a float for an int).
+
+    Example:
+        >>> round(rrf(1), 5), round(rrf(2, k=0), 5)
+        (0.01639, 0.5)
+    """
+    return 1.0 / (k + rank)
+
+
+def sigmoid(x: float) -> float:
+    """The logistic function ``1 / (1 + exp(-x))`` of a float, computed without overflow
+    for large ``|x|``.
+
+    Returns:
+        A float in ``[0, 1]``.
+    """
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
 
 
 def fuse(first_stage: Any, reranker: Any, alpha: float) -> Any:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from heedrank.errors import ValidationError
-from heedrank.fusion import standardize
+from heedrank.fusion import standardize, standardized_weights
 from heedrank.types import Document
 
 logger = logging.getLogger(__name__)
@@ -159,8 +159,8 @@ def linear_head_token_scores(qo: Any, co: Any, L0: int, D: int, layers: Sequence
                              weights: Any) -> Any:
     """Each candidate token's share of :func:`linear_head_scores`: ``t_j = sum_{l,h} w_lh
     (a_q - a_N/A)[l,h,j] / sd_lh``, ``sd`` the features' standard deviation over the
-    candidates (constant features weigh 0), so that a document's score is the sum of its
-    tokens' ``t_j`` minus a per-query constant.
+    candidates (constant features weigh 0; :func:`heedrank.fusion.standardized_weights`), so
+    that a document's score is the sum of its tokens' ``t_j`` minus a per-query constant.
 
     Args:
         qo, co: ``{layer: (1, heads, K)}`` mean attention of the query and ``N/A`` rows.
@@ -176,34 +176,12 @@ def linear_head_token_scores(qo: Any, co: Any, L0: int, D: int, layers: Sequence
     import torch
 
     x = features.reshape(features.shape[0], -1)
-    sd = x.std(dim=0, unbiased=False)
-    scale = torch.where(sd > 1e-12, weights.reshape(-1) / torch.where(sd > 1e-12, sd, torch.ones_like(sd)),
-                        torch.zeros_like(sd)).reshape(len(layers), -1)
+    scale = standardized_weights(x, weights.reshape(-1)).reshape(len(layers), -1)
     out = torch.zeros(D, dtype=torch.float64)
     for i, l in enumerate(layers):
         c = (qo[l][0, :, L0: L0 + D] - co[l][0, :, L0: L0 + D]).double()  # (H, D)
         out += scale[i] @ c
     return out
-
-
-@dataclass(frozen=True)
-class EvidenceSpan:
-    """A span of a document that drew query attention (``explain``).
-
-    Attributes:
-        field: ``"text"`` or ``"title"``: the document field the offsets index.
-        start: First character, 0-based, into that field.
-        end: One past the last character (``field_value[start:end] == text``).
-        text: The span's characters.
-        score: Sum of its tokens' scores (the method's token attention: unitless, higher =
-            more attended, comparable within one response).
-    """
-
-    field: Literal["text", "title"]
-    start: int
-    end: int
-    text: str
-    score: float
 
 
 def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bool = False

@@ -10,7 +10,7 @@ HEAVY = ["torch", "faiss", "sentence_transformers", "transformers", "bm25s", "da
 MODULES = [
     "heedrank.data", "heedrank.index.bm25", "heedrank.index.builder", "heedrank.index.dense", "heedrank.index.docstore", "heedrank.index.encoder",
     "heedrank.index.filters", "heedrank.index.hashing", "heedrank.index.memory", "heedrank.index.passages", "heedrank.index.planner", "heedrank.index.rwlock",
-    "heedrank.index.store", "heedrank.retriever.bm25", "heedrank.retriever.dense", "heedrank.retriever.fusion", "heedrank.retriever.hybrid", "heedrank.retriever.run",
+    "heedrank.index.store", "heedrank.retriever.bm25", "heedrank.retriever.dense", "heedrank.retriever.hybrid", "heedrank.retriever.run",
 ]
 
 

@@ -14,8 +14,7 @@ from heedrank.index.hashing import HashingEncoder
 from heedrank.index.store import Index
 from heedrank.retriever.bm25 import BM25Retriever
 from heedrank.retriever.dense import DenseRetriever
-from heedrank.retriever.fusion import reciprocal_rank_fusion
-from heedrank.retriever.hybrid import HybridRetriever
+from heedrank.retriever.hybrid import HybridRetriever, reciprocal_rank_fusion
 from heedrank.retriever.run import RunRetriever
 
 DOCS = [
@@ -104,7 +103,7 @@ def test_filters_and_bad_k(index: Index) -> None:
 
 
 def test_weighted_hybrid(index: Index) -> None:
-    from heedrank.retriever.fusion import weighted_score_fusion
+    from heedrank.retriever.hybrid import weighted_score_fusion
 
     h = HybridRetriever.from_index(index, fusion="weighted", weights=[0.7, 0.3], depth=5)
     bm25 = BM25Retriever.from_index(index).retrieve(QUERIES, 5)

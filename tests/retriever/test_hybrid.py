@@ -1,4 +1,4 @@
-"""reciprocal_rank_fusion on a hand-computed example and its invariants."""
+"""reciprocal_rank_fusion and weighted_score_fusion (retriever/hybrid.py) on hand-computed examples and their invariants."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from heedrank.errors import ValidationError
 from heedrank.types import Ranking
-from heedrank.retriever.fusion import reciprocal_rank_fusion, weighted_score_fusion
+from heedrank.retriever.hybrid import reciprocal_rank_fusion, weighted_score_fusion
 
 
 def test_hand_computed_example() -> None:
