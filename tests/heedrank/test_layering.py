@@ -1,21 +1,29 @@
 """The package layering, read from the source with ``ast``: dependencies point one way
 (``heedrank`` <- ``index`` <- ``retriever``; ``heedrank`` <- ``reranker``; the engines
 (``heedrank.engine``) over those three, importing them only inside functions; ``api`` and
-``eval`` above them; ``train`` above ``eval``, imported by nothing but the CLI; nothing
-imports ``api``; the CLI is the one composition root), and
+``eval`` above them; the lab (``heedrank.lab``: research and model building) above the whole
+product side, imported by nothing but the CLI root, inside a function; nothing imports
+``api``; the CLI is the one composition root), and
 no two modules import each other, directly or through others, deferred imports included
-(imports under ``if TYPE_CHECKING:`` are type-only and do not count)."""
+(imports under ``if TYPE_CHECKING:`` are type-only and do not count).
+
+Which folder holds which module is read from ``pyproject.toml`` (``[tool.setuptools.package-dir]``),
+the one place that says it: the top-level folders install under ``heedrank.*``."""
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYER_DIRS = {"heedrank": "heedrank", "index": "index", "retriever": "retriever", "reranker": "reranker",
-              "api": "api", "eval": "eval", "train": "train"}
+_SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+PACKAGE_DIRS: dict[str, Path] = {pkg: ROOT / folder for pkg, folder in _SETUPTOOLS["package-dir"].items()}
+"""Package -> its folder, as installed (``"heedrank.lab" -> ROOT / "lab"``)."""
+PACKAGES: set[str] = set(_SETUPTOOLS["packages"])
+LAB = "lab"
 # layer -> the layers it may import (itself always allowed)
 ALLOWED = {
     "core": {"core"},
@@ -24,20 +32,26 @@ ALLOWED = {
     "reranker": {"core"},
     "engine": {"core", "index", "retriever", "reranker"},
     "eval": {"core", "index", "retriever", "reranker", "engine"},
-    "train": {"core", "index", "retriever", "reranker", "engine", "eval"},
     "api": {"core", "index", "retriever", "reranker"},
-    "cli": {"core", "index", "retriever", "reranker", "eval", "train", "api", "engine"},
+    # the whole product side, and the CLI's shared option types (heedrank.cli.options) for its commands
+    LAB: {"core", "index", "retriever", "reranker", "engine", "eval", "cli"},
+    # the lab only from heedrank.cli.app, inside a function (test_only_the_cli_root_imports_the_lab)
+    "cli": {"core", "index", "retriever", "reranker", "eval", LAB, "api", "engine"},
 }
 # layer -> the layers it may import at module level (the rest only inside functions)
 AT_IMPORT = {"engine": {"core", "engine"}}
+LAYERS = {"index", "retriever", "reranker", "api", "eval", "engine", LAB}
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
+    """The installed module of a source file: the package whose folder (``package-dir``)
+    holds it most closely, then the path below that folder."""
+    pkg, folder = max(((p, f) for p, f in PACKAGE_DIRS.items() if path.is_relative_to(f)),
+                      key=lambda pf: len(pf[1].parts))
+    parts = list(path.relative_to(folder).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
-    return ".".join(["heedrank", *parts[1:]]) if parts[0] == "heedrank" else ".".join(["heedrank", *parts])
+    return ".".join([pkg, *parts])
 
 
 def _layer(module: str) -> str:
@@ -46,7 +60,7 @@ def _layer(module: str) -> str:
         return "core"
     if parts[1] in {"cli", "__main__"}:
         return "cli"
-    return parts[1] if parts[1] in {"index", "retriever", "reranker", "api", "eval", "engine", "train"} else "core"
+    return parts[1] if parts[1] in LAYERS else "core"
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -85,8 +99,8 @@ def _imports(tree: ast.AST, module: str, is_pkg: bool, *, deferred: bool = True)
 
 
 def _graph(*, deferred: bool = True) -> dict[str, set[str]]:
-    files = [p for d in LAYER_DIRS.values() for p in (ROOT / d).rglob("*.py")]
-    modules = {_module_name(p): p for p in files}
+    files = {p for d in PACKAGE_DIRS.values() for p in d.rglob("*.py")}
+    modules = {_module_name(p): p for p in sorted(files)}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         raw = _imports(ast.parse(path.read_text()), name, path.name == "__init__.py", deferred=deferred)
@@ -118,12 +132,36 @@ def test_the_block_contract_and_the_store_package() -> None:
     assert not GRAPH["heedrank.index.kv.store"] & {"heedrank.index.kv.build"}
 
 
-def test_the_train_layer_is_read() -> None:
-    assert _layer("heedrank.lab.train.loop") == "train" and "heedrank.lab.train.loop" in GRAPH
+def test_the_mapping_is_pyprojects() -> None:
+    assert _module_name(ROOT / "lab" / "train" / "loop.py") == "heedrank.lab.train.loop"
+    assert _module_name(ROOT / "heedrank" / "cli" / "app.py") == "heedrank.cli.app"
+    assert _module_name(ROOT / "index" / "kv" / "__init__.py") == "heedrank.index.kv"
+    # every folder with an __init__.py under a mapped folder is a declared package, and back
+    found = {_module_name(p) for d in PACKAGE_DIRS.values() for p in d.rglob("__init__.py")}
+    assert found == PACKAGES, f"pyproject.toml packages: missing {sorted(found - PACKAGES)}, stale {sorted(PACKAGES - found)}"
+
+
+def test_the_lab_layer_is_read() -> None:
+    assert _layer("heedrank.lab.train.loop") == LAB and "heedrank.lab.train.loop" in GRAPH
+    assert _layer("heedrank.lab.cli") == LAB
     assert "heedrank.lab.train.loop" in GRAPH["heedrank.lab.train.blockrank"]
-    assert "heedrank.lab.study" in GRAPH["heedrank.lab.train.head_fit"]  # train builds on eval...
-    assert "train" not in ALLOWED["eval"] and "train" in ALLOWED["cli"]  # ...never the reverse
-    assert {layer for layer, allowed in ALLOWED.items() if "train" in allowed} == {"cli"}
+    assert "heedrank.lab.study" in GRAPH["heedrank.lab.train.head_fit"]
+    assert "heedrank.eval.metrics" in GRAPH["heedrank.lab.study"]  # the lab builds on the product...
+    assert {layer for layer, allowed in ALLOWED.items() if LAB in allowed} == {"cli"}  # ...never the reverse
+    assert "heedrank.lab.cli" in GRAPH["heedrank.cli.app"]
+
+
+def test_only_the_cli_root_imports_the_lab() -> None:
+    # heedrank lab is registered lazily: the lab's modules load only when it is invoked
+    importers = sorted(m for m, deps in GRAPH.items() if _layer(m) != LAB and any(_layer(d) == LAB for d in deps))
+    assert importers == ["heedrank.cli.app"]
+    at_import = sorted(d for d in AT_IMPORT_GRAPH["heedrank.cli.app"] if _layer(d) == LAB)
+    assert not at_import, f"heedrank.cli.app imports {at_import} at import time; import the lab inside a function"
+
+
+def test_the_lab_takes_only_option_types_from_the_cli() -> None:
+    used = sorted({d for m, deps in GRAPH.items() if _layer(m) == LAB for d in deps if _layer(d) == "cli"})
+    assert used == ["heedrank.cli.options"]
 
 
 def test_a_forbidden_edge_is_caught() -> None:
