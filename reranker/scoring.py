@@ -184,6 +184,26 @@ def linear_head_token_scores(qo: Any, co: Any, L0: int, D: int, layers: Sequence
     return out
 
 
+@dataclass(frozen=True)
+class EvidenceSpan:
+    """A span of a document that drew query attention (``explain``).
+
+    Attributes:
+        field: ``"text"`` or ``"title"``: the document field the offsets index.
+        start: First character, 0-based, into that field.
+        end: One past the last character (``field_value[start:end] == text``).
+        text: The span's characters.
+        score: Sum of its tokens' scores (the method's token attention: unitless, higher =
+            more attended, comparable within one response).
+    """
+
+    field: Literal["text", "title"]
+    start: int
+    end: int
+    text: str
+    score: float
+
+
 def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bool = False
                     ) -> tuple[list[int], list[tuple[str, int, int]]]:
     """Token ids of a document's content as a prompt places it (``" " + content``, with
