@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heedrank.errors import ValidationError
-from heedrank.fusion import unit_or_keyword
+from heedrank.fusion import sigmoid, unit_or_keyword
 
 FEATURES = ("score", "log1p_rank", "top_score", "log_candidates")
 """The inputs of the map, in order (see the module docstring)."""
@@ -62,13 +62,6 @@ def features(scores: Sequence[float]) -> list[tuple[float, float, float, float]]
         return []
     top, log_n = float(scores[0]), math.log(n)
     return [(float(s), math.log1p(i), top, log_n) for i, s in enumerate(scores)]
-
-
-def _sigmoid(x: float) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
 
 
 @dataclass(frozen=True)
@@ -106,7 +99,7 @@ class PlattMap:
         """
         out, low = [], 1.0
         for f in features(scores):
-            p = _sigmoid(sum(w * x for w, x in zip(self.coef, f)) + self.intercept)
+            p = sigmoid(sum(w * x for w, x in zip(self.coef, f)) + self.intercept)
             low = min(low, p)
             out.append(low)
         return out

@@ -31,7 +31,7 @@ from typing import Any
 
 from heedrank.calibration import PlattMap, apply_cutoff, resolve_cutoff
 from heedrank.errors import ValidationError
-from heedrank.fusion import combine, reciprocal_ranks, resolve_weight, standardize_list
+from heedrank.fusion import combine, reciprocal_ranks, resolve_weight, sigmoid, standardize_list
 from heedrank.types import Ranking
 
 BY = ("score", "rank", "prior")
@@ -244,7 +244,7 @@ class ServePolicy:
         :attr:`scale` is ``None`` (probabilities, or a plugin's own scores)."""
         if self.scale is None:
             return [float(s) for s in scores]
-        return [_sigmoid(float(s) / self.scale) for s in scores]
+        return [sigmoid(float(s) / self.scale) for s in scores]
 
 
 def place_skipped(served: Served, first_stage: Ranking, skipped: Collection[str]) -> Served:
@@ -340,13 +340,6 @@ def _group_best(values: dict[str, float] | None, key: Mapping[str, str]) -> dict
     for d, v in values.items():
         best[key.get(d, d)] = max(best.get(key.get(d, d), v), v)
     return {d: best[key.get(d, d)] for d in values}
-
-
-def _sigmoid(x: float) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
 
 
 def _map(reranker: Any, method: str, alpha: float | None, *, by: str, required: bool) -> PlattMap | None:
