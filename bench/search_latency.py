@@ -12,8 +12,8 @@ and misses (cached BlockRank). The first ``--warmup`` queries of a setting are n
         [--code NAME=DIR ...] [--rounds 1]
 
 ``--code NAME=DIR`` (repeatable) runs each server on another version of the code, side by side
-with this checkout (``NAME=.``): ``DIR`` is an import root made by ``bash bench/checkout.sh REV
-DIR`` (a git worktree of ``REV`` laid out as the installed package). Rounds interleave the
+with this checkout (``NAME=.``): ``DIR`` is made by ``bash bench/other_revision.sh REV DIR`` (a git
+worktree of ``REV`` and ``DIR/.venv``, where it is installed; its server runs on that interpreter). Rounds interleave the
 versions, so a noisy machine slows them alike; the table has one row per version, setting and
 candidate count, over every round.
 """
@@ -60,16 +60,17 @@ def run_setting(name: str, args, queries: list[str], code: str = ".", root: str 
     import httpx
 
     method, options = SETTINGS[name]
-    env = {**os.environ, **({"PYTHONPATH": str(Path(root).resolve())} if root != "." else {}),
+    python = sys.executable if root == "." else str(Path(root).resolve() / ".venv" / "bin" / "python")
+    env = {**os.environ,
            "HEEDRANK_INDEX": str(Path(args.index).resolve()), "HEEDRANK_RERANK_METHOD": method,
            "HEEDRANK_RERANK_OPTIONS": json.dumps(options), "HEEDRANK_MAX_DOC_TOKENS": str(args.max_doc_tokens),
            "HEEDRANK_TORCH_THREADS": str(args.torch_threads), "HEEDRANK_MAX_CANDIDATES": "1000",
            "HEEDRANK_QUEUE_SIZE": "4"}
     log = open(Path(args.log_dir) / f"server-{code}-{name}.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "heedrank.api.app:create_app", "--host", "127.0.0.1",
+        [python, "-m", "uvicorn", "--factory", "heedrank.api.app:create_app", "--host", "127.0.0.1",
          "--port", str(args.port), "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT if root == "." else Path(root).resolve(),  # the import root first on sys.path
+        cwd=ROOT if root == "." else Path(root).resolve(),  # never this checkout's heedrank/ for another version
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{args.port}"
