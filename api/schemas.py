@@ -91,8 +91,8 @@ class RerankRequest(BaseModel):
         "default",
         description="Order the candidates by alpha * z(first-stage score) + (1 - alpha) * z(reranker score), each "
         "z-scored over the candidates: alpha in [0, 1]; 'default' (when omitted) = the method's recorded weight "
-        "(the default method: 0.6, chosen on NFCorpus dev; icr and blockrank: none); 'none' or null = the "
-        "reranker's own order.",
+        "(the default method: its weights card's fusion.alpha, chosen on NFCorpus dev and shown by GET /info "
+        "as reranker.default.fusion; icr and blockrank: none); 'none' or null = the reranker's own order.",
         examples=[0.6, "none"],
     )
     cutoff: CutoffValue = Field(

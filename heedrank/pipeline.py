@@ -294,8 +294,8 @@ class SearchOptions:
             ordered by ``alpha * z(first-stage score) + (1 - alpha) * z(reranker score)``,
             each z-scored over the query's candidates (:func:`fuse_scores`; the study's
             fused variant, docs/RESULTS.md "Fusion"), or ``"default"``: the reranker's
-            recorded weight (cached BlockRank's card: 0.6, chosen on NFCorpus dev; none for
-            ICR and uncached BlockRank).
+            recorded weight (cached BlockRank: its weights card's ``fusion.alpha``, chosen on
+            NFCorpus dev; none for ICR and uncached BlockRank).
         cutoff: ``None`` (return ``top_k`` hits), a probability in [0, 1], or ``"auto"``:
             return only the reranked hits whose calibrated probability of relevance is at
             least that (``"auto"``: the threshold chosen on dev), at most ``top_k``, possibly

@@ -422,7 +422,8 @@ METHOD_ALIASES: dict[str, str] = {"default": DEFAULT_METHOD}
 
 def default_max_doc_tokens(method: str) -> int:
     """Per-document LM token budget of ``method`` when none is given: the method's own
-    (``blockrank-cached``: 128, its card's) or :data:`heedrank.config.DEFAULT_MAX_DOC_TOKENS`."""
+    (``blockrank-cached``: :attr:`CachedBlockRankOptions.default_max_doc_tokens`, its card's) or
+    :data:`heedrank.config.DEFAULT_MAX_DOC_TOKENS`."""
     from heedrank.config import DEFAULT_MAX_DOC_TOKENS
 
     cls = OPTION_CLASSES.get(METHOD_ALIASES.get(method, method))
@@ -483,8 +484,8 @@ def packaged_card(model: str | None) -> WeightsCard | None:
 def recorded_fusion(config: Any) -> float | None:
     """The fusion weight with the first stage that ``config``'s reranker records, read
     without loading a model: cached BlockRank with learned scoring, its weights card's
-    ``fusion.alpha`` (0.6 for the packaged SmolLM2 card); ``None`` for other methods or
-    scorers (the reranker's :attr:`default_fusion` says the same once built).
+    ``fusion.alpha``; ``None`` for other methods or scorers (the reranker's
+    :attr:`default_fusion` says the same once built).
 
     """
     from pathlib import Path
