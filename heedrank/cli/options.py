@@ -3,7 +3,8 @@ writes ``model: ModelOpt = None``), the reranker configuration they add up to
 (:func:`reranker_config`), and the engine flags (:func:`engine_flags`: five flags, one
 :class:`~heedrank.engine.Engine` handed to the command).
 
-Importing this module is light (typer and the core package), so ``heedrank --help`` stays instant.
+Importing this module is light (typer, the core package and one read of the packaged weights
+card, whose values the help shows), so ``heedrank --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
-from heedrank.config import RerankerConfig
+from heedrank import registry
+from heedrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
 from heedrank.engine import Engine
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,7 +31,8 @@ ModelOpt = Annotated[
 ]
 MaxDocTokensOpt = Annotated[
     Optional[int], typer.Option("--max-doc-tokens", help="Per-document budget in LM tokens (truncation is reported); "
-                                "default: the method's (128 for the default method, blockrank-cached; else 160).")
+                                f"default: the method's ({registry.default_max_doc_tokens('blockrank-cached')} for the "
+                                f"default method, blockrank-cached, its weights card's; else {DEFAULT_MAX_DOC_TOKENS}).")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:N.")]
 OptsOpt = Annotated[
@@ -45,14 +48,25 @@ MaxQueriesOpt = Annotated[Optional[int], typer.Option("--max-queries", help="See
 SeedOpt = Annotated[int, typer.Option("--seed")]
 ReportDirOpt = Annotated[Path, typer.Option("--out", help="Folder for the run file and JSON report.")]
 DumpOpt = Annotated[Optional[Path], typer.Option("--dump", help="Also save an ICR attention dump (for heads/ablation).")]
+
+
+def default_fusion_help() -> str:
+    """What ``--fusion default`` means, for the help: the default method's weights card's
+    ``fusion.alpha`` with the value read from the packaged card now
+    (:func:`heedrank.registry.recorded_fusion`; a JSON read, no model), none for icr/blockrank."""
+    alpha = registry.recorded_fusion(RerankerConfig())
+    value = "" if alpha is None else f", {alpha:g} in the packaged card"
+    return (f"'default' (the method's recorded weight: the default method's weights card's fusion.alpha{value}; "
+            "none for icr/blockrank)")
+
+
 FusionOpt = Annotated[str, typer.Option(
     "--fusion", help="Rank by ALPHA z(first stage) + (1 - ALPHA) z(reranker) (the served fused path, "
-    "/search rerank.fusion): a number in [0, 1], 'default' (the method's recorded weight: 0.6 for the default "
-    "method, none for icr/blockrank) or 'none' (the reranker's order).")]
+    f"/search rerank.fusion): a number in [0, 1], {default_fusion_help()} or 'none' (the reranker's order).")]
 """``--fusion`` of the evaluators; its value becomes a weight with :func:`fusion_value`."""
 BatchFusionOpt = Annotated[str, typer.Option(
     "--fusion", help="Rank by ALPHA z(first stage) + (1 - ALPHA) z(reranker) (z of the run's scores): a number, "
-    "'default' (the method's recorded weight: 0.6 for the default method, none for icr/blockrank) or 'none'.")
+    f"{default_fusion_help()} or 'none'.")
 ]
 """``--fusion`` of ``rerank-batch``: :data:`FusionOpt` with that command's own help."""
 
