@@ -381,7 +381,7 @@ class CohereRerankRequest(BaseModel):
         "document the reranker is confident about ranks first wherever it was sent (heedrank.serving.PositionPrior; "
         "meta.order_prior says how much the order counted). A number alpha in [0, 1]: fused as a first stage "
         "(score 1 / rank), alpha * z(1 / rank) + (1 - alpha) * z(reranker). 'none' or null: the reranker's own "
-        "order. Measured: docs/RESULTS.md, \"/rerank's default: a position prior\".",
+        "order. Measured: docs/results/default.md, \"/rerank's default: a position prior\".",
         examples=["default", "none", 0.6],
     )
     cutoff: CutoffValue = Field(

@@ -8,7 +8,7 @@ pinned one (7.3.1), so this runs in a venv of its own::
     heedrank serve --index indexes/nfcorpus --port 8766 &
     /tmp/lc/bin/python bench/langchain_rerank.py --url http://localhost:8766 --model rerank-v3.5
 
-Prints each miss and the count of lists whose answer came first (docs/RESULTS.md, "/rerank's default: a position prior").
+Prints each miss and the count of lists whose answer came first (docs/results/default.md, "LangChain").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark: what a reranker LM costs in cached BlockRank (docs/RESULTS.md, "Qwen2.5-Coder-0.5B-Instruct": a bigger packaged model).
+"""Benchmark: what a reranker LM costs in cached BlockRank (docs/results/lost-levers.md, "Qwen2.5-Coder-0.5B-Instruct": a bigger packaged model).
 
 For each model of ``--models`` (packaged short names or local directories), one process builds
 cached BlockRank with zero-shot calibrated scoring (no weights card or adapter ships for another

@@ -3,7 +3,7 @@
 For ``--queries`` judged DL19 queries (seeded subset, as the evaluation picks them) and their
 BM25 top ``--candidates`` passages, each method ranks the list in first-stage order and
 reversed. A copy of the top passage's text, under another id, is inserted at position 3 of
-the list (the ``/rerank`` case of docs/RESULTS.md, "Position sensitivity": the same text twice). Prints one row per
+the list (the ``/rerank`` case of docs/results/zero-shot.md, "Position sensitivity": the same text twice). Prints one row per
 method:
 
 - ``tau``: Kendall tau-b between the scores the two orders give the same documents (mean

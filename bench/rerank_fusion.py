@@ -1,4 +1,4 @@
-"""What `/rerank` should return when it has no first stage (docs/RESULTS.md, "`/rerank` without a first stage"): the default
+"""What `/rerank` should return when it has no first stage (docs/results/default.md, "`/rerank` without a first stage"): the default
 reranker on lists passed in first-stage order, pure against fused with the given order.
 
 For each query the default configuration (``--rerank default``: cached BlockRank, learned

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = {
-    "default": ("default", {}),  # the default configuration (docs/RESULTS.md): the full store of 0..l*
+    "default": ("default", {}),  # the default configuration (docs/results/default.md): the full store of 0..l*
     "cached-calibrated": ("blockrank-cached", {"layer": 15, "scoring": "calibrated", "query_adapter": None}),
     "cached-signal": ("blockrank-cached", {"layer": 15, "scoring": "signal", "query_adapter": None}),
     "cached-learned": ("blockrank-cached", {"layer": 15, "scoring": "learned", "query_adapter": None}),

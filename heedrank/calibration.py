@@ -1,5 +1,5 @@
 """A relevance cut-off: served scores calibrated to a probability of relevance, and one
-threshold on it (docs/RESULTS.md, "A relevance cut-off in `/search` and `/rerank`"; the Cosine Adapter idea of a query-dependent monotone
+threshold on it (docs/results/default.md, "The relevance cut-off"; the Cosine Adapter idea of a query-dependent monotone
 map plus one global threshold).
 
 The map is Platt scaling (Platt 1999, "Probabilistic outputs for support vector machines")

@@ -5,7 +5,7 @@ calibration maps (:mod:`heedrank.calibration`), the query-adapter training and t
 study all call, so that a weights card and a fusion weight chosen on dev mean the same thing
 where they are used (``tests/heedrank/test_scoring_parity.py``).
 
-Fusion (docs/RESULTS.md, "Fusion"): ``alpha * z(first stage) + (1 - alpha) * z(reranker)``,
+Fusion (docs/results/training.md, "The training and fusion study on cached BlockRank"): ``alpha * z(first stage) + (1 - alpha) * z(reranker)``,
 each score z-scored over one query's candidates (population standard deviation; a
 constant list gives zeros). With no first-stage scores (``/rerank``), the first-stage score
 is the reciprocal rank ``1 / rank`` of the given order (:func:`reciprocal_ranks`).

@@ -56,7 +56,7 @@ class PositionPrior:
     (``T`` near 0: shuffled, alphabetical, a client's own) is ranked by the reranker alone; a
     document the reranker is confident about moves past the prior (a clear outlier has a z-score
     near ``sqrt(N - 1)``). The values are chosen on NFCorpus dev (BM25 top 20, given and shuffled
-    orders); docs/RESULTS.md, "/rerank's default: a position prior", has the table of forms.
+    orders); docs/results/default.md, "/rerank's default: a position prior", has the table of forms.
     """
 
     weight: float = 1.0
@@ -249,8 +249,8 @@ class ServePolicy:
 
 def place_skipped(served: Served, first_stage: Ranking, skipped: Collection[str]) -> Served:
     """``served`` (over the candidates that were reranked) with the candidates that were not
-    (``skipped``: blocks over the request's recompute budget, docs/RESULTS.md "The document
-    store as a cache") put back where the first stage had them.
+    (``skipped``: blocks over the request's recompute budget, docs/results/store.md "Bounded
+    tiers") put back where the first stage had them.
 
     The rule: a skipped candidate keeps its first-stage position among all candidates; the
     reranked ones fill the other positions in served order. So no reranked score is ever

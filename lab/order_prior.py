@@ -1,6 +1,6 @@
 """How ``/rerank`` should use the order documents are sent in: every candidate form measured on
 given (first-stage) lists and on the same lists shuffled, from two runs (``heedrank lab
-order-prior``; docs/RESULTS.md, "/rerank's default: a position prior").
+order-prior``; docs/results/default.md, "/rerank's default: a position prior").
 
 The cached reranker's scores do not depend on the order of its candidates (each block sees only
 the instruction and itself), so one pure run (``eval ... --fusion none``) gives its scores for any

@@ -1,4 +1,4 @@
-"""The reranker training and fusion study on cached BlockRank (docs/RESULTS.md, "Training and fusion study"), from ONE pass per query.
+"""The reranker training and fusion study on cached BlockRank (docs/results/training.md, "The training and fusion study"), from ONE pass per query.
 
 Per query, :func:`block_features` runs cached BlockRank's query block (and the ``N/A``
 calibration block) once against the candidates' stored blocks and keeps, per candidate:

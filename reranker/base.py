@@ -4,7 +4,7 @@
 
 1. refuse an empty query and duplicate doc ids (:class:`ValidationError`);
 2. collapse candidates with identical text (:func:`heedrank.reranker.scoring.distinct_texts`):
-   each distinct text is scored once and its duplicates get the same score (docs/RESULTS.md,
+   each distinct text is scored once and its duplicates get the same score (docs/results/zero-shot.md,
    "Position sensitivity");
 3. cut a query longer than its token budget (:meth:`query_budget`, default a quarter of
    the model's context) and say so in the result's warnings;

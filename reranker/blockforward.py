@@ -13,7 +13,7 @@ run the query block against them. Only layers ``0..l*`` run; no LM head. Cost is
 block-sparse mask (quadratic; for tests). Both are differentiable when called under
 ``torch.enable_grad`` (training reuses them).
 
-Fast path (docs/RESULTS.md, "Document KV store"; without gradients only,
+Fast path (docs/results/speed.md, "Cached BlockRank"; without gradients only,
 :attr:`heedrank.reranker.blockrank.BlockRankReranker.fast_path`): the context is copied once
 into a buffer reused across queries, with room after it where the query pass writes its own
 keys/values in place (no per-layer concatenation,

@@ -350,7 +350,7 @@ class CachedBlockRankOptions(RerankerOptions):
     section 3, "query_in_instruction" extension): block 0 is the fixed instruction only and
     a candidate block carries no id, so each block's keys and values depend on the document
     alone and come from the index's document KV store. Defaults are the best measured
-    configuration (docs/RESULTS.md, "The query adapter"): with the packaged files of the
+    configuration (docs/results/default.md): with the packaged files of the
     default LM, learned head weights at ``l* = 15`` over 128-token blocks, the packaged
     query adapter, and (in ``/search``) fusion with the first stage at the card's weight."""
 
@@ -396,7 +396,7 @@ class CachedBlockRankOptions(RerankerOptions):
     kv_dtype: str = _option(
         "int8", "'int8' | 'float16'",
         "storage of the document KV store's blocks: int8 (per-channel keys, per-token values: 0.85 MB per "
-        "128-token block, ties float16 on NFCorpus test, docs/RESULTS.md) or float16 (exact, 1.62 MB)",
+        "128-token block, ties float16 on NFCorpus test, docs/results/store.md) or float16 (exact, 1.62 MB)",
         _choice(*KV_DTYPES),
     )
     max_query_tokens: int | None = _option(
@@ -416,7 +416,7 @@ OPTION_CLASSES: dict[str, type[RerankerOptions]] = {
 """The built-in methods' option classes by registry name."""
 
 DEFAULT_METHOD = "blockrank-cached"
-"""What ``"default"`` names: the best measured configuration (docs/RESULTS.md)."""
+"""What ``"default"`` names: the best measured configuration (docs/results/default.md)."""
 METHOD_ALIASES: dict[str, str] = {"default": DEFAULT_METHOD}
 """Method names that name another method (accepted wherever a method is named)."""
 

@@ -6,7 +6,7 @@
   ``mean - 2 std`` token mask (docs/design/algorithms.md sections 1-2).
 - :func:`spans_from_lengths`: ``[start, end)`` token ranges of consecutive documents.
 - :func:`distinct_texts`: candidates grouped by identical text, so that each distinct text
-  is scored once and its duplicates share its score (docs/RESULTS.md, "Duplicates").
+  is scored once and its duplicates share its score (docs/results/zero-shot.md, "Position sensitivity").
 - :func:`per_head_document_mass`, :func:`linear_head_scores`, :func:`linear_head_token_scores`:
   the learned head scorer of cached BlockRank, the one implementation serving, the
   query-adapter training and the study use (standardisation: :mod:`heedrank.fusion`).

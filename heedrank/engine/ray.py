@@ -104,7 +104,7 @@ def require_ray() -> Any:
 
 @dataclass
 class RunStats:
-    """Timings of the last :class:`RayEngine` query job (logged; the figures in docs/RESULTS.md).
+    """Timings of the last :class:`RayEngine` query job (logged; the figures in docs/results/speed.md).
 
     Attributes:
         queries: Queries sent to the actors.

@@ -52,7 +52,7 @@ def lab_dump(
 ) -> None:
     """Per-candidate attention features of cached BlockRank (calibrated per layer and head,
     signal per head, the served calibrated score), first-stage scores and qrels, from ONE
-    pass per query: the input of `heedrank lab fit` (docs/RESULTS.md, "Training and fusion study")."""
+    pass per query: the input of `heedrank lab fit` (docs/results/training.md, "The training and fusion study")."""
     from heedrank.lab.dumps import dump_study
 
     config = reranker_config("blockrank-cached", model, max_doc_tokens, device, None).with_options(

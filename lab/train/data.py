@@ -9,7 +9,7 @@ KV store each source's blocks are read from, and the adapter's dev callback.
   negative), then shuffles the candidates. Every relevant document among the candidates
   counts as a positive in the auxiliary loss.
 * :func:`load_source`, :func:`examples_from`, :func:`source_store`: query-adapter training
-  data (docs/RESULTS.md, "Levers": "what is trained"):
+  data (docs/results/training.md, "The table of tries": "what is trained"):
   :class:`heedrank.lab.train.query_adapter.RankingExample` lists from BEIR splits (first-stage
   candidates with qrels grades) and TREC DL runs.
 * :func:`dev_evaluator`: the dev callback that

@@ -1,5 +1,5 @@
 """The head-weight fit of cached BlockRank's learned scorer, and the study that chooses it
-(docs/RESULTS.md, "Training and fusion study").
+(docs/results/training.md, "The training and fusion study").
 
 Learned weights follow QRRanker's idea: per-(layer, head) calibrated attention scores
 combined by a linear model, here trained with a listwise softmax loss counting every

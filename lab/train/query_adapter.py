@@ -1,6 +1,6 @@
 """Query-side adapter for cached BlockRank: LoRA on the query passes only.
 
-Source: docs/RESULTS.md, "Training and fusion study on cached BlockRank"; LoRA is Hu et
+Source: docs/results/training.md, "A query-side adapter"; LoRA is Hu et
 al. 2021 (arXiv 2106.09685); the scorer trained through it is the learned per-(layer,
 head) calibrated attention mass of :func:`heedrank.reranker.scoring.linear_head_scores`
 (QRRanker-style head weights), or BlockRank's signal-token attention (Gupta et al. 2025,

@@ -17,7 +17,7 @@ with the mean - 2 std token mask), ``signal`` (BlockRank's signal tokens). A que
 adapter (option ``query_adapter``, :mod:`~heedrank.reranker.cached.adapter`) changes the
 query and ``N/A`` passes only, so stored blocks stay valid. The defaults (``scoring='auto'``,
 ``query_adapter='auto'``, ``layer=null``, 128-token blocks) are the best measured
-configuration when its files ship for the model (docs/RESULTS.md, "The query adapter"); the
+configuration when its files ship for the model (docs/results/default.md); the
 card also records the fusion weight with the first stage (:attr:`CachedBlockRankReranker.default_fusion`).
 
 Evidence (:meth:`CachedBlockRankReranker.rerank_with_evidence`,
