@@ -1,7 +1,7 @@
 """Document blocks encoded once: BlockRank's cached mode (``query_in_instruction=false``).
 
 Source: Gupta et al. 2025, "Scalable In-context Ranking with Generative Models"
-(arXiv 2510.05396), Section 3, with this project's extension (README, "cached BlockRank"): when block 0 holds only the fixed instruction (no query), a candidate block
+(arXiv 2510.05396), Section 3, with this project's extension (docs/design/algorithms.md section 3.1): when block 0 holds only the fixed instruction (no query), a candidate block
 attends to block 0 and itself only, at positions that restart at ``L0``. Its keys and
 values for layers ``0..l*`` then depend on nothing but the model, the instruction, the
 document's tokens and ``l*``: they are computed once per document (at index time, or on

@@ -17,7 +17,7 @@ fi
 # Until a candidate's block is stored, a search encodes at most HEEDRANK_COLD_BUDGET (4) cold ones inline
 # and leaves the others at their first-stage positions, saying so ("skipped_cold"); docs/results/store.md,
 # "Bounded tiers". `heedrank index kv build --index "$INDEX"` fills it up front instead.
-# The default configuration is the best measured one (README, "Where it stands"): cached BlockRank with
+# The default configuration is the best measured one (README, "What ships"): cached BlockRank with
 # the learned head weights and the query adapter shipped for SmolLM2, fused with the first stage
 # (hybrid here). `"method": "icr"` in a request picks ICR, `"fusion": "none"` the reranker's own order.
 HEEDRANK_DEFAULT_RETRIEVER=${HEEDRANK_DEFAULT_RETRIEVER:-hybrid} \

@@ -30,7 +30,7 @@ def index_kv_build(
     index: Annotated[Path, typer.Option("--index", help="Index directory (the store goes to INDEX/kv).")],
     model: ModelOpt = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Scoring layer l*: layers 0..l* are stored; "
-                                                 "default: the default method's (15, its weights card's, for the "
+                                                 "default: the default method's (its weights card's `layer` for the "
                                                  "packaged SmolLM2; else round(0.6 L)).")] = None,
     max_doc_tokens: MaxDocTokensOpt = None,
     dtype: Annotated[str, typer.Option("--dtype", help="int8 (default: 0.85 MB per block) or float16 "
