@@ -138,3 +138,26 @@ def test_no_page_names_an_uncommitted_work_script():
     for page in sorted(PAGES.glob("*.md")):
         hits = re.findall(r"runs/[A-Za-z0-9_./-]*\.(?:py|sh)\b", page.read_text())
         assert not hits, f"{page.name} names scripts under the ignored runs/: {hits}"
+
+
+CITATION = re.compile(r"docs/results/([a-z0-9-]+\.md)(?:,?\s+\\?\"([^\"\\]+))?")
+
+
+def test_citations_name_a_page_and_its_heading():
+    """Every ``docs/results/PAGE.md, "Heading"`` in the repository names a page and the start of one of its headings."""
+    files = subprocess.run(["git", "ls-files", "*.py", "*.sh", "*.md"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    headings = {p.name: [h.replace("`", "").lower() for h in re.findall(r"^#+ (.+)$", p.read_text(), re.M)] for p in PAGES.glob("*.md")}
+    wrong = []
+    for name in files:
+        path = ROOT / name
+        if not path.is_file() or name.startswith("docs/results/") or name == "CHANGELOG.md":
+            continue
+        for page, heading in CITATION.findall(path.read_text(errors="replace")):
+            if page not in headings:
+                wrong.append(f"{name}: docs/results/{page} (no such page)")
+            elif heading:
+                text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", heading).replace("`", "").strip().lower()
+                if not any(h.startswith(text) for h in headings[page]):
+                    wrong.append(f"{name}: docs/results/{page}, \"{text}\" (no such heading)")
+    assert not wrong, "citations of the result pages that do not resolve:\n" + "\n".join(wrong)
