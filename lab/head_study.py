@@ -108,8 +108,10 @@ REATTN = {"none": None, "idf": {"idf": True, "entropy": False}, "entropy": {"idf
           "both": {"idf": True, "entropy": True}}
 
 
-def variant_scores(item: Mapping[str, Any], variant: Variant, *, headset, tokenizer) -> list[float]:
-    """Scores of one dumped query under one variant (candidate order)."""
+def ablation_scores(item: Mapping[str, Any], variant: Variant, *, headset, tokenizer) -> list[float]:
+    """Scores of one query of an ICR attention dump under one ablation variant (candidate
+    order); ``fusion="rrf"`` adds the reranker's and the first stage's
+    :func:`heedrank.fusion.rrf` of each candidate."""
     import torch
 
     from heedrank.reranker.heads import per_head_document_scores
@@ -139,12 +141,13 @@ def variant_scores(item: Mapping[str, Any], variant: Variant, *, headset, tokeni
     else:
         scores = masked_document_scores(tok_scores, spans)
     if variant.fusion == "rrf":
+        from heedrank.fusion import rrf
         from heedrank.types import ranks_from_scores
 
         ids = item["doc_ids"]
         r_rerank = ranks_from_scores(ids, scores)
         r_first = ranks_from_scores(ids, item["first_stage_scores"])
-        scores = [1.0 / (60 + r_rerank[d]) + 1.0 / (60 + r_first[d]) for d in ids]
+        scores = [rrf(r_rerank[d]) + rrf(r_first[d]) for d in ids]
     return scores
 
 
@@ -175,7 +178,7 @@ def ablation(
     ev_first = evaluate_run(first, qrels, metrics)
     results, per_query = {}, {}
     for v in variants:
-        run = {it["query_id"]: dict(zip(it["doc_ids"], variant_scores(it, v, headset=hs, tokenizer=tok))) for it in items}
+        run = {it["query_id"]: dict(zip(it["doc_ids"], ablation_scores(it, v, headset=hs, tokenizer=tok))) for it in items}
         ev = evaluate_run(run, qrels, metrics)
         results[v.name] = ev.aggregate
         per_query[v.name] = ev.per_query

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from heedrank.fusion import fuse, standardize
+from heedrank.fusion import fuse, rrf, standardize
 from heedrank.reranker.scoring import linear_head_scores
 
 from heedrank.types import Document
@@ -136,18 +136,14 @@ def load_items(path: str | Path) -> tuple[dict[str, Any], list[QueryItem]]:
 
 
 # ------------------------------------------------------------------------------ variants
-def _z(x: np.ndarray) -> np.ndarray:
-    """Per-query standardisation of each column (:func:`heedrank.fusion.standardize`)."""
-    return standardize(x)
-
-
 def design(item: QueryItem, spec: str, layers: Sequence[int] | None = None) -> np.ndarray:
     """Feature matrix ``(N, F)`` float32 of one query for a feature spec:
 
-    ``"heads"``: calibrated per (layer, head), z-scored per query (``layers`` to restrict);
+    ``"heads"``: calibrated per (layer, head), z-scored per query (:func:`heedrank.fusion.standardize`;
+    ``layers`` to restrict);
     ``"raw"``: uncalibrated per (layer, head) (with ``heads``, the linear model also sees the
     ``N/A`` query's attention, i.e. a learned calibration); ``"signal"``: signal per head; ``"first"``: z-scored first-stage score and
-    ``1/(60 + rank)``; specs joined with ``+`` concatenate (``"heads+first"``).
+    ``1/(60 + rank)`` (:func:`heedrank.fusion.rrf`); specs joined with ``+`` concatenate (``"heads+first"``).
     """
     cols = []
     for part in spec.split("+"):
@@ -155,20 +151,20 @@ def design(item: QueryItem, spec: str, layers: Sequence[int] | None = None) -> n
             cal = item.features["calibrated"]
             if layers is not None:
                 cal = cal[:, list(layers)]
-            cols.append(_z(cal.reshape(cal.shape[0], -1)))
+            cols.append(standardize(cal.reshape(cal.shape[0], -1)))
         elif part == "raw":
             raw = item.features["raw"]
             if layers is not None:
                 raw = raw[:, list(layers)]
-            cols.append(_z(raw.reshape(raw.shape[0], -1)))
+            cols.append(standardize(raw.reshape(raw.shape[0], -1)))
         elif part == "signal":
-            cols.append(_z(item.features["signal"]))
+            cols.append(standardize(item.features["signal"]))
         elif part == "masked":
-            cols.append(_z(item.features["masked"][:, None]))
+            cols.append(standardize(item.features["masked"][:, None]))
         elif part == "first":
             n = len(item.first_stage)
-            cols.append(_z(item.first_stage[:, None].astype(np.float64)))
-            cols.append(_z((1.0 / (60.0 + np.arange(1, n + 1)))[:, None]))
+            cols.append(standardize(item.first_stage[:, None].astype(np.float64)))
+            cols.append(standardize(rrf(np.arange(1, n + 1))[:, None]))
         else:
             raise ValueError(f"unknown feature part {part!r}")
     return np.concatenate(cols, axis=1).astype(np.float32)

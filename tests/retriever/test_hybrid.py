@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import numpy as np
 from hypothesis import given
@@ -65,7 +67,7 @@ def test_weighted_fusion_hand_computed() -> None:
     assert fused.doc_ids == ["d3", "d1", "d2"]
     assert {h.doc_id: round(h.score, 6) for h in fused.hits} == {"d3": 0.75, "d1": 0.25, "d2": 0.125}
     z = weighted_score_fusion([a, b], k=3, normalization="zscore")
-    za = (np.array([10.0, 5.0, 0.0]) - 5.0) / np.array([10.0, 5.0, 0.0]).std()
+    za = (np.array([10.0, 5.0, 0.0]) - 5.0) / statistics.pstdev([10.0, 5.0, 0.0])
     zb = np.array([1.0, -1.0])  # (0.9, 0.5) standardised; d2 gets b's minimum
     expected = {"d1": 0.5 * (za[0] + zb[1]), "d2": 0.5 * (za[1] + zb[1]), "d3": 0.5 * (za[2] + zb[0])}
     assert {h.doc_id: h.score for h in z.hits} == pytest.approx(expected)
