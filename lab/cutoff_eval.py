@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from heedrank.calibration import Calibration, PlattMap, features
-from heedrank.lab.study import QueryItem, variant_scores
+from heedrank.errors import ValidationError
 from heedrank.fusion import standardize
+from heedrank.lab.study import QueryItem, variant_scores
+from heedrank.reranker.cached.card import WeightsCard
 from heedrank.serving import ServePolicy
 
 logger = logging.getLogger(__name__)
@@ -49,10 +51,20 @@ class Served:
     n_relevant: int
 
 
-def head_variant(card: Mapping[str, Any]) -> dict[str, Any]:
-    """The study variant of a weights card's learned scorer (pure reranker)."""
-    layers = card.get("layers") or list(range(int(card["layer"]) + 1))
-    return {"kind": "linear", "spec": "heads", "weights": card["weights"], "layers": layers}
+def head_variant(card: WeightsCard) -> dict[str, Any]:
+    """The study variant of a weights card's learned scorer (pure reranker).
+
+    Args:
+        card: The card, as :func:`heedrank.reranker.cached.card.read_card` reads it.
+
+    Raises:
+        ValidationError: the card has no weights or no layer.
+    """
+    if card.weights is None or card.layer is None:
+        raise ValidationError(f"weights card {card.path} has no weights or no layer: refit it with "
+                              "`heedrank lab fit --export`")
+    layers = card.data.get("layers") or list(range(int(card.layer) + 1))
+    return {"kind": "linear", "spec": "heads", "weights": list(card.weights), "layers": layers}
 
 
 def subset(item: QueryItem, n: int) -> QueryItem:
@@ -114,7 +126,7 @@ def keep_above(plat: PlattMap, threshold: float) -> Any:
     return keep
 
 
-def evaluate_cutoff(items: Sequence[QueryItem], qrels: Mapping[str, Mapping[str, int]], card: Mapping[str, Any],
+def evaluate_cutoff(items: Sequence[QueryItem], qrels: Mapping[str, Mapping[str, int]], card: WeightsCard,
                     calibration: Calibration, mode: str, n: int | None, top_k: int, *,
                     min_grade: int = 1) -> dict[str, Any]:
     """The ``"auto"`` cut-off against the fixed top-``top_k`` on one set at count ``n``:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from heedrank.lab.study import QueryItem
+from heedrank.reranker.cached.card import WeightsCard
 
 
 def study_items(n_queries: int, seed: int, n: int = 12, L: int = 4, H: int = 3) -> tuple[list[QueryItem], dict]:
@@ -33,7 +34,7 @@ def study_items(n_queries: int, seed: int, n: int = 12, L: int = 4, H: int = 3) 
 CUTOFF_L, CUTOFF_H = 2, 3
 
 
-def cutoff_items(n_queries: int, n: int = 12, seed: int = 0) -> tuple[list[QueryItem], dict, dict]:
+def cutoff_items(n_queries: int, n: int = 12, seed: int = 0) -> tuple[list[QueryItem], dict, WeightsCard]:
     """``(items, qrels, card)`` for the cut-off: head 0 of layer 0 carries the relevance
     signal, the first stage a weaker one; each query has one relevant document the first
     stage missed; ``card`` weighs head (0, 0) alone, fusion weight 0.6."""
@@ -48,5 +49,6 @@ def cutoff_items(n_queries: int, n: int = 12, seed: int = 0) -> tuple[list[Query
         ids = [f"q{q}d{i}" for i in range(n)]
         items.append(QueryItem(f"q{q}", ids, first, rel.astype(np.float64), {"calibrated": cal}))
         qrels[f"q{q}"] = {d: 1 for d, r in zip(ids, rel) if r} | {f"q{q}-unretrieved": 1}
-    card = {"layer": L - 1, "weights": [1.0] + [0.0] * (L * H - 1), "fusion": {"alpha": 0.6}}
+    card = WeightsCard.from_json({"layer": L - 1, "weights": [1.0] + [0.0] * (L * H - 1), "fusion": {"alpha": 0.6}},
+                                 "synthetic card")
     return items, qrels, card

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from collections.abc import Mapping
+from typing import Annotated, Any, Optional
 
 import typer
 
 from heedrank.cli.options import DeviceOpt, MaxDocTokensOpt, ModelOpt, SeedOpt, reranker_config
+from heedrank.reranker.options import CachedBlockRankOptions
 
 EXAMPLES = """\
 Examples:
@@ -39,7 +41,7 @@ def lab_dump(
     index: Annotated[Optional[Path], typer.Option("--index", help="Index directory (BEIR); its document KV store "
                                                   "serves the blocks.")] = None,
     layer: Annotated[int, typer.Option("--layer", help="l*: layers 0..l* are read.")] = 15,
-    max_doc_tokens: MaxDocTokensOpt = 128,
+    max_doc_tokens: MaxDocTokensOpt = CachedBlockRankOptions.default_max_doc_tokens,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "int8",
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
@@ -129,24 +131,24 @@ def lab_calibrate(
     at the cut-off against the best fixed top-k (also chosen on dev) on each test set."""
     from heedrank.lab.dumps import command_line, parse_named
     from heedrank.lab.train.cutoff_fit import calibrate_cutoff, format_cutoff
+    from heedrank.reranker.cached.card import read_card
 
     tests = parse_named(test or [], "--test", "NAME=DUMP[@MIN_GRADE]")
-    card_data = json.loads(card.read_text(encoding="utf-8"))
+    weights_card = read_card(card)
     command = command_line("heedrank lab calibrate", [
         ("--card", card), ("--calibrate", calibrate), ("--exclude", exclude), ("--dev", dev), ("--test", test),
         ("--counts", counts), ("--test-counts", test_counts), ("--write-card", write_card)])
-    run = calibrate_cutoff(card_data, calibrate, dev, tests, exclude=exclude or [],
+    run = calibrate_cutoff(weights_card, calibrate, dev, tests, exclude=exclude or [],
                            counts=[int(x) for x in counts.split(",")], test_counts=test_counts.split(","),
                            command=command)
     if out is not None:
         out.write_text(json.dumps({"calibration": run.entry, "results": run.results}, indent=1))
     if write_card is not None:
-        card_data["calibration"] = run.entry
-        write_new_card(write_card, card_data, source=card)
+        write_new_card(write_card, {**weights_card.data, "calibration": run.entry}, source=card)
     typer.echo(format_cutoff(run))
 
 
-def write_new_card(path: Path, card: dict, *, source: Path) -> None:
+def write_new_card(path: Path, card: Mapping[str, Any], *, source: Path) -> None:
     """Write a weights card to a new ``path`` (atomic, fsynced): a recipe's output, which a
     commit then copies over the packaged card; never the card it was read from nor a file in
     the package's ``reranker/data``.

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from heedrank.cli.options import OptsOpt, DeviceOpt, MaxDocTokensOpt, ModelOpt, SeedOpt, reranker_config
+from heedrank.reranker.options import CachedBlockRankOptions
 
 EXAMPLES = """\
 Examples:
@@ -34,7 +35,8 @@ def train_blockrank_cmd(
     dev_queries: Annotated[int, typer.Option("--dev-queries")] = 16,
     max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Training queries (seeded subset).")] = None,
     candidates: Annotated[int, typer.Option("--candidates", help="Candidates per example (1 positive + hard negatives).")] = 16,
-    block_length: Annotated[int, typer.Option("--block-length", help="Per-document LM tokens (max_doc_tokens).")] = 128,
+    block_length: Annotated[int, typer.Option("--block-length", help="Per-document LM tokens (max_doc_tokens).")
+                            ] = CachedBlockRankOptions.default_max_doc_tokens,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 100,
     grad_accum: Annotated[int, typer.Option("--grad-accum", help="Examples per optimizer step.")] = 4,
     lr: Annotated[float, typer.Option("--lr")] = 2e-5,
@@ -93,7 +95,7 @@ def train_query_adapter_cmd(
                                                   "build`): its first stage and document KV store; default: the "
                                                   "cached index of each source.")] = None,
     layer: Annotated[int, typer.Option("--layer", help="l*.")] = 15,
-    max_doc_tokens: MaxDocTokensOpt = 128,
+    max_doc_tokens: MaxDocTokensOpt = CachedBlockRankOptions.default_max_doc_tokens,
     model: ModelOpt = None,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from heedrank.config import RerankerConfig
 from heedrank.errors import ValidationError
 from heedrank.lab.train.loop import Checkpoints, LoopConfig, run_loop
+from heedrank.reranker.options import CachedBlockRankOptions
 from heedrank.types import Document
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class TrainConfig:
 
     out_dir: str
     model: str | None = None
-    max_doc_tokens: int = 128
+    max_doc_tokens: int = CachedBlockRankOptions.default_max_doc_tokens
     layer: int | None = None
     aux_lambda: float = 0.1
     tau: float = 0.05

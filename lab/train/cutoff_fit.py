@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from heedrank.calibration import MODES, Calibration, PlattMap
+from heedrank.errors import ValidationError
 from heedrank.lab.cutoff_eval import Served, head_variant, keep_above, per_query, served
 from heedrank.lab.dumps import read_query_ids
 from heedrank.lab.study import QueryItem
+from heedrank.reranker.cached.card import WeightsCard
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ def fit_map(rows: Sequence[Served], *, c: float = 1.0) -> tuple[tuple[float, ...
 
 
 def fit_calibration(calibrate: Sequence[QueryItem], calibrate_qrels: Mapping[str, Mapping[str, int]],
-                    dev: Sequence[QueryItem], dev_qrels: Mapping[str, Mapping[str, int]], card: Mapping[str, Any], *,
+                    dev: Sequence[QueryItem], dev_qrels: Mapping[str, Mapping[str, int]], card: WeightsCard, *,
                     counts: Sequence[int] = (10, 20, 30, 50), modes: Sequence[str] = MODES,
                     show_progress: bool = True) -> tuple[Calibration, dict[str, Any]]:
     """Fit one map per mode on ``calibrate`` (all ``counts``), choose its threshold and the
@@ -71,16 +73,24 @@ def fit_calibration(calibrate: Sequence[QueryItem], calibrate_qrels: Mapping[str
 
     Args:
         calibrate: Dump items of queries the reranker was not trained on.
-        card: The weights card whose learned scorer and fusion weight are calibrated.
+        card: The weights card whose learned scorer and fusion weight (``fusion.alpha``) are
+            calibrated, as :func:`heedrank.reranker.cached.card.read_card` reads it.
 
     Returns:
         ``(calibration, report)``: the report has per mode the dev F1 per threshold, the
         chosen threshold, the best fixed k and the dev Brier score against the base rate.
+
+    Raises:
+        ValidationError: the card records no fusion weight, no weights or no layer.
     """
     from tqdm.auto import tqdm
 
     variant = head_variant(card)
-    alpha = float((card.get("fusion") or {}).get("alpha", 0.6))
+    if card.fusion_alpha is None:
+        raise ValidationError(f"weights card {card.path} records no fusion weight (fusion.alpha), which the fused "
+                              "modes' maps are fitted at: export it with `heedrank lab fit --export` (it chooses "
+                              "the weight on dev) or add fusion.alpha to the card")
+    alpha = card.fusion_alpha
     maps, report = {}, {}
     for mode in tqdm(modes, desc="calibrate", unit="mode", disable=not show_progress):
         rows = [r for n in counts for r in served(calibrate, calibrate_qrels, variant, alpha, mode, n)]
@@ -128,7 +138,7 @@ class CutoffCalibration:
 
 
 def calibrate_cutoff(
-    card: Mapping[str, Any], calibrate: Sequence[Path], dev: Path, tests: Mapping[str, str], *,
+    card: WeightsCard, calibrate: Sequence[Path], dev: Path, tests: Mapping[str, str], *,
     exclude: Sequence[Path] = (), counts: Sequence[int] = (10, 20, 30, 50), test_counts: Sequence[str] = ("20", "all"),
     command: str = "",
 ) -> CutoffCalibration:
@@ -139,6 +149,7 @@ def calibrate_cutoff(
 
     Raises:
         NotFoundError, ValueError: a dump that cannot be read.
+        ValidationError: see :func:`fit_calibration`.
     """
     from heedrank.lab.cutoff_eval import evaluate_cutoff
     from heedrank.lab.study import load_items

@@ -257,20 +257,24 @@ def fixed_weights(path: Path) -> list[float]:
 
     Raises:
         NotFoundError: no card at ``path``.
+        ValidationError: a card without weights.
     """
+    from heedrank.reranker.cached.card import packaged_card_path, read_card
+
     if path.is_dir():
         from safetensors.numpy import load_file
 
         tensors = load_file(str(path / "adapter.safetensors"))
         if "scorer.weights" in tensors:
             return tensors["scorer.weights"].astype(float).tolist()
-        from heedrank.reranker.heads import packaged_data_dir
-
-        card = json.loads((path / "adapter.json").read_text())
-        path = packaged_data_dir() / f"{card['model']['name']}.blockrank-cached.json"
+        adapter = json.loads((path / "adapter.json").read_text())
+        path = packaged_card_path(adapter["model"]["name"])
     if not path.is_file():
         raise NotFoundError(f"no weights at {path}: pass a weights card (.json) or a query adapter folder")
-    return [float(x) for x in json.loads(path.read_text())["weights"]]
+    card = read_card(path)
+    if card.weights is None:
+        raise ValidationError(f"weights card {path} has no weights: refit it with `heedrank lab fit --export`")
+    return [float(x) for x in card.weights]
 
 @dataclass(frozen=True)
 class StudyFit:

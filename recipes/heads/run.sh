@@ -28,13 +28,14 @@ step_fit() {  # per-head weights of the 16 heads, group contrastive loss, on the
     "$HR" lab heads fit --dump "$W/dump" --heads "$W/fitted.json" --max-layer 23 --epochs 200 --lr 0.05 --l2 0.001 \
         --support qr --nonneg
     "$PY" - "$W/fitted.json" "$OUT" <<'PY'
-import json, sys
-card = json.load(open(sys.argv[1]))
-card.get("model", {}).pop("path", None)  # a path of the machine that ran it
-card["command"] = "bash recipes/heads/run.sh"
-card.get("weights_info", {})["dump"] = ("the detection step's dump (128 NFCorpus train queries, BM25 top 20 shuffled, "
-                                        "a relevant one always in)")
-json.dump(card, open(sys.argv[2], "w"), indent=1)
+import dataclasses, json, sys
+from heedrank.reranker.heads import HeadSet  # the head set's one reader (HeadSet.load)
+heads = HeadSet.load(sys.argv[1])
+heads = dataclasses.replace(
+    heads, model={k: v for k, v in heads.model.items() if k != "path"},  # a path of the machine that ran it
+    weights_info={**heads.weights_info, "dump": ("the detection step's dump (128 NFCorpus train queries, BM25 top 20 "
+                                                 "shuffled, a relevant one always in)")})
+json.dump({**heads.to_json(), "command": "bash recipes/heads/run.sh"}, open(sys.argv[2], "w"), indent=1)
 PY
 }
 

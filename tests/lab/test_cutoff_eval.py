@@ -16,7 +16,7 @@ from study_items import CUTOFF_H as H, CUTOFF_L as L, cutoff_items as _items
 
 def test_served_scores_are_the_services() -> None:
     items, qrels, card = _items(3)
-    variant = {"kind": "linear", "spec": "heads", "weights": card["weights"], "layers": [0, 1]}
+    variant = {"kind": "linear", "spec": "heads", "weights": list(card.weights), "layers": [0, 1]}
     it = items[0]
     rows = served([it], qrels, variant, 0.6, "score", None)
     reranked = Ranking.from_hits("q", (ScoredDoc(d, float(s)) for d, s in zip(it.doc_ids, variant_scores(it, variant))))

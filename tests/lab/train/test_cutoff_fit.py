@@ -20,8 +20,22 @@ def test_fit_finds_the_signal_and_beats_a_fixed_cut_on_held_out_queries() -> Non
     r = evaluate_cutoff(test, test_qrels, card, calibration, "none", 12, report["none"]["top_k"])
     assert r["queries"] == 60 and 0 < r["auto"][3] < 12  # it returns fewer than all candidates, more than none
     assert r["auto"][2] > r["fixed"][2] - 0.02
-    rows = served(test, test_qrels, {"kind": "linear", "spec": "heads", "weights": card["weights"]}, 0.6, "none", 12)
+    rows = served(test, test_qrels, {"kind": "linear", "spec": "heads", "weights": list(card.weights)}, 0.6, "none", 12)
     assert per_query(rows, lambda row: 12)[:, 3].tolist() == [12.0] * 60
+
+
+def test_a_card_without_a_fusion_weight_is_refused() -> None:
+    """The fused modes' maps hold only at the card's ``fusion.alpha``: a card without one is an
+    error, not a fit at a weight the card does not serve."""
+    import pytest
+
+    from heedrank.errors import ValidationError
+    from heedrank.reranker.cached.card import WeightsCard
+
+    cal_items, cal_qrels, card = _items(20, seed=1)
+    bare = WeightsCard.from_json({k: v for k, v in card.data.items() if k != "fusion"}, "bare card")
+    with pytest.raises(ValidationError, match="fusion.alpha"):
+        fit_calibration(cal_items, cal_qrels, cal_items, cal_qrels, bare, counts=(6,), show_progress=False)
 
 
 def test_the_map_keeps_its_signs_so_distinct_scores_get_distinct_probabilities() -> None:
