@@ -134,6 +134,7 @@ def test_outside_cached_mode_there_is_no_store_header(default_lm) -> None:
 def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default_lm, nf_docs, tmp_path) -> None:
     import numpy as np
 
+    from heedrank.fusion import standardize
     from heedrank.lab.study import block_features
     from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
@@ -148,9 +149,7 @@ def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default
     got = _scores(learned.rerank(Query("q", "vitamin d and bones"), docs), docs)
     feats = block_features(_reranker(default_lm, scoring="calibrated"), "vitamin d and bones", docs)["calibrated"]
     x = feats.reshape(len(docs), -1).astype(np.float64)
-    sd = x.std(axis=0)
-    z = (x - x.mean(axis=0)) / np.where(sd > 1e-12, sd, 1.0)
-    assert np.allclose(got, z @ w, atol=1e-3)
+    assert np.allclose(got, standardize(x) @ w, atol=1e-3)
     path.write_text(json.dumps({**card, "layer": LAYER + 1}))
     with pytest.raises(ValidationError, match="refit"):
         _reranker(default_lm, scoring="learned", scorer_weights=str(path)).rerank(Query("q", "vitamin d"), docs)
