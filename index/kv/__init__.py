@@ -3,11 +3,16 @@ once per distinct document text and read by every query.
 
 * :mod:`~heedrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
 * :mod:`~heedrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`).
-* :mod:`~heedrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh).
+* :mod:`~heedrank.index.kv.manifest`: :class:`Manifest`, the commit point: the committed
+  manifest, the live index, writing, linking and mapping shards.
+* :mod:`~heedrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh),
+  over a :class:`Manifest` and a :class:`Budget`.
 * :mod:`~heedrank.index.kv.maintenance`: verify, compact (whole or the most-dead shards), adopt a
   distributed build's parts.
 * :mod:`~heedrank.index.kv.tiers`: a bounded store's eviction policies (LRU, LFU, FIFO) and
   admission rule (``KVStore(..., disk_budget=, eviction=, admit_after=)``).
+* :mod:`~heedrank.index.kv.budget`: :class:`Budget`, which applies them: admission, room for a
+  put, eviction commits, the reclaim of dead bytes.
 * :mod:`~heedrank.index.kv.build`: the resumable build driver (``heedrank index kv build``).
 
 The header (:class:`KVHeader`) and the block key (:data:`BlockKey`) are the core package's
@@ -17,6 +22,7 @@ The header (:class:`KVHeader`) and the block key (:data:`BlockKey`) are the core
 from __future__ import annotations
 
 from heedrank.blocks import BlockKey, KVHeader
+from heedrank.index.kv.budget import Budget
 from heedrank.index.kv.build import (
     BlockBuildPlan,
     BuildReport,
@@ -32,6 +38,7 @@ from heedrank.index.kv.build import (
 from heedrank.index.kv.codec import CODECS, Codec, Float16Codec, Int8Codec, codec_for, dequantize_int8, quantize_int8
 from heedrank.index.kv.format import FORMAT_VERSION
 from heedrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
+from heedrank.index.kv.manifest import Manifest
 from heedrank.index.kv.store import KVStore, KVStoreStats
 from heedrank.index.kv.tiers import EVICTION_POLICIES, Admission, EvictionPolicy, eviction_policy
 
@@ -43,6 +50,7 @@ __all__ = [
     "FORMAT_VERSION",
     "BlockBuildPlan",
     "BlockKey",
+    "Budget",
     "BuildReport",
     "Codec",
     "CompactReport",
@@ -52,6 +60,7 @@ __all__ = [
     "KVHeader",
     "KVStore",
     "KVStoreStats",
+    "Manifest",
     "build_index_blocks",
     "build_missing",
     "build_part",

@@ -34,8 +34,10 @@ these bytes) is its dtype's codec's (:mod:`heedrank.index.kv.codec`).
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
+import os
 import re
 import zlib
 from collections.abc import Mapping, Sequence
@@ -72,6 +74,11 @@ class Loc(NamedTuple):
 class BadEntry(Exception):
     """An entry that cannot be served (checksum, truncated or unmappable shard); the store
     treats it as missing. Internal: never leaves the store."""
+
+
+def disk_size(length: int) -> int:
+    """Bytes an entry of ``length`` payload bytes occupies in its shard (rounded up to :data:`ALIGN`)."""
+    return length + (-length % ALIGN)
 
 
 def shard_names(shard_id: int) -> tuple[str, str]:
@@ -171,6 +178,26 @@ def unlink_quiet(*paths: Path) -> None:
             p.unlink(missing_ok=True)
         except OSError as exc:  # pragma: no cover - best effort cleanup
             logger.warning("could not remove %s: %s", p, exc)
+
+
+def acquire_lock(path: Path) -> int:
+    """Take the writer lock of the store directory ``path`` (an ``flock`` on its ``LOCK``
+    file, created when absent) without waiting; returns the file descriptor that holds it
+    (closing it releases the lock).
+
+    Raises:
+        KVStoreError: another process (or another open store object) holds it.
+    """
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise KVStoreError(
+            f"the KV store at {path} is open for writing by another process (or object); "
+            f"open it with readonly=True, or wait for that writer to finish"
+        ) from exc
+    return fd
 
 
 def io_error(what: str, path: Path, exc: OSError) -> KVStoreError:

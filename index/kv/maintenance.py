@@ -2,7 +2,9 @@
 the part stores a distributed build writes.
 
 Each function works on an open, writable :class:`heedrank.index.kv.KVStore` (the store's
-methods of the same names call them) under the store's writer lock, and keeps its commit
+methods of the same names call them) under the store's writer lock, through the public
+methods of its :class:`heedrank.index.kv.manifest.Manifest` (the commit point) and
+:class:`heedrank.index.kv.budget.Budget` (the eviction bookkeeping), and keeps its commit
 rule (:mod:`heedrank.index.kv.format`): new files are orphans until one manifest commit
 lists them, so a crash at any point leaves the store as it was before or after, never in
 between.
@@ -10,7 +12,6 @@ between.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -23,25 +24,16 @@ from typing import TYPE_CHECKING, Any
 from heedrank.blocks import BlockKey
 from heedrank.errors import KVStoreError
 from heedrank.files import fsync_dir
-from heedrank.index.kv.format import (
-    ALIGN,
-    HEADER_FILE,
-    BadEntry,
-    Loc,
-    io_error,
-    read_shard_index,
-    shard_index_bytes,
-    shard_meta,
-    shard_names,
-    unlink_quiet,
-)
+from heedrank.index.kv.format import HEADER_FILE, BadEntry, Loc, acquire_lock, disk_size, io_error, read_shard_index
 
-if TYPE_CHECKING:  # the store calls these functions; they never import it
+if TYPE_CHECKING:  # the store and its budget call these functions; they never import them
+    from heedrank.index.kv.budget import Budget
+    from heedrank.index.kv.manifest import Bad, Manifest
     from heedrank.index.kv.store import KVStore
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_SHARD_MAX_BYTES", "CompactReport", "adopt", "adopt_parts", "compact", "dead_bytes_by_shard", "reclaim", "verify"]
+__all__ = ["DEFAULT_SHARD_MAX_BYTES", "CompactReport", "adopt", "adopt_parts", "compact", "reclaim", "verify"]
 
 DEFAULT_SHARD_MAX_BYTES = 256 * 2**20
 """Payload bytes per shard that :func:`compact` writes (256 MiB)."""
@@ -79,21 +71,17 @@ def verify(store: KVStore, keys: Iterable[BlockKey] | None = None, *, show_progr
     """
     from tqdm.auto import tqdm
 
-    with store._rw.read():
-        index = store._index
-        targets = list(index.items()) if keys is None else [(k, index[k]) for k in dict.fromkeys(keys) if k in index]
-    bad: list[tuple[BlockKey, Loc, str]] = []
+    manifest = store.manifest
+    targets = manifest.items(keys=keys)
+    bad: list[Bad] = []
     with tqdm(total=len(targets), desc="verify kv", unit="block", disable=not show_progress) as bar:
         for key, loc in targets:
-            with store._rw.read():
-                if store._index.get(key) == loc:
-                    try:
-                        store._read_entry(loc)
-                    except BadEntry as exc:
-                        bad.append((key, loc, str(exc)))
+            why = manifest.check(key, loc)
+            if why is not None:
+                bad.append((key, loc, why))
             bar.update(1)
     if bad:
-        store._drop(bad)
+        store.budget.forget(manifest.drop(bad))
     return [key for key, _, _ in bad]
 
 
@@ -107,29 +95,16 @@ def compact(store: KVStore, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES, s
     Raises:
         KVStoreError: disk full / I/O error (the store is unchanged) or readonly/closed.
     """
-    store._check_writable()
-    with store._writer:
-        store._check_writable()
-        return _rewrite(store, None, shard_max_bytes=shard_max_bytes, show_progress=show_progress)
+    with store.writing():
+        return _rewrite(store.manifest, store.budget, None, shard_max_bytes=shard_max_bytes, show_progress=show_progress)
 
 
-def dead_bytes_by_shard(store: KVStore) -> dict[int, int]:
-    """Bytes of each committed shard's ``.bin`` that no live block uses: deleted, evicted or
-    replaced entries, entries dropped as corrupt, and the alignment padding of those
-    (``bin_bytes`` minus the live entries' payload rounded up to :data:`ALIGN`). ``O(blocks)``."""
-    with store._rw.read():
-        metas = list(store._manifest["shards"])
-        live: dict[int, int] = {}
-        for loc in store._index.values():
-            live[loc.shard] = live.get(loc.shard, 0) + loc.length + (-loc.length % ALIGN)
-    return {m["id"]: max(0, int(m["bin_bytes"]) - live.get(m["id"], 0)) for m in metas}
-
-
-def reclaim(store: KVStore, max_dead_bytes: int, *, shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES) -> CompactReport | None:
+def reclaim(manifest: Manifest, budget: Budget, max_dead_bytes: int, *,
+            shard_max_bytes: int = DEFAULT_SHARD_MAX_BYTES) -> CompactReport | None:
     """Partial compaction, with the store's writer lock HELD by the caller (a bounded store's
-    :meth:`~heedrank.index.kv.KVStore.put_many` calls it): rewrite the live blocks of the
-    shards with the largest share of dead bytes (:func:`dead_bytes_by_shard`), most dead
-    first, until the dead bytes left in the other shards are at most ``max_dead_bytes``,
+    :meth:`heedrank.index.kv.budget.Budget.reclaim` calls it): rewrite the live blocks of the
+    shards with the largest share of dead bytes (:meth:`Manifest.dead_bytes_by_shard`), most
+    dead first, until the dead bytes left in the other shards are at most ``max_dead_bytes``,
     in ONE manifest commit; then remove the rewritten shards. Shards with no live block are
     just dropped. Tombstones are kept only for keys that the untouched shards still hold.
 
@@ -142,50 +117,50 @@ def reclaim(store: KVStore, max_dead_bytes: int, *, shard_max_bytes: int = DEFAU
     Raises:
         KVStoreError: disk full / I/O error (nothing committed: the store is unchanged).
     """
-    dead = dead_bytes_by_shard(store)
+    dead = manifest.dead_bytes_by_shard()
     total = sum(dead.values())
     if total <= max_dead_bytes:
         return None
-    sizes = {m["id"]: max(1, int(m["bin_bytes"])) for m in store._manifest["shards"]}
+    sizes = {m["id"]: max(1, int(m["bin_bytes"])) for m in manifest.shards}
     chosen: set[int] = set()
     for sid in sorted(dead, key=lambda s: (dead[s] / sizes[s], dead[s]), reverse=True):
         if total <= max_dead_bytes or dead[sid] == 0:
             break
         chosen.add(sid)
         total -= dead[sid]
-    return _rewrite(store, chosen, shard_max_bytes=shard_max_bytes, show_progress=False)
+    return _rewrite(manifest, budget, chosen, shard_max_bytes=shard_max_bytes, show_progress=False)
 
 
-def _tombstones_for(store: KVStore, kept: Sequence[dict[str, Any]]) -> dict[str, int]:
+def _tombstones_for(manifest: Manifest, kept: Sequence[dict[str, Any]]) -> dict[str, int]:
     """The tombstones still needed once only the shards ``kept`` remain of the old ones: those
     of keys one of them holds (all of them when an index file cannot be read)."""
-    tomb: dict[str, int] = store._manifest["tombstones"]
+    tomb = manifest.tombstones
     if not tomb or not kept:
         return {}
     held: set[str] = set()
     for meta in kept:
-        rows = read_shard_index(store.path, meta, trust=True)
+        rows = read_shard_index(manifest.path, meta, trust=True)
         if rows is None:  # cannot tell: keep them all (correct, just not pruned)
-            return dict(tomb)
+            return tomb
         held.update(row[0] for row in rows)
     return {key: s for key, s in tomb.items() if key in held}
 
 
-def _rewrite(store: KVStore, shard_ids: set[int] | None, *, shard_max_bytes: int, show_progress: bool) -> CompactReport:
+def _rewrite(manifest: Manifest, budget: Budget, shard_ids: set[int] | None, *, shard_max_bytes: int,
+             show_progress: bool) -> CompactReport:
     """Rewrite the live blocks of the shards ``shard_ids`` (all: ``None``) into new shards,
     commit, remove the old ones. The writer lock is held by the caller. See :func:`compact`."""
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    bytes_before = store._dir_bytes()
-    all_shards = list(store._manifest["shards"])
+    bytes_before = manifest.dir_bytes()
+    all_shards = manifest.shards
     old_shards = [m for m in all_shards if shard_ids is None or m["id"] in shard_ids]
     kept_shards = [m for m in all_shards if shard_ids is not None and m["id"] not in shard_ids]
     old_ids = {m["id"] for m in old_shards}
-    with store._rw.read():
-        live = [(key, loc) for key, loc in store._index.items() if loc.shard in old_ids]
+    live = manifest.items(shards=old_ids)
     # eviction order first (a reopened store seeds its order from the shard order), else shard order
-    rank = store._eviction_rank()
+    rank = budget.eviction_rank()
     if rank:
         live.sort(key=lambda kv: (rank.get(kv[0], -1), kv[1].shard, kv[1].offset))
     else:
@@ -198,16 +173,16 @@ def _rewrite(store: KVStore, shard_ids: set[int] | None, *, shard_max_bytes: int
             groups.append([])
             size = 0
         groups[-1].append((key, loc))
-        size += loc.length + (-loc.length % ALIGN)
+        size += disk_size(loc.length)
     groups = [g for g in groups if g]
-    bad: list[tuple[BlockKey, Loc, str]] = []
+    bad: list[Bad] = []
     new_metas: list[dict[str, Any]] = []
     new_locs: dict[BlockKey, Loc] = {}
 
     def payloads(group: list[tuple[BlockKey, Loc]]) -> Iterator[tuple[BlockKey, int, Sequence[Any]]]:
         for key, loc in group:
             try:
-                buf = store._read_entry(loc)  # old shards stay mapped: only this writer closes them
+                buf = manifest.read_entry(loc)  # old shards stay mapped: only this writer closes them
             except BadEntry as exc:
                 bad.append((key, loc, str(exc)))
                 bar.update(1)
@@ -219,44 +194,33 @@ def _rewrite(store: KVStore, shard_ids: set[int] | None, *, shard_max_bytes: int
             for group in groups:
                 ready = list(payloads(group))  # mmap views of verified entries: cheap
                 if ready:
-                    meta, locs = store._write_shard(iter(ready), len(ready), progress=bar)
+                    meta, locs = manifest.write_shard(iter(ready), len(ready), progress=bar.update)
                     new_metas.append(meta)
                     new_locs.update(locs)
-        manifest = store._new_manifest(kept_shards + new_metas, _tombstones_for(store, kept_shards))
-        store._commit(manifest)
+        committed = manifest.new(kept_shards + new_metas, _tombstones_for(manifest, kept_shards))
+        manifest.commit(committed)
     except BaseException as exc:  # nothing committed: remove the new shards
-        unlink_quiet(*(store.path / m[k] for m in new_metas for k in ("bin", "idx")))
+        manifest.unlink(new_metas)
         if isinstance(exc, OSError):
-            raise io_error("compacting", store.path, exc) from exc
+            raise io_error("compacting", manifest.path, exc) from exc
         raise
-    with store._rw.write():
-        store._manifest = manifest
-        # blocks deleted or re-put meanwhile cannot happen (writer lock held);
-        # entries dropped as corrupt by readers meanwhile stay dropped
-        index = {key: loc for key, loc in store._index.items() if loc.shard not in old_ids}
-        index.update((key, loc) for key, loc in new_locs.items() if key in store._index)
-        store._index = index
-        # the store lets go of the old mappings; arrays already returned by reads are decoded
-        # copies, and a mapping still referenced elsewhere stays valid after the unlink (POSIX)
-        for sid in old_ids:
-            store._maps.pop(sid, None)
-        store._dropped += len(bad)
-    store._forget([key for key, _loc, _why in bad])
+    # blocks deleted or re-put meanwhile cannot happen (writer lock held)
+    manifest.swap_shards(committed, old_ids, new_locs, dropped=len(bad))
+    budget.forget([key for key, _loc, _why in bad])
     for key, _loc, why in bad:
-        logger.warning("KV store %s: entry %r is corrupt (%s); dropped by compaction", store.path, key, why)
-    for m in old_shards:
-        unlink_quiet(store.path / m["bin"], store.path / m["idx"])
+        logger.warning("KV store %s: entry %r is corrupt (%s); dropped by compaction", manifest.path, key, why)
+    manifest.unlink(old_shards)
     try:
-        fsync_dir(store.path)
+        fsync_dir(manifest.path)
     except OSError:  # pragma: no cover
         pass
     report = CompactReport(
         blocks=len(new_locs), shards_before=len(all_shards), shards_after=len(kept_shards) + len(new_metas),
-        bytes_before=bytes_before, bytes_after=store._dir_bytes(), dropped_entries=len(bad),
+        bytes_before=bytes_before, bytes_after=manifest.dir_bytes(), dropped_entries=len(bad),
         seconds=time.perf_counter() - t0,
     )
     logger.info(
-        "compacted KV store %s%s: %d -> %d shards, %d -> %d bytes", store.path,
+        "compacted KV store %s%s: %d -> %d shards, %d -> %d bytes", manifest.path,
         "" if shard_ids is None else f" ({len(old_shards)} shards rewritten)",
         report.shards_before, report.shards_after, report.bytes_before, report.bytes_after,
     )
@@ -298,42 +262,40 @@ def adopt(store: KVStore, source: str | os.PathLike[str], *, verify: bool = Fals
         KVStoreError: ``source`` is missing, damaged or written by another process (nothing
             adopted), a disk or I/O error (nothing committed), or ``store`` is readonly/closed.
     """
-    store._check_writable()
     src_path = Path(source).expanduser().absolute()
-    with store._writer:
-        store._check_writable()
+    manifest = store.manifest
+    with store.writing():
         src = type(store).open(src_path, store.header, cache_bytes=0)  # writable: its lock, its orphans removed
         new_metas: list[dict[str, Any]] = []
         locs: dict[BlockKey, Loc] = {}
         try:
             if verify:
                 src.verify()
-            with src._rw.read():
-                entries = list(src._index.items())
-                src_metas = {m["id"]: m for m in src._manifest["shards"]}
-            with store._rw.read():
-                by_shard: dict[int, list[tuple[BlockKey, Loc]]] = {}
-                for key, loc in entries:
-                    if key not in store._index:
-                        by_shard.setdefault(loc.shard, []).append((key, loc))
+            entries = src.manifest.items()
+            src_metas = {m["id"]: m for m in src.manifest.shards}
+            stored = set(manifest.keys())
+            by_shard: dict[int, list[tuple[BlockKey, Loc]]] = {}
+            for key, loc in entries:
+                if key not in stored:
+                    by_shard.setdefault(loc.shard, []).append((key, loc))
             try:
                 for sid in sorted(by_shard):
-                    meta, shard_locs = _link_shard(store, src.path / src_metas[sid]["bin"], by_shard[sid])
+                    meta, shard_locs = manifest.link_shard(src.path / src_metas[sid]["bin"], by_shard[sid])
                     new_metas.append(meta)
                     locs.update(shard_locs)
                 if new_metas:
-                    tomb = {k: s for k, s in store._manifest["tombstones"].items() if k not in locs}
-                    manifest = store._new_manifest(store._manifest["shards"] + new_metas, tomb)
-                    store._commit(manifest)
+                    tomb = {k: s for k, s in manifest.tombstones.items() if k not in locs}
+                    committed = manifest.new(manifest.shards + new_metas, tomb)
+                    manifest.commit(committed)
             except BaseException as exc:  # nothing committed: drop the new files
-                unlink_quiet(*(store.path / m[k] for m in new_metas for k in ("bin", "idx")))
+                manifest.unlink(new_metas)
                 if isinstance(exc, OSError):
                     raise io_error(f"adopting {src_path}", store.path, exc) from exc
                 raise
             if new_metas:
-                store._install(manifest, locs)
+                store.budget.install(committed, locs)
                 try:
-                    store._enforce_budget_locked()  # a bounded store evicts what does not fit
+                    store.budget.enforce()  # a bounded store evicts what does not fit
                 except KVStoreError as exc:
                     logger.warning("KV store %s: could not evict down to its disk budget after adopting %s (%s)",
                                    store.path, src_path, exc)
@@ -343,37 +305,6 @@ def adopt(store: KVStore, source: str | os.PathLike[str], *, verify: bool = Fals
         shutil.rmtree(src_path, ignore_errors=True)
     logger.info("KV store %s: adopted %d blocks in %d shards from %s", store.path, len(locs), len(new_metas), src_path)
     return len(locs)
-
-
-def _link_shard(store: KVStore, bin_src: Path, rows: Sequence[tuple[BlockKey, Loc]]) -> tuple[dict[str, Any], dict[BlockKey, Loc]]:
-    """Hard-link (or copy) ``bin_src`` into ``store`` as a new shard, write its index for
-    ``rows`` and make both durable (not committed). Raises OSError after removing what it wrote."""
-    sid = store._next_shard
-    store._next_shard += 1
-    bin_name, idx_name = shard_names(sid)
-    bpath, ipath = store.path / bin_name, store.path / idx_name
-    ordered = sorted(rows, key=lambda r: r[1].offset)
-    try:
-        try:
-            os.link(bin_src, bpath)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise
-            shutil.copyfile(bin_src, bpath)
-            fd = os.open(bpath, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        size = bpath.stat().st_size
-        table = [[key, loc.offset, loc.length, loc.tokens, loc.crc] for key, loc in ordered]
-        idx = shard_index_bytes(store.header, sid, table)
-        store._write_new(ipath, idx)
-        fsync_dir(store.path)
-    except BaseException:
-        unlink_quiet(bpath, ipath)
-        raise
-    return shard_meta(sid, size, idx, len(table)), {key: loc._replace(shard=sid) for key, loc in ordered}
 
 
 def adopt_parts(store: KVStore, *, verify: bool = False, show_progress: bool = False) -> int:
@@ -398,7 +329,7 @@ def adopt_parts(store: KVStore, *, verify: bool = False, show_progress: bool = F
     adopted = 0
     for part in tqdm(parts, desc="adopt kv parts", unit="part", disable=not show_progress or not parts):
         try:
-            os.close(store._acquire_lock(part))  # released at once: adopt() takes it again
+            os.close(acquire_lock(part))  # released at once: adopt() takes it again
         except (KVStoreError, OSError) as exc:
             logger.warning("KV store part %s is not adopted now (%s); a later build adopts it", part, exc)
             continue

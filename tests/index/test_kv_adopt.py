@@ -65,8 +65,8 @@ def test_half_written_and_corrupt_shards_are_not_adopted(tmp_path):
     (part / "shard-000009.bin").write_bytes(b"\0" * 100)  # a writer killed mid-shard: not in its manifest
     (part / "shard-000009.idx.json").write_text('{"entries": [["d9", 0, 64, 1, 0]]}')
     with KVStore.open(part, HEADER, readonly=True) as p:
-        loc = p._index["d3"]
-        bin_path = part / p._manifest["shards"][loc.shard]["bin"]
+        loc = p.manifest.get("d3")
+        bin_path = part / p.manifest.shards[loc.shard]["bin"]
     with open(bin_path, "r+b") as f:  # flip one byte of d3's payload
         f.seek(loc.offset)
         byte = f.read(1)
@@ -85,7 +85,7 @@ def test_crash_before_the_commit_changes_nothing(tmp_path, monkeypatch):
     def full_disk(manifest):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store, "_commit", full_disk)
+    monkeypatch.setattr(store.manifest, "commit", full_disk)
     with pytest.raises(KVStoreError, match="disk full"):
         store.adopt(part)
     assert len(store) == 0 and sorted(os.listdir(store.path)) == before and part.exists()

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from heedrank.index.kv import KVHeader, KVStore, maintenance
-from heedrank.index.kv import store as kv
+from heedrank.index.kv import KVHeader, KVStore
+from heedrank.index.kv import budget as kvb
+from heedrank.index.kv import manifest as kvm
 from heedrank.index.kv.tiers import Admission, LFUPolicy, LRUPolicy, eviction_policy
 
 from heedrank.errors import KVStoreError, UnknownNameError, ValidationError
@@ -65,9 +66,9 @@ def committed_files(path: Path) -> set[str]:
 
 def in_sync(store: KVStore) -> None:
     """The eviction bookkeeping mirrors the live index exactly."""
-    policy = store._policy
+    policy = store.budget.policy
     assert policy is not None
-    index = dict(store._index)
+    index = dict(store.manifest.items())
     assert set(policy.order()) == set(index)
     assert policy.total_bytes == sum(loc.length + (-loc.length % 64) for loc in index.values())
 
@@ -122,7 +123,7 @@ def test_lfu_evicts_least_often_read(tmp_path):
         s.put_many(items(["new2"]))  # new1 (count 1) is now the least often accessed
         assert sorted(s.keys()) == ["hot", "new2", "warm"]
         s.put_many(items(["warm"]))  # a re-put is an access: warm 4
-        assert s._policy.access("warm")[1] == 4
+        assert s.budget.policy.access("warm")[1] == 4
         s.put_many(items(["new3", "new4"]))  # new2 (1) then ... the batch itself is never a victim
         assert sorted(s.keys()) == ["hot", "new3", "new4"]
 
@@ -171,7 +172,7 @@ def test_admission_writes_on_the_second_offer_only(tmp_path):
         for k in ("u", "v", "w"):
             assert s.put_many(items([k])) == 0
         assert s.put_many(items(["x"])) == 0 and s.put_many(items(["x"])) == 1
-        assert s._admission.offers("x") == 0 and len(s._admission) <= 3
+        assert s.budget.admission.offers("x") == 0 and len(s.budget.admission) <= 3
         # admit=False bypasses admission, never the budget
         assert s.put_many(items(["y1", "y2"]), admit=False) == 2
         assert s.stats().live_bytes <= 3 * BLOCK and {"y1", "y2"} <= set(s.keys())
@@ -243,13 +244,13 @@ def test_reclaim_rewrites_only_the_deadest_shards(tmp_path):
         assert set(os.listdir(path)) == committed_files(path)
         assert_exact(s, s.keys())
         in_sync(s)
-        assert maintenance.dead_bytes_by_shard(s) == {sid: 0 for sid in ids}
+        assert s.manifest.dead_bytes_by_shard() == {sid: 0 for sid in ids}
 
 
 def test_put_larger_than_the_budget_writes_what_fits_in_order(tmp_path, caplog):
     with KVStore.create(tmp_path / "kv", H, disk_budget=3 * BLOCK + 10) as s:
         s.put_many(items(["z"]))
-        with caplog.at_level(logging.WARNING, logger=kv.logger.name):
+        with caplog.at_level(logging.WARNING, logger=kvb.logger.name):
             n = s.put_many(items(["a", "b", "c", "d", "e"]))
         assert n == 3 and sorted(s.keys()) == ["a", "b", "c"]
         assert any("exceeds the disk budget" in r.message for r in caplog.records)
@@ -266,17 +267,17 @@ def test_failed_eviction_commit_evicts_nothing(tmp_path, monkeypatch):
     path = tmp_path / "kv"
     s = KVStore.create(path, H, disk_budget=2 * BLOCK)
     s.put_many(items(["a", "b"]))
-    real = kv._write
+    real = kvm._write
 
     def full(fd, data):
         if "MANIFEST" in os.path.basename(os.readlink(f"/proc/self/fd/{fd}")):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(kv, "_write", full)
+    monkeypatch.setattr(kvm, "_write", full)
     with pytest.raises(KVStoreError, match="disk full"):
         s.put_many(items(["c"]))
-    monkeypatch.setattr(kv, "_write", real)
+    monkeypatch.setattr(kvm, "_write", real)
     assert sorted(s.keys()) == ["a", "b"] and s.stats().evictions == 0
     assert set(os.listdir(path)) == committed_files(path)
     in_sync(s)
@@ -322,8 +323,8 @@ def test_reopen_seeds_order_from_shards_and_keeps_the_budget(tmp_path):
         s.put_many(items(["e", "f"]))  # shard 2
         read(s, "a", "b", "a")  # most recent and most frequent now: not remembered across a reopen
     with KVStore.open(path, H, disk_budget=6 * BLOCK, eviction="lru") as s:
-        assert s._policy.order() == ["a", "b", "c", "d", "e", "f"]
-        assert all(s._policy.access(k)[1] == 1 for k in "abcdef")
+        assert s.budget.policy.order() == ["a", "b", "c", "d", "e", "f"]
+        assert all(s.budget.policy.access(k)[1] == 1 for k in "abcdef")
         s.put_many(items(["g"]))
         assert "a" not in s and "b" in s  # the oldest shard's first block goes first
         read(s, "b")
@@ -338,7 +339,7 @@ def test_reopen_seeds_order_from_shards_and_keeps_the_budget(tmp_path):
         assert_exact(s, kept)
     # readonly: the budget is reported, nothing is evicted or tracked
     with KVStore.open(path, H, readonly=True, disk_budget=BLOCK) as r:
-        assert sorted(r.keys()) == kept and r.stats().disk_budget == BLOCK and r._policy is None
+        assert sorted(r.keys()) == kept and r.stats().disk_budget == BLOCK and r.budget.policy is None
     # unbounded again (the default): nothing is evicted
     with KVStore.open(path, H) as s:
         assert s.put_many(items(["x", "y", "z", "w"])) == 4 and len(s) == 7 and s.stats().disk_budget is None
@@ -383,8 +384,8 @@ def test_held_arrays_survive_eviction_and_compaction(tmp_path, header, out_dtype
     held, _ = s.get_many(originals)
     expected = {k: (kk.copy(), vv.copy()) for k, (kk, vv) in held.items()}
     first_shard = path / "shard-000000.bin"
-    assert first_shard.exists() and s._maps  # the shard is mapped by the reads
-    maps = list(s._maps.values())
+    assert first_shard.exists() and s.manifest._maps  # the shard is mapped by the reads
+    maps = list(s.manifest._maps.values())
     for k, (kk, vv) in held.items():
         assert type(kk) is np.ndarray and type(vv) is np.ndarray
         assert _no_memmap_base(kk) and _no_memmap_base(vv)

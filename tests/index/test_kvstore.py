@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from heedrank.index.kv import KVHeader, KVStore, build_missing
-from heedrank.index.kv import store as kv
+from heedrank.index.kv import manifest as kvm
+from heedrank.index.kv.format import FORMAT_VERSION
 
 from heedrank.config import KV_CACHE_BUDGET
 from heedrank.errors import (
@@ -107,7 +108,7 @@ def test_header_validation_and_json_round_trip(tmp_path):
     with pytest.raises(ValidationError):
         KVHeader(**{**H.__dict__, "kv_heads": 0})
     d = H.to_dict()
-    assert d["n_layers"] == 3 and d["format_version"] == kv.FORMAT_VERSION and d["adapter_hash"] is None
+    assert d["n_layers"] == 3 and d["format_version"] == FORMAT_VERSION and d["adapter_hash"] is None
     assert KVHeader.from_dict(d) == H
     assert H.fingerprint() != H8.fingerprint() and len(H.fingerprint()) == 64
     with pytest.raises(KVStoreError, match="does not exist|no document KV store"):
@@ -205,7 +206,7 @@ def test_corrupt_byte_is_a_miss_with_warning_then_recomputed(tmp_path, caplog):
         f.write(bytes([byte[0] ^ 0x40]))
     with KVStore.open(path, H, cache_bytes=0) as s:
         assert s.contains("b")  # the checksum is checked on read
-        with caplog.at_level("WARNING", logger=kv.logger.name):
+        with caplog.at_level("WARNING", logger=kvm.logger.name):
             found, missing = s.get_many(ids)
         assert missing == ["b"] and list(found) == ["a", "c"]
         assert any("'b'" in r.message and "crc32 mismatch" in r.message for r in caplog.records)
@@ -231,7 +232,7 @@ def test_truncated_shard_is_a_miss_on_open(tmp_path, caplog):
     rows = sorted(entries(path, shard.name), key=lambda r: r[1])
     first, second = rows[0][0], rows[1][0]
     os.truncate(shard, rows[1][1] + 10)  # cut inside the second entry
-    with caplog.at_level("WARNING", logger=kv.logger.name):
+    with caplog.at_level("WARNING", logger=kvm.logger.name):
         s = KVStore.open(path, H)
     assert any("truncated" in r.message for r in caplog.records)
     found, missing = s.get_many([r[0] for r in rows])
@@ -249,7 +250,7 @@ def test_shard_truncated_after_mapping_is_a_miss_not_a_crash(tmp_path, caplog):
     with KVStore.open(path, H, readonly=True, cache_bytes=0) as s:
         assert_exact(s, [rows[0][0]])  # the shard is now mapped
         os.truncate(shard, rows[1][1])
-        with caplog.at_level("WARNING", logger=kv.logger.name):
+        with caplog.at_level("WARNING", logger=kvm.logger.name):
             found, missing = s.get_many([r[0] for r in rows])  # would SIGBUS without the size check
         assert list(found) == [rows[0][0]] and missing == [rows[1][0], rows[2][0]]
         assert any("truncated" in r.message for r in caplog.records)
@@ -260,14 +261,14 @@ def test_disk_full_raises_and_commits_nothing(tmp_path, monkeypatch, fail_on):
     path = tmp_path / "kv"
     s = KVStore.create(path, H)
     s.put_many(items(["a", "b"]))
-    real = kv._write
+    real = kvm._write
 
     def full(fd, data):
         if fail_on in os.path.basename(os.readlink(f"/proc/self/fd/{fd}")):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(kv, "_write", full)
+    monkeypatch.setattr(kvm, "_write", full)
     with pytest.raises(KVStoreError, match="disk full") as ei:
         s.put_many(items(["c", "d"]))
     assert ei.value.__cause__.errno == errno.ENOSPC
@@ -277,7 +278,7 @@ def test_disk_full_raises_and_commits_nothing(tmp_path, monkeypatch, fail_on):
         with pytest.raises(KVStoreError, match="disk full"):
             s.delete(["a"])
         assert s.contains("a") and set(os.listdir(path)) == committed_files(path)
-    monkeypatch.setattr(kv, "_write", real)
+    monkeypatch.setattr(kvm, "_write", real)
     s.put_many(items(["c"]))  # works again once there is space
     s.close()
     with KVStore.open(path, H) as s2:
@@ -293,7 +294,7 @@ def test_disk_full_during_compaction_leaves_the_store_unchanged(tmp_path, monkey
         s.put_many(items(ids[b : b + 3]))
     s.delete(ids[:3])
     before = (set(os.listdir(path)), s.stats())
-    real, calls = kv._write, []
+    real, calls = kvm._write, []
 
     def full(fd, data):
         name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
@@ -302,10 +303,10 @@ def test_disk_full_during_compaction_leaves_the_store_unchanged(tmp_path, monkey
             raise OSError(errno.ENOSPC, "No space left on device")  # the second new shard
         real(fd, data)
 
-    monkeypatch.setattr(kv, "_write", full)
+    monkeypatch.setattr(kvm, "_write", full)
     with pytest.raises(KVStoreError, match="disk full"):
         s.compact(shard_max_bytes=H.entry_nbytes(16) * 3)
-    monkeypatch.setattr(kv, "_write", real)
+    monkeypatch.setattr(kvm, "_write", real)
     assert set(os.listdir(path)) == before[0] and s.stats().shards == before[1].shards == 4
     assert_exact(s, ids[3:])
     s.close()
@@ -499,6 +500,8 @@ def test_resumable_build(tmp_path):
 
 _CHILD = GEN_SRC + '''
 import json, sys, time
+from heedrank.index.kv import manifest as kvm
+from heedrank.index.kv.format import FORMAT_VERSION
 from heedrank.index.kv import store as kv
 path, slow_from, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 h = kv.KVHeader(**json.loads(sys.argv[4]))
@@ -509,12 +512,12 @@ def noisy_reclaim(*args, **kwargs):
     print("reclaim", flush=True)
     return real_reclaim(*args, **kwargs)
 kv.maintenance.reclaim = noisy_reclaim
-real, state = kv._write, {"batch": 0}
+real, state = kvm._write, {"batch": 0}
 def slow_write(fd, data):
     if state["batch"] >= slow_from:
         time.sleep(0.02)
     real(fd, data)
-kv._write = slow_write
+kvm._write = slow_write
 for b in range(100000):
     state["batch"] = b
     ids = [f"{prefix}b{b}-{i}" for i in range(8)]
