@@ -71,6 +71,19 @@ class Settings(BaseSettings):
         description="A reranking request whose estimated wait for a worker is longer gets 429 at once "
         "(estimated from recent requests; unset = only queue_size limits).",
     )
+    request_budget_s: float | None = Field(
+        20.0, gt=0,
+        description="Most seconds one reranking request may take, its wait for a worker included: past it the "
+        "reranking is stopped (at its next layer) and the request answers in the first stage's order, saying so "
+        "(/search: rerank.warnings; /rerank: meta.warnings, deadline_exceeded), so one slow request cannot hold the "
+        "reranking worker for long. /rerank's deadline_ms lowers it per request. Unset (null) = no budget.",
+    )
+    max_query_tokens: int | None = Field(
+        None, ge=1, le=4096,
+        description="Most LM tokens of a query the start-up reranker reads; a longer query is cut, with a warning "
+        "(rerank.warnings, meta.warnings). Unset = the method's own (option max_query_tokens: 128, above every "
+        "query of NFCorpus, SciFact and TREC DL, so they are never cut).",
+    )
     search_workers: int = Field(2, ge=1, le=64, description="Threads of first-stage-only searches.")
     search_queue_size: int = Field(64, ge=0, le=100_000, description="First-stage searches that may wait (then 429).")
     collections: dict[str, str] = Field(
@@ -159,10 +172,11 @@ class Settings(BaseSettings):
             self.max_doc_tokens = default_max_doc_tokens(self.rerank_method)
         return self
 
-    @field_validator("cold_budget", mode="before")
+    @field_validator("cold_budget", "request_budget_s", mode="before")
     @classmethod
     def _no_budget(cls, value: Any) -> Any:
-        # HEEDRANK_COLD_BUDGET=null | none | unlimited | (empty): no budget, as "unlimited" in a request
+        # HEEDRANK_COLD_BUDGET=null | none | unlimited | (empty): no budget, as "unlimited" in a request (the same
+        # for HEEDRANK_REQUEST_BUDGET_S)
         if isinstance(value, str) and value.strip().lower() in ("", "null", "none", "unlimited"):
             return None
         return value
@@ -186,6 +200,14 @@ class Settings(BaseSettings):
         named = {k: v for k, v in self.collections.items() if k != self.default_collection}
         return {self.default_collection: self.index, **named}
 
+    def _reranker_options(self) -> dict[str, Any]:
+        """``rerank_options`` with ``max_query_tokens`` set from the service's setting (when set and
+        the options do not name it)."""
+        options = dict(self.rerank_options)
+        if self.max_query_tokens is not None:
+            options.setdefault("max_query_tokens", self.max_query_tokens)
+        return options
+
     def search_limits(self) -> SearchLimits:
         """The bounds every collection's pipeline checks searches against."""
         return SearchLimits(max_top_k=self.max_top_k, max_candidates=self.max_candidates)
@@ -197,7 +219,7 @@ class Settings(BaseSettings):
             reranker=RerankerConfig(
                 method=self.rerank_method,
                 model=self.model,
-                options=dict(self.rerank_options),
+                options=self._reranker_options(),
                 max_doc_tokens=self.max_doc_tokens,
                 device=self.device,
                 dtype=self.dtype,

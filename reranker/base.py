@@ -6,8 +6,9 @@
 2. collapse candidates with identical text (:func:`heedrank.reranker.scoring.distinct_texts`):
    each distinct text is scored once and its duplicates get the same score (docs/results/zero-shot.md,
    "Position sensitivity");
-3. cut a query longer than its token budget (:meth:`query_budget`, default a quarter of
-   the model's context) and say so in the result's warnings;
+3. cut a query longer than its token budget (:meth:`query_budget`, default
+   :data:`heedrank.reranker.options.DEFAULT_MAX_QUERY_TOKENS` or a quarter of the model's
+   context when that is less) and say so in the result's warnings and the log;
 4. :meth:`score_documents`: by default the two hooks, :meth:`build_prompt` then
    :meth:`score_prompt` under the LM's lock (ICR overrides it to add windows);
 5. :meth:`Ranking.from_hits`, truncation, timings, warnings.
@@ -28,7 +29,7 @@ from typing import Any
 from heedrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
 from heedrank.errors import ValidationError
 from heedrank.protocols import RerankResult
-from heedrank.reranker.options import RerankerOptions
+from heedrank.reranker.options import DEFAULT_MAX_QUERY_TOKENS, RerankerOptions
 from heedrank.reranker.scoring import distinct_texts
 from heedrank.types import Document, Query, Ranking, ScoredDoc
 
@@ -185,12 +186,13 @@ class AttentionReranker:
         return int(self.lm.max_positions)
 
     def query_budget(self, candidates: Sequence[Document]) -> int:
-        """Most LM tokens of the query: option ``max_query_tokens``, else a quarter of
-        :meth:`context_limit` (at least 1)."""
+        """Most LM tokens of the query: option ``max_query_tokens``, else
+        :data:`heedrank.reranker.options.DEFAULT_MAX_QUERY_TOKENS` (128) or a quarter of
+        :meth:`context_limit` when that is less (at least 1)."""
         fixed = getattr(self.options, "max_query_tokens", None)
         if fixed:
             return int(fixed)
-        return max(1, self.context_limit() // 4)
+        return max(1, min(DEFAULT_MAX_QUERY_TOKENS, self.context_limit() // 4))
 
     def fit_query(self, text: str, candidates: Sequence[Document]) -> tuple[str, list[str]]:
         """``text`` cut to :meth:`query_budget` tokens, and the warnings saying so.
@@ -215,7 +217,7 @@ class AttentionReranker:
         if not cut:
             raise ValidationError(f"the query cannot be cut to {budget} tokens; shorten it")
         message = (f"query cut to its first {budget} of {len(ids)} LM tokens (the {self.name} query budget: "
-                   "option max_query_tokens, default a quarter of the model's context)")
+                   f"option max_query_tokens, default {DEFAULT_MAX_QUERY_TOKENS}); the rest of the query was not read")
         logger.info(message)
         return cut, [message]
 

@@ -341,6 +341,7 @@ class BlockRankReranker(AttentionReranker):
         if not layers:
             raise ValidationError("layer_scores needs at least one layer")
         self.check_model_indices(layers=layers)
+        query, _ = self.fit_query(query, candidates)  # cut to the query budget, as rerank() does
         prompt = self.build_prompt(query, candidates)
         L0 = len(prompt.instruction_ids)
         with self.lm.lock, torch.inference_mode():

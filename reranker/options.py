@@ -197,9 +197,15 @@ _REATTN_DOC = (
     "ReAttn re-weighting of the token attention (docs/design/algorithms.md section 4): false, true, or "
     "{idf, entropy, gamma}"
 )
+DEFAULT_MAX_QUERY_TOKENS = 128
+"""Most LM tokens of a query when option ``max_query_tokens`` is null: above the longest query
+of the evaluation sets with the SmolLM2 tokenizer (NFCorpus 34, SciFact 66, TREC DL 2019/2021/2022
+13/33/15 tokens), so they are never cut, while a pasted page cannot make one request take
+minutes (its query block costs time linear in its length on every candidate)."""
+
 _QUERY_TOKENS_DOC = (
     "most LM tokens of the query; a longer query is cut (with a warning) to this budget; "
-    "null = a quarter of the model's context{extra}"
+    f"null = {DEFAULT_MAX_QUERY_TOKENS}, or a quarter of the model's context when that is less{{extra}}"
 )
 
 

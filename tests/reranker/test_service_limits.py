@@ -3,6 +3,7 @@ with the real small LM and a small fake window, and /info lists every method's o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -50,7 +51,8 @@ def client(default_lm):
     pipeline = Pipeline(retrievers={"bm25": AllDocs()}, docstore=InMemoryDocStore(DOCS),
                         reranker_factory=reranker_factory(base), max_top_k=20, max_candidates=10)
     settings = Settings(index="unused", rerank_method="icr", max_doc_tokens=32, max_candidates=10,
-                        max_documents=10, default_candidates=10, warmup=False)
+                        max_documents=10, default_candidates=10, warmup=False,
+                        request_budget_s=None)  # a busy machine's slow windows are not what is tested here
     with TestClient(create_app(settings, pipeline=pipeline)) as c:
         assert c.app.state.runtime.wait_ready(60)
         yield c
@@ -81,3 +83,67 @@ def test_rerank_and_search_at_the_limits_succeed_in_windows(client):
 def test_unknown_option_in_a_search_is_a_422(client):
     r = client.post("/search", json={"query": "water", "rerank": {"method": "blockrank", "heads": "learned"}})
     assert r.status_code == 422 and "ICR only" in r.json()["error"]
+
+
+# The longest query of each evaluation set with the SmolLM2 tokenizer (NFCorpus 34 tokens, SciFact 66,
+# TREC DL 2019 13, 2021 33, 2022 15) and a few ordinary ones: the default query budget never cuts them.
+ORDINARY_QUERIES = [
+    "Do algae-based omega-3 supplements contain beta-N-methylamino-L-alanine (BMAA) that has been found in "
+    "blue-green algae?",
+    "The first MBT repeat of the four malignant brain tumor (4MBT) domain of Drosophila's Sfmbt and of the "
+    "orthologous mammalian L3MBTL2 is required for the interaction with the spacer region of Drosophila "
+    "Pleiohomeotic (Pho) and its human ortholog YY1.",
+    "why did the us volunterilay enter ww1",
+    "which scientist developed the idea that microorganisms can cause diseases?paul ehrlichanton van "
+    "leeuwenhoeklouis pasteuralexander fleming",
+    "how often should you take your toddler to the potty when potty training",
+    "Breast Cancer Cells Feed on Cholesterol",
+    "do goldfish grow",
+]
+
+
+@pytest.fixture(scope="module")
+def cached(default_lm):
+    from heedrank.reranker.cached import CachedBlockRankReranker
+
+    return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached"), lm=default_lm).load()
+
+
+def test_the_default_query_budget_cuts_a_pasted_page_to_128_tokens_with_a_warning(cached, caplog):
+    from heedrank.reranker.blockrank import BlockRankReranker
+    from heedrank.reranker.icr import ICRReranker
+    from heedrank.reranker.options import DEFAULT_MAX_QUERY_TOKENS
+    from heedrank.reranker.prompt import encode_untrusted
+
+    assert DEFAULT_MAX_QUERY_TOKENS == 128
+    page = ("Vitamin D supplementation and the risk of fractures in older adults: a systematic review. " * 50)[:4000]
+    lm = cached.base_lm
+    others = [BlockRankReranker(RerankerConfig(method="blockrank"), lm=lm), ICRReranker(RerankerConfig(method="icr"), lm=lm)]
+    for reranker in [cached, *others]:
+        assert reranker.query_budget(DOCS[:3]) == 128, reranker.name
+        with caplog.at_level(logging.INFO, logger="heedrank.reranker.base"):
+            text, warnings = reranker.fit_query(page, DOCS[:3])
+        n = len(encode_untrusted(lm.tokenizer, " " + text))
+        assert 120 <= n <= 128 and page.startswith(text), (reranker.name, n)
+        assert len(warnings) == 1 and warnings[0].startswith("query cut to its first 128 of "), warnings
+        assert warnings[0] in caplog.text
+    res = cached.rerank(Query("long", page), DOCS[:3])  # the cached default's own path: the cut and its warning
+    assert sorted(res.ranking.doc_ids) == sorted(d.doc_id for d in DOCS[:3])
+    assert any(w.startswith("query cut to its first 128 of ") for w in res.warnings)
+
+
+def test_ordinary_queries_are_never_cut_so_rankings_are_unchanged(cached):
+    from heedrank.reranker.base import AttentionReranker
+
+    for q in ORDINARY_QUERIES:
+        assert cached.fit_query(q, DOCS[:3]) == (q, []), q
+    res = cached.rerank(Query("q", ORDINARY_QUERIES[1]), DOCS[:4])
+    assert not [w for w in res.warnings if "query cut" in w]
+    # the oracle: the budget of before (a quarter of the context, 2,048 tokens) ranks them the same
+    before = AttentionReranker.query_budget
+    try:
+        AttentionReranker.query_budget = lambda self, candidates: max(1, self.context_limit() // 4)  # type: ignore
+        old = cached.rerank(Query("q", ORDINARY_QUERIES[1]), DOCS[:4])
+    finally:
+        AttentionReranker.query_budget = before  # type: ignore[method-assign]
+    assert old.ranking.to_dict() == pytest.approx(res.ranking.to_dict())
