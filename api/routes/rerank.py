@@ -151,6 +151,10 @@ async def _rerank(runtime: Runtime, settings: Settings, query: Query, docs: list
         if estimate is not None and estimate > deadline:
             return None, "estimate"
     remaining = None if deadline is None else max(0.0, deadline - (time.perf_counter() - t0))
+    budget = settings.request_budget_s  # the service's per-request budget, below a larger deadline_ms
+    by_budget = budget is not None and (remaining is None or budget < remaining)
+    if by_budget:
+        remaining = max(0.0, budget - (time.perf_counter() - t0))
     try:
         result = await pool.run(cache.rerank, query, docs, settings.rerank_method, None, max_doc_tokens,
                                 units=len(docs), timeout=remaining, is_disconnected=is_disconnected)
@@ -159,7 +163,7 @@ async def _rerank(runtime: Runtime, settings: Settings, query: Query, docs: list
             raise
         return None, "overloaded"
     except (TimeoutError, asyncio.TimeoutError):
-        return None, "timeout"
+        return None, "budget" if by_budget else "timeout"
     return result, None
 
 
@@ -197,6 +201,8 @@ async def rerank(
     if result is None:
         runtime.metrics.deadline_fallbacks.labels(reason).inc()
         warnings.append(
+            f"the service's per-request budget of {settings.request_budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) ran "
+            "out; documents are in the given order" if reason == "budget" else
             f"deadline_ms {body.deadline_ms} would be exceeded ({reason}); documents are in the given order"
         )
         if cutoff is not None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -21,6 +25,7 @@ from heedrank.settings import Settings
 from heedrank.types import Query
 
 router = APIRouter(tags=["search"])
+logger = logging.getLogger(__name__)
 
 _ERRORS = {
     401: {"model": ErrorBody, "description": "Missing or wrong API key (when the service has one)."},
@@ -119,6 +124,27 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
     return SearchResponse(results=hits, timings=timings, rerank=info)
 
 
+async def first_stage_fallback(runtime: Any, pipeline: Pipeline, text: str, options: SearchOptions,
+                               budget: float | None, t0: float, is_disconnected: Any) -> SearchResponse:
+    """The answer of a reranking search stopped by the per-request budget
+    (``Settings.request_budget_s``): the same search without reranking (``search`` pool), its
+    ``rerank`` saying that no candidate was reranked and why."""
+    plain = dataclasses.replace(options, rerank=NO_RERANK, explain=False, fusion=None, cutoff=None,
+                                rerank_options=None)
+    result = await runtime.pools["search"].run(pipeline.search, Query("api", text), plain, units=1,
+                                               is_disconnected=is_disconnected)
+    waited = time.perf_counter() - t0
+    runtime.metrics.deadline_fallbacks.labels("budget").inc()
+    message = (f"reranking stopped after {waited:.1f} s (the service's per-request budget is {budget:g} s, "
+               "HEEDRANK_REQUEST_BUDGET_S): every candidate kept its first-stage place")
+    logger.warning("search: %s", message)
+    response = to_response(result, NO_RERANK, max(0.0, waited - float(result.timings.get("total", 0.0))))
+    n = min(options.candidates, len(result.first_stage))
+    response.rerank = RerankInfo(method=options.rerank, candidates=n, reranked=0, truncated=0, prompt_tokens=0,
+                                 warnings=[message])
+    return response
+
+
 @router.post("/search", response_model=SearchResponse, responses=_ERRORS, summary="Search a collection")
 async def search(
     body: SearchRequest, request: Request, runtime: ReadyRuntimeDep, settings: SettingsDep
@@ -138,8 +164,12 @@ async def search(
     reranking = options.rerank != NO_RERANK
     pool = runtime.pools["rerank" if reranking else "search"]
     t0 = time.perf_counter()
-    result = await pool.run(pipeline.search, Query("api", body.query), options,
-                            units=options.candidates if reranking else 1, is_disconnected=request.is_disconnected)
+    budget = settings.request_budget_s if reranking else None
+    try:
+        result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
+                                reranking else 1, timeout=budget, is_disconnected=request.is_disconnected)
+    except (TimeoutError, asyncio.TimeoutError):  # the reranking was stopped: the first stage's order
+        return await first_stage_fallback(runtime, pipeline, body.query, options, budget, t0, request.is_disconnected)
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
     runtime.metrics.observe_timings(result.timings)
     if result.rerank is not None:
