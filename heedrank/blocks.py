@@ -456,6 +456,11 @@ class BlockFiller:
     stored. The scan stops when the store holds its disk budget (a store with a budget
     exposes ``disk_budget``); skipped blocks still go in (the store evicts for them).
 
+    The log says how far the document scan is: a line each :attr:`progress_step` percent of
+    the documents, and one when every block is stored. :meth:`describe` (``GET /info``)
+    reads counters this thread keeps, never the store's files, so it answers at once
+    while the store fills.
+
     Args:
         index: The collection's index (a :class:`BlockStoreOwner` with a ``docstore``).
         reranker: The service's start-up reranker in cached mode (:class:`BlockCachingReranker`).
@@ -467,6 +472,10 @@ class BlockFiller:
     commit_every = 16
     commit_seconds = 2.0
     scan_chunk = 256
+    progress_step = 10
+    """Percent of the documents between two progress lines of the document scan."""
+    stats_seconds = 10.0
+    """Least seconds between two reads of the store's byte counts (:meth:`describe`'s ``live_bytes``)."""
 
     def __init__(self, index: Any, reranker: Any, lock: threading.Lock, idle: IdleSignal, *,
                  name: str = "default") -> None:
@@ -478,6 +487,14 @@ class BlockFiller:
         """Every document's block was found stored or encoded."""
         self.at_budget = False
         """The scan stopped because the store holds its disk budget."""
+        self.documents: int | None = None
+        """Live documents of the collection when the scan started (``None`` before)."""
+        self.scanned = 0
+        """Documents the scan has looked at (their blocks found stored or encoded)."""
+        self._next_progress = self.progress_step  # percent
+        self._blocks: int | None = None
+        self._live_bytes: int | None = None
+        self._stats_at = 0.0
         self._queue: dict[BlockKey, str] = {}
         self._qlock = threading.Lock()
         self._wake = threading.Event()
@@ -490,6 +507,7 @@ class BlockFiller:
         self.store = block_store_for(self.reranker, self.index, create=True)
         if self.store is None or getattr(self.store, "readonly", False):
             return self
+        self._read_stats()
         self._thread = threading.Thread(target=self._run, name=f"heedrank-fill-{self.name}", daemon=True)
         self._thread.start()
         return self
@@ -506,17 +524,44 @@ class BlockFiller:
         return self._thread is not None and self._thread.is_alive()
 
     def describe(self) -> dict[str, Any]:
-        """The store and its fill, for ``GET /info``: ``blocks`` stored, ``live_bytes``,
-        ``disk_budget`` (bytes or ``None``), ``filling`` (the thread runs), ``queued`` skipped
-        blocks, ``filled`` (blocks this fill encoded), ``scan_done``, ``at_budget``."""
-        stats = self.store.stats() if self.store is not None else None
+        """The store and its fill, for ``GET /info``: ``blocks`` stored, ``live_bytes`` (as of
+        the last commit, read at most every :attr:`stats_seconds`), ``disk_budget`` (bytes or
+        ``None``), ``filling`` (the thread runs), ``queued`` skipped blocks, ``filled`` (blocks
+        this fill encoded), ``scan_done``, ``at_budget``, ``documents`` and ``scanned`` (the
+        document scan's progress). Counters only: no store I/O, no lock the fill holds for long."""
         return {
-            "blocks": None if stats is None else stats.blocks,
-            "live_bytes": None if stats is None else stats.live_bytes,
+            "blocks": self._blocks,
+            "live_bytes": self._live_bytes,
             "disk_budget": getattr(self.store, "disk_budget", None),
             "filling": self.running and (not (self.scan_done or self.at_budget) or self.queued() > 0),
             "queued": self.queued(), "filled": self.filled, "scan_done": self.scan_done, "at_budget": self.at_budget,
+            "documents": self.documents, "scanned": self.scanned,
         }
+
+    def _read_stats(self, force: bool = True) -> None:
+        """Refresh the counters :meth:`describe` reports: the block count (cheap, in memory)
+        always, the byte counts (a pass over the store's files) when ``force`` or at most every
+        :attr:`stats_seconds`."""
+        import time
+
+        try:
+            self._blocks = len(self.store)
+            if force or time.monotonic() - self._stats_at >= self.stats_seconds:
+                self._live_bytes = int(self.store.stats().live_bytes)
+                self._stats_at = time.monotonic()
+        except Exception:  # noqa: BLE001 - counters for /info only
+            logger.debug("collection %r: reading the document KV store's counters failed", self.name, exc_info=True)
+
+    def _progress(self) -> None:
+        """A log line each time the scan passes another :attr:`progress_step` of the documents."""
+        total = self.documents
+        percent = self.scanned * 100 // total if total else 0
+        if not total or percent < self._next_progress:
+            return
+        logger.info("collection %r: document KV store fill %d%% (%d of %d documents scanned; %s blocks stored, "
+                    "%d encoded by this fill)", self.name, percent, self.scanned, total,
+                    "?" if self._blocks is None else self._blocks, self.filled)
+        self._next_progress = (percent // self.progress_step + 1) * self.progress_step
 
     def queued(self) -> int:
         """Skipped blocks waiting to be filled."""
@@ -558,6 +603,8 @@ class BlockFiller:
         for key, text in zip(self.reranker.block_keys(texts), texts):
             if not self.store.contains(key):
                 yield key, text
+            self.scanned += 1  # counted once its block is stored or found stored
+            self._progress()
 
     def _full(self, pending: int) -> bool:
         """Whether one more block (after the ``pending`` ones not committed yet) could evict
@@ -576,8 +623,13 @@ class BlockFiller:
         pending: dict[BlockKey, tuple[Any, Any]] = {}
         finished = full = False
         last_commit = time.monotonic()
-        logger.info("collection %r: filling the document KV store in the background (%d blocks stored)",
-                    self.name, len(self.store) if hasattr(self.store, "__len__") else -1)
+        try:
+            self.documents = len(self.index.docstore)
+        except Exception:  # noqa: BLE001 - progress lines only
+            self.documents = None
+        logger.info("collection %r: filling the document KV store in the background (%s blocks stored, %s "
+                    "documents; a log line every %d%%)", self.name, "?" if self._blocks is None else self._blocks,
+                    "?" if self.documents is None else self.documents, self.progress_step)
         try:
             while not self._stop.is_set():
                 item = self._next_queued()
@@ -598,8 +650,10 @@ class BlockFiller:
                         self.at_budget = True  # after the commit: what the scan stored is visible
                     if finished and not self.scan_done:
                         self.scan_done = True
-                        logger.info("collection %r: background fill done: every document's block is stored "
-                                    "(%d encoded by this fill)", self.name, self.filled)
+                        self._read_stats()
+                        logger.info("collection %r: document KV store full: every document's block is stored "
+                                    "(%s blocks, %d encoded by this fill)", self.name,
+                                    "?" if self._blocks is None else self._blocks, self.filled)
                     self._wake.wait(1.0)
                     self._wake.clear()
                     continue
@@ -628,3 +682,4 @@ class BlockFiller:
         written = self.store.put_many(pending, admit=False)
         self.filled += int(written)
         pending.clear()
+        self._read_stats(force=False)

@@ -148,3 +148,55 @@ def test_a_store_of_another_configuration_is_named_at_startup(tmp_path, caplog) 
         assert BlockSync(index, None).check_at_startup(layered, collection="c1") is None
     assert "not opened at start-up" in caplog.text
     assert block_store_for(object(), index) is None  # not a cached reranker: no store
+
+
+class Idle:
+    """The request signal of a service with no request in flight."""
+
+    def active(self) -> int:
+        return 0
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return True
+
+
+class DocIndex(FakeIndex):
+    """:class:`FakeIndex` with a document store of ``docs``."""
+
+    def __init__(self, root: Any, docs: Sequence[Document]) -> None:
+        super().__init__(root)
+        from heedrank.index.memory import InMemoryDocStore
+
+        self.docstore = InMemoryDocStore(docs)
+
+
+def test_the_fill_logs_every_tenth_and_when_full_and_describe_reads_no_store(tmp_path, caplog, monkeypatch) -> None:
+    import time
+
+    from heedrank.blocks import BlockFiller
+
+    docs = [Document(f"d{i:02d}", f"text {i}") for i in range(40)]
+    reranker, index = FakeCached(), DocIndex(tmp_path, docs)
+    filler = BlockFiller(index, reranker, threading.Lock(), Idle(), name="c1")
+    filler.commit_every = 4
+    with caplog.at_level(logging.INFO, logger="heedrank.blocks"):
+        filler.start()
+        deadline = time.monotonic() + 20
+        while not filler.scan_done and time.monotonic() < deadline:
+            time.sleep(0.02)
+        filler.stop()
+    assert filler.scan_done and len(reranker.encoded) == 40
+    lines = [r.getMessage() for r in caplog.records if "document KV store fill" in r.getMessage()]
+    assert [int(m.split("fill ")[1].split("%")[0]) for m in lines] == list(range(10, 101, 10)), lines
+    assert "(40 of 40 documents scanned; " in lines[-1]
+    assert any("document KV store full: every document's block is stored (40 blocks" in r.getMessage()
+               for r in caplog.records)
+
+    def no_io(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("describe() touched the store")
+
+    monkeypatch.setattr(index.store, "stats", no_io)
+    monkeypatch.setattr(type(index.store), "__len__", no_io)
+    info = filler.describe()
+    assert info["blocks"] == 40 and info["live_bytes"] > 0 and info["filled"] == 40
+    assert info["documents"] == 40 and info["scanned"] == 40 and info["scan_done"] and not info["filling"]
