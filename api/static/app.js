@@ -410,6 +410,8 @@
       if (rr.skipped_cold) {
         add("reranked", `${rr.reranked} of ${rr.candidates}; ${rr.skipped_cold} whose blocks are not stored yet keep `
           + "their first-stage places (the service stores them in the background)");
+      } else if (rr.reranked === 0) {
+        add("reranked", `0 of ${rr.candidates}: every candidate kept its first-stage place (see the warning)`);
       }
       for (const [k, v] of Object.entries(rr)) {  // e.g. cache hits, when the service reports them
         if (["method", "candidates", "prompt_tokens", "truncated", "doc_tokens", "warnings", "reranked",
@@ -420,6 +422,24 @@
       for (const w of Array.isArray(rr.warnings) ? rr.warnings : []) add("warning", w);
     }
     dl.replaceChildren(...rows);
+  }
+
+  // What the reranker did, for the status line: how many candidates it reranked, and how many kept
+  // their first-stage places and why (blocks not yet in the document KV store; the time budget ran out).
+  function rerankSummary(rr) {
+    const total = Number.isInteger(rr.candidates) ? rr.candidates : 0;
+    const scored = Number.isInteger(rr.reranked) ? rr.reranked : total;
+    const kept = Math.max(0, total - scored);
+    let text = `reranked ${scored} of ${total} by ${rr.method}`;
+    if (kept) {
+      const why = [];
+      if (rr.skipped_cold) why.push(`${rr.skipped_cold === kept ? "" : `${rr.skipped_cold} `}not yet in the store`);
+      const budget = (Array.isArray(rr.warnings) ? rr.warnings : []).some((w) => /budget/.test(w));
+      if (scored === 0 && budget) why.push("the reranking ran past the service's time budget");
+      text += `; ${kept} kept ${kept === 1 ? "its" : "their"} first-stage place${kept === 1 ? "" : "s"}`
+        + (why.length ? `: ${why.join("; ")}` : "");
+    }
+    return text;
   }
 
   function renderResults(data, body) {
@@ -436,7 +456,7 @@
     const moved = hits.filter((h) => Number.isInteger(h.first_stage_rank) && h.first_stage_rank !== h.rank).length;
     const cut = data.rerank && Number.isFinite(data.rerank.cutoff) ? data.rerank.cutoff : null;
     $("status").textContent = `${n} result${n === 1 ? "" : "s"} for “${body.query}”`
-      + (data.rerank ? `, reranked by ${data.rerank.method} (${moved} moved)` : "")
+      + (data.rerank ? `, ${rerankSummary(data.rerank)} (${moved} moved)` : "")
       + (cut !== null ? `, cut off at P(relevant) ≥ ${cut.toFixed(2)}` : "")
       + ` in ${fmtMs((data.timings || {}).total)}.`;
   }
