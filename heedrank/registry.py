@@ -9,7 +9,7 @@ way) and heavy libraries load only when a stage is built. Plugins add entries wi
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from heedrank.errors import UnknownNameError
@@ -43,7 +43,30 @@ def _resolve(target: str | Callable[..., Any]) -> Any:
 
 
 def retriever_names() -> list[str]:
+    """Registered retriever names, sorted."""
     return sorted(_RETRIEVERS)
+
+
+def retriever_requires(name: str) -> tuple[str, ...] | None:
+    """The index parts the retriever ``name`` declares it reads: its class's ``requires``
+    (``("bm25",)``, ``("dense",)``, ``("bm25", "dense")``), or ``None`` when it declares none.
+    Imports the class. Raises UnknownNameError."""
+    requires = getattr(retriever_class(name), "requires", None)
+    return None if requires is None else tuple(requires)
+
+
+def retrievers_for(parts: Collection[str]) -> list[str]:
+    """The registered retrievers an index with ``parts`` (what
+    :meth:`heedrank.index.store.Index.provides`) can serve: those whose ``requires`` are all
+    among ``parts``, sorted. A retriever that declares no ``requires`` is never offered (it
+    can still be built by name with :func:`build_retriever`). Imports every registered class."""
+    have = set(parts)
+    out = []
+    for name in sorted(_RETRIEVERS):
+        requires = retriever_requires(name)
+        if requires is not None and set(requires) <= have:
+            out.append(name)
+    return out
 
 
 def reranker_names() -> list[str]:
@@ -109,7 +132,12 @@ def default_max_doc_tokens(method: str) -> int:
 
 
 def register_retriever(name: str, target: str | Callable[..., Any]) -> None:
-    """Register a retriever class (with ``from_index(index, **options)``) under ``name``."""
+    """Register a retriever class under ``name`` (a class or a ``"module:attribute"`` string).
+
+    The class has ``from_index(index, **options)`` and a class attribute ``requires``: the
+    index parts it reads (``"bm25"``, ``"dense"``; see :meth:`heedrank.index.store.Index.provides`).
+    Every index that has them offers it (:meth:`heedrank.index.store.Index.available_retrievers`),
+    so :meth:`heedrank.pipeline.Pipeline.from_config` builds it."""
     _RETRIEVERS[name] = target
 
 

@@ -167,9 +167,9 @@ def stored_vectors(index: Index) -> VectorSource:
         if need:
             logger.warning("re-encoding %d documents whose vectors were not stored", len(need))
             docs = index.docstore.get_by_vids(need)
-            for (vid, _), vec in zip(docs, index._encode([d for _, d in docs])):
+            for (vid, _), vec in zip(docs, index.encode_documents([d for _, d in docs])):
                 stored[vid] = vec
-        return index._label_rows(vids, [stored[int(v)] for v in vids])
+        return index.label_rows(vids, [stored[int(v)] for v in vids])
 
     return source
 
@@ -179,11 +179,11 @@ def catch_up(index: Index) -> Reconciled:
     crash, or updates since the files were last written). Called by
     :meth:`~heedrank.index.store.Index.open` before the index serves."""
     live, ids = index.docstore.vid_doc_pairs()
-    index._set_doc_ids(live, ids)
+    index.set_doc_ids(live, ids)
     done = reconcile(index.bm25, index.dense, live, index.docstore, stored_vectors(index), group_bits=index.group_bits)
     index.dense = done.dense
     if done.vectors_changed_file():
-        index._dirty = True
+        index.vectors_dirty = True
     if done.changes:
         logger.info(
             "index %s caught up with its document store: BM25 %d deleted / %d added, vectors %d deleted / %d added",
@@ -206,11 +206,11 @@ def counts(index: Index) -> dict[str, Any]:
 
 def stats(index: Index) -> dict[str, Any]:
     """See :meth:`heedrank.index.store.Index.stats`."""
-    with index._rw.read():
+    with index.rw.read():
         out: dict[str, Any] = {"num_docs": len(index.docstore), "bm25_rows": index.bm25.num_docs, **counts(index)}
         if index.dense is not None:
             out.update(vectors=len(index.dense), index_type=index.dense.kind,
-                       vectors_unsaved=index._dirty and index.path is not None)
+                       vectors_unsaved=index.vectors_dirty and index.path is not None)
     return out
 
 
@@ -229,14 +229,14 @@ def flush(index: Index) -> bool:
         return False
     from heedrank.index.dense import VECTORS_FILE
 
-    with index._maintenance:
-        with index._rw.read():
-            if not index._dirty:
+    with index.maintenance_lock:
+        with index.rw.read():
+            if not index.vectors_dirty:
                 return False
             labels = index.dense.labels()
             top = int(labels[-1]) >> index.group_bits if len(labels) else -1
             index.dense.save(index.path / VECTORS_FILE)
-            index._dirty = False
+            index.vectors_dirty = False
         index.docstore.discard_vectors(top)
     return True
 
@@ -258,11 +258,11 @@ def compact(index: Index) -> dict[str, Any]:
 
     from heedrank.index.bm25 import ANALYZER_VERSION, BM25Builder
 
-    index._check_writable()
+    index.check_writable()
     t0 = time.perf_counter()
-    with index._maintenance:
-        with index._rw.read():
-            snapshot = index._live_vids()
+    with index.maintenance_lock:
+        with index.rw.read():
+            snapshot = index.live_vids()
             before = counts(index)
         # the current analyzer: compacting upgrades an index built with an older one
         builder = BM25Builder(replace(index.bm25.params, analyzer_version=ANALYZER_VERSION))
@@ -279,16 +279,16 @@ def compact(index: Index) -> dict[str, Any]:
             dense = dense.rebuilt()
         if index.path is not None:
             write_parts(index.path, bm25, dense if dense is not index.dense else None)
-        with index._rw.write():
-            live = index._live_vids()
+        with index.rw.write():
+            live = index.live_vids()
             serving = index.dense
             source = copied_from(serving, index.group_bits) if serving is not None else None
             done = reconcile(bm25, dense, live, index.docstore, source, group_bits=index.group_bits)
             index.bm25 = bm25
             index.dense = done.dense
             if done.vectors_changed_file():
-                index._dirty = True
-            index._invalidate()
+                index.vectors_dirty = True
+            index.clear_filter_cache()
             index.params["num_docs"] = len(live)
             index.params["bm25"] = bm25.describe()
             index.params["compacted"] = datetime.now(UTC).isoformat(timespec="seconds")

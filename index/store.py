@@ -119,13 +119,16 @@ class Index:
         self._encoder = encoder
         self._embedder_dir = embedder_dir
         self._lock = threading.Lock()  # lazy encoder / doc ids
-        self._rw = RWLock()
-        self._maintenance = threading.Lock()  # flush / compact, one at a time
+        self.rw = RWLock()
+        """Searches read, updates and the swaps of maintenance write (:mod:`heedrank.index.maintenance`)."""
+        self.maintenance_lock = threading.Lock()
+        """Held by flush and compaction: one at a time."""
         self._kv_lock = threading.Lock()  # opening the document KV store
         self._block_stores: dict[str, KVStore] = {}
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._dirty = False  # the vector file lags behind memory
+        self.vectors_dirty = False
+        """Whether the vector file lags behind memory (:meth:`flush` writes it)."""
         self._doc_ids: list[str | None] | None = None
         if doc_ids is not None:
             self._doc_ids = list(doc_ids)
@@ -233,7 +236,7 @@ class Index:
             maintenance.catch_up(index)
         return index
 
-    def _label_rows(self, vids: Sequence[int] | np.ndarray, vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def label_rows(self, vids: Sequence[int] | np.ndarray, vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Labels and stacked vectors of documents' vector arrays (see :mod:`heedrank.index.passages`)."""
         from heedrank.index.passages import label_rows
 
@@ -282,9 +285,9 @@ class Index:
         index = cls(path=None, params=params, docstore=store, bm25=bm25, encoder=encoder,
                     show_progress=show_progress, planner=planner)
         index.passages = passages
-        index._set_doc_ids(vids, ids)
+        index.set_doc_ids(vids, ids)
         if encoder is not None:
-            vecs = index._encode(all_docs)
+            vecs = index.encode_documents(all_docs)
             dim = int(vecs[0].shape[-1]) if vecs else int(encoder.dim)
             labels, x = label_rows(vids, vecs, index.group_bits, dim)
             index.dense = DenseIndex.build(x, labels, dense_params, dim=dim)
@@ -297,7 +300,9 @@ class Index:
         return index
 
     # -- parts -------------------------------------------------------------------------
-    def _set_doc_ids(self, vids: np.ndarray, ids: Sequence[str]) -> list[str | None]:
+    def set_doc_ids(self, vids: np.ndarray, ids: Sequence[str]) -> list[str | None]:
+        """Replace the vid -> doc id table (:attr:`doc_ids`) with live ``vids`` (int64) and
+        their ``ids`` (the document store's :meth:`vid_doc_pairs`); returns the new table."""
         top = int(vids.max()) + 1 if len(vids) else 0
         table: list[str | None] = [None] * max(top, int(self.docstore.next_vid))
         for v, d in zip(vids.tolist(), ids):
@@ -313,7 +318,7 @@ class Index:
             with self._lock:
                 table = self._doc_ids
                 if table is None:
-                    table = self._set_doc_ids(*self.docstore.vid_doc_pairs())
+                    table = self.set_doc_ids(*self.docstore.vid_doc_pairs())
         return table
 
     def doc_ids_of(self, vids: Sequence[int] | np.ndarray) -> list[str]:
@@ -349,15 +354,25 @@ class Index:
                     )
         return self._encoder
 
-    def _encode(self, docs: Sequence[Document]) -> list[np.ndarray]:
+    def encode_documents(self, docs: Sequence[Document]) -> list[np.ndarray]:
         """float32 ``(p, d)`` vectors per document: one, or one per passage."""
         from heedrank.index.passages import encode_documents
 
         return encode_documents(self.encoder, docs, self.passages)
 
+    def provides(self) -> frozenset[str]:
+        """The parts a retriever may require (its ``requires``): ``"bm25"``, and ``"dense"``
+        when the index has vectors."""
+        return frozenset({"bm25", "dense"}) if self.dense is not None else frozenset({"bm25"})
+
     def available_retrievers(self) -> list[str]:
-        """``["bm25"]``, or ``["bm25", "dense", "hybrid"]`` when the index has vectors."""
-        return ["bm25", "dense", "hybrid"] if self.dense is not None else ["bm25"]
+        """The registered retrievers whose ``requires`` this index :meth:`provides`, sorted
+        (:func:`heedrank.registry.retrievers_for`): ``["bm25"]``, or ``["bm25", "dense", "hybrid"]``
+        when the index has vectors, plus those registered with
+        :func:`heedrank.registry.register_retriever`."""
+        from heedrank import registry
+
+        return registry.retrievers_for(self.provides())
 
     # -- filters and search ------------------------------------------------------------
     def filter_vids(self, flt: Any) -> np.ndarray | None:
@@ -400,7 +415,7 @@ class Index:
         Raises:
             FilterError: an invalid filter.
         """
-        with self._rw.read():  # ids are resolved under the lock: a concurrent delete cannot race them
+        with self.rw.read():  # ids are resolved under the lock: a concurrent delete cannot race them
             allowed = self.filter_vids(filter)
             return [(self.doc_ids_of(v), s) for v, s in self.bm25.search(texts, k, allowed=allowed)]
 
@@ -427,7 +442,7 @@ class Index:
 
         if self.dense is None:
             raise NotFoundError("this index was built without dense vectors (--no-dense)")
-        with self._rw.read():
+        with self.rw.read():
             allowed = self.filter_vids(filter)
             if allowed is not None and self.group_bits:
                 labels = np.asarray(self.dense.labels())
@@ -439,7 +454,8 @@ class Index:
             return [(self.doc_ids_of(v), s) for v, s in rows], report
 
     # -- updates -----------------------------------------------------------------------
-    def _check_writable(self) -> None:
+    def check_writable(self) -> None:
+        """Raises IndexMismatchError for a read-only (format-1) index, whose updates need a rebuild."""
         if not self.writable:
             raise IndexMismatchError(
                 f"index at {self.path} has format version {self.params.get('format_version')!r} and is read-only; "
@@ -462,7 +478,7 @@ class Index:
                 cannot be updated; nothing is written then.
             IndexMismatchError: a format-1 (read-only) index.
         """
-        self._check_writable()
+        self.check_writable()
         docs = list(docs)
         if not docs:
             return {"added": [], "replaced": [], "vids": {}}
@@ -473,8 +489,8 @@ class Index:
             metadata_json(d)
         if self.bm25.avgdl is None:
             raise ValidationError("this index's BM25 has no build statistics; rebuild it to add documents")
-        vecs = self._encode(docs) if self.dense is not None else None
-        with self._rw.write():
+        vecs = self.encode_documents(docs) if self.dense is not None else None
+        with self.rw.write():
             result = self.docstore.upsert(docs, vecs)
             self._apply_add(result, docs, vecs)
         return {
@@ -491,22 +507,22 @@ class Index:
             self._drop_vids(old)
         self.bm25.add_documents(new, [d.content for d in docs])
         if self.dense is not None and vecs is not None:
-            labels, x = self._label_rows(new, vecs)
+            labels, x = self.label_rows(new, vecs)
             self.dense.add(x, labels)
-            self._dirty = True
+            self.vectors_dirty = True
         table = self.doc_ids
         if new[-1] >= len(table):
             table.extend([None] * (new[-1] + 1 - len(table)))
         for (d, v, _) in result:
             table[v] = d
-        self._invalidate()
+        self.clear_filter_cache()
 
     def _drop_vids(self, vids: np.ndarray) -> None:
         self.bm25.mark_deleted(vids)
         if self.dense is not None:
             labels = np.asarray(self.dense.labels())
             self.dense.delete(labels[np.isin(labels >> self.group_bits, vids)])
-            self._dirty = True
+            self.vectors_dirty = True
         table = self.doc_ids
         for v in vids.tolist():
             if 0 <= v < len(table):
@@ -521,17 +537,18 @@ class Index:
         Raises:
             IndexMismatchError: a format-1 (read-only) index.
         """
-        self._check_writable()
+        self.check_writable()
         wanted = list(dict.fromkeys(doc_ids))
-        with self._rw.write():
+        with self.rw.write():
             gone = self.docstore.delete(wanted)
             if gone:
                 self._drop_vids(np.array([v for _, v in gone], dtype=np.int64))
-                self._invalidate()
+                self.clear_filter_cache()
         deleted = {d for d, _ in gone}
         return {"deleted": [d for d in wanted if d in deleted], "missing": [d for d in wanted if d not in deleted]}
 
-    def _invalidate(self) -> None:
+    def clear_filter_cache(self) -> None:
+        """Forget the cached vid sets of filters (every update changes them)."""
         with self._cache_lock:
             self._cache.clear()
 
@@ -573,7 +590,8 @@ class Index:
         """
         return maintenance.compact_async(self)
 
-    def _live_vids(self) -> np.ndarray:
+    def live_vids(self) -> np.ndarray:
+        """Sorted int64 vids of the live documents (from :attr:`doc_ids`; call it holding :attr:`rw`)."""
         table = self.doc_ids
         return np.fromiter((v for v, d in enumerate(table) if d is not None), dtype=np.int64)
 

@@ -24,6 +24,8 @@ class BM25Retriever:
     """
 
     name = "bm25"
+    requires = ("bm25",)
+    """The index parts it reads (:meth:`heedrank.index.store.Index.provides`): an index offers this retriever when it has them."""
 
     def __init__(self, index: Any) -> None:
         self.index = index

@@ -33,6 +33,8 @@ class DenseRetriever:
     """
 
     name = "dense"
+    requires = ("dense",)
+    """The index parts it reads (:meth:`heedrank.index.store.Index.provides`): an index offers this retriever when it has them."""
 
     def __init__(self, index: Any, *, show_progress: bool = False, strategy: str = "auto") -> None:
         if index.dense is None:

@@ -143,6 +143,8 @@ class HybridRetriever:
     """
 
     name = "hybrid"
+    requires = ("bm25", "dense")
+    """The index parts it reads (:meth:`heedrank.index.store.Index.provides`): an index offers this retriever when it has them."""
 
     def __init__(
         self,

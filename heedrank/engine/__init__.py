@@ -39,6 +39,7 @@ from heedrank.protocols import Preloadable
 from heedrank.types import Query
 
 if TYPE_CHECKING:
+    from heedrank.blocks import BlockKey
     from heedrank.config import RerankerConfig
 
 logger = logging.getLogger(__name__)
@@ -161,10 +162,15 @@ class BlockPlan(Protocol):
     it (:class:`heedrank.index.kv.BlockBuildPlan`, made by
     :func:`heedrank.index.kv.plan_build`)."""
 
-    texts: Mapping[str, str]
-    """``{block key: text}`` of every live document."""
-    todo: Sequence[str]
-    """Block keys not stored yet, in document order."""
+    @property
+    def texts(self) -> Mapping[BlockKey, str]:
+        """``{block key: text}`` of every live document."""
+        ...
+
+    @property
+    def todo(self) -> Sequence[BlockKey]:
+        """Block keys not stored yet, in document order."""
+        ...
 
     @property
     def header(self) -> dict[str, Any]:

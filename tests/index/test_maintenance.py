@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import heedrank.index.kv.build as kv_build
 import heedrank.index.maintenance as maintenance
 import heedrank.index.store as store_module
 from heedrank.index.builder import build_index
@@ -36,7 +37,8 @@ def _protocol_members(proto: type) -> set[str]:
 
 
 def _docstore_calls(module) -> set[str]:
-    """Names of the attributes read on ``self.docstore`` / ``index.docstore`` in a module."""
+    """Names of the attributes read on ``self.docstore`` / ``index.docstore`` in a module
+    (the index, its maintenance, the KV store build)."""
     out = set()
     for node in ast.walk(ast.parse(inspect.getsource(module))):
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
@@ -51,9 +53,9 @@ def _docstore_calls(module) -> set[str]:
 
 def test_the_protocol_declares_every_store_method_the_index_calls():
     declared = _protocol_members(WritableDocStore) | _protocol_members(DocStore)
-    used = _docstore_calls(store_module) | _docstore_calls(maintenance)
+    used = _docstore_calls(store_module) | _docstore_calls(maintenance) | _docstore_calls(kv_build)
     assert used >= {"upsert", "delete", "vid_doc_pairs", "get_by_vids", "filter_vids", "pending_vectors",
-                    "discard_vectors", "next_vid", "close", "__len__"}
+                    "discard_vectors", "next_vid", "close", "__len__", "iter_documents"}
     assert used <= declared, sorted(used - declared)
     for name in declared - {"__len__"}:
         doc = inspect.getdoc(getattr(WritableDocStore, name))
