@@ -7,7 +7,7 @@ they are re-exported here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
@@ -132,6 +132,11 @@ class WritableDocStore(DocStore, Protocol):
 
     def get_by_vids(self, vids: Sequence[int] | np.ndarray) -> list[tuple[int, Document]]:
         """``(vid, Document)`` of the given vids that are live, in vid order."""
+        ...
+
+    def iter_documents(self, batch_size: int = 1000) -> Iterator[Document]:
+        """Every live document, in vid order, read ``batch_size`` at a time (the KV store
+        build and the block filler walk the corpus with it)."""
         ...
 
     def filter_vids(self, flt: BoolFilter | None = None) -> np.ndarray:
