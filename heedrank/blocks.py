@@ -528,9 +528,16 @@ class BlockFiller:
         the last commit, read at most every :attr:`stats_seconds`), ``disk_budget`` (bytes or
         ``None``), ``filling`` (the thread runs), ``queued`` skipped blocks, ``filled`` (blocks
         this fill encoded), ``scan_done``, ``at_budget``, ``documents`` and ``scanned`` (the
-        document scan's progress). Counters only: no store I/O, no lock the fill holds for long."""
+        document scan's progress). Counters only: no store I/O, no lock the fill holds for long
+        (the block count is the store's in-memory one)."""
+        blocks = self._blocks
+        if self.store is not None:
+            try:
+                blocks = len(self.store)
+            except Exception:  # noqa: BLE001 - a closed store: the last count read
+                pass
         return {
-            "blocks": self._blocks,
+            "blocks": blocks,
             "live_bytes": self._live_bytes,
             "disk_budget": getattr(self.store, "disk_budget", None),
             "filling": self.running and (not (self.scan_done or self.at_budget) or self.queued() > 0),
@@ -646,6 +653,7 @@ class BlockFiller:
                             finished = True
                 if item is None:
                     self._commit(pending)
+                    self._read_stats(force=False)  # idle: blocks written by searches and ingests count too
                     if full:
                         self.at_budget = True  # after the commit: what the scan stored is visible
                     if finished and not self.scan_done:
