@@ -419,11 +419,11 @@ class CohereRerankResult(BaseModel):
     index: int = Field(description="Position of the document in the request's `documents` (0-based).")
     relevance_score: float = Field(
         description="Relevance in [0, 1]. With a calibrated reranker (the default method; meta.calibrated): the "
-        "probability that the document is relevant, from the reranker's own scores (Platt scaling fitted on "
-        "held-out NFCorpus train queries), so it does not depend on where the document was sent; results come in "
-        "served order (see fusion), so it can rise down the list where the given order's prior placed a document "
-        "higher. Otherwise as Cohere's (thresholds set on Cohere's scores apply): the reranker's own score r "
-        "(meta.raw_scores) becomes 1 / (1 + exp(-r / s)), per document, with the method's scale s "
+        "probability that the document is relevant, from the served score (Platt scaling fitted on held-out "
+        "NFCorpus train queries; with the default fusion the given order's position prior is inside it), so results, "
+        "which come best first, are sorted by relevance_score. Otherwise as Cohere's (thresholds set on Cohere's "
+        "scores apply): the reranker's own score r (meta.raw_scores), less the position prior in its units, becomes "
+        "1 / (1 + exp(-r / s)), per document, with the method's scale s "
         "(meta.score_scale) for icr (calibrated attention mass summed over layers and heads: 0.5 = as much "
         "attention as a content-free query) and blockrank's calibrated and learned scoring; blockrank's "
         "scoring='signal' scores are attention probabilities (in [0, 1], summing to 1 over the documents) and are "

@@ -25,13 +25,14 @@ non-increasing down the served order, so a cut-off keeps a prefix.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from heedrank.calibration import PlattMap, apply_cutoff, resolve_cutoff
 from heedrank.errors import ValidationError
-from heedrank.fusion import combine, reciprocal_ranks, resolve_weight, sigmoid, standardize_list
+from heedrank.fusion import EPS, combine, reciprocal_ranks, resolve_weight, sigmoid, standardize_list
 from heedrank.types import Ranking
 
 BY = ("score", "rank", "prior")
@@ -102,7 +103,8 @@ class Served:
             (:meth:`PositionPrior.strength`, 0 = none); else ``None``.
         relevance: ``{doc_id: score in [0, 1]}`` of every reranked candidate, the one score a
             user reads: the probability when there is a calibration, else :meth:`ServePolicy.relevance`
-            of the reranker's own scores (with the prior) or of the served scores.
+            of the served scores (with the prior: the reranker's own scores less the prior, in
+            their units). Non-increasing down :attr:`ranking`: the order and the score agree.
     """
 
     ranking: Ranking
@@ -125,8 +127,8 @@ class ServePolicy:
             probability.
         scale: Spread of the served scores for :meth:`relevance` (``sigmoid(score / scale)``),
             or ``None`` when they are probabilities already. With ``by="prior"``: the reranker's
-            own ``score_scale``, for its own scores (not the prior's served scores, so that a
-            document's relevance does not depend on where it was sent).
+            own ``score_scale``, for its own scores less the prior in their units
+            (``sd(r) * strength * log(1 + i)``), so that relevance follows the served order.
         prior: The position prior of ``by="prior"`` (``alpha`` is then ``None``).
     """
 
@@ -207,10 +209,17 @@ class ServePolicy:
             given = [own[h.doc_id] for h in first_stage.hits if h.doc_id in own]
             placed = {g.doc_id for g in given}
             given += [h for h in reranked.hits if h.doc_id not in placed]  # not in the given list: last
-            prior_scores, strength = self.prior.served([float(h.score) for h in given])
+            raw = [float(h.score) for h in given]
+            prior_scores, strength = self.prior.served(raw)
             ranking = Ranking.from_hits(reranked.query_id, (replace(h, score=s) for h, s in zip(given, prior_scores)))
-            scored = reranked  # probability and relevance read the reranker's own scores and order:
-            # they do not depend on where a document was sent
+            # probability and relevance read the served score (the prior inside it), so that they
+            # agree with the served order: the map reads the served z-scores, the scale the served
+            # scores back in the reranker's units, mean + sd * s (= r - sd * strength * log(1 + i))
+            mu, sd = statistics.fmean(raw), statistics.pstdev(raw) if len(raw) > 1 else 0.0
+            sd = sd if sd > EPS else 1.0  # as :func:`heedrank.fusion.standardize`
+            scored = Ranking.from_hits(reranked.query_id, (replace(h, score=mu + sd * s)
+                                                           for h, s in zip(given, prior_scores)))
+            z_served = dict(zip((h.doc_id for h in given), prior_scores))
         elif self.alpha is None:
             ranking = scored = reranked
         else:
@@ -227,12 +236,15 @@ class ServePolicy:
         if self.plat is None:
             relevance = dict(zip(scored.doc_ids, self.relevance(scores)))
             return Served(ranking, order_prior=strength, relevance=relevance)
-        probs, threshold, _ = apply_cutoff(standardize_list(scores) if self.alpha is None else scores,
-                                           1.0 if self.cutoff is None else self.cutoff, self.plat)
+        if self.by == "prior":  # the served z-scores (a fixed map of ``scores``, order-preserving)
+            mapped = [z_served[d] for d in scored.doc_ids]
+        else:
+            mapped = standardize_list(scores) if self.alpha is None else scores
+        probs, threshold, _ = apply_cutoff(mapped, 1.0 if self.cutoff is None else self.cutoff, self.plat)
         probabilities = dict(zip(scored.doc_ids, probs))
         if self.cutoff is None:
             return Served(ranking, probabilities, order_prior=strength, relevance=probabilities)
-        # the documents at or above the threshold, in served order (a prefix unless the prior reordered)
+        # the documents at or above the threshold, in served order (a prefix)
         kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
         far = self.plat.extrapolation(len(scores))
         return Served(kept, probabilities, threshold, (far,) if far is not None else (), strength, probabilities)

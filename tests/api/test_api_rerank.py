@@ -20,14 +20,20 @@ BY_LENGTH = sorted(range(len(DOCS)), key=lambda i: (len(DOCS[i]), i))  # the fak
 def _prior(texts: list[str]) -> tuple[list[int], list[float], float]:
     """What /rerank's default (the given order as a :class:`heedrank.serving.PositionPrior`)
     serves for the fake's scores (1 / len) of ``texts`` in the given order: the order of indices,
-    each one's relevance_score (the fake's own score: it has no calibration and no score_scale,
-    and the prior moves documents, not their relevance) and the prior's strength."""
+    each one's relevance_score (the fake has no calibration and no score_scale: its own score less
+    the prior in its units, ``sd * strength * log(1 + i)``, so that it follows the served order)
+    and the prior's strength."""
+    import math
+    import statistics
+
     from heedrank.serving import PositionPrior
 
     raw = [1.0 / len(t) for t in texts]
     served = PositionPrior().scores(raw)
+    strength = PositionPrior().strength(raw)
     order = sorted(range(len(texts)), key=lambda i: (-served[i], f"{i:0{len(str(len(texts) - 1))}d}"))
-    return order, [raw[i] for i in order], PositionPrior().strength(raw)
+    sd = statistics.pstdev(raw)
+    return order, [raw[i] - sd * strength * math.log1p(i) for i in order], strength
 
 
 def _error(r, status: int, error_type: str) -> str:
@@ -317,7 +323,8 @@ def test_rerank_default_prior_keeps_an_agreeing_order_but_not_over_a_confident_r
     body = client.post("/rerank", json={"query": "apples", "documents": given}).json()
     assert body["meta"]["order_prior"] == pytest.approx(strength) and body["meta"].get("fusion") is None
     assert [x["index"] for x in body["results"]] == order == list(range(len(given)))  # the prior breaks the near tie
-    assert [x["relevance_score"] for x in body["results"]] == pytest.approx(relevance)  # the fake's own scores
+    scores = [x["relevance_score"] for x in body["results"]]
+    assert scores == pytest.approx(relevance) and scores == sorted(scores, reverse=True)  # the prior inside the score
     own = client.post("/rerank", json={"query": "apples", "documents": given, "fusion": "none"}).json()
     assert [x["index"] for x in own["results"]][9:11] == [10, 9]  # the reranker alone
     # a document the reranker is confident about ranks first although sent fourth
@@ -397,8 +404,9 @@ def test_cutoff_returns_the_documents_above_the_calibrated_probability(client, m
 
 def test_default_prior_with_a_calibration_serves_the_reranker_s_own_probability(client, monkeypatch):
     """With the default fusion (the position prior) and a calibration, relevance_score is the
-    probability of the reranker's own scores (the "none" map): the same wherever a document was
-    sent; the cut-off keeps the documents at or above the threshold, in served order."""
+    probability (the "none" map) of the served score, the prior inside it: with a prior of
+    strength 0 the reranker's own, and sorted best first whatever the prior did; the cut-off keeps
+    the documents at or above the threshold, a prefix of the served order."""
     from heedrank.calibration import Calibration, PlattMap
     from heedrank.fusion import standardize_list
 
@@ -413,11 +421,17 @@ def test_default_prior_with_a_calibration_serves_the_reranker_s_own_probability(
     got = {x["index"]: x["relevance_score"] for x in body["results"]}
     assert got == pytest.approx(want)
     assert all(set(x) == {"index", "relevance_score"} for x in body["results"])
-    # sent in the fake's order (the prior now counts): the same probability for each text
-    by_text = {DOCS[i]: p for i, p in want.items()}
+    # sent in the fake's order (the prior now counts): the probability of the served score
     sent = [own[i] for i in (0, 2, 1, 3)]  # the tied "short" and "tiny!" still sent in that order
     again = client.post("/rerank", json={"query": "apples", "documents": sent}).json()
+    assert again["meta"]["order_prior"] > 0
+    served = PositionPrior().scores([1.0 / len(t) for t in sent])
+    order = sorted(range(len(sent)), key=lambda i: -served[i])
+    by_text = dict(zip((sent[i] for i in order), plat.probabilities([served[i] for i in order])))
     assert {sent[x["index"]]: x["relevance_score"] for x in again["results"]} == pytest.approx(by_text)
+    assert [x["index"] for x in again["results"]] == order
+    scores = [x["relevance_score"] for x in again["results"]]
+    assert scores == sorted(scores, reverse=True)
     # the cut-off uses the probability
     threshold = sorted(want.values())[1]
     cut = client.post("/rerank", json={"query": "apples", "documents": DOCS, "cutoff": threshold}).json()

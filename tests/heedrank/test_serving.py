@@ -45,3 +45,37 @@ def test_a_confident_reranker_wins_in_every_position(n: int) -> None:
         given = Ranking("q", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(ids)))
         served = policy.apply(given, Ranking.from_scores("q", scores))
         assert served.ranking.hits[0].doc_id == ids[position]
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SCORES = st.lists(st.floats(-5.0, 5.0, allow_nan=False), min_size=1, max_size=16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(own=_SCORES, first=_SCORES, by=st.sampled_from(["score", "rank", "prior"]),
+       alpha=st.sampled_from([None, 0.3]), calibrated=st.booleans(), scale=st.sampled_from([None, 0.05]),
+       cutoff=st.sampled_from([None, 0.4]))
+def test_relevance_agrees_with_the_served_order(own, first, by, alpha, calibrated, scale, cutoff) -> None:
+    """Whatever the given order contributes (the position prior, a fusion weight) is inside the
+    score a user reads: ``Served.relevance`` (and the probability) never rises down the served
+    ranking, and a cut-off keeps a prefix of it."""
+    from heedrank.calibration import PlattMap
+
+    n = len(own)
+    first = (first * n)[:n]
+    ids = [f"d{i:02d}" for i in range(n)]
+    given_order = Ranking.from_hits("q", (ScoredDoc(d, s) for d, s in zip(ids, sorted(first, reverse=True))))
+    reranked = Ranking.from_scores("q", dict(zip(ids, own)))
+    plat = PlattMap((2.0, -0.5, 0.3, 0.0), 0.1, 0.5) if calibrated else None
+    policy = ServePolicy(alpha=None if by == "prior" else alpha, by=by, plat=plat,
+                         cutoff=cutoff if calibrated else None, scale=scale)
+    served = policy.apply(given_order, reranked)
+    relevance = [served.relevance[h.doc_id] for h in served.ranking.hits]
+    assert all(a >= b for a, b in zip(relevance, relevance[1:])), (relevance, served.ranking)
+    if served.probabilities is not None:
+        probs = [served.probabilities[h.doc_id] for h in served.ranking.hits]
+        assert all(a >= b for a, b in zip(probs, probs[1:]))
+    if served.threshold is not None:
+        assert all(served.probabilities[d] < served.threshold for d in ids if d not in set(served.ranking.doc_ids))
