@@ -147,11 +147,11 @@ def worker(args) -> None:
         store = KVStore.create(Path(tempfile.mkdtemp()) / "kv", r.block_store_header(),
                               cache_bytes=16 << 30, out_dtype="float16")  # as Index.block_store opens it
         fill = r.rerank(Query("q", query), docs, block_store=store)  # index time: not timed
-        assert fill.details["cache"]["misses"] == len(docs)
+        assert fill.cache["misses"] == len(docs)
 
         def run():
             out = r.rerank(Query("q", query), docs, block_store=store)
-            assert out.details["cache"]["hits"] == len(docs)
+            assert out.cache["hits"] == len(docs)
             last_timings.update(out.details["timings"])
     else:
         prompt = r.build_prompt(query, docs)

@@ -100,7 +100,7 @@ def nf_test_run(pipe, cold_budget: int | None) -> tuple[dict[str, dict[str, floa
         if res.rerank is None:  # the first stage found nothing
             continue
         counts["reranked"] += len(res.rerank.ranking)
-        counts["skipped"] += len(res.rerank.details.get("cold_skipped", ()))
+        counts["skipped"] += len(res.skipped)
     return run, counts
 
 
@@ -197,8 +197,8 @@ def main() -> None:
         rr = res.rerank
         if rr is None:  # the first stage found nothing
             continue
-        skipped = len(rr.details.get("cold_skipped", ()))
-        cache_counts = rr.details.get("cache", {"hits": 0, "misses": 0})
+        skipped = len(res.skipped)
+        cache_counts = (rr.cache or {"hits": 0, "misses": 0})
         n = len(rr.ranking) + skipped
         rows.append({"seconds": seconds, "candidates": n, "hits": cache_counts["hits"], "reranked": len(rr.ranking)})
         time.sleep(args.gap)

@@ -206,20 +206,16 @@ def _isolate(
     pipeline: Pipeline, query: Query, options: SearchOptions, error: Exception
 ) -> tuple[Ranking, list[str], bool, list[str]]:
     """Rerank ``query`` despite ``error``: without failing documents, or the candidates that fit,
-    served as :meth:`Pipeline.search` serves (:class:`heedrank.serving.ServePolicy`).
+    through :meth:`Pipeline.rerank_documents` (the step :meth:`Pipeline.search` takes: the same
+    first stage and filter, document KV store, cold budget and serving).
 
     Returns:
         ``(ranking, failed_doc_ids, reranked, missing_doc_ids)``.
     """
-    from heedrank.serving import ServePolicy
-
-    retriever = pipeline.retrievers[options.retriever]
-    first = retriever.retrieve([query], max(options.top_k, options.candidates))[0]
-    docs = pipeline.docstore.get_many(first.doc_ids)
-    missing = [d for d in first.doc_ids if d not in docs]
-    hydrated = first.with_documents(docs)
-    cands = [h.document for h in hydrated.top(options.candidates).hits]
-    reranker = pipeline.reranker(options.rerank)
+    options = pipeline.validate(options)
+    row = next(iter(pipeline.first_stage_rows([query], options)))
+    hydrated, missing = row.hydrated, list(row.missing)
+    cands = list(hydrated.top(options.candidates).hits)
     failed: list[str] = []
     if isinstance(error, ContextOverflowError) and error.max_candidates > 0:
         logger.warning("query %s: the prompt overflows the context; reranking the top %d of %d candidates",
@@ -227,28 +223,26 @@ def _isolate(
         cands = cands[: error.max_candidates]
     else:
         keep = []
-        for doc in cands:
+        for hit in cands:
             try:
-                reranker.rerank(query, [doc])
+                pipeline.rerank_documents(query, Ranking(query.query_id, (hit,)), options)
             except (ModelLoadError, MissingDependencyError):
                 raise
             except Exception as exc:  # noqa: BLE001 - each failing document is logged and left out
                 logger.warning("query %s: document %s cannot be reranked (%s: %s); ranked below the reranked ones",
-                               query.query_id, doc.doc_id, type(exc).__name__, exc)
-                failed.append(doc.doc_id)
+                               query.query_id, hit.doc_id, type(exc).__name__, exc)
+                failed.append(hit.doc_id)
             else:
-                keep.append(doc)
+                keep.append(hit)
         cands = keep
     if cands:
         try:
-            rr = reranker.rerank(query, cands)
+            done = pipeline.rerank_documents(query, Ranking(query.query_id, tuple(cands)), options)
         except Exception as exc:  # noqa: BLE001
             logger.error("query %s: reranking failed again (%s: %s); writing first-stage order",
                          query.query_id, type(exc).__name__, exc)
         else:
-            policy = ServePolicy.of(reranker, fusion=options.fusion, cutoff=options.cutoff, method=options.rerank)
-            served = policy.apply(hydrated.top(options.candidates), rr.ranking)
-            return merge_served(hydrated, served, options.top_k), failed, True, missing
+            return merge_served(hydrated, done.served, options.top_k), failed, True, missing
     return hydrated.top(options.top_k), failed, False, missing
 
 

@@ -27,21 +27,33 @@ from typing import Any
 from heedrank.blocks import BlockSync, block_store_for
 from heedrank.config import PipelineConfig, SearchLimits
 from heedrank.errors import UnknownNameError, ValidationError
-from heedrank.serving import Served, ServePolicy, place_skipped
 from heedrank.protocols import (
     DocStore,
     ExplainingReranker,
-    FilterArg,
+    Reranked,
     Reranker,
     RerankResult,
     Retriever,
     SupportsClose,
 )
-from heedrank.types import Document, Query, Ranking, ScoredDoc
+from heedrank.results import (
+    NO_RERANK,
+    FirstStageRow,
+    RerankedQuery,
+    SearchOptions,
+    SearchResult,
+    merge_reranked,
+    merge_served,
+)
+from heedrank.serving import BY, ServePolicy, place_skipped, share_identical
+from heedrank.types import Document, Query, Ranking
+
+__all__ = [
+    "NO_RERANK", "FirstStageRow", "Pipeline", "RerankedQuery", "RerankerCache", "SearchOptions", "SearchResult",
+    "merge_reranked", "merge_served",
+]
 
 logger = logging.getLogger(__name__)
-
-NO_RERANK = "none"
 
 HEAD_OPTIONS = ("heads", "reattn")
 """Options that only some rerankers take (their options classes say which)."""
@@ -190,8 +202,10 @@ class RerankerCache:
         evidence_spans: int = 3,
         index: Any = None,
         cold_budget: int | None = None,
-    ) -> RerankResult:
-        """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``.
+        entry: tuple[Reranker, threading.Lock] | None = None,
+    ) -> Reranked:
+        """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``
+        (``entry``: that reranker and its lock, already looked up with :meth:`get` for this request).
 
         With ``index`` (the collection's index), a reranker in cached mode reads candidate
         blocks from the index's document KV store (:func:`block_store_for`).
@@ -199,16 +213,16 @@ class RerankerCache:
         With ``cold_budget`` (see :attr:`SearchOptions.cold_budget`) and a reranker that says
         which candidates are cold (``cold_candidates``, cached BlockRank), every warm
         candidate and the first ``cold_budget`` cold ones (in the given order) are reranked;
-        the result ranks those, and ``details["cold_skipped"]`` lists the doc ids left out,
+        the result ranks those, and :attr:`Reranked.skipped` lists the doc ids left out,
         which go to :attr:`cold_listener`.
 
         With ``explain``, the reranker must offer ``rerank_with_evidence`` (ICR does); its
-        result carries ``details["evidence"] = {doc_id: [span, ...]}``.
+        result carries :attr:`RerankResult.evidence`.
 
         Raises:
             ValidationError: ``explain`` with a reranker that cannot explain; see :meth:`get`.
         """
-        reranker, lock = self.get(method, options, max_doc_tokens)
+        reranker, lock = entry if entry is not None else self.get(method, options, max_doc_tokens)
         explainer = check_explainer(reranker, method) if explain else None
         skipped: list[Document] = []
         with self._idle:
@@ -219,29 +233,24 @@ class RerankerCache:
                 cold_of = getattr(reranker, "cold_candidates", None)
                 if cold_budget is not None and cold_of is not None:
                     candidates, skipped = _within_budget(candidates, cold_of(candidates, store), cold_budget)
+                extra: dict[str, Any] = {} if store is None else {"block_store": store}  # only a reader of blocks
                 if not candidates:
                     result = RerankResult(Ranking(query.query_id, ()))
                 elif explainer is not None:
-                    result = (explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans,
-                                                             block_store=store) if store is not None
-                              else explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans))
-                elif store is not None:
-                    result = reranker.rerank(query, candidates, block_store=store)  # type: ignore[call-arg]
+                    result = explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans, **extra)
                 else:
-                    result = reranker.rerank(query, candidates)
+                    result = reranker.rerank(query, candidates, **extra)
         finally:
             with self._idle:
                 self._active -= 1
                 self._idle.notify_all()
-        if not skipped:
-            return result
         listener = self.cold_listener
-        if listener is not None:
+        if skipped and listener is not None:
             try:
                 listener(reranker, store, skipped)
             except Exception:  # noqa: BLE001 - the fill is best effort; the search has its answer
                 logger.exception("queueing %d cold blocks for the background fill failed", len(skipped))
-        return replace(result, details={**result.details, "cold_skipped": [d.doc_id for d in skipped]})
+        return Reranked(reranker=reranker, result=result, skipped=tuple(d.doc_id for d in skipped))
 
     def known_methods(self) -> list[str] | None:
         """The methods this cache can build, sorted: the registry's plus those built, for a
@@ -269,123 +278,6 @@ class RerankerCache:
             for (m, opts, mdt), (r, _) in self._custom.items():
                 out[m + (opts if opts != "{}" else "") + (f"[max_doc_tokens={mdt}]" if mdt is not None else "")] = r
             return out
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """Options of one search.
-
-    Attributes:
-        top_k: Number of results returned (1..``max_top_k``).
-        retriever: First-stage retriever name.
-        rerank: Reranker name, or ``"none"`` for first-stage order.
-        candidates: How many first-stage hits the reranker reorders (1..``max_candidates``).
-            Results beyond the reranked candidates keep first-stage order below them.
-        filter: Metadata filter applied by the first stage: the JSON form, or the parsed
-            :class:`heedrank.index.filters.BoolFilter` that :meth:`Pipeline.validate` puts in
-            the options it returns (parsed once; never parsed again below).
-        rerank_options: Reranker options (``RerankerConfig.options`` keys, e.g. ICR's
-            ``heads`` and ``reattn``) merged over the configured ones; each distinct set
-            builds its own reranker (cached, the model shared).
-        explain: Ask the reranker for evidence spans (``RerankResult.details["evidence"]``);
-            only rerankers with ``rerank_with_evidence`` (ICR) can.
-        evidence_spans: Most evidence spans per document with ``explain``.
-        fusion: ``None`` (the reranker's order), ``alpha`` in [0, 1]: the candidates are
-            ordered by ``alpha * z(first-stage score) + (1 - alpha) * z(reranker score)``,
-            each z-scored over the query's candidates (:func:`fuse_scores`; the study's
-            fused variant, docs/RESULTS.md "Fusion"), or ``"default"``: the reranker's
-            recorded weight (cached BlockRank: its weights card's ``fusion.alpha``, chosen on
-            NFCorpus dev; none for ICR and uncached BlockRank).
-        cutoff: ``None`` (return ``top_k`` hits), a probability in [0, 1], or ``"auto"``:
-            return only the reranked hits whose calibrated probability of relevance is at
-            least that (``"auto"``: the threshold chosen on dev), at most ``top_k``, possibly
-            none (:mod:`heedrank.calibration`). Needs a reranker with a calibration for the
-            fusion weight used (the default configuration: fusion ``"default"`` or none).
-        cold_budget: The recompute budget: at most this many candidates whose blocks are in
-            neither the document KV store nor the RAM tier are encoded inline (cached
-            BlockRank); the other cold ones are not reranked and keep their first-stage
-            positions (:func:`heedrank.serving.place_skipped`), and are handed to the
-            pipeline's :attr:`RerankerCache.cold_listener` (the service's background fill).
-            ``None``: no budget (every candidate is reranked). Ignored with a cut-off (a
-            cut-off needs every candidate judged) and by rerankers without stored blocks.
-    """
-
-    top_k: int = 10
-    retriever: str = "bm25"
-    rerank: str = NO_RERANK
-    candidates: int = 20
-    filter: FilterArg | None = None
-    rerank_options: Mapping[str, Any] | None = None
-    explain: bool = False
-    evidence_spans: int = 3
-    fusion: float | str | None = None
-    cutoff: float | str | None = None
-    cold_budget: int | None = None
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """Result of one search.
-
-    Attributes:
-        query: The query.
-        ranking: Final top-``k`` hits, hydrated (each ``ScoredDoc.document`` set). Scores
-            are the reranker's for reranked hits; hits below the candidates keep first-stage
-            scores shifted below the lowest reranked score so the order stays consistent.
-        first_stage: The first-stage ranking (top ``max(k, candidates)``), not hydrated.
-        timings: Seconds per stage: ``retrieve``, ``hydrate``, ``rerank``, ``total``.
-        rerank: The reranker's result, or ``None`` without reranking.
-        fusion: The fusion weight used (:class:`heedrank.serving.ServePolicy`), or ``None``.
-        probabilities: Calibrated probability of relevance of each reranked candidate, by doc
-            id, when the reranker has a calibration for the scores served (else ``None``).
-        relevance: The score a user reads, in [0, 1], of each reranked candidate, by doc id
-            (:attr:`heedrank.serving.Served.relevance`: the calibrated probability where there
-            is a calibration), or ``None`` without reranking.
-        cutoff: The probability threshold applied (``SearchOptions.cutoff``), or ``None``.
-        missing: First-stage hits (of the top ``max(k, candidates)``) missing from the document
-            store, so neither reranked nor returned.
-    """
-
-    query: Query
-    ranking: Ranking
-    first_stage: Ranking
-    timings: Mapping[str, float]
-    rerank: RerankResult | None = None
-    fusion: float | None = None
-    probabilities: Mapping[str, float] | None = None
-    cutoff: float | None = None
-    missing: tuple[str, ...] = ()
-    relevance: Mapping[str, float] | None = None
-
-
-@dataclass(frozen=True)
-class FirstStageRow:
-    """One query's first stage, hydrated: what reranking starts from
-    (:meth:`Pipeline.first_stage_rows`, shared by :meth:`Pipeline.search_batch` and the
-    engines in :mod:`heedrank.engine`).
-
-    Attributes:
-        query: The query.
-        ranking: The retriever's ranking (``SearchResult.first_stage``), not hydrated.
-        top: Its top ``k1`` hits (``k1 = max(top_k, candidates)`` when reranking, else ``top_k``).
-        docs: The documents of ``top`` found in the document store, by id.
-        hydrated: ``top`` with documents; hits missing from the store are dropped (logged).
-        retrieve_seconds: The batch's retrieval time divided by its number of queries.
-        hydrate_seconds: Seconds spent hydrating this query.
-    """
-
-    query: Query
-    ranking: Ranking
-    top: Ranking
-    docs: Mapping[str, Document]
-    hydrated: Ranking
-    retrieve_seconds: float
-    hydrate_seconds: float
-
-    @property
-    def missing(self) -> tuple[str, ...]:
-        """Ids of ``top``'s hits missing from the document store, in first-stage order."""
-        return tuple(d for d in self.top.doc_ids if d not in self.docs)
 
 
 def check_query_texts(queries: Sequence[Query]) -> None:
@@ -521,7 +413,8 @@ class Pipeline:
         is checked when it is built (:meth:`search_batch`), since building may load a model.
 
         Returns:
-            ``options`` with ``filter`` parsed (``None`` for no filter).
+            ``options`` with ``filter`` parsed (``None`` for no filter), marked checked
+            (:attr:`SearchOptions.checked`: validating them again returns them as they are).
 
         Raises:
             ValidationError: ``top_k``/``candidates`` out of range, options of another
@@ -531,11 +424,32 @@ class Pipeline:
         """
         from heedrank import registry
 
+        if options.checked:
+            return options
         self.limits.check_top_k(options.top_k)
         if options.retriever not in self.retrievers:
             raise UnknownNameError(
                 f"unknown retriever {options.retriever!r}; choose one of {sorted(self.retrievers)}"
             )
+        if options.rerank != NO_RERANK:
+            self.limits.check_candidates(options.candidates)
+        options = self.check_rerank(options)
+        parsed = registry.parse_filter(options.filter)
+        return replace(options, filter=parsed, checked=True)
+
+    def check_rerank(self, options: SearchOptions, *, fusion_name: str = "fusion (rerank.fusion, --fusion)"
+                     ) -> SearchOptions:
+        """The reranking part of :meth:`validate` (``/rerank`` and :meth:`rerank_documents`
+        check only this): the method, ``heads``/``reattn``, ``explain``, ``fusion``
+        (``fusion_name`` in its message), ``cutoff`` (resolved) and ``cold_budget``.
+
+        Raises:
+            ValidationError, UnknownNameError: as :meth:`validate`.
+        """
+        from heedrank import registry
+
+        if options.checked:
+            return options
         method = options.rerank
         aliases = registry.reranker_aliases()
         if method != NO_RERANK:
@@ -543,7 +457,6 @@ class Pipeline:
             if known is not None and aliases.get(method, method) not in known:
                 raise UnknownNameError(f"unknown rerank method {method!r}; choose one of "
                                        f"{[NO_RERANK, *sorted(aliases), *known]}")
-            self.limits.check_candidates(options.candidates)
         head_options = [k for k in HEAD_OPTIONS if k in (options.rerank_options or {})]
         takers = registry.methods_with_options(HEAD_OPTIONS)
         if head_options and aliases.get(method, method) not in takers:
@@ -562,7 +475,7 @@ class Pipeline:
                 raise ValidationError("fusion needs reranking (it mixes first-stage and reranker scores); add rerank")
             from heedrank.fusion import resolve_weight
 
-            resolve_weight(options.fusion, name="fusion (rerank.fusion, --fusion)")  # raises for a bad value
+            resolve_weight(options.fusion, name=fusion_name)  # raises for a bad value
         if options.cutoff is not None:
             from heedrank.calibration import resolve_cutoff
 
@@ -575,8 +488,7 @@ class Pipeline:
                                                 or not isinstance(options.cold_budget, int) or options.cold_budget < 0):
             raise ValidationError(f"cold_budget must be an integer >= 0 (blocks encoded inline) or null (no budget), "
                                   f"got {options.cold_budget!r}")
-        parsed = registry.parse_filter(options.filter)
-        return options if parsed is options.filter else replace(options, filter=parsed)
+        return options
 
     # -- documents -------------------------------------------------------------------
     @property
@@ -673,16 +585,14 @@ class Pipeline:
         """
         options = self.validate(options)
         check_query_texts(queries)
-        rerank = options.rerank != NO_RERANK
-        cache = self._cache() if rerank else None
-        policy: ServePolicy | None = None
-        if cache is not None:
-            reranker: Any = cache.get(options.rerank, options.rerank_options)[0]  # build (and fail) before retrieval
+        entry = policy = None
+        if options.rerank != NO_RERANK:  # the reranker, looked up once (built, and failing, before retrieval)
+            entry = self._cache().get(options.rerank, options.rerank_options)
             if options.explain:
-                check_explainer(reranker, options.rerank)
-            policy = ServePolicy.of(reranker, fusion=options.fusion, cutoff=options.cutoff, by="score",
+                check_explainer(entry[0], options.rerank)
+            policy = ServePolicy.of(entry[0], fusion=options.fusion, cutoff=options.cutoff, by="score",
                                     method=options.rerank)
-
+        doc_tokens = getattr(getattr(entry[0], "config", None), "max_doc_tokens", None) if entry else None
         results = []
         iterator: Any = self.first_stage_rows(queries, options)
         if show_progress:
@@ -690,34 +600,82 @@ class Pipeline:
 
             iterator = tqdm(iterator, total=len(queries), desc=f"search ({options.rerank})", unit="query")
         for row in iterator:
-            q, ranking, hydrated = row.query, row.ranking, row.hydrated
-            t_retrieve, t_hydrate = row.retrieve_seconds, row.hydrate_seconds
-            rr: RerankResult | None = None
-            served: Served | None = None
-            t_rerank = 0.0
-            final = hydrated.top(options.top_k)
-            if cache is not None and policy is not None and len(hydrated):
-                cands = hydrated.top(options.candidates)
-                t2 = time.perf_counter()
-                budget = options.cold_budget if options.cutoff is None else None
-                rr = cache.rerank(q, [h.document for h in cands.hits], options.rerank, options.rerank_options,
-                                  explain=options.explain, evidence_spans=options.evidence_spans,
-                                  index=self.index, cold_budget=budget)
-                t_rerank = time.perf_counter() - t2
-                skipped = set(rr.details.get("cold_skipped", ()))
-                reranked = Ranking(cands.query_id, tuple(h for h in cands.hits if h.doc_id not in skipped))
-                served = place_skipped(policy.apply(reranked, rr.ranking), cands, skipped)
-                final = merge_served(hydrated, served, options.top_k)
-            timings = {
-                "retrieve": t_retrieve,
-                "hydrate": t_hydrate,
-                "rerank": t_rerank,
-                "total": t_retrieve + t_hydrate + t_rerank,
-            }
-            results.append(SearchResult(q, final, ranking, timings, rr, policy.alpha if rr is not None and policy else None,
-                                        served.probabilities if served else None, served.threshold if served else None,
-                                        row.missing, served.relevance if served else None))
+            hydrated, done = row.hydrated, None
+            if entry is not None and policy is not None and len(hydrated):
+                done = self._serve(entry, policy, row.query, hydrated.top(options.candidates), options)
+            t_rerank = done.seconds if done is not None else 0.0
+            timings = {"retrieve": row.retrieve_seconds, "hydrate": row.hydrate_seconds, "rerank": t_rerank,
+                       "total": row.retrieve_seconds + row.hydrate_seconds + t_rerank}
+            if done is None:
+                results.append(SearchResult(query=row.query, ranking=hydrated.top(options.top_k),
+                                            first_stage=row.ranking, timings=timings, missing=row.missing))
+                continue
+            served = done.served
+            results.append(SearchResult(
+                query=row.query, ranking=merge_served(hydrated, served, options.top_k), first_stage=row.ranking,
+                timings=timings, rerank=done.reranked.result, fusion=done.policy.alpha,
+                probabilities=served.probabilities, cutoff=served.threshold, missing=row.missing,
+                relevance=served.relevance, skipped=done.reranked.skipped, doc_tokens=doc_tokens))
         return results
+
+    def rerank_documents(self, query: Query, candidates: Ranking, options: SearchOptions = SearchOptions(), *,
+                         max_doc_tokens: int | None = None, by: str = "score", scale: float | None = None,
+                         use_store: bool = True, share_texts: bool = False) -> RerankedQuery:
+        """Rerank and serve one query's given candidates: the step :meth:`search_batch` takes
+        after the first stage, for ``/rerank`` (documents in the request) and ``rerank-batch``'s
+        isolation of a failing query (:mod:`heedrank.eval.batch`).
+
+        Args:
+            query: The query (with text).
+            candidates: The candidates in first-stage (given) order, hydrated, with their
+                first-stage scores (``by="score"`` fuses them; ``/rerank`` gives ``1 / (1 + i)``).
+            options: ``rerank`` (the method), ``rerank_options``, ``fusion``, ``cutoff``,
+                ``explain``, ``evidence_spans``, ``cold_budget``; checked by :meth:`check_rerank`.
+            max_doc_tokens: The reranker's document budget (``None``: the configured one).
+            by: :data:`heedrank.serving.BY`: how the given order counts (``"prior"``: ``/rerank``'s
+                position prior, :class:`heedrank.serving.PositionPrior`).
+            scale: Override of the reranker's ``score_scale`` (:meth:`ServePolicy.of`).
+            use_store: Read (and fill) this pipeline's index's document KV store; ``/rerank``'s
+                documents are not the collection's, so it passes ``False``.
+            share_texts: Identical texts share one served score and relevance
+                (:func:`heedrank.serving.share_identical`; ``/rerank``).
+
+        Returns:
+            The :class:`~heedrank.results.RerankedQuery`; its ``served.relevance`` is
+            non-increasing down ``served.ranking``.
+
+        Raises:
+            ValidationError, UnknownNameError: see :meth:`check_rerank`, :meth:`ServePolicy.of`.
+            ContextOverflowError: the candidates do not fit the model's context.
+        """
+        if by not in BY:
+            raise ValidationError(f"by must be one of {BY}, got {by!r}")
+        options = self.check_rerank(options)
+        entry = self._cache().get(options.rerank, options.rerank_options, max_doc_tokens)
+        if options.explain:
+            check_explainer(entry[0], options.rerank)
+        policy = ServePolicy.of(entry[0], fusion=None if by == "prior" else options.fusion, cutoff=options.cutoff,
+                                by=by, method=options.rerank, scale=scale)
+        done = self._serve(entry, policy, query, candidates, options, use_store=use_store)
+        if not share_texts:
+            return done
+        texts = {h.doc_id: h.document.content if h.document else h.doc_id for h in candidates.hits}
+        return replace(done, served=share_identical(done.served, texts))
+
+    def _serve(self, entry: tuple[Reranker, threading.Lock], policy: ServePolicy, query: Query, cands: Ranking,
+               options: SearchOptions, *, use_store: bool = True) -> RerankedQuery:
+        """Rerank ``cands`` (hydrated, first-stage order) with ``entry`` and serve them by ``policy``;
+        candidates over the cold budget keep their first-stage positions (:func:`place_skipped`)."""
+        t0 = time.perf_counter()
+        reranked = self._cache().rerank(
+            query, [h.document for h in cands.hits if h.document is not None], options.rerank, options.rerank_options,
+            explain=options.explain, evidence_spans=options.evidence_spans, index=self.index if use_store else None,
+            cold_budget=options.cold_budget if options.cutoff is None else None, entry=entry)
+        seconds = time.perf_counter() - t0
+        skipped = set(reranked.skipped)
+        kept = Ranking(cands.query_id, tuple(h for h in cands.hits if h.doc_id not in skipped))
+        served = place_skipped(policy.apply(kept, reranked.result.ranking), cands, skipped)
+        return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=seconds)
 
 
 @dataclass(frozen=True)
@@ -762,28 +720,3 @@ def reranker_factory(base: Any, *, block_cache_bytes: int | None = None) -> Rera
     """A :class:`RegistryRerankerFactory` over a base :class:`~heedrank.config.RerankerConfig`
     (``block_cache_bytes``: see :attr:`RegistryRerankerFactory.block_cache_bytes`)."""
     return RegistryRerankerFactory(base, block_cache_bytes)
-
-
-def merge_served(first_stage: Ranking, served: Served, top_k: int) -> Ranking:
-    """:func:`merge_reranked` of a served query: with a cut-off (``served.threshold``), only the
-    reranked hits that passed it (at most ``top_k``), else the reranked hits then the rest of
-    the first stage, cut to ``top_k``."""
-    k = top_k if served.threshold is None else min(top_k, len(served.ranking))
-    return merge_reranked(first_stage, served.ranking, k)
-
-
-def merge_reranked(first_stage: Ranking, reranked: Ranking, k: int) -> Ranking:
-    """Reranked candidates first, then the rest of the first stage in its order, cut to ``k``.
-
-    Hits below the candidates get scores strictly below the lowest reranked score
-    (``min_reranked - 1 - position``) so that the ``(-score, doc_id)`` order holds.
-    Documents are taken from ``first_stage`` hits.
-    """
-    docs = {h.doc_id: h.document for h in first_stage.hits}
-    hits = [replace(h, document=h.document or docs.get(h.doc_id)) for h in reranked.hits]
-    if len(hits) < k:
-        seen = {h.doc_id for h in hits}
-        floor = min((h.score for h in hits), default=0.0)
-        rest = [h for h in first_stage.hits if h.doc_id not in seen][: k - len(hits)]
-        hits += [ScoredDoc(h.doc_id, floor - 1.0 - i, h.document) for i, h in enumerate(rest)]
-    return Ranking(first_stage.query_id, tuple(hits[:k]))

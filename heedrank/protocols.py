@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 from heedrank.blocks import BlockCachingReranker, BlockStore, BlockStoreOwner
-from heedrank.types import Document, Query, Ranking
+from heedrank.types import Document, EvidenceSpan, Query, Ranking
 
 if TYPE_CHECKING:  # type-only: the core never imports the index layer
     import numpy as np
@@ -29,6 +29,7 @@ __all__ = [
     "Filter",
     "FilterArg",
     "Preloadable",
+    "Reranked",
     "Reranker",
     "RerankResult",
     "Retriever",
@@ -169,10 +170,17 @@ class RerankResult:
         truncated: Doc ids whose content was cut to ``max_doc_tokens`` LM tokens.
         prompt_tokens: LM tokens processed for this query (all passes).
         seconds: Wall-clock time of the reranking, in seconds.
-        details: Method-specific diagnostics (e.g. per-document token spans).
+        details: Method-specific diagnostics nobody downstream depends on (``timings`` in
+            seconds, per-document token spans, ICR's ``attention`` dumps).
         warnings: What a caller should know about how the ranking was made (a query cut
             to its token budget, candidates scored in several windows, duplicate texts
             sharing one score); the API adds them to its response's warnings.
+        evidence: With ``explain`` (:class:`ExplainingReranker`): ``{doc_id: [EvidenceSpan,
+            ...]}`` (:class:`heedrank.types.EvidenceSpan`, best first) of every candidate;
+            ``None`` otherwise.
+        cache: For a reranker reading stored blocks (cached BlockRank): ``{"hits": n,
+            "misses": m}``, candidate blocks read from the document KV store or the RAM
+            tier and blocks computed now; ``None`` for other rerankers.
     """
 
     ranking: Ranking
@@ -181,6 +189,8 @@ class RerankResult:
     seconds: float = 0.0
     details: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    evidence: Mapping[str, Sequence[EvidenceSpan]] | None = None
+    cache: Mapping[str, int] | None = None
 
 
 @runtime_checkable
@@ -188,12 +198,15 @@ class Reranker(Protocol):
     """Second stage: reorders a query's candidates.
 
     ``candidates`` come in first-stage order (best first). ``rerank_batch`` is the
-    batch-first call; ``rerank`` is one query.
+    batch-first call; ``rerank`` is one query. ``block_store``: a collection's document KV
+    store (:class:`BlockStore`) for a reranker that reads stored candidate blocks (cached
+    BlockRank); the pipeline passes it only to such a reranker (:func:`heedrank.blocks.block_store_for`),
+    so others may leave the keyword out.
     """
 
     name: str
 
-    def rerank(self, query: Query, candidates: Sequence[Document]) -> RerankResult: ...
+    def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult: ...
 
     def rerank_batch(
         self, queries: Sequence[Query], candidates: Sequence[Sequence[Document]]
@@ -204,10 +217,32 @@ class Reranker(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Reranked:
+    """One query's reranking as :meth:`heedrank.pipeline.RerankerCache.rerank` ran it.
+
+    Attributes:
+        reranker: The reranker that ran (looked up once for the request).
+        result: Its result over the candidates it reranked.
+        skipped: Doc ids of the candidates left out by the recompute budget (cold blocks,
+            :attr:`heedrank.pipeline.SearchOptions.cold_budget`), in the given order; they
+            keep their given positions (:func:`heedrank.serving.place_skipped`).
+    """
+
+    reranker: Reranker
+    result: RerankResult
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def cache(self) -> Mapping[str, int] | None:
+        """:attr:`RerankResult.cache`: block hits and misses, or ``None``."""
+        return self.result.cache
+
+
 @runtime_checkable
 class ExplainingReranker(Protocol):
     """A reranker that can also say why: ``rerank_with_evidence`` returns the same ranking
-    with ``details["evidence"] = {doc_id: [span, ...]}`` (ICR and cached BlockRank do).
+    with :attr:`RerankResult.evidence` ``= {doc_id: [span, ...]}`` (ICR and cached BlockRank do).
     ``block_store``: as :meth:`Reranker.rerank`'s, for a reranker that reads stored blocks."""
 
     def rerank_with_evidence(

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 Run = dict[str, dict[str, float]]
 """A run: ``{query_id: {doc_id: score}}``; higher score = more relevant."""
@@ -74,6 +74,27 @@ class ScoredDoc:
     doc_id: str
     score: float
     document: Document | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceSpan:
+    """A span of a document that drew query attention (``explain``;
+    :attr:`heedrank.protocols.RerankResult.evidence`).
+
+    Attributes:
+        field: ``"text"`` or ``"title"``: the document field the offsets index.
+        start: First character, 0-based, into that field.
+        end: One past the last character (``field_value[start:end] == text``).
+        text: The span's characters.
+        score: Sum of its tokens' scores (the method's token attention: unitless, higher =
+            more attended, comparable within one response).
+    """
+
+    field: Literal["text", "title"]
+    start: int
+    end: int
+    text: str
+    score: float
 
 
 def sort_key(hit: ScoredDoc) -> tuple[float, str]:

@@ -63,6 +63,7 @@ class DocumentScores:
         details: Method diagnostics (``timings`` in seconds, ...), into ``RerankResult.details``.
         warnings: What the caller should know (windows used, ...), into ``RerankResult.warnings``.
         passes: The scored prompts (one per window).
+        cache: Block hits and misses (a method reading stored blocks), into ``RerankResult.cache``.
     """
 
     scores: list[float]
@@ -71,6 +72,7 @@ class DocumentScores:
     details: dict[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     passes: tuple[ScoredPass, ...] = ()
+    cache: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -302,6 +304,7 @@ class AttentionReranker:
             seconds=time.perf_counter() - t0,
             details=details,
             warnings=tuple(warnings) + tuple(scored.warnings),
+            cache=scored.cache,
         )
         return RerankRun(result, unique, owner, scored)
 

@@ -387,7 +387,7 @@ class ICRReranker(AttentionReranker):
         self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3, block_store: Any = None
     ) -> RerankResult:
         """:meth:`rerank` plus evidence, from the same pass(es): the result is the one
-        :meth:`rerank` returns (same scores and order), with ``details["evidence"]``
+        :meth:`rerank` returns (same scores and order), with ``RerankResult.evidence``
         ``{doc_id: [EvidenceSpan, ...]}`` (see :meth:`evidence_from`; with windows, each
         candidate's evidence comes from the window that scored it).
 
@@ -412,7 +412,7 @@ class ICRReranker(AttentionReranker):
                     done.add(u)
                     for doc in members.get(u, []):
                         evidence[doc.doc_id] = self._doc_evidence(doc, p.prompt.spans[pos], p.prompt, scores, max_spans)
-        return replace(run.result, details={**run.result.details, "evidence": evidence})
+        return replace(run.result, evidence=evidence)
 
     def evidence(
         self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
@@ -428,7 +428,7 @@ class ICRReranker(AttentionReranker):
             >>> [(s.text, round(s.score, 3)) for s in ev["d-water"]]     # doctest: +SKIP
             [('water boils at 100 degrees', 0.412), ...]
         """
-        return self.rerank_with_evidence(query, candidates, max_spans=max_spans).details["evidence"]
+        return self.rerank_with_evidence(query, candidates, max_spans=max_spans).evidence or {}
 
     def content_offsets(self, doc: Document) -> tuple[list[int], list[tuple[str, int, int]]]:
         """Token ids of a document's content as placed in the prompt (truncated to

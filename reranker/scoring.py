@@ -21,12 +21,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from heedrank.errors import ValidationError
 from heedrank.fusion import standardize, standardized_weights
-from heedrank.types import Document
+from heedrank.types import Document, EvidenceSpan  # EvidenceSpan: re-exported (a core record)
 
 logger = logging.getLogger(__name__)
 
@@ -182,26 +181,6 @@ def linear_head_token_scores(qo: Any, co: Any, L0: int, D: int, layers: Sequence
         c = (qo[l][0, :, L0: L0 + D] - co[l][0, :, L0: L0 + D]).double()  # (H, D)
         out += scale[i] @ c
     return out
-
-
-@dataclass(frozen=True)
-class EvidenceSpan:
-    """A span of a document that drew query attention (``explain``).
-
-    Attributes:
-        field: ``"text"`` or ``"title"``: the document field the offsets index.
-        start: First character, 0-based, into that field.
-        end: One past the last character (``field_value[start:end] == text``).
-        text: The span's characters.
-        score: Sum of its tokens' scores (the method's token attention: unitless, higher =
-            more attended, comparable within one response).
-    """
-
-    field: Literal["text", "title"]
-    start: int
-    end: int
-    text: str
-    score: float
 
 
 def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bool = False

@@ -30,9 +30,9 @@ in ``meta.warnings``. Only the body size (``max_body_bytes``) bounds a document'
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
-
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -50,11 +50,8 @@ from heedrank.api.schemas import (
     RerankedDocument,
     TokenCounts,
 )
-from heedrank.calibration import resolve_cutoff
 from heedrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
-from heedrank.pipeline import NO_RERANK
-from heedrank.serving import Served, ServePolicy, share_identical
-from heedrank.protocols import RerankResult
+from heedrank.pipeline import NO_RERANK, Pipeline, RerankedQuery, SearchOptions
 from heedrank.settings import Settings
 from heedrank.types import Document, Query, Ranking, ScoredDoc
 
@@ -126,45 +123,91 @@ def check_request(body: CohereRerankRequest, settings: Settings) -> tuple[list[s
     return texts, max_doc_tokens, warnings
 
 
-def _served_reranker(runtime: Runtime, settings: Settings, max_doc_tokens: int | None) -> Any:
-    """The reranker /rerank just used (from the cache), or ``None`` without one."""
-    if runtime.rerankers is None:
-        return None
-    return runtime.rerankers.get(settings.rerank_method, None, max_doc_tokens)[0]
-
-
 def _doc_ids(n: int) -> list[str]:
     width = len(str(max(0, n - 1)))
     return [f"{i:0{width}d}" for i in range(n)]  # zero-padded: ties keep the given order
 
 
-async def _rerank(runtime: Runtime, settings: Settings, query: Query, docs: list[Document],
-                  max_doc_tokens: int | None, deadline: float | None, t0: float,
-                  is_disconnected: Any = None) -> tuple[RerankResult | None, str | None]:
-    """The reranker's result, or ``(None, reason)`` when the deadline stops it."""
-    cache = runtime.rerankers
-    if cache is None:
-        raise ModelLoadError("this service has no reranker")
+async def _rerank(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ranking, options: SearchOptions,
+                  call: dict[str, Any], deadline: float | None, t0: float,
+                  is_disconnected: Any = None) -> tuple[RerankedQuery | None, str | None]:
+    """:meth:`heedrank.pipeline.Pipeline.rerank_documents` in the ``rerank`` pool, or
+    ``(None, reason)`` when the deadline stops it."""
     pool = runtime.pools["rerank"]
     if deadline is not None:
-        estimate = pool.estimate_seconds(len(docs))
+        estimate = pool.estimate_seconds(len(given))
         if estimate is not None and estimate > deadline:
             return None, "estimate"
     remaining = None if deadline is None else max(0.0, deadline - (time.perf_counter() - t0))
-    budget = settings.request_budget_s  # the service's per-request budget, below a larger deadline_ms
+    budget = runtime.settings.request_budget_s  # the service's per-request budget, below a larger deadline_ms
     by_budget = budget is not None and (remaining is None or budget < remaining)
     if by_budget:
         remaining = max(0.0, budget - (time.perf_counter() - t0))
     try:
-        result = await pool.run(cache.rerank, query, docs, settings.rerank_method, None, max_doc_tokens,
-                                units=len(docs), timeout=remaining, is_disconnected=is_disconnected)
+        done = await pool.run(functools.partial(pipeline.rerank_documents, **call), query, given, options,
+                              units=len(given), timeout=remaining, is_disconnected=is_disconnected)
     except OverloadedError:
         if deadline is None:
             raise
         return None, "overloaded"
     except (TimeoutError, asyncio.TimeoutError):
         return None, "budget" if by_budget else "timeout"
-    return result, None
+    return done, None
+
+
+def _cut_warning(cut: list[int], budget: int) -> str:
+    shown = ", ".join(str(i) for i in cut[:20]) + (f" and {len(cut) - 20} more" if len(cut) > 20 else "")
+    return (f"documents {shown} are longer than {CHARS_PER_TOKEN * budget} characters; each was ranked on its "
+            f"first {budget} LM tokens (max_tokens_per_doc)")
+
+
+def to_response(body: CohereRerankRequest, done: RerankedQuery | None, reason: str | None, *, cutoff: Any,
+                texts: list[str],
+                cut: list[int], budget: int, warnings: list[str], settings: Settings, runtime: Runtime,
+                version: str, t0: float) -> CohereRerankResponse:
+    """The Cohere response of a reranking (``done``), or of the given order when the deadline
+    stopped it (``done is None``, ``reason`` says why). Results are sorted by
+    ``relevance_score``, best first (ties in served order), then cut to ``top_n``."""
+    total = time.perf_counter() - t0
+    method = registry.resolve_method(settings.rerank_method)
+    if done is None:
+        runtime.metrics.deadline_fallbacks.labels(reason).inc()
+        warnings.append(f"the service's per-request budget of {settings.request_budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) "
+                        "ran out; documents are in the given order" if reason == "budget" else
+                        f"deadline_ms {body.deadline_ms} would be exceeded ({reason}); documents are in the given order")
+        if cutoff is not None:
+            warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
+        rows = [(i, 1.0 / (1 + i), 1.0 / (1 + i)) for i in range(len(texts))]  # (index, relevance, raw)
+        timings, tokens, truncated, probs, alpha, scale = {"queue": 0.0, "rerank": 0.0, "total": total}, 0, [], None, None, None
+    else:
+        result, served = done.reranked.result, done.served
+        position = {h.doc_id: int(h.doc_id) for h in result.ranking.hits}
+        raw = {h.doc_id: float(h.score) for h in result.ranking.hits}
+        relevance = served.relevance or {}
+        rows = sorted(((position[h.doc_id], relevance[h.doc_id], raw[h.doc_id]) for h in served.ranking.hits),
+                      key=lambda row: -row[1])  # stable: the served order breaks ties
+        runtime.metrics.stage_seconds.labels("rerank").observe(float(result.seconds))
+        runtime.metrics.observe_block_cache(result.cache)
+        timings = {"queue": max(0.0, total - float(result.seconds)), "rerank": float(result.seconds), "total": total}
+        tokens, truncated = int(result.prompt_tokens), sorted({int(d) for d in result.truncated} | set(cut))
+        warnings.extend(result.warnings)  # how the reranker ranked (query cut, windows, shared scores)
+        warnings.extend(served.warnings)
+        if cut:
+            warnings.append(_cut_warning(cut, budget))
+        probs, alpha, scale = served.probabilities, done.policy.alpha, done.policy.scale
+    rows = rows[: body.top_n] if body.top_n is not None else rows
+    results = [CohereRerankResult(index=i, relevance_score=rel,
+                                  document=RerankedDocument(text=texts[i]) if body.return_documents else None)
+               for i, rel, _ in rows]
+    meta = CohereRerankMeta(
+        api_version=ApiVersion(version=version), tokens=TokenCounts(input_tokens=tokens), warnings=warnings,
+        model=f"{lm_name(settings.model)}/{method}", method=method, reranked=done is not None,
+        deadline_exceeded=done is None, truncated=len(truncated), doc_tokens=budget if done is not None else None,
+        timings=timings, score_scale=None if probs is not None else scale, calibrated=probs is not None,
+        order_prior=done.served.order_prior if done is not None else None, raw_scores=[r for _, _, r in rows],
+        fusion=alpha, cutoff=done.served.threshold if done is not None else None,
+    )
+    return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
 
 
 # decorators register bottom-up: /rerank first, then the paths of Cohere's SDK
@@ -177,7 +220,9 @@ async def _rerank(runtime: Runtime, settings: Settings, query: Query, docs: list
 async def rerank(
     body: CohereRerankRequest, request: Request, runtime: ReadyRuntimeDep, settings: SettingsDep
 ) -> CohereRerankResponse:
-    """Rank ``documents`` by relevance to ``query`` with the service's reranker.
+    """Rank ``documents`` by relevance to ``query`` with the service's reranker: one call of
+    :meth:`heedrank.pipeline.Pipeline.rerank_documents` (the documents are not the
+    collection's: no document KV store).
 
     Results are sorted by ``relevance_score``, best first, cut to ``top_n``; ``index``
     points into the request's ``documents``. Runs in the bounded ``rerank`` pool: a full
@@ -185,82 +230,20 @@ async def rerank(
     """
     t0 = time.perf_counter()
     texts, max_doc_tokens, warnings = check_request(body, settings)
-    cutoff = resolve_cutoff(body.cutoff)  # a bad value is a 422 before any work
+    if runtime.rerankers is None:
+        raise ModelLoadError("this service has no reranker")
+    pipeline = runtime.pipeline(None)
+    prior = body.fusion == "default"  # (when omitted) the given order as a position prior (PositionPrior)
+    options = pipeline.check_rerank(SearchOptions(rerank=settings.rerank_method, fusion=None if prior else body.fusion,
+                                                  cutoff=body.cutoff), fusion_name="fusion")  # 422 before any work
     budget = max_doc_tokens or settings.max_doc_tokens
     ranked_texts, cut = cut_long_documents(texts, budget)
-    ids = _doc_ids(len(texts))
-    docs = [Document(doc_id, text) for doc_id, text in zip(ids, ranked_texts)]
-    query = Query("rerank", body.query)
+    given = Ranking("rerank", tuple(ScoredDoc(d, 1.0 / (1 + i), Document(d, t))
+                                    for i, (d, t) in enumerate(zip(_doc_ids(len(texts)), ranked_texts))))
+    call = {"max_doc_tokens": max_doc_tokens, "by": "prior" if prior else "rank",
+            "scale": settings.rerank_score_scale, "use_store": False, "share_texts": True}
     deadline = body.deadline_ms / 1000.0 if body.deadline_ms is not None else None
-    result, reason = await _rerank(runtime, settings, query, docs, max_doc_tokens, deadline, t0,
-                                   request.is_disconnected)
-    position = {doc_id: i for i, doc_id in enumerate(ids)}
-    total = time.perf_counter() - t0
-    policy = ServePolicy()
-    served: Served | None = None
-    if result is None:
-        runtime.metrics.deadline_fallbacks.labels(reason).inc()
-        warnings.append(
-            f"the service's per-request budget of {settings.request_budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) ran "
-            "out; documents are in the given order" if reason == "budget" else
-            f"deadline_ms {body.deadline_ms} would be exceeded ({reason}); documents are in the given order"
-        )
-        if cutoff is not None:
-            warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
-        order = [(i, 1.0 / (1 + i)) for i in range(len(texts))]
-        timings = {"queue": 0.0, "rerank": 0.0, "total": total}
-        tokens, truncated = 0, []
-    else:
-        prior = body.fusion == "default"  # (when omitted) the given order as a position prior (PositionPrior)
-        policy = ServePolicy.of(_served_reranker(runtime, settings, max_doc_tokens),
-                                fusion=None if prior else body.fusion, cutoff=cutoff, by="prior" if prior else "rank",
-                                method=settings.rerank_method, scale=settings.rerank_score_scale)
-        given = Ranking("rerank", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(ids)))
-        served = share_identical(policy.apply(given, result.ranking), dict(zip(ids, ranked_texts)))
-        order = [(position[h.doc_id], float(h.score)) for h in served.ranking.hits]
-        rerank_seconds = float(result.seconds)
-        runtime.metrics.stage_seconds.labels("rerank").observe(rerank_seconds)
-        runtime.metrics.observe_block_cache(result.details.get("cache"))
-        timings = {"queue": max(0.0, total - rerank_seconds), "rerank": rerank_seconds, "total": total}
-        tokens = int(result.prompt_tokens)
-        truncated = sorted({position[d] for d in result.truncated} | set(cut))
-        warnings.extend(result.warnings)  # how the reranker ranked (query cut, windows, shared scores)
-        warnings.extend(served.warnings)
-        if cut:
-            shown = ", ".join(str(i) for i in cut[:20]) + (f" and {len(cut) - 20} more" if len(cut) > 20 else "")
-            warnings.append(
-                f"documents {shown} are longer than {CHARS_PER_TOKEN * budget} characters; each was ranked on its "
-                f"first {budget} LM tokens (max_tokens_per_doc)"
-            )
-    raw = {position[h.doc_id]: float(h.score) for h in result.ranking.hits} if result is not None else {}
-    probs = served.probabilities if served is not None else None
-    if body.top_n is not None:
-        order = order[: body.top_n]
-    if served is not None and served.relevance is not None:  # the one score (ServePolicy.apply)
-        relevance = [served.relevance[ids[i]] for i, _ in order]
-    else:  # the deadline stopped the reranking: 1 / (1 + position)
-        relevance = [s for _, s in order]
-    results = [
-        CohereRerankResult(index=i, relevance_score=rel,
-                           document=RerankedDocument(text=texts[i]) if body.return_documents else None)
-        for (i, _), rel in zip(order, relevance)
-    ]
-    meta = CohereRerankMeta(
-        api_version=ApiVersion(version="1" if request.url.path.endswith("/v1/rerank") else "2"),
-        tokens=TokenCounts(input_tokens=tokens),
-        warnings=warnings,
-        model=f"{lm_name(settings.model)}/{registry.resolve_method(settings.rerank_method)}",
-        method=registry.resolve_method(settings.rerank_method),
-        reranked=result is not None,
-        deadline_exceeded=result is None,
-        truncated=len(truncated),
-        doc_tokens=budget if result is not None else None,
-        timings=timings,
-        score_scale=None if probs is not None else policy.scale,
-        calibrated=probs is not None,
-        order_prior=served.order_prior if served is not None else None,
-        raw_scores=[raw.get(i, s) for i, s in order],
-        fusion=policy.alpha,
-        cutoff=served.threshold if served is not None else None,
-    )
-    return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
+    done, reason = await _rerank(runtime, pipeline, Query("rerank", body.query), given, options, call, deadline, t0,
+                                 request.is_disconnected)
+    return to_response(body, done, reason, cutoff=options.cutoff, texts=texts, cut=cut, budget=budget, warnings=warnings, settings=settings,
+                       runtime=runtime, version="1" if request.url.path.endswith("/v1/rerank") else "2", t0=t0)

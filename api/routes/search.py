@@ -84,11 +84,10 @@ def _fusion(value: float | str | None) -> float | str | None:
     return None if value == "none" else value
 
 
-def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
-                doc_tokens: int | None = None) -> SearchResponse:
+def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -> SearchResponse:
     """The response body of a pipeline result."""
     rr = result.rerank
-    evidence = rr.details.get("evidence") if rr is not None else None
+    evidence = rr.evidence if rr is not None else None
     first_rank = {h.doc_id: i for i, h in enumerate(result.first_stage.hits, 1)}
     scored = None if rr is None else set(rr.ranking.doc_ids)
     relevance = result.relevance or {}
@@ -113,11 +112,11 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0,
     ]
     info = None
     if rr is not None:
-        skipped = len(rr.details.get("cold_skipped", ()))
+        skipped = len(result.skipped)
         info = RerankInfo(method=method, candidates=len(rr.ranking) + skipped, reranked=len(rr.ranking),
-                          skipped_cold=skipped, truncated=len(rr.truncated), doc_tokens=doc_tokens,
-                          prompt_tokens=int(rr.prompt_tokens), warnings=list(getattr(rr, "warnings", ())),
-                          cache=rr.details.get("cache"), fusion=result.fusion, cutoff=result.cutoff,
+                          skipped_cold=skipped, truncated=len(rr.truncated), doc_tokens=result.doc_tokens,
+                          prompt_tokens=int(rr.prompt_tokens), warnings=list(rr.warnings),
+                          cache=dict(rr.cache) if rr.cache is not None else None, fusion=result.fusion, cutoff=result.cutoff,
                           calibrated=result.probabilities is not None)
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},
                       queue=queue_seconds)
@@ -173,9 +172,5 @@ async def search(
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
     runtime.metrics.observe_timings(result.timings)
     if result.rerank is not None:
-        runtime.metrics.observe_block_cache(result.rerank.details.get("cache"))
-    doc_tokens = None
-    if result.rerank is not None:  # built by the search: how much of each document it read
-        doc_tokens = getattr(getattr(pipeline.reranker(options.rerank, options.rerank_options), "config", None),
-                             "max_doc_tokens", None)
-    return to_response(result, options.rerank, queue_seconds, doc_tokens)
+        runtime.metrics.observe_block_cache(result.rerank.cache)
+    return to_response(result, options.rerank, queue_seconds)

@@ -66,8 +66,8 @@ from heedrank.engine import EngineOptions, EngineSearch, QueryWork, RecordSink
 from heedrank.errors import HeedrankError, KVStoreError, KVStoreMismatchError, ValidationError, require
 from heedrank.jsonable import jsonable
 from heedrank.pipeline import NO_RERANK, FirstStageRow, Pipeline, RerankerCache, SearchOptions, SearchResult, check_query_texts
-from heedrank.protocols import Preloadable, RerankResult
-from heedrank.types import Document, Query, Ranking, ScoredDoc
+from heedrank.protocols import Preloadable
+from heedrank.types import Document, Query, Ranking
 
 if TYPE_CHECKING:
     from heedrank.config import RerankerConfig
@@ -201,25 +201,11 @@ def _worker_pipeline(payloads: Sequence[Mapping[str, Any]], cache: RerankerCache
     return Pipeline({_RUN: RunRetriever(run, name=_RUN)}, InMemoryDocStore(docs.values()), rerankers=cache, limits=limits)
 
 
-def _ranking_json(ranking: Ranking) -> list[list[Any]]:
-    return [[h.doc_id, float(h.score)] for h in ranking.hits]
-
-
 def search_record(pipeline: Pipeline, q: Query, options: SearchOptions) -> dict[str, Any]:
     """The :data:`~heedrank.engine.QueryWork` of :meth:`RayEngine.search`: one
-    :meth:`Pipeline.search` as JSON (the driver rebuilds the :class:`SearchResult`)."""
-    r = pipeline.search(q, options)
-    rr = r.rerank
-    return {
-        "ranking": _ranking_json(r.ranking),
-        "rerank": None if rr is None else {
-            "ranking": _ranking_json(rr.ranking), "truncated": list(rr.truncated),
-            "prompt_tokens": int(rr.prompt_tokens), "seconds": float(rr.seconds), "warnings": list(rr.warnings),
-        },
-        "rerank_seconds": float(r.timings.get("rerank", 0.0)),
-        "fusion": r.fusion,
-        "missing": list(r.missing),
-    }
+    :meth:`Pipeline.search` as JSON (:meth:`SearchResult.to_json`; the driver rebuilds it
+    with :meth:`SearchResult.from_json`)."""
+    return pipeline.search(q, options).to_json()
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
@@ -504,19 +490,13 @@ class RayEngine:
                         unit="query", disable=not show_progress)
 
         def collect(seq: int, record: Mapping[str, Any]) -> None:
-            row, done = first[seq], record["result"]
-            q, docs = row.query, row.docs
-            final = Ranking(q.query_id, tuple(ScoredDoc(d, s, docs.get(d)) for d, s in done["ranking"]))
-            rr = None
-            if done["rerank"] is not None:
-                r = done["rerank"]
-                rr = RerankResult(Ranking(q.query_id, tuple(ScoredDoc(d, s) for d, s in r["ranking"])),
-                                  tuple(r["truncated"]), r["prompt_tokens"], r["seconds"], {}, tuple(r["warnings"]))
-            t_rerank = float(done["rerank_seconds"])
+            row = first[seq]
+            done = SearchResult.from_json(record["result"], row.docs)
+            t_rerank = float(done.timings.get("rerank", 0.0))
             timings = {"retrieve": row.retrieve_seconds, "hydrate": row.hydrate_seconds, "rerank": t_rerank,
                        "total": row.retrieve_seconds + row.hydrate_seconds + t_rerank}
-            results[seq] = SearchResult(q, final, row.ranking, timings, rr, done.get("fusion"),
-                                        missing=tuple(done.get("missing", ())))
+            # the driver's query and first stage (the actor saw only the top k1 of it)
+            results[seq] = replace(done, query=row.query, first_stage=row.ranking, timings=timings)
             if record.get("describe") is not None:
                 info["describe"] = record["describe"]
             if record.get("load_seconds") is not None:

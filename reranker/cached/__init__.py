@@ -78,7 +78,7 @@ class CachedBlockRankReranker(BlockRankReranker):
     computed and written back, and without a store they come from the RAM cache
     (``block_cache_bytes``) or are computed. Scores: ``learned`` a weighted sum of z-scores
     (unitless), ``calibrated`` attention-mass differences (unitless), ``signal``
-    probabilities summing to 1 over the distinct candidate texts. ``details["cache"]`` counts
+    probabilities summing to 1 over the distinct candidate texts. ``RerankResult.cache`` counts
     block ``hits`` and ``misses``. :meth:`load` loads the model and resolves the rest once;
     what needs it before then (``rerank``, :attr:`lm`, :attr:`scoring`, ...) runs it first.
 
@@ -347,7 +347,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         out = s.scorer.score(QueryPass(s.lm, prompt, ctx.kv, s.layer, self.options.doc_batch_size, self.fast_path))
         return DocumentScores(
             scores=out.scores, truncated=list(prompt.truncated), prompt_tokens=prompt.total_tokens,
-            details={"timings": {**ctx.seconds, **out.seconds}, "layer": s.layer, "cache": ctx.cache},
+            details={"timings": {**ctx.seconds, **out.seconds}, "layer": s.layer}, cache=dict(ctx.cache),
             passes=(ScoredPass(prompt, out.tokens, tuple(range(len(prompt.doc_ids)))),),
         )
 
@@ -356,7 +356,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3, block_store: Any = None
     ) -> RerankResult:
         """:meth:`rerank` plus evidence from the same pass: the same scores and order, with
-        ``details["evidence"] = {doc_id: [EvidenceSpan, ...]}``.
+        ``RerankResult.evidence = {doc_id: [EvidenceSpan, ...]}``.
 
         A token's evidence score is its share of the document's score: with ``learned``
         scoring ``t_j = sum_{l,h} w_lh c_lh,j / sd_lh`` (``c``: calibrated attention of the
@@ -386,7 +386,7 @@ class CachedBlockRankReranker(BlockRankReranker):
             tokens = (state() if callable(state) else state).double().tolist()
             evidence = document_evidence(self.base_lm.tokenizer, self.layout, prompt, tokens, candidates, run.owner,
                                          self.config.max_doc_tokens, max_spans)
-        return replace(run.result, details={**run.result.details, "evidence": evidence})
+        return replace(run.result, evidence=evidence)
 
     # -- reports ---------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

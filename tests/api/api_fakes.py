@@ -151,14 +151,14 @@ class ExplainingReranker(FakeReranker):
     name = "explain"
 
     def rerank_with_evidence(self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3) -> RerankResult:
-        from heedrank.reranker.icr import EvidenceSpan
+        from heedrank.types import EvidenceSpan
 
         rr = self.rerank(query, candidates)
         ev = {}
         for d in candidates:
             word = d.text.split()[0]
             ev[d.doc_id] = [EvidenceSpan("text", 0, len(word), word, 1.0)][:max_spans]
-        return replace(rr, details={**rr.details, "evidence": ev})
+        return replace(rr, evidence=ev)
 
 
 class BatchedReranker(FakeReranker):

@@ -65,7 +65,7 @@ class CachedFake:
             if todo:
                 block_store.put_many({k: (kk, vv) for k, kk, vv in self.encode_block_arrays(todo)})
         scores = {c.doc_id: float(len(c.text)) for c in candidates}
-        return RerankResult(Ranking.from_scores(query.query_id, scores), details={"cache": {"hits": hits, "misses": misses}})
+        return RerankResult(Ranking.from_scores(query.query_id, scores), cache={"hits": hits, "misses": misses})
 
     def describe(self) -> dict[str, Any]:
         return {"method": "cachedfake", "layer": self.layer}

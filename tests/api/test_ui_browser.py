@@ -70,7 +70,7 @@ class SpanReranker(FakeReranker):
     name = "spans"
 
     def rerank_with_evidence(self, query, candidates, *, max_spans: int = 3):
-        from heedrank.reranker.icr import EvidenceSpan
+        from heedrank.types import EvidenceSpan
 
         rr = self.rerank(query, candidates)
         stems = {w.lower()[:5] for w in re.findall(r"\w+", query.text) if len(w) > 2}
@@ -82,7 +82,7 @@ class SpanReranker(FakeReranker):
                     if len(m.group()) > 2 and m.group().lower()[:5] in stems:
                         spans.append(EvidenceSpan(field, m.start(), m.end(), m.group(), round(1 / (1 + m.start() / 8), 4)))
             evidence[d.doc_id] = sorted(spans, key=lambda s: -s.score)[:max_spans]
-        return replace(rr, details={**rr.details, "evidence": evidence})
+        return replace(rr, evidence=evidence)
 
 
 def _browser_or_skip() -> str:

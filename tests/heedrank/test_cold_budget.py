@@ -90,10 +90,10 @@ def test_the_pipeline_reranks_within_the_budget_and_hands_the_rest_to_the_fill()
     full = pipe.search(Query("q", "apple"), SearchOptions(rerank="reverse", candidates=5, top_k=5))
     first = full.first_stage.top(5).doc_ids
     cold = [d for d in first if "cold" in texts[int(d[1:])]]
-    assert len(cold) == 2 and "cold_skipped" not in full.rerank.details and not offered
+    assert len(cold) == 2 and full.skipped == () and not offered
 
     part = pipe.search(Query("q", "apple"), SearchOptions(rerank="reverse", candidates=5, top_k=5, cold_budget=1))
-    assert part.rerank.details["cold_skipped"] == [cold[1]] and offered == [[cold[1]]]
+    assert part.skipped == (cold[1],) and offered == [[cold[1]]]
     assert reranker.seen[-1] == [d for d in first if d != cold[1]]
     assert part.ranking.doc_ids.index(cold[1]) == first.index(cold[1])  # its first-stage slot
     assert sorted(part.ranking.doc_ids) == sorted(first)

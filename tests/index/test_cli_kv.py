@@ -81,7 +81,7 @@ def test_pipeline_reads_the_index_store(tiny_index: Path) -> None:
     finally:
         pipeline.close()
     assert result.rerank is not None
-    cache = result.rerank.details["cache"]
+    cache = result.rerank.cache
     assert cache["misses"] == 0 and cache["hits"] >= 1
 
 
@@ -106,4 +106,4 @@ def test_new_documents_get_their_blocks_at_ingest(tiny_index: Path) -> None:
     finally:
         pipeline.close()
     assert result.ranking.hits[0].doc_id == "new1"
-    assert result.rerank is not None and result.rerank.details["cache"]["misses"] == 0
+    assert result.rerank is not None and result.rerank.cache["misses"] == 0

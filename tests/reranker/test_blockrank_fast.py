@@ -99,7 +99,7 @@ def _assert_same(fast, exact, tol: float = 1e-5) -> None:
     err = max(abs(a[d] - b[d]) for d in a)
     assert err < tol, err
     assert [h.doc_id for h in fast.ranking.hits] == [h.doc_id for h in exact.ranking.hits]
-    assert fast.details["cache"] == exact.details["cache"]
+    assert fast.cache == exact.cache
 
 
 @pytest.mark.parametrize("scoring", ["signal", "calibrated", "learned"])
@@ -126,7 +126,7 @@ def test_fast_path_scores_equal_the_exact_path_across_queries_sharing_a_buffer(
         docs = nf_docs[cut]
         got = fast.rerank(Query("q", query), docs, block_store=store)
         want = exact.rerank(Query("q", query), docs, block_store=store)
-        assert got.details["cache"] == {"hits": len(docs), "misses": 0}
+        assert got.cache == {"hits": len(docs), "misses": 0}
         _assert_same(got, want, tol)
         pointers.append(fast.context_buffer()._k.data_ptr())
         if scoring != "signal":  # the merged pass reports one query timing

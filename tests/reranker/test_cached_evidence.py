@@ -29,7 +29,7 @@ def test_default_evidence_spans_slice_their_text_and_keep_the_ranking(default_re
     explained = default_reranker.rerank_with_evidence(q, docs, max_spans=3)
     assert explained.ranking.doc_ids == plain.ranking.doc_ids
     assert [h.score for h in explained.ranking.hits] == pytest.approx([h.score for h in plain.ranking.hits])
-    evidence = explained.details["evidence"]
+    evidence = explained.evidence
     assert set(evidence) == {d.doc_id for d in docs}
     by_id = {d.doc_id: d for d in docs}
     n_spans = 0

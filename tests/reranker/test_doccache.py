@@ -77,17 +77,17 @@ def test_scores_from_stored_blocks_equal_the_uncached_path(default_lm, nf_docs, 
     expected = _reference(first, query, docs)
     with KVStore.create(tmp_path / "kv", header) as store:
         cold = first.rerank(Query("q", query), docs, block_store=store)
-        assert cold.details["cache"] == {"hits": 0, "misses": 8}
+        assert cold.cache == {"hits": 0, "misses": 8}
         assert len(store) == 8
     # a fresh reranker (empty RAM cache) reads every block from the store
     second = _reranker(default_lm, kv_dtype="float16")
     with KVStore.open(tmp_path / "kv", header) as store:
         warm = second.rerank(Query("q", query), docs, block_store=store)
-        assert warm.details["cache"] == {"hits": 8, "misses": 0}
+        assert warm.cache == {"hits": 8, "misses": 0}
         # mixed: two documents never stored, computed now and written back
         mixed_docs = docs[:5] + nf_docs[8:10]
         mixed = second.rerank(Query("q", query), mixed_docs, block_store=store)
-        assert mixed.details["cache"] == {"hits": 5, "misses": 2}
+        assert mixed.cache == {"hits": 5, "misses": 2}
         assert len(store) == 10
     # blocks computed now (float32, never stored): exact
     assert max(abs(x - y) for x, y in zip(_scores(cold, docs), expected)) < 1e-5
@@ -111,7 +111,7 @@ def test_cached_mode_is_permutation_invariant_and_calibrated_scoring_works(defau
     b = r.rerank(q, list(reversed(nf_docs[:6])))
     sa, sb = _scores(a, nf_docs[:6]), _scores(b, nf_docs[:6])
     assert max(abs(x - y) for x, y in zip(sa, sb)) < 1e-5
-    assert b.details["cache"]["hits"] == 6  # the RAM cache served the second call
+    assert b.cache["hits"] == 6  # the RAM cache served the second call
     assert len(set(round(x, 6) for x in sa)) > 1
 
 
@@ -134,6 +134,7 @@ def test_outside_cached_mode_there_is_no_store_header(default_lm) -> None:
 def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default_lm, nf_docs, tmp_path) -> None:
     import numpy as np
 
+    from heedrank.fusion import standardize
     from heedrank.fusion import standardize
     from heedrank.lab.study import block_features
     from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
@@ -178,7 +179,7 @@ def test_scores_from_an_int8_store_stay_close_to_the_uncached_path(default_lm, n
     with KVStore.create(tmp_path / "kv", r.block_store_header()) as store:
         r.rerank(Query("q", query), docs, block_store=store)
         warm = _reranker(default_lm).rerank(Query("q", query), docs, block_store=store)
-        assert warm.details["cache"] == {"hits": 8, "misses": 0}
+        assert warm.cache == {"hits": 8, "misses": 0}
     got = _scores(warm, docs)
     spread = max(expected) - min(expected)
     assert max(abs(x - y) for x, y in zip(got, expected)) < 0.02 * spread

@@ -160,7 +160,7 @@ def test_gemma_cached_blocks_equal_the_uncached_linear_path(gemma_lm, long_docs,
         cold = r.rerank(Query("q", query), long_docs, block_store=store)
     with KVStore.open(tmp_path / "kv", header) as store:
         warm = _reranker(gemma_lm).rerank(Query("q", query), long_docs, block_store=store)
-    assert cold.details["cache"] == {"hits": 0, "misses": 3} and warm.details["cache"] == {"hits": 3, "misses": 0}
+    assert cold.cache == {"hits": 0, "misses": 3} and warm.cache == {"hits": 3, "misses": 0}
 
     def scores(result):
         by_id = {h.doc_id: h.score for h in result.ranking.hits}

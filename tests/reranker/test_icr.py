@@ -162,7 +162,7 @@ def test_rerank_with_evidence_keeps_scores_and_finds_spans(icr):
     plain = icr.rerank(Query("q", query), docs)
     res = icr.rerank_with_evidence(Query("q", query), docs, max_spans=2)
     assert res.ranking.to_dict() == plain.ranking.to_dict()  # same pass, same scores
-    evidence = res.details["evidence"]
+    evidence = res.evidence
     assert set(evidence) == {d.doc_id for d in docs}
     by_id = {d.doc_id: d for d in docs}
     for doc_id, spans in evidence.items():

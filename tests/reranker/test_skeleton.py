@@ -172,7 +172,7 @@ def test_evidence_with_windows_covers_every_candidate_and_keeps_the_scores(defau
     plain = icr.rerank(QUERY, docs)
     res = icr.rerank_with_evidence(QUERY, docs, max_spans=2)
     assert res.ranking.to_dict() == plain.ranking.to_dict() and res.details["windows"]["count"] >= 2
-    evidence = res.details["evidence"]
+    evidence = res.evidence
     assert set(evidence) == {d.doc_id for d in docs}
     assert evidence["copy-of-tea"] == evidence["d-tea"]  # same text, same attention, same spans
     by_id = {d.doc_id: d for d in docs}
