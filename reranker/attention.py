@@ -247,13 +247,14 @@ def _merged_attention(query, key, value, split: ContextSplit, scaling: float, ne
     while start < K0:  # chunks of the context, each read from memory once for all rows
         end = K0 if K0 - start < CONTEXT_CHUNK + CONTEXT_CHUNK // 4 else start + CONTEXT_CHUNK
         o, l = _flash_cpu()(qg, key[:, :, start:end], value[:, :, start:end], 0.0, False, scale=scaling)
-        if out_c is None:
+        if out_c is None or lse_c is None:
             out_c, lse_c = o, l
         else:
             both = torch.logaddexp(lse_c, l)
             out_c = out_c * torch.exp(lse_c - both)[..., None] + o * torch.exp(l - both)[..., None]
             lse_c = both
         start = end
+    assert out_c is not None and lse_c is not None, "the split path needs a context (see _split_ok)"
     z = torch.matmul(qg, ks.transpose(-1, -2)).mul_(scaling)  # (1, n_kv, n_rep*R, R)
     z = z.view(B, n_kv, n_rep, R, R).add_(split.self_mask.to(z.dtype)).view(B, n_kv, n_rep * R, R)
     lse_s = torch.logsumexp(z, dim=-1)
@@ -306,16 +307,16 @@ def _split_forward(module, query, key, value, attention_mask, scaling: float, sp
                    capture: AttentionCapture | None, last: bool):
     """The split fast path of :func:`heedrank_attention_forward` (see the module docstring)."""
     layer = int(module.layer_idx)
-    wanted = capture is not None and capture.wants(layer)
-    if wanted and capture.mode != "mean":
-        capture_rows(module, query, key, attention_mask, scaling, capture)
-        wanted = False
+    wanted = capture if capture is not None and capture.wants(layer) else None
+    if wanted is not None and wanted.mode != "mean":
+        capture_rows(module, query, key, attention_mask, scaling, wanted)
+        wanted = None
         if last:
             raise StopForward(layer)
     out, lse, qg, p_self = _merged_attention(query, key, value, split, scaling, need_out=not last)
-    if wanted:
+    if wanted is not None:
         _, H, R, _ = query.shape
-        capture.out[layer] = _mean_from_lse(capture, key, lse, qg, p_self, R, H, scaling, split.context_len)
+        wanted.out[layer] = _mean_from_lse(wanted, key, lse, qg, p_self, R, H, scaling, split.context_len)
     if last:
         raise StopForward(layer)
     return out, None

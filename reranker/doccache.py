@@ -181,6 +181,9 @@ def _in_place_layer_class():
     from transformers.cache_utils import DynamicLayer
 
     class InPlaceLayer(DynamicLayer):
+        keys: Any  # tensors set in __init__, never None here (the base class starts them at None)
+        values: Any
+
         def __init__(self, keys: Any, values: Any, room: int) -> None:
             super().__init__()
             self.keys, self.values, self.room = keys, values, room
@@ -499,7 +502,7 @@ class BlockSource:
         t0 = time.perf_counter()
         keys = [block_key(b) for b in blocks]
         out: list[BlockKV | None] = [None] * len(blocks)
-        want: dict[str, list[int]] = {}
+        want: dict[BlockKey, list[int]] = {}
         for i, k in enumerate(keys):
             hit = self.memory.get(k)
             if hit is not None:

@@ -27,12 +27,12 @@ logger = logging.getLogger(__name__)
 
 router = APIRouter(tags=["documents"])
 
-_READ_ERRORS = {
+_READ_ERRORS: dict[int | str, dict[str, Any]] = {  # FastAPI's `responses` type
     401: {"model": ErrorBody, "description": "Missing or wrong API key (when the service has one)."},
     404: {"model": ErrorBody, "description": "Unknown collection, or the collection has no such document."},
     422: {"model": ErrorBody, "description": "Invalid request."},
 }
-_WRITE_ERRORS = {
+_WRITE_ERRORS: dict[int | str, dict[str, Any]] = {  # FastAPI's `responses` type
     **_READ_ERRORS,
     409: {"model": ErrorBody, "description": "The collection is read-only (an index of an older format, or not "
           "backed by an index directory)."},

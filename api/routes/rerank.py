@@ -57,7 +57,7 @@ from heedrank.types import Document, Query, Ranking, ScoredDoc
 
 router = APIRouter(tags=["rerank"])
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {  # FastAPI's `responses` type
     401: {"model": ErrorBody, "description": "Missing or wrong API key (when the service has one)."},
     413: {"model": ErrorBody, "description": "Body (decompressed) or document count over the limits."},
     422: {"model": ErrorBody, "description": "Invalid request (empty query or documents, unknown model, ...)."},

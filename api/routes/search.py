@@ -27,7 +27,7 @@ from heedrank.types import Query
 router = APIRouter(tags=["search"])
 logger = logging.getLogger(__name__)
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {  # FastAPI's `responses` type
     401: {"model": ErrorBody, "description": "Missing or wrong API key (when the service has one)."},
     404: {"model": ErrorBody, "description": "Unknown collection, index or document not found."},
     422: {"model": ErrorBody, "description": "Invalid request (empty query, top_k out of range, unknown name, "
