@@ -54,6 +54,9 @@ from heedrank.types import Document
 
 if TYPE_CHECKING:
     from heedrank.blocks import KVHeader
+    from heedrank.index.bm25 import BM25Index
+    from heedrank.index.dense import DenseIndex
+    from heedrank.index.docstore import SQLiteDocStore
     from heedrank.index.filters import BoolFilter
     from heedrank.index.kv import KVStore
 
@@ -174,10 +177,7 @@ class Index:
                 the build's embedder, or the index format version is not supported.
             ModelLoadError: ``embedder`` is not a usable local directory.
         """
-        from heedrank.index.bm25 import BM25Index
-        from heedrank.index.builder import BM25_DIR, DOCS_FILE, FORMAT_VERSION, READABLE_VERSIONS, read_params
-        from heedrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
-        from heedrank.index.docstore import SQLiteDocStore
+        from heedrank.index.builder import BM25_DIR, FORMAT_VERSION, READABLE_VERSIONS, read_params
 
         root = Path(path).expanduser().absolute()
         params = read_params(root)
@@ -189,44 +189,8 @@ class Index:
                 f"{list(READABLE_VERSIONS)} (writes {FORMAT_VERSION}){hint}"
             )
         maintenance.recover_swapped_dir(root, BM25_DIR)
-        docstore = None
-        try:
-            dense_params = params.get("dense")
-            embedder_dir = None
-            if dense_params and encoder is not None:
-                want = (dense_params.get("embedder") or {}).get("sha256")
-                got = dict(encoder.describe()).get("sha256")
-                if want != got:
-                    raise IndexMismatchError(
-                        f"index at {root} was built with embedder sha256 {str(want)[:12]}..., "
-                        f"but the given encoder has {str(got)[:12]}..."
-                    )
-            elif dense_params:
-                embedder_dir = _check_embedder(root, dense_params, embedder)
-            docstore = SQLiteDocStore(root / DOCS_FILE)
-            bm25 = BM25Index.load(root / BM25_DIR)
-            dense = None
-            if dense_params:
-                dense = DenseIndex.load(root / VECTORS_FILE, DenseParams.from_dict(dense_params.get("params") or {}))
-        except NotFoundError as exc:
-            if docstore is not None:
-                docstore.close()
-            raise NotFoundError(f"index at {root} is incomplete or corrupt: {exc}{hint}") from exc
-        if dense is not None and dense_params and dense_params.get("dim") not in (None, dense.dim):
-            docstore.close()
-            raise NotFoundError(f"index at {root} is corrupt: vector dim {dense.dim} != {dense_params['dim']}{hint}")
-        if embedder is not None and not dense_params:
-            logger.warning("index at %s has no dense vectors; embedder %r is ignored", root, embedder)
         writable = version == FORMAT_VERSION
-        _warn_old_analyzer(root, bm25.params.analyzer_version, writable)
-        if not writable:
-            n = params.get("num_docs")
-            sizes = {"params.json": n, "docs.sqlite": len(docstore), "bm25": bm25.num_docs}
-            if dense is not None:
-                sizes["vectors.faiss"] = len(dense)
-            if len(set(sizes.values())) != 1:
-                docstore.close()
-                raise NotFoundError(f"index at {root} is corrupt: document counts disagree {sizes}{hint}")
+        docstore, bm25, dense, embedder_dir = _open_parts(root, params, embedder, encoder, writable=writable, hint=hint)
         index = cls(
             path=root, params=params, docstore=docstore, bm25=bm25, dense=dense, encoder=encoder,
             embedder_dir=embedder_dir, show_progress=show_progress, writable=writable, kv_cache_bytes=kv_cache_bytes,
@@ -671,6 +635,65 @@ class Index:
 
     def __repr__(self) -> str:
         return f"Index({str(self.path) if self.path else 'in-memory'!r}, {len(self.docstore)} docs, {self.available_retrievers()})"
+
+
+def _open_parts(root: Path, params: Mapping[str, Any], embedder: str | Path | None, encoder: Encoder | None, *,
+                writable: bool, hint: str) -> tuple[SQLiteDocStore, BM25Index, DenseIndex | None, Path | None]:
+    """The document store, BM25 and vector index (``None`` without vectors) of the index
+    directory ``root``, checked against its ``params``, and the query encoder directory to
+    load on first use (``None`` when ``encoder`` is given or there are no vectors). See
+    :meth:`Index.open` for the arguments; ``hint`` ends the error messages (the rebuild
+    command). Closes the document store before it raises.
+
+    Raises:
+        NotFoundError: a missing or corrupt part (for a read-only ``writable=False`` index,
+            also parts that disagree on the document count).
+        IndexMismatchError: ``encoder`` differs from the build's embedder.
+        ModelLoadError: ``embedder`` is not a usable local directory.
+    """
+    from heedrank.index.bm25 import BM25Index
+    from heedrank.index.builder import BM25_DIR, DOCS_FILE
+    from heedrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
+    from heedrank.index.docstore import SQLiteDocStore
+
+    docstore: SQLiteDocStore | None = None
+    try:
+        dense_params = params.get("dense")
+        embedder_dir = None
+        if dense_params and encoder is not None:
+            want = (dense_params.get("embedder") or {}).get("sha256")
+            got = dict(encoder.describe()).get("sha256")
+            if want != got:
+                raise IndexMismatchError(
+                    f"index at {root} was built with embedder sha256 {str(want)[:12]}..., "
+                    f"but the given encoder has {str(got)[:12]}..."
+                )
+        elif dense_params:
+            embedder_dir = _check_embedder(root, dense_params, embedder)
+        docstore = SQLiteDocStore(root / DOCS_FILE)
+        bm25 = BM25Index.load(root / BM25_DIR)
+        dense = None
+        if dense_params:
+            dense = DenseIndex.load(root / VECTORS_FILE, DenseParams.from_dict(dense_params.get("params") or {}))
+    except NotFoundError as exc:
+        if docstore is not None:
+            docstore.close()
+        raise NotFoundError(f"index at {root} is incomplete or corrupt: {exc}{hint}") from exc
+    if dense is not None and dense_params and dense_params.get("dim") not in (None, dense.dim):
+        docstore.close()
+        raise NotFoundError(f"index at {root} is corrupt: vector dim {dense.dim} != {dense_params['dim']}{hint}")
+    if embedder is not None and not dense_params:
+        logger.warning("index at %s has no dense vectors; embedder %r is ignored", root, embedder)
+    _warn_old_analyzer(root, bm25.params.analyzer_version, writable)
+    if not writable:
+        n = params.get("num_docs")
+        sizes = {"params.json": n, "docs.sqlite": len(docstore), "bm25": bm25.num_docs}
+        if dense is not None:
+            sizes["vectors.faiss"] = len(dense)
+        if len(set(sizes.values())) != 1:
+            docstore.close()
+            raise NotFoundError(f"index at {root} is corrupt: document counts disagree {sizes}{hint}")
+    return docstore, bm25, dense, embedder_dir
 
 
 def _warn_old_analyzer(root: Path, version: int, writable: bool) -> None:
