@@ -637,7 +637,7 @@ class Index:
         return f"Index({str(self.path) if self.path else 'in-memory'!r}, {len(self.docstore)} docs, {self.available_retrievers()})"
 
 
-def _open_parts(root: Path, params: Mapping[str, Any], embedder: str | Path | None, encoder: Encoder | None, *,
+def _open_parts(root: Path, params: Mapping[str, Any], embedder: str | None, encoder: Encoder | None, *,
                 writable: bool, hint: str) -> tuple[SQLiteDocStore, BM25Index, DenseIndex | None, Path | None]:
     """The document store, BM25 and vector index (``None`` without vectors) of the index
     directory ``root``, checked against its ``params``, and the query encoder directory to
