@@ -106,7 +106,7 @@ def randomization_test(diffs: Sequence[float], trials: int = 10_000, seed: int =
     tol = 1e-12 * max(1.0, observed)
     if n <= _EXACT_MAX_QUERIES:
         codes = np.arange(2**n, dtype=np.int64)[:, None]
-        signs = 1.0 - 2.0 * ((codes >> np.arange(n, dtype=np.int64)) & 1)
+        signs: np.ndarray = 1.0 - 2.0 * ((codes >> np.arange(n, dtype=np.int64)) & 1)
         count = int(np.sum(np.abs(signs @ d) / n >= observed - tol))
         return count / 2**n
     rng = np.random.default_rng(seed)

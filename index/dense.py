@@ -348,7 +348,7 @@ class DenseIndex:
                 return len(new)
             if self.kind == "ivf":
                 removed = int(self.index.remove_ids(self.faiss.IDSelectorArray(labels)))
-                self._ivf_labels = np.setdiff1d(self._ivf_labels, labels, assume_unique=True)
+                self._ivf_labels = np.setdiff1d(self.labels(), labels, assume_unique=True)
                 return removed
             return int(self.index.remove_ids(self.faiss.IDSelectorBatch(labels)))
 
@@ -482,7 +482,7 @@ class DenseIndex:
             return strip_padding(scores, np.where(pos_out >= 0, labels[np.maximum(pos_out, 0)], -1))
 
     def _exact_ivf(self, q: np.ndarray, k: int, allowed: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
-        stored = self._ivf_labels
+        stored = self.labels()  # the IVF labels (this path runs for IVF only)
         if allowed is not None:
             allowed = _as_labels(allowed)
             allowed = allowed[np.isin(allowed, stored)]
@@ -615,7 +615,7 @@ class DenseIndex:
     def memory_bytes(self) -> int:
         """Approximate in-memory size: vectors, graph links / inverted lists, labels."""
         n, d = len(self), self.dim
-        size = n * d * 4 + n * 8
+        size: float = n * d * 4 + n * 8
         if self.kind == "hnsw":
             size += n * self.params.hnsw_m * 2 * 4 * 1.05 + n * 8
         if self.kind == "ivf":

@@ -65,7 +65,7 @@ class PassageParams:
         """The passages of one document (at least one, possibly just the title)."""
         words = doc.text.split()
         prefix = f"{doc.title} " if self.title and doc.title else ""
-        out = []
+        out: list[str] = []
         start = 0
         while len(out) < self.max_passages:
             out.append(prefix + " ".join(words[start : start + self.max_words]))

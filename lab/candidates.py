@@ -46,8 +46,9 @@ def beir_candidates(
                 from heedrank.types import ScoredDoc
 
                 hits = hits[:-1] + [ScoredDoc(pick, min((h.score for h in hits), default=0.0) - 1.0, doc)]
-        cands[qid] = [h.document for h in hits]
-        scores[qid] = [h.score for h in hits]
+        # search results are hydrated (every hit carries its document)
+        cands[qid] = [h.document for h in hits if h.document is not None]
+        scores[qid] = [h.score for h in hits if h.document is not None]
     return selected, cands, scores, qrels
 
 

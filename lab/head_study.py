@@ -183,7 +183,7 @@ def ablation(
         results[v.name] = ev.aggregate
         per_query[v.name] = ev.per_query
     base = "all/none/none"
-    deltas = {}
+    deltas: dict[str, dict[str, dict[str, float]]] = {}
     for name in results:
         deltas[name] = {}
         for m in metrics:

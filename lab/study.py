@@ -117,7 +117,7 @@ def save_items(path: str | Path, items: Sequence[QueryItem], meta: Mapping[str, 
             arrays[f"{i}/{k}"] = v
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, __index__=np.frombuffer(json.dumps({"meta": dict(meta), "items": index}, default=str).encode(), dtype=np.uint8),
-             **arrays)
+             **arrays)  # type: ignore[arg-type]  # numpy's stub binds **arrays to allow_pickle: bool
     tmp.replace(path)
 
 

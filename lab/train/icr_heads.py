@@ -44,7 +44,7 @@ def detect_heads(dump_dir: str | Path, *, method: str = "qrscore", top_k: int = 
     meta, items = load_dump(dump_dir)
     if not items:
         raise ValidationError(f"dump {dump_dir} holds no query")
-    total = None
+    total: Any = None  # (L, H) float tensor, summed over the queries
     used = 0
     for it in items:
         if not any(g > 0 for g in it["labels"]):
@@ -53,6 +53,8 @@ def detect_heads(dump_dir: str | Path, *, method: str = "qrscore", top_k: int = 
         s = qrscore(ph, [g > 0 for g in it["labels"]]) if method == "qrscore" else ndcg_at_k(ph, it["labels"])
         total = s if total is None else total + s
         used += 1
+    if total is None:
+        raise ValidationError(f"dump {dump_dir} holds no query with a relevant document: no head can be scored")
     scores = (total / used).tolist()
     heads = select_heads(scores, top_k)
     return HeadSet(
