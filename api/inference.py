@@ -22,11 +22,12 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,7 @@ class _Job:
     token: CancelToken = field(default_factory=CancelToken)
     started: bool = False
     client_gone: bool = False
-    is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -200,12 +201,13 @@ class InferencePool:
         return self._submit(fn, args, units)[0]
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], units: float,
-                is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> tuple[asyncio.Future, _Job]:
+                is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None) -> tuple[asyncio.Future, _Job]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         job = _Job(fn, args, future, loop, float(units), is_disconnected=is_disconnected)
         if self.stop_abandoned:
-            future.add_done_callback(lambda f, token=job.token: token.cancel(
+            token = job.token
+            future.add_done_callback(lambda f: token.cancel(
                 "its caller stopped waiting (deadline passed or request cancelled)") if f.cancelled() else None)
         refusal = None
         with self._cond:
@@ -239,7 +241,7 @@ class InferencePool:
         *args: Any,
         units: float = 1.0,
         timeout: float | None = None,
-        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+        is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None,
     ) -> Any:
         """Run ``fn(*args)`` on a worker and return its result (or raise its exception).
 
@@ -276,7 +278,7 @@ class InferencePool:
 
     disconnect_poll = 0.5
 
-    async def _watch(self, future: asyncio.Future, job: _Job, is_disconnected: Callable[[], Awaitable[bool]]) -> None:
+    async def _watch(self, future: asyncio.Future, job: _Job, is_disconnected: Callable[[], Coroutine[Any, Any, bool]]) -> None:
         while not future.done():
             await asyncio.sleep(self.disconnect_poll)
             if not future.done() and await is_disconnected():
@@ -309,7 +311,8 @@ class InferencePool:
                 job.started = True
                 self._busy_units += job.units
             started = time.perf_counter()
-            result, error = None, None
+            result: Any = None
+            error: BaseException | None = None
             try:
                 with cancel_scope(job.token if self.stop_abandoned else None):
                     result = job.fn(*job.args)
@@ -342,7 +345,7 @@ class InferencePool:
             return False
         if job.loop.is_closed():
             return False
-        check = None
+        check: concurrent.futures.Future[bool] | None = None
         try:
             check = asyncio.run_coroutine_threadsafe(job.is_disconnected(), job.loop)
             gone = bool(check.result(timeout=self.start_check_timeout))
