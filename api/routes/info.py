@@ -3,7 +3,9 @@ reranking method's options and the limits its loaded model holds."""
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from typing import Any
 
 import anyio
@@ -13,6 +15,7 @@ from heedrank import __version__
 from heedrank.api.deps import RuntimeDep, SettingsDep
 from heedrank.api.runtime import Runtime, served_model_ids
 from heedrank.api.schemas import InfoResponse, RerankerInfo
+from heedrank.errors import HeedrankError
 from heedrank import registry
 from heedrank.jsonable import jsonable
 from heedrank.settings import Settings
@@ -24,32 +27,77 @@ def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]
     """Per method, what the loaded LM holds (:meth:`AttentionReranker.limits`), with
     ``max_candidates``/``max_documents`` set to the service limits the method can take.
 
-    Uses the LM of an already built reranker (never loads one); methods that are not built
-    yet get a reranker built around that LM (cheap: no model load). Empty before any LM is
-    loaded.
+    Uses the LM of an already built reranker (never loads one): a method built already (under
+    its name or an alias, e.g. ``blockrank-cached`` as ``default``) answers itself; another gets
+    a reranker built around that LM once, its limits kept for the LM's life
+    (:func:`_built_limits`: building one can cost a second, e.g. cached BlockRank's query
+    adapter copies the LM, so ``/info`` must not do it per call). Empty before any LM is loaded.
     """
-    from dataclasses import replace
-
-    from heedrank.errors import HeedrankError
-
     base = loaded.get(settings.rerank_method) or next(iter(loaded.values()), None)
     lm = getattr(base, "loaded_lm", None)
     if base is None or lm is None:
         return {}
     out: dict[str, dict[str, Any]] = {}
     for method in methods:
-        reranker = loaded.get(method)
-        try:
-            if reranker is None or not hasattr(reranker, "limits"):
-                reranker = registry.reranker_class(method)(replace(base.config, method=method, options={}), lm=lm)
-            limits = dict(reranker.limits())
-        except (HeedrankError, TypeError, AttributeError):
-            continue  # a plugin without limits()
+        reranker = loaded.get(method) or _loaded_as(loaded, method)
+        if reranker is not None and hasattr(reranker, "limits"):
+            try:
+                limits = dict(reranker.limits())
+            except (HeedrankError, TypeError, AttributeError):
+                continue  # a plugin without limits()
+        else:
+            built = _built_limits(method, base, lm)
+            if built is None:
+                continue
+            limits = dict(built)
         held = limits.get("max_candidates")
         limits["max_candidates"] = settings.max_candidates if held is None else min(held, settings.max_candidates)
         limits["max_documents"] = settings.max_documents if held is None else min(held, settings.max_documents)
         out[method] = limits
     return out
+
+
+def _loaded_as(loaded: dict[str, Any], method: str) -> Any:
+    """The reranker built under another name of ``method`` (an alias: ``default`` for
+    ``blockrank-cached``), with its default options, or ``None``."""
+    try:
+        want = registry.resolve_method(method)
+    except HeedrankError:
+        return None
+    for name, reranker in loaded.items():
+        if "{" in name or "[" in name:  # built with request options or another token budget
+            continue
+        try:
+            if registry.resolve_method(name) == want:
+                return reranker
+        except HeedrankError:
+            continue
+    return None
+
+
+_LIMITS: weakref.WeakKeyDictionary[Any, dict[tuple[str, Any], dict[str, Any] | None]] = weakref.WeakKeyDictionary()
+_LIMITS_LOCK = threading.Lock()
+
+
+def _built_limits(method: str, base: Any, lm: Any) -> dict[str, Any] | None:
+    """:meth:`AttentionReranker.limits` of ``method`` built around ``lm`` with ``base``'s
+    config (default options), computed on the first call per LM and method and kept while the
+    LM lives; ``None`` for a method without limits (a plugin) or that cannot be built here."""
+    from dataclasses import replace
+
+    key = (method, base.config.max_doc_tokens)
+    with _LIMITS_LOCK:
+        try:
+            per_lm = _LIMITS.setdefault(lm, {})
+        except TypeError:  # an LM that takes no weak reference: computed every time
+            per_lm = {}
+        if key not in per_lm:
+            try:
+                reranker = registry.reranker_class(method)(replace(base.config, method=method, options={}), lm=lm)
+                per_lm[key] = dict(reranker.limits())
+            except (HeedrankError, TypeError, AttributeError):
+                per_lm[key] = None
+        return per_lm[key]
 
 
 def default_configuration(settings: Settings) -> dict[str, Any]:
