@@ -121,11 +121,12 @@ class AttentionReranker:
         if config.method != self.options_class.method and self.options_class.method:
             config = replace(config, method=self.options_class.method)  # typed for this method (set options of
             # another method are refused: heedrank.registry.typed_options)
-        if config.max_doc_tokens is None:  # the method's own budget
-            config = replace(config, max_doc_tokens=int(getattr(self.options_class, "default_max_doc_tokens",
-                                                                DEFAULT_MAX_DOC_TOKENS)))
-        if config.max_doc_tokens < 1:
-            raise ValidationError(f"max_doc_tokens must be >= 1, got {config.max_doc_tokens}")
+        max_doc_tokens = config.max_doc_tokens
+        if max_doc_tokens is None:  # the method's own budget
+            max_doc_tokens = int(getattr(self.options_class, "default_max_doc_tokens", DEFAULT_MAX_DOC_TOKENS))
+            config = replace(config, max_doc_tokens=max_doc_tokens)
+        if max_doc_tokens < 1:
+            raise ValidationError(f"max_doc_tokens must be >= 1, got {max_doc_tokens}")
         self.config = config
         options = config.options
         self.options = options if isinstance(options, self.options_class) else self.options_class.parse(options)

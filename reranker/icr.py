@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -416,7 +416,7 @@ class ICRReranker(AttentionReranker):
 
     def evidence(
         self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3
-    ) -> dict[str, list[EvidenceSpan]]:
+    ) -> Mapping[str, Sequence[EvidenceSpan]]:
         """The document spans that drew the most calibrated query attention.
 
         Returns:

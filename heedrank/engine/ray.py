@@ -59,7 +59,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from heedrank import errors, registry
 from heedrank.engine import EngineOptions, EngineSearch, QueryWork, RecordSink
@@ -399,7 +399,10 @@ class _BlockEncoder(_ActorUDF):
         return {"report": build_part(part, self.header, list(keys), compute, batch_size=self.batch_size)}
 
 
-def split_parts(keys: Sequence[str], parts: int) -> list[list[str]]:
+_Key = TypeVar("_Key", bound=str)
+
+
+def split_parts(keys: Sequence[_Key], parts: int) -> list[list[_Key]]:
     """Split ``keys`` (duplicates dropped, order kept) into ``parts`` contiguous, near-equal
     lists: the parts of a distributed KV store build, one part store each.
 
@@ -410,7 +413,8 @@ def split_parts(keys: Sequence[str], parts: int) -> list[list[str]]:
         raise ValidationError(f"parts must be an integer >= 1, got {parts!r}")
     ids = list(dict.fromkeys(keys))
     size, extra = divmod(len(ids), parts)
-    out, start = [], 0
+    out: list[list[_Key]] = []
+    start = 0
     for i in range(parts):
         end = start + size + (1 if i < extra else 0)
         out.append(ids[start:end])

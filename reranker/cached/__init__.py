@@ -97,7 +97,7 @@ class CachedBlockRankReranker(BlockRankReranker):
     name = "blockrank-cached"
     cached = True
     options_class = CachedBlockRankOptions
-    options: CachedBlockRankOptions  # type: ignore[assignment]
+    options: CachedBlockRankOptions
     build_resources = ("block_cache_bytes",)
     """What :func:`heedrank.registry.build_reranker` may pass to :meth:`from_config`."""
 
