@@ -414,7 +414,7 @@ class Pipeline:
 
         Returns:
             ``options`` with ``filter`` parsed (``None`` for no filter), marked checked
-            (:attr:`SearchOptions.checked`: validating them again returns them as they are).
+            (:attr:`SearchOptions.checked` ``"search"``: validating them again returns them as they are).
 
         Raises:
             ValidationError: ``top_k``/``candidates`` out of range, options of another
@@ -424,7 +424,7 @@ class Pipeline:
         """
         from heedrank import registry
 
-        if options.checked:
+        if options.checked == "search":
             return options
         self.limits.check_top_k(options.top_k)
         if options.retriever not in self.retrievers:
@@ -435,13 +435,16 @@ class Pipeline:
             self.limits.check_candidates(options.candidates)
         options = self.check_rerank(options)
         parsed = registry.parse_filter(options.filter)
-        return replace(options, filter=parsed, checked=True)
+        return replace(options, filter=parsed, checked="search")
 
     def check_rerank(self, options: SearchOptions, *, fusion_name: str = "fusion (rerank.fusion, --fusion)"
                      ) -> SearchOptions:
         """The reranking part of :meth:`validate` (``/rerank`` and :meth:`rerank_documents`
         check only this): the method, ``heads``/``reattn``, ``explain``, ``fusion``
         (``fusion_name`` in its message), ``cutoff`` (resolved) and ``cold_budget``.
+
+        Returns:
+            ``options`` with ``cutoff`` resolved, marked checked (``"rerank"``, unless validated already).
 
         Raises:
             ValidationError, UnknownNameError: as :meth:`validate`.
@@ -488,7 +491,7 @@ class Pipeline:
                                                 or not isinstance(options.cold_budget, int) or options.cold_budget < 0):
             raise ValidationError(f"cold_budget must be an integer >= 0 (blocks encoded inline) or null (no budget), "
                                   f"got {options.cold_budget!r}")
-        return options
+        return replace(options, checked="rerank")
 
     # -- documents -------------------------------------------------------------------
     @property

@@ -115,8 +115,10 @@ class SearchOptions:
     fusion: float | str | None = None
     cutoff: float | str | None = None
     cold_budget: int | None = None
-    checked: bool = field(default=False, compare=False, repr=False)
-    """Set by :meth:`Pipeline.validate` on the options it returns: checking them again is a no-op."""
+    checked: str = field(default="", compare=False, repr=False)
+    """What has checked these options: ``"search"`` (:meth:`heedrank.pipeline.Pipeline.validate`),
+    ``"rerank"`` (:meth:`~heedrank.pipeline.Pipeline.check_rerank`, the reranking part) or
+    ``""``; checking them again to that extent is a no-op."""
 
 
 @dataclass(frozen=True)

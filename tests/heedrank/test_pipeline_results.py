@@ -77,3 +77,12 @@ def test_rerank_documents_is_the_search_step(pipe) -> None:
     assert done.served.ranking.doc_ids == search.ranking.doc_ids
     assert done.served.relevance == pytest.approx(dict(search.relevance))
     assert done.policy.alpha == 0.5 and done.reranked.cache == {"hits": 1, "misses": 3}
+
+
+def test_options_are_checked_once(pipe) -> None:
+    options = pipe.validate(SearchOptions(rerank="reverse", candidates=4, cutoff="none"))
+    assert options.checked == "search" and options.cutoff is None
+    assert pipe.validate(options) is options and pipe.check_rerank(options) is options
+    reranking = pipe.check_rerank(SearchOptions(rerank="reverse", fusion=0.5))
+    assert reranking.checked == "rerank" and pipe.check_rerank(reranking) is reranking
+    assert pipe.validate(reranking).checked == "search"  # the search's own checks still run
