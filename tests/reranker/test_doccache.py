@@ -135,7 +135,6 @@ def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default
     import numpy as np
 
     from heedrank.fusion import standardize
-    from heedrank.fusion import standardize
     from heedrank.lab.study import block_features
     from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
 
