@@ -81,8 +81,8 @@ class Settings(BaseSettings):
     max_query_tokens: int | None = Field(
         None, ge=1, le=4096,
         description="Most LM tokens of a query the start-up reranker reads; a longer query is cut, with a warning "
-        "(rerank.warnings, meta.warnings). Unset = the method's own (option max_query_tokens: 128, above every "
-        "query of NFCorpus, SciFact and TREC DL, so they are never cut).",
+        "(rerank.warnings, meta.warnings). Unset = the method's own (option max_query_tokens: 64, above every "
+        "query of NFCorpus and TREC DL, so they are never cut).",
     )
     search_workers: int = Field(2, ge=1, le=64, description="Threads of first-stage-only searches.")
     search_queue_size: int = Field(64, ge=0, le=100_000, description="First-stage searches that may wait (then 429).")

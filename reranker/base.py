@@ -190,7 +190,7 @@ class AttentionReranker:
 
     def query_budget(self, candidates: Sequence[Document]) -> int:
         """Most LM tokens of the query: option ``max_query_tokens``, else
-        :data:`heedrank.reranker.options.DEFAULT_MAX_QUERY_TOKENS` (128) or a quarter of
+        :data:`heedrank.reranker.options.DEFAULT_MAX_QUERY_TOKENS` (64) or a quarter of
         :meth:`context_limit` when that is less (at least 1)."""
         fixed = getattr(self.options, "max_query_tokens", None)
         if fixed:

@@ -197,11 +197,13 @@ _REATTN_DOC = (
     "ReAttn re-weighting of the token attention (docs/design/algorithms.md section 4): false, true, or "
     "{idf, entropy, gamma}"
 )
-DEFAULT_MAX_QUERY_TOKENS = 128
+DEFAULT_MAX_QUERY_TOKENS = 64
 """Most LM tokens of a query when option ``max_query_tokens`` is null: above the longest query
-of the evaluation sets with the SmolLM2 tokenizer (NFCorpus 34, SciFact 66, TREC DL 2019/2021/2022
-13/33/15 tokens), so they are never cut, while a pasted page cannot make one request take
-minutes (its query block costs time linear in its length on every candidate)."""
+of the evaluation sets with the SmolLM2 tokenizer (NFCorpus 34, TREC DL 2019/2021/2022 13/33/15
+tokens; SciFact 45 but for one 66-token claim), so they are never cut, while a pasted page
+cannot make one request take minutes: the query block's cost is linear in its length on every
+candidate (a 4,000-character query, 703 tokens, cut to 64 answers in 1.5x a 10-token query's
+time; cut to 128, 3x: bench/long_query.py)."""
 
 _QUERY_TOKENS_DOC = (
     "most LM tokens of the query; a longer query is cut (with a warning) to this budget; "

@@ -85,14 +85,14 @@ def test_unknown_option_in_a_search_is_a_422(client):
     assert r.status_code == 422 and "ICR only" in r.json()["error"]
 
 
-# The longest query of each evaluation set with the SmolLM2 tokenizer (NFCorpus 34 tokens, SciFact 66,
-# TREC DL 2019 13, 2021 33, 2022 15) and a few ordinary ones: the default query budget never cuts them.
+# The longest query of each evaluation set with the SmolLM2 tokenizer (NFCorpus 34 tokens, TREC DL 2019 13,
+# 2021 33, 2022 15; SciFact's second longest, 45: its longest, 66, is the one query of these sets the default
+# 64-token budget cuts) and a few ordinary ones: the default query budget never cuts them.
 ORDINARY_QUERIES = [
     "Do algae-based omega-3 supplements contain beta-N-methylamino-L-alanine (BMAA) that has been found in "
     "blue-green algae?",
-    "The first MBT repeat of the four malignant brain tumor (4MBT) domain of Drosophila's Sfmbt and of the "
-    "orthologous mammalian L3MBTL2 is required for the interaction with the spacer region of Drosophila "
-    "Pleiohomeotic (Pho) and its human ortholog YY1.",
+    "FACT and other histone chaperone(s) compensate for Histone 2A (H2A)-histone 2B (H2B) dimer eviction during "
+    "the histone exchange process.",
     "why did the us volunterilay enter ww1",
     "which scientist developed the idea that microorganisms can cause diseases?paul ehrlichanton van "
     "leeuwenhoeklouis pasteuralexander fleming",
@@ -109,27 +109,27 @@ def cached(default_lm):
     return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached"), lm=default_lm).load()
 
 
-def test_the_default_query_budget_cuts_a_pasted_page_to_128_tokens_with_a_warning(cached, caplog):
+def test_the_default_query_budget_cuts_a_pasted_page_to_64_tokens_with_a_warning(cached, caplog):
     from heedrank.reranker.blockrank import BlockRankReranker
     from heedrank.reranker.icr import ICRReranker
     from heedrank.reranker.options import DEFAULT_MAX_QUERY_TOKENS
     from heedrank.reranker.prompt import encode_untrusted
 
-    assert DEFAULT_MAX_QUERY_TOKENS == 128
+    assert DEFAULT_MAX_QUERY_TOKENS == 64
     page = ("Vitamin D supplementation and the risk of fractures in older adults: a systematic review. " * 50)[:4000]
     lm = cached.base_lm
     others = [BlockRankReranker(RerankerConfig(method="blockrank"), lm=lm), ICRReranker(RerankerConfig(method="icr"), lm=lm)]
     for reranker in [cached, *others]:
-        assert reranker.query_budget(DOCS[:3]) == 128, reranker.name
+        assert reranker.query_budget(DOCS[:3]) == 64, reranker.name
         with caplog.at_level(logging.INFO, logger="heedrank.reranker.base"):
             text, warnings = reranker.fit_query(page, DOCS[:3])
         n = len(encode_untrusted(lm.tokenizer, " " + text))
-        assert 120 <= n <= 128 and page.startswith(text), (reranker.name, n)
-        assert len(warnings) == 1 and warnings[0].startswith("query cut to its first 128 of "), warnings
+        assert 60 <= n <= 64 and page.startswith(text), (reranker.name, n)
+        assert len(warnings) == 1 and warnings[0].startswith("query cut to its first 64 of "), warnings
         assert warnings[0] in caplog.text
     res = cached.rerank(Query("long", page), DOCS[:3])  # the cached default's own path: the cut and its warning
     assert sorted(res.ranking.doc_ids) == sorted(d.doc_id for d in DOCS[:3])
-    assert any(w.startswith("query cut to its first 128 of ") for w in res.warnings)
+    assert any(w.startswith("query cut to its first 64 of ") for w in res.warnings)
 
 
 def test_ordinary_queries_are_never_cut_so_rankings_are_unchanged(cached):

@@ -159,7 +159,7 @@ def test_info_states_per_method_limits_the_model_holds(default_lm):
     icr = ICRReranker(RerankerConfig(method="icr"), lm=default_lm)
     limits = method_limits({"icr": icr}, settings, ["blockrank", "icr"])
     assert limits["icr"]["context"] == limits["blockrank"]["context"] == 8192
-    assert limits["icr"]["max_query_tokens"] == 128  # DEFAULT_MAX_QUERY_TOKENS, below a quarter of the context
+    assert limits["icr"]["max_query_tokens"] == 64  # DEFAULT_MAX_QUERY_TOKENS, below a quarter of the context
     assert 30 <= limits["icr"]["candidates_per_window"] < 100  # 100 candidates need windows on SmolLM2
     for method in ("icr", "blockrank"):
         assert limits[method]["max_candidates"] == 100 and limits[method]["max_documents"] == 100
