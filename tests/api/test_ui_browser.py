@@ -547,3 +547,31 @@ def test_keyboard_only_in_a_narrow_window(ui):
         assert not errors, f"JavaScript errors on the page: {errors}"
     finally:
         context.close()
+
+
+def test_the_status_line_says_how_many_were_reranked_and_why_the_others_were_not(page, ui):
+    from playwright.sync_api import expect
+
+    _open(page, ui)
+    answer = ui.http.post("/search", json={"query": "apples", "top_k": 8, "rerank": {"method": "spans"}}).json()
+    n = answer["rerank"]["candidates"]
+    cold = dict(answer, rerank={**answer["rerank"], "reranked": n - 3, "skipped_cold": 3})
+    page.route("**/search", lambda route: route.fulfill(status=200, content_type="application/json",
+                                                          body=json.dumps(cold)))
+    _search(page, "apples")
+    expect(page.locator("#status")).to_contain_text(
+        f"reranked {n - 3} of {n} by spans; 3 kept their first-stage places: not yet in the store")
+    page.unroute("**/search")
+    budget = dict(answer, rerank={**answer["rerank"], "reranked": 0, "skipped_cold": 0, "warnings": [
+        "reranking stopped after 20.0 s (the service's per-request budget is 20 s, HEEDRANK_REQUEST_BUDGET_S): "
+        "every candidate kept its first-stage place"]})
+    page.route("**/search", lambda route: route.fulfill(status=200, content_type="application/json",
+                                                          body=json.dumps(budget)))
+    _search(page, "apples")
+    expect(page.locator("#status")).to_contain_text(
+        f"reranked 0 of {n} by spans; {n} kept their first-stage places: the reranking ran past the service's "
+        "time budget")
+    expect(page.locator('#rerank-info dd[data-key="reranked"]')).to_contain_text("every candidate kept")
+    page.unroute("**/search")
+    _search(page, "apples")  # the service's own answer: every candidate reranked
+    expect(page.locator("#status")).to_contain_text(f"reranked {n} of {n} by spans (")
