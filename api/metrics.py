@@ -12,7 +12,7 @@ metric                                         type       labels
 ``heedrank_queue_depth``                       gauge      pool: jobs waiting for a worker
 ``heedrank_queue_busy_workers``                gauge      pool
 ``heedrank_rejected_total``                    counter    pool, reason (overloaded)
-``heedrank_deadline_fallbacks_total``          counter    reason (estimate, timeout, overloaded)
+``heedrank_deadline_fallbacks_total``          counter    reason (estimate, timeout, overloaded, budget)
 ``heedrank_ready``                             gauge      1 once models are loaded, else 0
 =============================================  =========  ===============================
 
@@ -61,7 +61,8 @@ class Metrics:
         self.busy_workers = prom.Gauge("heedrank_queue_busy_workers", "Workers running a job.", ["pool"], registry=r)
         self.rejected = prom.Counter("heedrank_rejected", "Requests refused.", ["pool", "reason"], registry=r)
         self.deadline_fallbacks = prom.Counter(
-            "heedrank_deadline_fallbacks", "Rerank requests answered in first-stage order because of deadline_ms.",
+            "heedrank_deadline_fallbacks", "Rerank requests answered in first-stage order because of deadline_ms "
+            "or the per-request budget (reason budget: HEEDRANK_REQUEST_BUDGET_S).",
             ["reason"], registry=r,
         )
         self.ready = prom.Gauge("heedrank_ready", "1 once the models are loaded.", registry=r)
