@@ -45,13 +45,14 @@ class Settings(BaseSettings):
         description="Per-document LM token budget of every method the service builds; unset = the start-up "
         "method's own (128 for the default, blockrank-cached; 160 for icr and blockrank).",
     )
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = Field("cpu", description="torch device of the reranker LM: cpu, cuda, cuda:N.")
+    dtype: str = Field("float32", description="torch dtype of the reranker LM: float32, float16 or bfloat16.")
     default_retriever: str = Field(
         "bm25", description="First stage of a /search that names none (bm25 where a collection lacks it).")
-    max_top_k: int = Field(100, ge=1, le=10_000)
-    max_candidates: int = Field(100, ge=1, le=1_000)
-    default_candidates: int = Field(20, ge=1)
+    max_top_k: int = Field(100, ge=1, le=10_000, description="Largest `top_k` a request may ask for (422 above).")
+    max_candidates: int = Field(
+        100, ge=1, le=1_000, description="Most first-stage candidates one search may rerank (422 above).")
+    default_candidates: int = Field(20, ge=1, description="Candidates reranked when a request names none.")
     preload: bool = Field(True, description="Load the reranker at start-up instead of on first request.")
     torch_threads: int | None = Field(
         None, ge=1, le=256,
