@@ -240,7 +240,7 @@ def run_evaluation(
     qids = [r.query.query_id for r in results]
     run = {r.query.query_id: r.ranking.to_dict() for r in results}
     if dump_dir is not None and reranking:
-        from heedrank.eval.dump import save_dump_from_results
+        from heedrank.eval.report import save_dump_from_results
 
         save_dump_from_results(dump_dir, results, qrels, pipeline.reranker(options.rerank).describe(),
                                info={"dataset": dataset, "split": split, "first_stage": first_stage,

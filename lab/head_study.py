@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from heedrank.config import RerankerConfig
-from heedrank.eval.dump import DUMP_FORMAT, dump_file_name, load_dump
+from heedrank.eval.report import DUMP_FORMAT, dump_file_name, load_dump
 from heedrank.types import Document, Qrels, Query
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heedrank.errors import ValidationError
-from heedrank.eval.dump import load_dump
+from heedrank.eval.report import load_dump
 
 if TYPE_CHECKING:
     from heedrank.reranker.heads import HeadSet

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from heedrank.eval.dump import load_dump  # noqa: E402
+from heedrank.eval.report import load_dump  # noqa: E402
 from heedrank.lab.head_study import ablation  # noqa: E402
 from heedrank.reranker.heads import HeadSet  # noqa: E402
 
