@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -324,7 +325,12 @@ def test_cohere_sdk_against_the_real_icr_reranker(tmp_path):
     assert sorted(r.index for r in res.results) == [0, 1, 2, 3] and res.results[0].index == 0
     assert all(0.0 < s < 1.0 for s in scores) and scores == sorted(scores, reverse=True)
     assert raw == sorted(raw, reverse=True) and not all(0.0 <= r <= 1.0 for r in raw)
-    assert scores == pytest.approx([1 / (1 + math.exp(-r / SCORE_SCALES["icr"])) for r in raw])
+    # relevance reads the served score: the reranker's own r less the position prior in r's units,
+    # r - sd(r) * strength * log(1 + position) (heedrank.serving.ServePolicy), so it follows the order
+    strength = res.meta.model_extra["order_prior"]
+    sd = statistics.pstdev(raw)
+    served = [r - sd * strength * math.log1p(res.results[k].index) for k, r in enumerate(raw)]
+    assert scores == pytest.approx([1 / (1 + math.exp(-v / SCORE_SCALES["icr"])) for v in served])
     assert res.meta.model_extra["score_scale"] == SCORE_SCALES["icr"]
 
 
