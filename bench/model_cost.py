@@ -42,7 +42,8 @@ def main() -> None:
     from heedrank.data import load_beir_corpus
     from heedrank.lab.candidates import beir_candidates
     from heedrank.eval.metrics import evaluate_run
-    from heedrank.pipeline import fuse_scores
+    from heedrank.fusion import fuse
+    from heedrank.reranker.cached.card import packaged_card_path, read_card
     from heedrank.reranker.cached import CachedBlockRankReranker
     from heedrank.types import Document, Ranking, ScoredDoc
 
@@ -87,7 +88,13 @@ def main() -> None:
                                                                  zip(cands[q.query_id], scores[q.query_id])))
                      for q in queries}
             pure = {q: {h.doc_id: h.score for h in rk.hits} for q, rk in runs[name].items()}
-            fused = {q: {h.doc_id: h.score for h in fuse_scores(first[q], rk, 0.6).hits} for q, rk in runs[name].items()}
+            alpha = read_card(packaged_card_path("smollm2-135m-instruct")).fusion_alpha  # the default's weight
+            fused = {}
+            for q, rk in runs[name].items():
+                ids = [h.doc_id for h in first[q].hits]
+                own = {h.doc_id: h.score for h in rk.hits}
+                z = fuse([h.score for h in first[q].hits], [own[d] for d in ids], alpha)
+                fused[q] = dict(zip(ids, (float(v) for v in z)))
             bm25 = {q: {h.doc_id: h.score for h in rk.hits} for q, rk in first.items()}
             judged = {q.query_id: qrels[q.query_id] for q in queries}
             nd = [100 * evaluate_run(run, judged, ["nDCG@10"]).aggregate["nDCG@10"] for run in (pure, fused, bm25)]

@@ -3,7 +3,7 @@ sigmoid that serving (:meth:`heedrank.pipeline.Pipeline.search`), the hybrid fir
 (:mod:`heedrank.retriever.hybrid`), the scorers (:mod:`heedrank.reranker.scoring`), the
 calibration maps (:mod:`heedrank.calibration`), the query-adapter training and the training
 study all call, so that a weights card and a fusion weight chosen on dev mean the same thing
-where they are used (``tests/heedrank/test_scoring_parity.py``).
+where they are used (``tests/reranker/test_scoring_parity.py``).
 
 Fusion (docs/results/training.md, "The training and fusion study on cached BlockRank"): ``alpha * z(first stage) + (1 - alpha) * z(reranker)``,
 each score z-scored over one query's candidates (population standard deviation; a

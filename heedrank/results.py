@@ -86,8 +86,8 @@ class SearchOptions:
         evidence_spans: Most evidence spans per document with ``explain``.
         fusion: ``None`` (the reranker's order), ``alpha`` in [0, 1]: the candidates are
             ordered by ``alpha * z(first-stage score) + (1 - alpha) * z(reranker score)``,
-            each z-scored over the query's candidates (:func:`fuse_scores`; the study's
-            fused variant, docs/RESULTS.md "Fusion"), or ``"default"``: the reranker's
+            each z-scored over the query's candidates (:func:`heedrank.fusion.fuse`; the study's
+            fused variant, docs/results/training.md, "The training and fusion study on cached BlockRank"), or ``"default"``: the reranker's
             recorded weight (cached BlockRank: its weights card's ``fusion.alpha``, chosen on
             NFCorpus dev; none for ICR and uncached BlockRank).
         cutoff: ``None`` (return ``top_k`` hits), a probability in [0, 1], or ``"auto"``:

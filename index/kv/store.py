@@ -1,9 +1,9 @@
 """The document KV store: a persistent, append-only, checksummed store of blocks.
 
 With cached BlockRank (method ``blockrank-cached``) a candidate block depends only on the
-fixed instruction (block 0) and the document itself (docs/RESULTS.md, "Document KV store
-and cached BlockRank"), so its keys and values for layers ``0..l*`` can be computed once per
-distinct block at index time and reused by every query. This module is the *storage* for
+fixed instruction (block 0) and the document itself (docs/results/store.md, "Exactness, index
+time, bytes per block, int8"), so its keys and values for layers ``0..l*`` can be computed once
+per distinct block at index time and reused by every query. This module is the *storage* for
 them; the LM code that fills it calls :meth:`KVStore.put_many` /
 :func:`heedrank.index.kv.build.build_missing` with numpy arrays.
 
