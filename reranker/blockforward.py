@@ -497,3 +497,22 @@ def check_query_block(prompt: BlockPrompt, max_positions: int, *, overlap: bool 
             f"the model has {max_positions}: lower max_doc_tokens{remedy}",
             max_candidates=0,
         )
+
+
+def sliding_window(config: Any, layer: int) -> int | None:
+    """The attention window (tokens) of the sliding-window layers among ``0..layer`` of a
+    transformers ``config``, or ``None`` when none of them slides (Llama, SmolLM2, Qwen2 without
+    ``use_sliding_window``). Mistral slides in every layer; Gemma 3 and Qwen2 name theirs in
+    ``layer_types``. A query row at position ``p`` of such a layer sees keys at positions
+    ``> p - window`` only.
+
+    The linear forward hands its explicit block mask to every layer (no window is added), which
+    is the model's own attention only while every position distance of the prompt stays under
+    the window: callers bound the query block's end by it (:func:`check_query_block`)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None and "sliding_attention" not in list(types)[: layer + 1]:
+        return None
+    return int(window)

@@ -116,6 +116,12 @@ def arch(request, tokenizer_dir, tmp_path_factory):
     and loaded through :func:`heedrank.reranker.lm.load_lm` (as ``--model DIR`` does)."""
     name = request.param
     cls_name, kw = _configs()[name]
+    return name, _build(name, cls_name, kw, tokenizer_dir, tmp_path_factory.mktemp(name))
+
+
+def _build(name: str, cls_name: str, kw: dict, tokenizer_dir: Path, path: Path):
+    """A random-weight ``cls_name(**kw)`` model saved with the tokenizer to ``path``, loaded by
+    :func:`heedrank.reranker.lm.load_lm`."""
     cls = getattr(transformers, cls_name, None)
     if cls is None:
         pytest.skip(f"this transformers ({transformers.__version__}) has no {cls_name}")
@@ -130,10 +136,9 @@ def arch(request, tokenizer_dir, tmp_path_factory):
                 p.normal_(0.0, 0.2)
             elif name.startswith("qwen2") and p.dim() == 1 and p.abs().sum() == 0:
                 p.normal_(0.0, 0.2)  # q/k/v biases start at zero: make them count
-    path = tmp_path_factory.mktemp(name)
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    return name, load_lm(str(path))
+    return load_lm(str(path))
 
 
 def _reranker(lm, scoring: str = "signal", fast: bool = True, **options) -> CachedBlockRankReranker:
@@ -310,3 +315,35 @@ def test_evidence_spans_index_the_document_text(arch, scoring) -> None:
         for s in spans:
             field = by_id[doc_id].text if s.field == "text" else by_id[doc_id].title
             assert field[s.start:s.end] == s.text and s.text.strip()
+
+
+@pytest.mark.parametrize("cls_name", ["MistralConfig", "Gemma3TextConfig"])
+def test_a_sliding_window_the_layout_runs_past_is_a_typed_error(cls_name, tokenizer_dir, tmp_path) -> None:
+    """Past a sliding window the block mask is not the model's attention (measured: a 16-token
+    Mistral window moved the signal scores by 0.03 from the masked reference, with no error).
+    The cached reranker refuses such a layout with ContextOverflowError (lower max_doc_tokens);
+    the window of a layer above l* does not count (it never runs)."""
+    from heedrank.errors import ContextOverflowError
+    from heedrank.reranker.blockforward import sliding_window
+
+    kw = _small(head_dim=16, sliding_window=64)
+    if cls_name == "Gemma3TextConfig":
+        kw["layer_types"] = ["full_attention"] * 3 + ["sliding_attention"]  # only the top layer slides
+    lm = _build(cls_name, cls_name, kw, tokenizer_dir, tmp_path / "model")
+    r = _reranker(lm)
+    assert r.layout.query_offset > 64  # the layout runs past the window
+    if cls_name == "MistralConfig":
+        assert sliding_window(lm.model.config, LAYER) == 64 and r.position_limit == 64
+        with pytest.raises(ContextOverflowError, match="sliding attention window 64 in layers 0..2.*max_doc_tokens"):
+            r.rerank(Query("q", QUERY), DOCS)
+    else:  # the window is above l* = 2: nothing to refuse, and the oracle holds past it
+        assert sliding_window(lm.model.config, LAYER) is None and r.position_limit == 1024
+        assert sliding_window(lm.model.config, 3) == 64
+        prompt = r.build_prompt(QUERY, DOCS)
+        with torch.inference_mode():
+            lin, _ = block_forward(lm, prompt, LAYER, fast=False)
+            ref = reference_forward(lm, prompt, LAYER)
+        L0 = len(prompt.instruction_ids)
+        got = _scores(r.rerank(Query("q", QUERY), DOCS))
+        assert _max_err(got, signal_scores(ref, L0, prompt.doc_lengths).tolist()) < 1e-5
+        assert _max_err(got, signal_scores(lin[LAYER], L0, prompt.doc_lengths).tolist()) < 1e-5
