@@ -296,7 +296,8 @@ class AttentionReranker:
         if len(unique) < len(candidates):
             shared = {ids[i]: unique[o].doc_id for i, o in enumerate(owner) if unique[o].doc_id != ids[i]}
             details["duplicates"] = shared
-            warnings.append(f"{len(shared)} candidates repeat the text of another; each distinct text was scored once "
+            warnings.append(f"{len(shared)} candidate{'s' if len(shared) != 1 else ''} repeat{'' if len(shared) != 1 else 's'} "
+                            "the text of another; each distinct text was scored once "
                             "and its duplicates share its score")
         result = RerankResult(
             ranking=ranking,
