@@ -18,7 +18,8 @@ For each of ``--queries`` NFCorpus test queries (seeded subset, :func:`heedrank.
   document plus the first 4, 19, 49 first-stage (hybrid) hits other than it, in first-stage
   order, the document placed at its first-stage rank (``--place first-stage``; a document
   ranked below the list, or not retrieved, goes last) or at a seeded random position
-  (``--place random``);
+  (``--place random``); with ``--by score`` the list is sent in first-stage score order (a
+  document not retrieved takes the list's lowest score);
 - three junk documents are served alone: the empty text, whitespace, 200 random characters.
 
 Figures (one markdown table; targets in the last column):
@@ -28,6 +29,8 @@ Figures (one markdown table; targets in the last column):
 - ROC AUC of ``p_alone`` against the labels above (NFCorpus), and, with ``--dl19``, of DL19
   judged passages sent alone (grade >= 2 relevant, the TREC DL passage convention; up to K
   per query, balanced, from the judged passages with text in the ``--dl19-run`` run);
+- for reference, ROC AUC of ``p_in_list`` over the same pairs, and over the plain first-stage
+  top 5/20/50 lists (every document, unjudged = non-relevant);
 - junk documents alone: median and max ``p`` over queries, per kind;
 - expected calibration error (10 equal-width bins): of ``p_alone`` over the sampled pairs
   (balanced: half relevant, so not the collection's base rate), and of ``p_in_list`` over
@@ -208,7 +211,9 @@ class Server:
             scores = [first_scores.get(d.doc_id, low) if first_scores else 0.0 for d in docs]
         else:
             scores = [1.0 / (1 + i) for i in range(len(docs))]  # /rerank's stand-in
-        given = Ranking(query.query_id, tuple(ScoredDoc(d.doc_id, s, d) for d, s in zip(docs, scores)))
+        hits = [ScoredDoc(d.doc_id, s, d) for d, s in zip(docs, scores)]
+        # --by score: the list in first-stage score order (a document not retrieved has the lowest score)
+        given = Ranking.from_hits(query.query_id, hits) if self.by == "score" else Ranking(query.query_id, tuple(hits))
         t0 = time.perf_counter()
         done = self.pipe.rerank_documents(query, given, self.options, by=self.by, use_store=use_store,
                                           share_texts=True)
@@ -304,6 +309,10 @@ def table(nf: Mapping[str, Any], dl: Mapping[str, Any] | None, args: argparse.Na
     for n in LIST_SIZES:
         pairs = nf["list_auc"][n]
         rows.append(f"| ROC AUC of p_in_list, list of {n} (same pairs; for reference) | "
+                    f"{f(roc_auc([p for p, _ in pairs], [y for _, y in pairs]))} | |")
+    for n in LIST_SIZES:
+        pairs = nf["ece_lists"][n]
+        rows.append(f"| ROC AUC of p_in_list, first-stage top {n} lists (all docs; for reference) | "
                     f"{f(roc_auc([p for p, _ in pairs], [y for _, y in pairs]))} | |")
     if dl is not None:
         pairs = dl["alone"]
