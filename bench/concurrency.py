@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from load import NFCORPUS, machine, pct  # noqa: E402  (bench/load.py, next to this file)
+from load import NFCORPUS, machine, pct, stop_server  # noqa: E402  (bench/load.py, next to this file)
 
 
 @dataclass
@@ -201,12 +201,7 @@ def main() -> int:
                             if ln.startswith(("heedrank_rejected_total", "heedrank_deadline_fallbacks_total"))]
             notes.extend(threads_line)
         finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(10)
+            stop_server(server)
             log.close()
             tail = log_path.read_text().strip().splitlines()[-5:]
             if tail:

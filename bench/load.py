@@ -142,6 +142,16 @@ def table(phases: list[Phase]) -> str:
     return "\n".join(rows)
 
 
+def stop_server(server: subprocess.Popen) -> None:
+    """Terminate a server process, killing it when it has not exited within 30 s."""
+    server.terminate()
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(10)
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -233,12 +243,7 @@ def main() -> int:
         ]
         metrics = httpx.get(base + "/metrics").text
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        stop_server(server)
         log.close()
     print(f"\n{time.strftime('%Y-%m-%d %H:%M %Z')}; {machine()}")
     print(f"server: 1 uvicorn process, ICR on SmolLM2-135M (float32, CPU), max_doc_tokens 128, "
