@@ -120,7 +120,12 @@ def write_new(path: str | os.PathLike[str], data: Any, *, write: Writer = write_
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync the file ``path``'s data (not its directory: see :func:`fsync_dir`).
+
+    Raises:
+        OSError: the file cannot be opened or synced.
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -143,7 +148,7 @@ def replace_dir(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> N
     tmp, final = Path(tmp), Path(final)
     for root, dirs, files in os.walk(tmp):
         for name in files:
-            _fsync_file(Path(root) / name)
+            fsync_file(Path(root) / name)
         fsync_dir(root)
     old = final.with_name(final.name + ".old")
     if final.exists():
@@ -193,7 +198,7 @@ def write_atomic(
             tmp.unlink(missing_ok=True)
             data(tmp)
             if durable:
-                _fsync_file(tmp)
+                fsync_file(tmp)
         else:
             write_new(tmp, data, write=write, fsync=durable)
         os.replace(tmp, path)

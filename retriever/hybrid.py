@@ -47,11 +47,7 @@ def reciprocal_rank_fusion(rankings: Sequence[Ranking], k: int, rrf_k: int = RRF
         >>> [(h.doc_id, round(h.score, 5)) for h in reciprocal_rank_fusion([a, b], 3).hits]
         [('d2', 0.03252), ('d1', 0.01639), ('d3', 0.01613)]
     """
-    if not rankings:
-        raise ValidationError("reciprocal_rank_fusion needs at least one ranking")
-    qids = {r.query_id for r in rankings}
-    if len(qids) != 1:
-        raise ValidationError(f"cannot fuse rankings of different queries: {sorted(qids)}")
+    _check_one_query(rankings, "reciprocal_rank_fusion")
     if k < 0 or rrf_k < 0:
         raise ValidationError(f"k and rrf_k must be >= 0, got k={k}, rrf_k={rrf_k}")
     fused: dict[str, float] = {}
@@ -62,6 +58,15 @@ def reciprocal_rank_fusion(rankings: Sequence[Ranking], k: int, rrf_k: int = RRF
 
 
 _NORMALISE = {"minmax": minmax, "zscore": standardize}
+
+
+def _check_one_query(rankings: Sequence[Ranking], name: str) -> None:
+    """Raise ValidationError unless ``rankings`` is non-empty and all of one query."""
+    if not rankings:
+        raise ValidationError(f"{name} needs at least one ranking")
+    qids = {r.query_id for r in rankings}
+    if len(qids) != 1:
+        raise ValidationError(f"cannot fuse rankings of different queries: {sorted(qids)}")
 
 
 def weighted_score_fusion(
@@ -99,11 +104,7 @@ def weighted_score_fusion(
         >>> [(h.doc_id, round(h.score, 3)) for h in weighted_score_fusion([a, b], 3).hits]
         [('d1', 0.5), ('d3', 0.5), ('d2', 0.25)]
     """
-    if not rankings:
-        raise ValidationError("weighted_score_fusion needs at least one ranking")
-    qids = {r.query_id for r in rankings}
-    if len(qids) != 1:
-        raise ValidationError(f"cannot fuse rankings of different queries: {sorted(qids)}")
+    _check_one_query(rankings, "weighted_score_fusion")
     if k < 0:
         raise ValidationError(f"k must be >= 0, got {k}")
     if normalization not in NORMALIZATIONS:

@@ -32,7 +32,7 @@ import numpy as np
 
 from heedrank.blocks import BlockKey, KVHeader
 from heedrank.errors import KVStoreError
-from heedrank.files import fsync_dir, write_all, write_atomic, write_new
+from heedrank.files import fsync_dir, fsync_file, write_all, write_atomic, write_new
 from heedrank.index.kv.codec import Codec
 from heedrank.index.kv.format import (
     ALIGN,
@@ -434,11 +434,7 @@ class Manifest:
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
                     raise
                 shutil.copyfile(bin_src, bpath)
-                fd = os.open(bpath, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                fsync_file(bpath)
             size = bpath.stat().st_size
             table = [[key, loc.offset, loc.length, loc.tokens, loc.crc] for key, loc in ordered]
             idx = shard_index_bytes(self.header, sid, table)
