@@ -319,9 +319,13 @@ class CachedBlockRankReranker(BlockRankReranker):
                              query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
                              layout.query_offset, query.strip(), [])
         window = sliding_window(self.base_lm.model.config, self.layer)
-        check_query_block(prompt, self.position_limit,
+        check_query_block(prompt, self._position_limit(window),
                           where="" if window is None else f"; sliding attention window {window} in layers 0..{self.layer}")
         return prompt
+
+    def _position_limit(self, window: int | None) -> int:
+        limit = int(self.base_lm.max_positions)
+        return limit if window is None else min(limit, window)
 
     @property
     def position_limit(self) -> int:
@@ -330,9 +334,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         the model's attention (:func:`heedrank.reranker.blockforward.sliding_window`): a Mistral
         with a 16-token window moved signal scores by 0.03 with no error, before this bound
         (``tests/reranker/test_architectures.py``)."""
-        window = sliding_window(self.base_lm.model.config, self.layer)
-        limit = int(self.base_lm.max_positions)
-        return limit if window is None else min(limit, window)
+        return self._position_limit(sliding_window(self.base_lm.model.config, self.layer))
 
     def query_budget(self, candidates: Sequence[Document]) -> int:
         """The base budget, lowered so that the query block (at its fixed offset) stays
