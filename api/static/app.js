@@ -426,7 +426,7 @@
 
   // What the reranker did, for the status line: how many candidates it reranked, and how many kept
   // their first-stage places and why (blocks not yet in the document KV store; the time budget ran out).
-  function rerankSummary(rr) {
+  function rerankSummary(rr, moved) {
     const total = Number.isInteger(rr.candidates) ? rr.candidates : 0;
     const scored = Number.isInteger(rr.reranked) ? rr.reranked : total;
     const kept = Math.max(0, total - scored);
@@ -437,7 +437,10 @@
       const budget = (Array.isArray(rr.warnings) ? rr.warnings : []).some((w) => /budget/.test(w));
       if (scored === 0 && budget) why.push("the reranking ran past the service's time budget");
       text += `; ${kept} kept ${kept === 1 ? "its" : "their"} first-stage place${kept === 1 ? "" : "s"}`
-        + (why.length ? `: ${why.join("; ")}` : "");
+        + (why.length ? `: ${why.join("; ")}` : "")
+        + `; of the results shown, ${moved} moved`;  // after the reasons, not read as one of them
+    } else {
+      text += ` (${moved} moved)`;
     }
     return text;
   }
@@ -456,7 +459,7 @@
     const moved = hits.filter((h) => Number.isInteger(h.first_stage_rank) && h.first_stage_rank !== h.rank).length;
     const cut = data.rerank && Number.isFinite(data.rerank.cutoff) ? data.rerank.cutoff : null;
     $("status").textContent = `${n} result${n === 1 ? "" : "s"} for “${body.query}”`
-      + (data.rerank ? `, ${rerankSummary(data.rerank)} (${moved} moved)` : "")
+      + (data.rerank ? `, ${rerankSummary(data.rerank, moved)}` : "")
       + (cut !== null ? `, cut off at P(relevant) ≥ ${cut.toFixed(2)}` : "")
       + ` in ${fmtMs((data.timings || {}).total)}.`;
   }
