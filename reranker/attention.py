@@ -34,6 +34,8 @@ under the full 4-D mask, plus :func:`capture_rows`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -376,9 +378,23 @@ def ensure_registered() -> None:
     _REGISTERED = True
 
 
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """The name under which ``model_class.forward`` takes its KV cache: ``"cache"``
+    (transformers from 5.2x) or ``"past_key_values"`` (earlier releases; still accepted, with a
+    deprecation warning, until 5.40)."""
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def run_with_capture(model, capture: AttentionCapture | None = None, **inputs: Any):
     """Run ``model(**inputs)`` with ``capture``; returns the output, or ``None`` when the
-    capture stopped the pass early (its cache, if any, was updated up to that layer)."""
+    capture stopped the pass early (its cache, if any, was updated up to that layer).
+
+    A KV cache is passed as ``cache=``; it reaches the model under the name its release of
+    transformers takes (:func:`_cache_argument`)."""
+    if "cache" in inputs and _cache_argument(type(model)) != "cache":
+        inputs["past_key_values"] = inputs.pop("cache")
     try:
         if capture is None:
             return model(**inputs)
