@@ -11,6 +11,9 @@ calibration block) once against the candidates' stored blocks and keeps, per can
   candidate tokens only (Gupta et al. 2025 section 4);
 * ``masked``: float32 ``(N,)``: the calibrated scorer as served (sum over layers and heads,
   per-document ``mean - 2 std`` token mask);
+* ``independent``: float32 ``(N, L, H, G)``: the list-independent features
+  (:func:`heedrank.reranker.cached.independent.document_features`: the query and ``N/A``
+  blocks against block 0 alone, their logits to the candidate's keys);
 * the first-stage scores and ranks, and the qrels grades.
 
 Every variant of the study (zero-shot scorers, learned per-(layer, head) weights, fusion with
@@ -53,11 +56,12 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
 
     Returns:
         ``{"calibrated": (N, L, H), "raw": (N, L, H), "signal": (N, H), "masked": (N,),
-        "cache": {"hits", "misses"}}`` as float32 numpy arrays (module docstring).
+        "independent": (N, L, H, G), "cache": {"hits", "misses"}}`` as float32 numpy arrays (module docstring).
     """
     import torch
 
     from heedrank.reranker.blockforward import block_forward
+    from heedrank.reranker.cached.independent import document_features, query_states
     from heedrank.reranker.scoring import masked_document_scores, per_head_document_mass, spans_from_lengths
 
     lm = reranker.lm
@@ -75,6 +79,8 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
         qo, _ = block_forward(lm, prompt, layer, mode="mean", read_layers=layers, kv=kv)
         co, _ = block_forward(lm, prompt, layer, query_ids=prompt.calib_ids, mode="mean", read_layers=layers, kv=kv)
         sig, _ = block_forward(lm, prompt, layer, read_layers=[layer], kv=kv)
+        states, groups = query_states(lm, prompt, kv, layers)
+        independent = document_features(states, groups, kv, L0, lengths)
     n, H = len(lengths), qo[layer].shape[1]
 
     def per_doc(x: Any) -> Any:  # (H, D) -> (N, H)
@@ -88,7 +94,7 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     alpha = torch.softmax(z, dim=-1).mean(dim=1)  # (H, D)
     signal = per_doc(alpha)
     return {"calibrated": cal.numpy(), "raw": raw.numpy(), "signal": signal.numpy(),
-            "masked": np.asarray(masked, dtype=np.float32), "cache": cache}
+            "masked": np.asarray(masked, dtype=np.float32), "independent": independent.numpy(), "cache": cache}
 
 
 @dataclass(frozen=True)
@@ -244,7 +250,7 @@ def dump_features(
         done.append(QueryItem(
             q.query_id, [d.doc_id for d in docs], np.asarray(first_scores[q.query_id], dtype=np.float64),
             np.asarray([int(grades.get(d.doc_id, 0)) for d in docs], dtype=np.int64),
-            {k: f[k] for k in ("calibrated", "raw", "signal", "masked")},
+            {k: f[k] for k in ("calibrated", "raw", "signal", "masked", "independent")},
         ))
         if (i + 1) % checkpoint_every == 0:
             save_items(out, done, meta)

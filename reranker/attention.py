@@ -61,7 +61,9 @@ class AttentionCapture:
             ``(batch, heads, keys)`` float32 per layer; ``"logits"`` keeps the masked raw
             logits ``q.k / sqrt(d_head)`` (blocked positions = ``-inf``),
             ``(batch, heads, rows, keys)`` float32 per layer; ``"probs"`` keeps the
-            softmax probabilities per row, ``(batch, heads, rows, keys)``.
+            softmax probabilities per row, ``(batch, heads, rows, keys)``; ``"query"`` keeps
+            the rows' query states (after RoPE) times the attention's scaling, float32
+            ``(batch, heads, rows, head_dim)``: their dot product with a key is the raw logit.
         stop_after: Raise :class:`StopForward` after this layer's attention (``None`` =
             run all layers).
         detach: Detach captured tensors from the autograd graph (``False`` for training).
@@ -109,6 +111,10 @@ def capture_rows(module, query, key, attention_mask, scaling: float, capture: At
 
     layer = int(module.layer_idx)
     q = query if capture.rows is None else query[:, :, capture.rows, :]
+    if capture.mode == "query":
+        value = q.float() * scaling
+        capture.out[layer] = value.detach() if capture.detach else value
+        return
     B, H, R, d = q.shape
     n_kv = key.shape[1]
     # grouped-query attention without repeating the keys: query head h reads kv head
@@ -379,7 +385,7 @@ def ensure_registered() -> None:
 
 
 @functools.cache
-def _cache_argument(model_class: type) -> str:
+def _cache_argument(model_class: Any) -> str:
     """The name under which ``model_class.forward`` takes its KV cache: ``"cache"``
     (transformers from 5.2x) or ``"past_key_values"`` (earlier releases; still accepted, with a
     deprecation warning, until 5.40)."""
@@ -393,7 +399,7 @@ def run_with_capture(model, capture: AttentionCapture | None = None, **inputs: A
 
     A KV cache is passed as ``cache=``; it reaches the model under the name its release of
     transformers takes (:func:`_cache_argument`)."""
-    if "cache" in inputs and _cache_argument(type(model)) != "cache":
+    if "cache" in inputs and _cache_argument(model.__class__) != "cache":
         inputs["past_key_values"] = inputs.pop("cache")
     try:
         if capture is None:

@@ -273,8 +273,8 @@ def merged_query_pass(
 
     from heedrank.reranker.attention import ContextSplit, run_with_capture
 
-    if capture.mode != "mean" or capture.rows is not None:
-        raise ValueError("merged_query_pass reads per-block mean attention: capture mode 'mean' with rows=None")
+    if capture.mode not in ("mean", "query") or capture.rows is not None:
+        raise ValueError("merged_query_pass reads every row: capture mode 'mean' or 'query' with rows=None")
     dev = lm.device
     dtype = next(lm.model.parameters()).dtype
     rows = MergedRows.of(blocks, device=dev)

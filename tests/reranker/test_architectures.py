@@ -347,3 +347,55 @@ def test_a_sliding_window_the_layout_runs_past_is_a_typed_error(cls_name, tokeni
         got = _scores(r.rerank(Query("q", QUERY), DOCS))
         assert _max_err(got, signal_scores(ref, L0, prompt.doc_lengths).tolist()) < 1e-5
         assert _max_err(got, signal_scores(lin[LAYER], L0, prompt.doc_lengths).tolist()) < 1e-5
+
+
+def _independent(r, query: str, docs) -> torch.Tensor:
+    """``F(d)`` of :mod:`heedrank.reranker.cached.independent` for ``docs`` in one list."""
+    from heedrank.reranker.cached.independent import document_features, query_states
+
+    prompt = r.build_prompt(query, docs)
+    with torch.inference_mode():
+        kv = r.cached_context(prompt).kv
+        states, groups = query_states(r.lm, prompt, kv, list(range(LAYER + 1)))
+        return document_features(states, groups, kv, len(prompt.instruction_ids), prompt.doc_lengths)
+
+
+def test_independent_features_do_not_depend_on_the_list(arch) -> None:
+    """A document's list-independent features are the same alone, in the full list, and in the
+    list reversed (to float32 rounding), and they differ between documents."""
+    from heedrank.reranker.cached.independent import GROUPS
+
+    _, lm = arch
+    r = _reranker(lm, scoring="calibrated")
+    full = _independent(r, QUERY, DOCS)
+    assert full.shape == (len(DOCS), LAYER + 1, lm.num_heads, len(GROUPS))
+    back = _independent(r, QUERY, DOCS[::-1]).flip(0)
+    assert (full - back).abs().max() < 1e-4
+    for i in (0, 3):
+        alone = _independent(r, QUERY, [DOCS[i]])[0]
+        assert (full[i] - alone).abs().max() < 1e-4
+    assert (full[0] - full[1]).abs().max() > 1e-3
+
+
+def test_independent_features_at_layer_0_are_log_attention_odds(arch) -> None:
+    """At layer 0 the query's states do not depend on the context, so ``f_r(d)`` equals the log of
+    the attention a query row puts on the document over what it puts on block 0 when it
+    does see the document (the exact two-pass query pass's per-row probabilities)."""
+    from heedrank.reranker.attention import AttentionCapture
+    from heedrank.reranker.blockforward import query_pass
+    from heedrank.reranker.cached.independent import GROUPS
+
+    _, lm = arch
+    r = _reranker(lm, scoring="calibrated")
+    doc = DOCS[1]
+    prompt = r.build_prompt(QUERY, [doc])
+    L0, T = len(prompt.instruction_ids), prompt.doc_lengths[0]
+    with torch.inference_mode():
+        kv = r.cached_context(prompt).kv
+        cap = AttentionCapture(layers={0}, mode="probs", stop_after=0)
+        query_pass(lm, prompt, [(k[:, :, : L0 + T], v[:, :, : L0 + T]) for k, v in kv], cap, fast=False)
+    p = cap.out[0][0]  # (H, Lq, K)
+    ratio = torch.log(p[:, :, L0: L0 + T].sum(-1)) - torch.log(p[:, :, :L0].sum(-1))  # (H, Lq)
+    f = _independent(r, QUERY, [doc])[0, 0]  # (H, G)
+    q_last = GROUPS.index("q_last")
+    assert (f[:, q_last] - ratio[:, -1]).abs().max() < 1e-4

@@ -1,0 +1,165 @@
+"""The fit of cached BlockRank's list-independent scorer (:mod:`heedrank.reranker.cached.independent`).
+
+Input: feature dumps (``heedrank lab dump``) whose items carry ``independent`` features, float32
+``(N, L, H, G)`` per query (:func:`heedrank.reranker.cached.independent.document_features`).
+Every (layer, head, group) feature is standardised by its mean and standard deviation over the
+training pairs (fixed numbers, never the list's), and a logistic regression (scikit-learn,
+L2, pointwise: relevant = grade >= 1) is fitted on them; its inverse regularisation ``C`` is chosen
+on dev by the score's own nDCG@10, then the fusion weight with the first stage on dev (0.0-1.0 in
+steps of 0.1). The statistics are folded into the weights, so the card holds one affine map of
+the raw features: ``s = bias + W . F`` (log-odds of P(relevant)).
+
+Reported on dev and every test dump: nDCG@10 of the score alone and fused, beside the first
+stage; ROC AUC and expected calibration error (10 equal-width bins) of ``sigmoid(s)`` over every
+(query, candidate) pair of the dump, with the dump's base rate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heedrank.fusion import fuse
+from heedrank.lab.study import QueryItem, load_items, ndcg10
+from heedrank.reranker.cached.independent import GROUPS
+
+logger = logging.getLogger(__name__)
+
+CS = (0.001, 0.003, 0.01, 0.03, 0.1)
+"""Inverse L2 strengths tried (chosen on dev)."""
+ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
+"""Fusion weights of the first stage tried (chosen on dev)."""
+
+
+@dataclass(frozen=True)
+class IndependentFit:
+    """A fit: the card's ``independent`` entry and the report.
+
+    Attributes:
+        entry: ``{"layers", "heads", "groups", "weights", "bias", "C", "fusion_alpha", ...}``
+            (:meth:`heedrank.reranker.cached.independent.IndependentWeights.from_card` reads it).
+        report: Figures per set (dev and tests): nDCG@10 first stage / alone / fused, AUC, ECE,
+            mean probability, base rate.
+    """
+
+    entry: dict[str, Any]
+    report: dict[str, Any]
+
+
+def features(item: QueryItem) -> np.ndarray:
+    """float64 ``(N, L * H * G)`` of one query's candidates.
+
+    Raises:
+        KeyError: the dump has no ``independent`` features (dumped by an older version).
+    """
+    f = item.features["independent"]
+    return f.reshape(f.shape[0], -1).astype(np.float64)
+
+
+def auc(p: np.ndarray, y: np.ndarray) -> float:
+    """ROC AUC of ``p`` against binary ``y`` (NaN with one class only)."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, p)) if 0 < int(y.sum()) < len(y) else float("nan")
+
+
+def ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error of probabilities ``p`` against binary ``y``, ``bins``
+    equal-width bins."""
+    b = np.minimum((p * bins).astype(int), bins - 1)
+    total = 0.0
+    for i in range(bins):
+        m = b == i
+        if m.any():
+            total += abs(float(p[m].mean()) - float(y[m].mean())) * int(m.sum())
+    return total / max(1, len(p))
+
+
+def _mean_ndcg(items: Sequence[QueryItem], scores: Mapping[str, np.ndarray], qrels: Mapping[str, Any]) -> float:
+    run = {it.query_id: {d: float(s) for d, s in zip(it.doc_ids, scores[it.query_id])} for it in items}
+    return float(np.mean(list(ndcg10(items, run, qrels).values())))
+
+
+def _fused(items: Sequence[QueryItem], scores: Mapping[str, np.ndarray], alpha: float) -> dict[str, np.ndarray]:
+    return {it.query_id: np.asarray(fuse(it.first_stage, scores[it.query_id], alpha)) if len(it.doc_ids) > 1
+            else scores[it.query_id] for it in items}
+
+
+def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[Path, int]], *,
+                    cs: Sequence[float] = CS) -> IndependentFit:
+    """Fit, choose on dev, report (module docstring).
+
+    Args:
+        train: Training dumps (their queries must not be dev's or a test's).
+        dev: The dev dump.
+        tests: ``{name: (dump, lowest relevant grade)}``.
+        cs: Inverse L2 strengths to try.
+
+    Raises:
+        ValueError: the training dumps hold no relevant or no non-relevant candidate.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    items = [it for p in train for it in load_items(p)[1]]
+    X = np.concatenate([features(it) for it in items])
+    y = np.concatenate([(it.labels >= 1).astype(int) for it in items])
+    if not 0 < int(y.sum()) < len(y):
+        raise ValueError("the training dumps need relevant and non-relevant candidates")
+    mu, sd = X.mean(0), X.std(0)
+    sd = np.where(sd > 1e-9, sd, 1.0)
+    Z = (X - mu) / sd
+    dev_meta, dev_items = load_items(dev)
+    sets: dict[str, tuple[list[QueryItem], Mapping[str, Any], int]] = {"dev": (dev_items, dev_meta["qrels"], 1)}
+    for name, (path, rel) in tests.items():
+        meta, its = load_items(path)
+        sets[name] = (its, meta["qrels"], rel)
+    best: tuple[float, float, Any] | None = None
+    for c in cs:
+        model = LogisticRegression(C=c, max_iter=5000).fit(Z, y)
+        s = {it.query_id: model.decision_function((features(it) - mu) / sd) for it in dev_items}
+        value = _mean_ndcg(dev_items, s, sets["dev"][1])
+        logger.info("independent fit: C=%g dev nDCG@10 %.2f", c, value)
+        if best is None or value > best[0]:
+            best = (value, c, model)
+    assert best is not None
+    _, c, model = best
+    w = model.coef_[0] / sd
+    bias = float(model.intercept_[0] - np.dot(model.coef_[0], mu / sd))
+    layers, heads = dev_items[0].features["independent"].shape[1:3]
+
+    def score(it: QueryItem) -> np.ndarray:
+        return features(it) @ w + bias
+
+    scores = {name: {it.query_id: score(it) for it in its} for name, (its, _, _) in sets.items()}
+    alpha = max(ALPHAS, key=lambda a: _mean_ndcg(dev_items, _fused(dev_items, scores["dev"], a), sets["dev"][1]))
+    report: dict[str, Any] = {}
+    for name, (its, qrels, rel) in sets.items():
+        first = {it.query_id: it.first_stage for it in its}
+        p = 1.0 / (1.0 + np.exp(-np.concatenate([scores[name][it.query_id] for it in its])))
+        labels = np.concatenate([(it.labels >= rel).astype(int) for it in its])
+        report[name] = {
+            "first stage": _mean_ndcg(its, first, qrels),
+            "independent": _mean_ndcg(its, scores[name], qrels),
+            "fused": _mean_ndcg(its, _fused(its, scores[name], alpha), qrels),
+            "auc": auc(p, labels), "ece": ece(p, labels), "mean_p": float(p.mean()), "base_rate": float(labels.mean()),
+        }
+    entry = {"layers": int(layers), "heads": int(heads), "groups": list(GROUPS), "weights": w.tolist(), "bias": bias,
+             "C": c, "fusion_alpha": alpha, "train": {"dumps": [str(p) for p in train], "pairs": int(len(y)),
+                                                      "relevant": int(y.sum())},
+             "figures": report}
+    return IndependentFit(entry, report)
+
+
+def format_fit(fit: IndependentFit) -> str:
+    """The report as a markdown table."""
+    rows = ["| set | first stage | independent | fused | AUC | ECE | mean p | base rate |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in fit.report.items():
+        rows.append(f"| {name} | {r['first stage']:.2f} | {r['independent']:.2f} | {r['fused']:.2f} | {r['auc']:.3f} | "
+                    f"{r['ece']:.3f} | {r['mean_p']:.3f} | {r['base_rate']:.3f} |")
+    rows.append(f"\nC {fit.entry['C']:g}, fusion weight of the first stage {fit.entry['fusion_alpha']:g} (dev)")
+    return "\n".join(rows)
