@@ -20,6 +20,15 @@ Served scores (unitless), for one query's ``N`` reranked candidates:
 The probability is the reranker's Platt map for that way of serving
 (:class:`heedrank.calibration.Calibration`, :meth:`~heedrank.calibration.Calibration.map_for`),
 non-increasing down the served order, so a cut-off keeps a prefix.
+
+A reranker whose scores are log-odds of P(relevant) of each (query, document) pair on their own
+(``absolute_scores``: cached BlockRank's ``scoring='independent'``,
+:mod:`heedrank.reranker.cached.independent`) is served differently: the probability is
+``sigmoid(score)`` of the reranker's own score, the same whatever else the list holds; without
+fusion (and for ``/rerank``, whose given order is then not used: a position prior would make the
+probability depend on the list) the results are in that order, so ``relevance`` is non-increasing
+down them; with fusion the order is the fused one and the probability is still each pair's own;
+a cut-off keeps, in served order, the hits at or above the threshold.
 """
 
 from __future__ import annotations
@@ -130,6 +139,8 @@ class ServePolicy:
             own ``score_scale``, for its own scores less the prior in their units
             (``sd(r) * strength * log(1 + i)``), so that relevance follows the served order.
         prior: The position prior of ``by="prior"`` (``alpha`` is then ``None``).
+        absolute: For a reranker with ``absolute_scores`` (module docstring), the ``"auto"``
+            cut-off's probability (its ``absolute_threshold``); ``None`` for any other.
     """
 
     alpha: float | None = None
@@ -138,11 +149,12 @@ class ServePolicy:
     cutoff: float | str | None = None
     scale: float | None = None
     prior: PositionPrior = PositionPrior()
+    absolute: float | None = None
 
     def __post_init__(self) -> None:
         if self.by not in BY:
             raise ValidationError(f"by must be one of {BY}, got {self.by!r}")
-        if self.cutoff is not None and self.plat is None:
+        if self.cutoff is not None and self.plat is None and self.absolute is None:
             raise ValidationError("a cutoff needs a calibration map (ServePolicy.of refuses it with a message)")
 
     @classmethod
@@ -167,6 +179,9 @@ class ServePolicy:
         """
         alpha = None if by == "prior" else resolve_weight(fusion, getattr(reranker, "default_fusion", None))
         cut = resolve_cutoff(cutoff)
+        if getattr(reranker, "absolute_scores", False):  # log-odds of each pair: sigmoid, no map, no prior
+            return cls(alpha, "score" if by == "prior" else by, None, cut, None,
+                       absolute=float(getattr(reranker, "absolute_threshold", 0.5)))
         plat = _map(reranker, method, alpha, by=by, required=cut is not None)
         if alpha is not None:
             spread: float | None = 1.0  # z-scores
@@ -203,6 +218,8 @@ class ServePolicy:
         Returns:
             The :class:`Served` query.
         """
+        if self.absolute is not None:
+            return self._apply_absolute(first_stage, reranked)
         strength = None
         if self.by == "prior":
             own = {h.doc_id: h for h in reranked.hits}
@@ -223,15 +240,7 @@ class ServePolicy:
         elif self.alpha is None:
             ranking = scored = reranked
         else:
-            ids = {h.doc_id for h in reranked.hits}
-            present = [h for h in first_stage.hits if h.doc_id in ids]
-            values = reciprocal_ranks(len(present)) if self.by == "rank" else [float(h.score) for h in present]
-            z_first = dict(zip((h.doc_id for h in present), standardize_list(values)))
-            low = min(z_first.values(), default=0.0)
-            z_reranker = standardize_list([float(h.score) for h in reranked.hits])
-            ranking = scored = Ranking.from_hits(reranked.query_id, (
-                replace(h, score=float(combine(z_first.get(h.doc_id, low), z, self.alpha)))
-                for h, z in zip(reranked.hits, z_reranker)))
+            ranking = scored = self._fused(first_stage, reranked)
         scores = [float(h.score) for h in scored.hits]
         if self.plat is None:
             relevance = dict(zip(scored.doc_ids, self.relevance(scores)))
@@ -248,6 +257,31 @@ class ServePolicy:
         kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
         far = self.plat.extrapolation(len(scores))
         return Served(kept, probabilities, threshold, (far,) if far is not None else (), strength, probabilities)
+
+    def _fused(self, first_stage: Ranking, reranked: Ranking) -> Ranking:
+        """The reranked candidates with fused scores (:meth:`served_scores`'s formula; a candidate
+        missing from ``first_stage`` gets its lowest z-score)."""
+        assert self.alpha is not None
+        ids = {h.doc_id for h in reranked.hits}
+        present = [h for h in first_stage.hits if h.doc_id in ids]
+        values = reciprocal_ranks(len(present)) if self.by == "rank" else [float(h.score) for h in present]
+        z_first = dict(zip((h.doc_id for h in present), standardize_list(values)))
+        low = min(z_first.values(), default=0.0)
+        z_reranker = standardize_list([float(h.score) for h in reranked.hits])
+        return Ranking.from_hits(reranked.query_id, (
+            replace(h, score=float(combine(z_first.get(h.doc_id, low), z, self.alpha)))
+            for h, z in zip(reranked.hits, z_reranker)))
+
+    def _apply_absolute(self, first_stage: Ranking, reranked: Ranking) -> Served:
+        """:meth:`apply` for a reranker whose scores are each pair's log-odds (module docstring)."""
+        assert self.absolute is not None
+        probabilities = {h.doc_id: sigmoid(float(h.score)) for h in reranked.hits}
+        ranking = reranked if self.alpha is None else self._fused(first_stage, reranked)
+        if self.cutoff is None:
+            return Served(ranking, probabilities, relevance=probabilities)
+        threshold = float(self.absolute if self.cutoff == "auto" else self.cutoff)
+        kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
+        return Served(kept, probabilities, threshold, relevance=probabilities)
 
     def relevance(self, scores: Sequence[float]) -> list[float]:
         """Scores in [0, 1], each from its own served score: ``sigmoid(score / scale)``

@@ -79,3 +79,32 @@ def test_relevance_agrees_with_the_served_order(own, first, by, alpha, calibrate
         assert all(a >= b for a, b in zip(probs, probs[1:]))
     if served.threshold is not None:
         assert all(served.probabilities[d] < served.threshold for d in ids if d not in set(served.ranking.doc_ids))
+
+
+class _Absolute:
+    """A reranker whose scores are each pair's log-odds (``absolute_scores``)."""
+
+    absolute_scores = True
+    absolute_threshold = 0.4
+    default_fusion = 0.5
+    calibration = None
+    score_scale = 1.0
+
+
+def test_absolute_scores_are_served_as_their_own_probability_in_any_list() -> None:
+    logits = {"a": 2.0, "b": -1.0, "c": 0.3, "d": -3.0}
+    given = Ranking("q", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(["d", "c", "b", "a"])))
+    rerank = ServePolicy.of(_Absolute(), fusion=None, by="prior")  # /rerank: no prior, its own order
+    assert rerank.alpha is None and rerank.absolute == 0.4
+    served = rerank.apply(given, Ranking.from_scores("q", logits))
+    assert served.ranking.doc_ids == ["a", "c", "b", "d"]
+    relevance = [served.relevance[d] for d in served.ranking.doc_ids]
+    assert relevance == sorted(relevance, reverse=True)
+    assert served.probabilities == pytest.approx({d: 1 / (1 + math.exp(-s)) for d, s in logits.items()})
+    alone = rerank.apply(Ranking("q", (ScoredDoc("b", 1.0),)), Ranking.from_scores("q", {"b": -1.0}))
+    assert alone.probabilities == pytest.approx({"b": served.probabilities["b"]})
+    # /search: the fused order, each pair's own probability; a cut-off keeps the hits above it
+    search = ServePolicy.of(_Absolute(), fusion="default", cutoff="auto")
+    fused = search.apply(given, Ranking.from_scores("q", logits))
+    assert fused.probabilities == served.probabilities and fused.threshold == 0.4
+    assert set(fused.ranking.doc_ids) == {"a", "c"}
