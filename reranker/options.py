@@ -373,13 +373,15 @@ class CachedBlockRankOptions(RerankerOptions):
         _int(0, optional=True),
     )
     scoring: str = _option(
-        AUTO, "'auto' | 'learned' | 'calibrated' | 'signal'",
+        AUTO, "'auto' | 'learned' | 'independent' | 'calibrated' | 'signal'",
         "'learned': learned weights over the calibrated attention of every (layer, head) of 0..l*, each "
-        "z-scored over the query's candidates (weights card: scorer_weights); 'calibrated': ICR's calibrated "
+        "z-scored over the query's candidates (weights card: scorer_weights); 'independent': log-odds of "
+        "P(relevant) of each (query, document) pair, the same in any list (the card's 'independent' entry: the "
+        "query and N/A blocks read against block 0 alone, their logits to each document's keys); 'calibrated': ICR's calibrated "
         "query attention over layers 0..l* with the mean - 2 std token mask; 'signal': the signal tokens' "
         "attention at l* (probabilities summing to 1); 'auto' = 'learned' when scorer_weights is given or a "
         "weights card ships for the model at the layer and block length asked for, else 'calibrated'",
-        _choice(AUTO, "learned", "calibrated", "signal"),
+        _choice(AUTO, "learned", "independent", "calibrated", "signal"),
     )
     scorer_weights: str | None = _option(
         None, "path | null",
@@ -503,10 +505,13 @@ def recorded_fusion(config: Any) -> float | None:
     opts = config.options
     if not isinstance(opts, CachedBlockRankOptions):
         return None
-    if opts.scoring not in (AUTO, "learned"):
+    if opts.scoring not in (AUTO, "learned", "independent"):
         return None
     if opts.scorer_weights is not None:
         card = read_card(opts.scorer_weights) if Path(opts.scorer_weights).is_file() else None
     else:
         card = packaged_card(config.model)
+    if card is not None and opts.scoring == "independent":
+        entry = card.data.get("independent")
+        return float(entry["fusion_alpha"]) if isinstance(entry, dict) and "fusion_alpha" in entry else None
     return None if card is None else card.fusion_alpha

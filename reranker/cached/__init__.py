@@ -199,7 +199,24 @@ class CachedBlockRankReranker(BlockRankReranker):
         """Fusion weight ``alpha`` with the first stage recorded in the weights card
         (``alpha z(first stage) + (1 - alpha) z(reranker)``, chosen on dev), or ``None``
         (no card, or another scorer than ``learned``)."""
-        return self.card.fusion_alpha if self.scoring == "learned" and self.card is not None else None
+        if self.card is None:
+            return None
+        if self.scoring == "independent":
+            return float(self.card.data["independent"].get("fusion_alpha", 0.5))
+        return self.card.fusion_alpha if self.scoring == "learned" else None
+
+    @property
+    def absolute_scores(self) -> bool:
+        """Whether the scores are log-odds of P(relevant) of each (query, document) pair on its own
+        (``scoring='independent'``): :mod:`heedrank.serving` then serves ``sigmoid(score)``."""
+        return self.scoring == "independent"
+
+    @property
+    def absolute_threshold(self) -> float:
+        """The ``"auto"`` cut-off of ``scoring='independent'``: the card entry's probability chosen on
+        dev (0.5 when it records none)."""
+        entry = self.card.data.get("independent", {}) if self.card is not None else {}
+        return float(entry.get("threshold", 0.5))
 
     @property
     def calibration(self) -> Any:

@@ -16,6 +16,7 @@ from heedrank.config import RerankerConfig
 from heedrank.errors import NotFoundError, ValidationError
 from heedrank.reranker.cached.adapter import AdapterFit, QueryAdapter, load_query_adapter
 from heedrank.reranker.cached.card import WeightsCard, find_card
+from heedrank.reranker.cached.independent import IndependentScorer, IndependentWeights
 from heedrank.reranker.cached.scorers import CalibratedScorer, LearnedScorer, Scorer, SignalScorer
 from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION, BlockLayout, build_layout
 from heedrank.reranker.options import AUTO, CachedBlockRankOptions
@@ -50,13 +51,14 @@ class CachedState:
 
 
 def resolve_layer(option: int | None, scoring: str, card: WeightsCard | None, n_layers: int) -> int:
-    """``l*``: option ``layer``; else the card's layer with learned scoring; else ``round(0.6 * L)``.
+    """``l*``: option ``layer``; else the card's layer with learned or independent scoring; else
+    ``round(0.6 * L)``.
 
     Raises:
         ValidationError: the layer is not below the model's depth.
     """
     layer = option
-    if layer is None and scoring == "learned" and card is not None:
+    if layer is None and scoring in ("learned", "independent") and card is not None:
         layer = int(card.data["layer"])
     if layer is None:
         layer = round(0.6 * n_layers)
@@ -87,6 +89,26 @@ def learned_weights(options: CachedBlockRankOptions, config: RerankerConfig, car
                             "`heedrank lab fit --export CARD.json` and pass --opt scorer_weights=CARD.json")
     want = {"layer": layer, "max_doc_tokens": config.max_doc_tokens, "template": CACHE_TEMPLATE_VERSION, "spec": "heads"}
     return card.weights_for(want, lm.identity.get("sha256"), shape)
+
+
+def independent_weights(card: WeightsCard | None, lm: Any, layer: int) -> IndependentWeights:
+    """The card's ``independent`` entry, checked against the model and ``l*``.
+
+    Raises:
+        NotFoundError: no card for the model.
+        ValidationError: no entry, or one fitted for another model, depth or head count.
+    """
+    if card is None:
+        raise NotFoundError(f"scoring='independent' needs a weights card with an 'independent' entry; none ships for "
+                            f"{lm.identity.get('name', 'this model')!r}: fit one (recipes/default) and pass it as "
+                            "scorer_weights")
+    weights = IndependentWeights.from_card(card.data)
+    if card.model_sha256 and lm.identity.get("sha256") and card.model_sha256 != lm.identity.get("sha256"):
+        raise ValidationError(f"the weights card {card.path} was fitted for another model: refit it for this one")
+    if weights.layers != layer + 1 or weights.heads != lm.num_heads:
+        raise ValidationError(f"the card's independent weights are for {weights.layers} layers x {weights.heads} "
+                              f"heads, not l* + 1 = {layer + 1} x {lm.num_heads}: set layer={weights.layers - 1}")
+    return weights
 
 
 def _calibration(card: WeightsCard | None, adapter: QueryAdapter | None) -> Any:
@@ -136,6 +158,8 @@ def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: An
     scorer: Scorer = signal
     if scoring == "learned":
         scorer = LearnedScorer(learned_weights(options, config, card, adapter, layer, lm))
+    elif scoring == "independent":
+        scorer = IndependentScorer(independent_weights(card, base, layer))
     elif scoring == "calibrated":
         scorer = CalibratedScorer(options.mask_std)
     calibration = _calibration(card, adapter) if scoring == "learned" else None

@@ -399,3 +399,39 @@ def test_independent_features_at_layer_0_are_log_attention_odds(arch) -> None:
     f = _independent(r, QUERY, [doc])[0, 0]  # (H, G)
     q_last = GROUPS.index("q_last")
     assert (f[:, q_last] - ratio[:, -1]).abs().max() < 1e-4
+
+
+def test_independent_scoring_serves_each_pairs_log_odds(arch, tmp_path) -> None:
+    """``scoring='independent'`` with a card entry shaped for the model: the scores are the
+    entry's affine map of the features, a document scores the same alone, and evidence has a
+    share per token; an entry for another depth is refused with a typed error."""
+    from heedrank.errors import ValidationError
+    from heedrank.reranker.cached.independent import GROUPS
+
+    _, lm = arch
+    g = torch.Generator().manual_seed(5)
+    n = (LAYER + 1) * lm.num_heads * len(GROUPS)
+    entry = {"layers": LAYER + 1, "heads": lm.num_heads, "groups": list(GROUPS),
+             "weights": (0.1 * torch.randn(n, generator=g)).tolist(), "bias": -1.0, "fusion_alpha": 0.3,
+             "threshold": 0.2}
+    card = _write_card(tmp_path / "card.json", lm)
+    card.write_text(json.dumps({**json.loads(card.read_text()), "independent": entry}))
+    r = _reranker(lm, "independent", scorer_weights=str(card))
+    assert r.scoring == "independent" and r.absolute_scores and r.default_fusion == 0.3 and r.absolute_threshold == 0.2
+    got = _scores(r.rerank(Query("q", QUERY), DOCS))
+    feats = _independent(r, QUERY, DOCS).double()
+    want = (torch.einsum("nlhg,lhg->n", feats, torch.tensor(entry["weights"], dtype=torch.float64)
+                         .reshape(LAYER + 1, lm.num_heads, len(GROUPS))) - 1.0).tolist()
+    assert _max_err(got, want) < 1e-4
+    alone = _scores_of(r.rerank(Query("q", QUERY), [DOCS[2]]))[DOCS[2].doc_id]
+    assert abs(alone - got[2]) < 1e-4
+    evidence = r.rerank_with_evidence(Query("q", QUERY), DOCS[:2], max_spans=2)
+    assert set(evidence.evidence) == {DOCS[0].doc_id, DOCS[1].doc_id}
+    short = {**entry, "layers": LAYER, "weights": entry["weights"][: LAYER * lm.num_heads * len(GROUPS)]}
+    card.write_text(json.dumps({**json.loads(card.read_text()), "independent": short}))
+    with pytest.raises(ValidationError, match="layer"):
+        _reranker(lm, "independent", scorer_weights=str(card)).rerank(Query("q", QUERY), DOCS)
+
+
+def _scores_of(result) -> dict[str, float]:
+    return {h.doc_id: h.score for h in result.ranking.hits}
