@@ -4,8 +4,9 @@ Input: feature dumps (``heedrank lab dump``) whose items carry ``independent`` f
 ``(N, L, H, G)`` per query (:func:`heedrank.reranker.cached.independent.document_features`).
 Every (layer, head, group) feature is standardised by its mean and standard deviation over the
 training pairs (fixed numbers, never the list's), and a logistic regression (scikit-learn,
-L2, pointwise: relevant = grade >= 1) is fitted on them; its inverse regularisation ``C`` is chosen
-on dev by the score's own nDCG@10, then the fusion weight with the first stage on dev (0.0-1.0 in
+L2, pointwise: relevant = grade >= 1) is fitted on them; its inverse regularisation ``C`` and the row groups it reads
+(:data:`GROUP_SETS`) are chosen on dev by the score's own nDCG@10, its log-odds are Platt-scaled on
+the training pairs (the L2 shrinks them), then the fusion weight with the first stage on dev (0.0-1.0 in
 steps of 0.1). The statistics are folded into the weights, so the card holds one affine map of
 the raw features: ``s = bias + W . F`` (log-odds of P(relevant)).
 
@@ -53,13 +54,17 @@ class IndependentFit:
     report: dict[str, Any]
 
 
-def features(item: QueryItem) -> np.ndarray:
-    """float64 ``(N, L * H * G)`` of one query's candidates.
+GROUP_SETS = (("q_text", "na_text"), ("q_text", "q_suffix", "na_text", "na_suffix"), GROUPS)
+"""Row groups tried (chosen on dev); the card's weights are 0 on the groups left out."""
+
+
+def features(item: QueryItem, groups: Sequence[str] = GROUPS) -> np.ndarray:
+    """float64 ``(N, L * H * len(groups))`` of one query's candidates.
 
     Raises:
         KeyError: the dump has no ``independent`` features (dumped by an older version).
     """
-    f = item.features["independent"]
+    f = item.features["independent"][..., [GROUPS.index(g) for g in groups]]
     return f.reshape(f.shape[0], -1).astype(np.float64)
 
 
@@ -106,7 +111,7 @@ def mean_f1(items: Sequence[QueryItem], scores: Mapping[str, np.ndarray], thresh
 
 
 def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[Path, int]], *,
-                    cs: Sequence[float] = CS) -> IndependentFit:
+                    cs: Sequence[float] = CS, group_sets: Sequence[Sequence[str]] = GROUP_SETS) -> IndependentFit:
     """Fit, choose on dev, report (module docstring).
 
     Args:
@@ -114,6 +119,7 @@ def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[
         dev: The dev dump.
         tests: ``{name: (dump, lowest relevant grade)}``.
         cs: Inverse L2 strengths to try.
+        group_sets: Row groups to try (each a subset of :data:`GROUPS`).
 
     Raises:
         ValueError: the training dumps hold no relevant or no non-relevant candidate.
@@ -121,31 +127,42 @@ def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[
     from sklearn.linear_model import LogisticRegression
 
     items = [it for p in train for it in load_items(p)[1]]
-    X = np.concatenate([features(it) for it in items])
     y = np.concatenate([(it.labels >= 1).astype(int) for it in items])
     if not 0 < int(y.sum()) < len(y):
         raise ValueError("the training dumps need relevant and non-relevant candidates")
-    mu, sd = X.mean(0), X.std(0)
-    sd = np.where(sd > 1e-9, sd, 1.0)
-    Z = (X - mu) / sd
     dev_meta, dev_items = load_items(dev)
     sets: dict[str, tuple[list[QueryItem], Mapping[str, Any], int]] = {"dev": (dev_items, dev_meta["qrels"], 1)}
     for name, (path, rel) in tests.items():
         meta, its = load_items(path)
         sets[name] = (its, meta["qrels"], rel)
-    best: tuple[float, float, Any] | None = None
-    for c in cs:
-        model = LogisticRegression(C=c, max_iter=5000).fit(Z, y)
-        s = {it.query_id: model.decision_function((features(it) - mu) / sd) for it in dev_items}
-        value = _mean_ndcg(dev_items, s, sets["dev"][1])
-        logger.info("independent fit: C=%g dev nDCG@10 %.2f", c, value)
-        if best is None or value > best[0]:
-            best = (value, c, model)
+    best: tuple[float, float, Sequence[str], Any, Any, Any] | None = None
+    for groups in group_sets:
+        X = np.concatenate([features(it, groups) for it in items])
+        mu, sd = X.mean(0), X.std(0)
+        sd = np.where(sd > 1e-9, sd, 1.0)
+        Z = (X - mu) / sd
+        for c in cs:
+            model = LogisticRegression(C=c, max_iter=5000).fit(Z, y)
+            s = {it.query_id: model.decision_function((features(it, groups) - mu) / sd) for it in dev_items}
+            value = _mean_ndcg(dev_items, s, sets["dev"][1])
+            logger.info("independent fit: groups %s C=%g dev nDCG@10 %.2f", ",".join(groups), c, value)
+            if best is None or value > best[0]:
+                best = (value, c, groups, model, mu, sd)
     assert best is not None
-    _, c, model = best
-    w = model.coef_[0] / sd
-    bias = float(model.intercept_[0] - np.dot(model.coef_[0], mu / sd))
+    _, c, chosen, model, mu, sd = best
+    # Platt scaling of the chosen score on the training pairs (unregularised): the L2 that ranks
+    # best on dev shrinks the log-odds, and the probability must mean what it says
+    X = np.concatenate([features(it, chosen) for it in items])
+    raw = model.decision_function((X - mu) / sd)
+    platt = LogisticRegression(C=1e6, max_iter=5000).fit(raw[:, None], y)
+    a, b = float(platt.coef_[0][0]), float(platt.intercept_[0])
     layers, heads = dev_items[0].features["independent"].shape[1:3]
+    w_groups = (a * model.coef_[0] / sd).reshape(layers, heads, len(chosen))
+    w = np.zeros((layers, heads, len(GROUPS)))
+    for i, g in enumerate(chosen):
+        w[:, :, GROUPS.index(g)] = w_groups[:, :, i]
+    w = w.reshape(-1)
+    bias = float(a * (model.intercept_[0] - np.dot(model.coef_[0], mu / sd)) + b)
 
     def score(it: QueryItem) -> np.ndarray:
         return features(it) @ w + bias
@@ -166,8 +183,8 @@ def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[
             "f1@threshold": mean_f1(its, scores[name], threshold, rel),
         }
     entry = {"layers": int(layers), "heads": int(heads), "groups": list(GROUPS), "weights": w.tolist(), "bias": bias,
-             "C": c, "fusion_alpha": alpha, "threshold": threshold, "train": {"dumps": [str(p) for p in train], "pairs": int(len(y)),
-                                                      "relevant": int(y.sum())},
+             "C": c, "fitted_groups": list(chosen), "platt": [a, b], "fusion_alpha": alpha, "threshold": threshold,
+             "train": {"dumps": [str(p) for p in train], "pairs": int(len(y)), "relevant": int(y.sum())},
              "figures": report}
     return IndependentFit(entry, report)
 
@@ -179,6 +196,6 @@ def format_fit(fit: IndependentFit) -> str:
     for name, r in fit.report.items():
         rows.append(f"| {name} | {r['first stage']:.2f} | {r['independent']:.2f} | {r['fused']:.2f} | {r['auc']:.3f} | "
                     f"{r['ece']:.3f} | {r['mean_p']:.3f} | {r['base_rate']:.3f} | {r['f1@threshold']:.3f} |")
-    rows.append(f"\nC {fit.entry['C']:g}, fusion weight of the first stage {fit.entry['fusion_alpha']:g}, cut-off "
+    rows.append(f"\nrow groups {', '.join(fit.entry['fitted_groups'])}; C {fit.entry['C']:g}, fusion weight of the first stage {fit.entry['fusion_alpha']:g}, cut-off "
                 f"{fit.entry['threshold']:g} (dev)")
     return "\n".join(rows)
