@@ -27,8 +27,10 @@ A reranker whose scores are log-odds of P(relevant) of each (query, document) pa
 ``sigmoid(score)`` of the reranker's own score, the same whatever else the list holds; without
 fusion (and for ``/rerank``, whose given order is then not used: a position prior would make the
 probability depend on the list) the results are in that order, so ``relevance`` is non-increasing
-down them; with fusion the order is the fused one and the probability is still each pair's own;
-a cut-off keeps, in served order, the hits at or above the threshold.
+down them. With fusion (``/search``) the order is the fused one and the probability is the
+reranker's Platt map of the fused score (``absolute_fused_map``, fitted on dev), so it too is
+non-increasing down the order; it weighs the first stage's evidence over the query's candidates.
+A cut-off keeps, in served order, the hits at or above the threshold (a prefix).
 """
 
 from __future__ import annotations
@@ -141,6 +143,10 @@ class ServePolicy:
         prior: The position prior of ``by="prior"`` (``alpha`` is then ``None``).
         absolute: For a reranker with ``absolute_scores`` (module docstring), the ``"auto"``
             cut-off's probability (its ``absolute_threshold``); ``None`` for any other.
+        fused_map: With ``absolute`` and fusion: ``(a, b)``, the probability of a fused score
+            ``f`` is ``sigmoid(a f + b)`` (the reranker's ``absolute_fused_map``, fitted on dev at
+            its fusion weight), and ``fused_threshold`` its ``"auto"`` cut-off; ``None``: each
+            pair's own probability.
     """
 
     alpha: float | None = None
@@ -150,6 +156,8 @@ class ServePolicy:
     scale: float | None = None
     prior: PositionPrior = PositionPrior()
     absolute: float | None = None
+    fused_map: tuple[float, float] | None = None
+    fused_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.by not in BY:
@@ -179,9 +187,11 @@ class ServePolicy:
         """
         alpha = None if by == "prior" else resolve_weight(fusion, getattr(reranker, "default_fusion", None))
         cut = resolve_cutoff(cutoff)
-        if getattr(reranker, "absolute_scores", False):  # log-odds of each pair: sigmoid, no map, no prior
+        if getattr(reranker, "absolute_scores", False):  # log-odds of each pair: sigmoid, no prior
+            fused_map = getattr(reranker, "absolute_fused_map", None) if alpha is not None else None
             return cls(alpha, "score" if by == "prior" else by, None, cut, None,
-                       absolute=float(getattr(reranker, "absolute_threshold", 0.5)))
+                       absolute=float(getattr(reranker, "absolute_threshold", 0.5)), fused_map=fused_map,
+                       fused_threshold=getattr(reranker, "absolute_fused_threshold", None) if fused_map else None)
         plat = _map(reranker, method, alpha, by=by, required=cut is not None)
         if alpha is not None:
             spread: float | None = 1.0  # z-scores
@@ -275,11 +285,17 @@ class ServePolicy:
     def _apply_absolute(self, first_stage: Ranking, reranked: Ranking) -> Served:
         """:meth:`apply` for a reranker whose scores are each pair's log-odds (module docstring)."""
         assert self.absolute is not None
-        probabilities = {h.doc_id: sigmoid(float(h.score)) for h in reranked.hits}
         ranking = reranked if self.alpha is None else self._fused(first_stage, reranked)
+        auto = self.absolute
+        if self.fused_map is not None and self.alpha is not None:  # /search: the fused score's own map
+            a, b = self.fused_map
+            probabilities = {h.doc_id: sigmoid(a * float(h.score) + b) for h in ranking.hits}
+            auto = self.fused_threshold if self.fused_threshold is not None else auto
+        else:
+            probabilities = {h.doc_id: sigmoid(float(h.score)) for h in reranked.hits}
         if self.cutoff is None:
             return Served(ranking, probabilities, relevance=probabilities)
-        threshold = float(self.absolute if self.cutoff == "auto" else self.cutoff)
+        threshold = float(auto if self.cutoff == "auto" else self.cutoff)
         kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
         return Served(kept, probabilities, threshold, relevance=probabilities)
 

@@ -7,7 +7,8 @@ training pairs (fixed numbers, never the list's), and a logistic regression (sci
 L2, pointwise: relevant = grade >= 1) is fitted on them; its inverse regularisation ``C`` and the row groups it reads
 (:data:`GROUP_SETS`) are chosen on dev by the score's own nDCG@10, its log-odds are Platt-scaled on
 the training pairs (the L2 shrinks them), then the fusion weight with the first stage on dev (0.0-1.0 in
-steps of 0.1). The statistics are folded into the weights, so the card holds one affine map of
+steps of 0.1), and a Platt map of the fused score on dev (``/search``'s probability, monotone in
+its order). The statistics are folded into the weights, so the card holds one affine map of
 the raw features: ``s = bias + W . F`` (log-odds of P(relevant)).
 
 Reported on dev and every test dump: nDCG@10 of the score alone and fused, beside the first
@@ -170,20 +171,32 @@ def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[
     scores = {name: {it.query_id: score(it) for it in its} for name, (its, _, _) in sets.items()}
     alpha = max(ALPHAS, key=lambda a: _mean_ndcg(dev_items, _fused(dev_items, scores["dev"], a), sets["dev"][1]))
     threshold = max(THRESHOLDS, key=lambda t: mean_f1(dev_items, scores["dev"], t))
+    # the fused score's probability (/search): a Platt map of the fused score, fitted on dev
+    fused = {name: _fused(its, scores[name], alpha) for name, (its, _, _) in sets.items()}
+    fd = np.concatenate([fused["dev"][it.query_id] for it in dev_items])
+    yd = np.concatenate([(it.labels >= 1).astype(int) for it in dev_items])
+    fmap = LogisticRegression(C=1e6, max_iter=5000).fit(fd[:, None], yd)
+    fa, fb = float(fmap.coef_[0][0]), float(fmap.intercept_[0])
+    fused_logits = {name: {q: fa * v + fb for q, v in f.items()} for name, f in fused.items()}
+    fused_threshold = max(THRESHOLDS, key=lambda t: mean_f1(dev_items, fused_logits["dev"], t))
     report: dict[str, Any] = {}
     for name, (its, qrels, rel) in sets.items():
         first = {it.query_id: it.first_stage for it in its}
         p = 1.0 / (1.0 + np.exp(-np.concatenate([scores[name][it.query_id] for it in its])))
+        pf = 1.0 / (1.0 + np.exp(-np.concatenate([fused_logits[name][it.query_id] for it in its])))
         labels = np.concatenate([(it.labels >= rel).astype(int) for it in its])
         report[name] = {
             "first stage": _mean_ndcg(its, first, qrels),
             "independent": _mean_ndcg(its, scores[name], qrels),
-            "fused": _mean_ndcg(its, _fused(its, scores[name], alpha), qrels),
+            "fused": _mean_ndcg(its, fused[name], qrels),
             "auc": auc(p, labels), "ece": ece(p, labels), "mean_p": float(p.mean()), "base_rate": float(labels.mean()),
             "f1@threshold": mean_f1(its, scores[name], threshold, rel),
+            "fused_auc": auc(pf, labels), "fused_ece": ece(pf, labels),
+            "fused_f1@threshold": mean_f1(its, fused_logits[name], fused_threshold, rel),
         }
     entry = {"layers": int(layers), "heads": int(heads), "groups": list(GROUPS), "weights": w.tolist(), "bias": bias,
              "C": c, "fitted_groups": list(chosen), "platt": [a, b], "fusion_alpha": alpha, "threshold": threshold,
+             "fused_map": [fa, fb], "fused_threshold": fused_threshold,
              "train": {"dumps": [str(p) for p in train], "pairs": int(len(y)), "relevant": int(y.sum())},
              "figures": report}
     return IndependentFit(entry, report)
@@ -191,11 +204,13 @@ def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[
 
 def format_fit(fit: IndependentFit) -> str:
     """The report as a markdown table."""
-    rows = ["| set | first stage | independent | fused | AUC | ECE | mean p | base rate | F1 at cut-off |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| set | first stage | independent | fused | AUC | ECE | mean p | base rate | F1 at cut-off | "
+            "fused AUC | fused ECE | fused F1 at cut-off |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in fit.report.items():
         rows.append(f"| {name} | {r['first stage']:.2f} | {r['independent']:.2f} | {r['fused']:.2f} | {r['auc']:.3f} | "
-                    f"{r['ece']:.3f} | {r['mean_p']:.3f} | {r['base_rate']:.3f} | {r['f1@threshold']:.3f} |")
-    rows.append(f"\nrow groups {', '.join(fit.entry['fitted_groups'])}; C {fit.entry['C']:g}, fusion weight of the first stage {fit.entry['fusion_alpha']:g}, cut-off "
-                f"{fit.entry['threshold']:g} (dev)")
+                    f"{r['ece']:.3f} | {r['mean_p']:.3f} | {r['base_rate']:.3f} | {r['f1@threshold']:.3f} | "
+                    f"{r['fused_auc']:.3f} | {r['fused_ece']:.3f} | {r['fused_f1@threshold']:.3f} |")
+    e = fit.entry
+    rows.append(f"\nrow groups {', '.join(e['fitted_groups'])}; C {e['C']:g}; fusion weight of the first stage "
+                f"{e['fusion_alpha']:g}; cut-offs {e['threshold']:g} (alone) and {e['fused_threshold']:g} (fused), dev")
     return "\n".join(rows)

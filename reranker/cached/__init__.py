@@ -212,6 +212,21 @@ class CachedBlockRankReranker(BlockRankReranker):
         return self.scoring == "independent"
 
     @property
+    def absolute_fused_map(self) -> tuple[float, float] | None:
+        """``(a, b)``: ``sigmoid(a f + b)`` is the probability of a score ``f`` fused at
+        :attr:`default_fusion` (``scoring='independent'``; the card entry's ``fused_map``, fitted on
+        dev), or ``None``."""
+        entry = self.card.data.get("independent", {}) if self.card is not None and self.absolute_scores else {}
+        pair = entry.get("fused_map")
+        return (float(pair[0]), float(pair[1])) if pair else None
+
+    @property
+    def absolute_fused_threshold(self) -> float | None:
+        """The ``"auto"`` cut-off of a fused probability (:attr:`absolute_fused_map`), or ``None``."""
+        entry = self.card.data.get("independent", {}) if self.card is not None and self.absolute_scores else {}
+        return float(entry["fused_threshold"]) if "fused_threshold" in entry else None
+
+    @property
     def absolute_threshold(self) -> float:
         """The ``"auto"`` cut-off of ``scoring='independent'``: the card entry's probability chosen on
         dev (0.5 when it records none)."""

@@ -103,8 +103,23 @@ def test_absolute_scores_are_served_as_their_own_probability_in_any_list() -> No
     assert served.probabilities == pytest.approx({d: 1 / (1 + math.exp(-s)) for d, s in logits.items()})
     alone = rerank.apply(Ranking("q", (ScoredDoc("b", 1.0),)), Ranking.from_scores("q", {"b": -1.0}))
     assert alone.probabilities == pytest.approx({"b": served.probabilities["b"]})
-    # /search: the fused order, each pair's own probability; a cut-off keeps the hits above it
+    # /search without a fused map: the fused order, each pair's own probability
     search = ServePolicy.of(_Absolute(), fusion="default", cutoff="auto")
     fused = search.apply(given, Ranking.from_scores("q", logits))
     assert fused.probabilities == served.probabilities and fused.threshold == 0.4
     assert set(fused.ranking.doc_ids) == {"a", "c"}
+
+
+def test_a_fused_map_gives_search_a_probability_in_its_order() -> None:
+    class Mapped(_Absolute):
+        absolute_fused_map = (2.0, -1.0)
+        absolute_fused_threshold = 0.3
+
+    logits = {"a": 2.0, "b": -1.0, "c": 0.3, "d": -3.0}
+    given = Ranking("q", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(["d", "c", "b", "a"])))
+    served = ServePolicy.of(Mapped(), fusion="default", cutoff="auto").apply(given, Ranking.from_scores("q", logits))
+    probs = [served.probabilities[h.doc_id] for h in served.ranking.hits]
+    assert probs == sorted(probs, reverse=True) and served.threshold == 0.3
+    assert probs == pytest.approx([1 / (1 + math.exp(-(2.0 * h.score - 1.0))) for h in served.ranking.hits])
+    rerank = ServePolicy.of(Mapped(), fusion=None, by="prior").apply(given, Ranking.from_scores("q", logits))
+    assert rerank.probabilities == pytest.approx({d: 1 / (1 + math.exp(-s)) for d, s in logits.items()})
