@@ -31,7 +31,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 NF=$D/beir-nfcorpus
 mkdir -p "$W"/{done,dumps,kv,reports,out,logs}
-STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate assemble)
+STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent assemble)
 
 dump() {  # dump NAME ARGS...: one feature dump, resumed if it was stopped
     local name=$1; shift
@@ -100,6 +100,18 @@ step_calibrate() {  # the cut-off's Platt maps and thresholds (dev), on the card
         --test "nf-test=$W/dumps/qa-nf-test-hybrid50.npz" --test "dl19=$W/dumps/qa-dl19-bm25-100.npz@2" \
         --counts 10,20,30,50 --test-counts 20,all --write-card "$W/out/card.calibrated.json" \
         --out "$W/reports/calibrate.json"
+}
+
+step_independent() {  # the list-independent scorer: 400 unseen train queries (seeded), with the adapter
+    "$PY" recipes/default/steps.py calibration-ids --data "$NF" --exclude "$W/dumps/nf-train-hybrid50.npz" \
+        --limit 400 --out "$W/independent-queries.txt"
+    dump qa-nf-train-unseen400-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
+        --query-ids "$W/independent-queries.txt" --adapter "$W/adapter/best"
+    rm -f "$W/out/card.independent.json"
+    "$HR" lab fit-independent --train "$W/dumps/qa-nf-train-unseen400-hybrid50.npz" \
+        --dev "$W/dumps/qa-nf-dev-hybrid50.npz" --test "nf-test=$W/dumps/qa-nf-test-hybrid50.npz" \
+        --test "dl19=$W/dumps/qa-dl19-bm25-100.npz@2" --card "$W/out/card.calibrated.json" \
+        --write-card "$W/out/card.independent.json" --out "$W/reports/independent.json"
 }
 
 step_assemble() {  # the packaged artefacts, their fields naming only files of the repository

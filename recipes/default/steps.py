@@ -81,7 +81,11 @@ def assemble(args: argparse.Namespace) -> None:
     card (weights, fusion, calibration) and adapter, their ``command`` fields naming the
     recipe's steps and their inputs recorded by sha256 (the dumps live in the work folder)."""
     work, model = Path(args.work), args.model
-    card = _read(work / "out" / "card.calibrated.json")
+    with_independent = work / "out" / "card.independent.json"
+    card = _read(with_independent if with_independent.exists() else work / "out" / "card.calibrated.json")
+    if "independent" in card:
+        card["independent"]["command"] = f"{RUN} independent"
+        card["independent"]["train"]["dumps"] = [Path(d).stem for d in card["independent"]["train"]["dumps"]]
     served = _served(_read(work / "reports" / "fusion.json"))
     dumps = {p.stem: _sha256(p) for p in sorted((work / "dumps").glob("*.npz"))}
     train = card.get("train") or {}
@@ -139,6 +143,23 @@ def install(args: argparse.Namespace) -> None:
     print(f"installed into {DATA}: review `git diff --stat reranker/data`, then commit")
 
 
+def install_independent(args: argparse.Namespace) -> None:
+    """Copy only the ``independent`` entry of ``out/card.independent.json`` into the packaged card
+    (the rest of the card unchanged): the ``independent`` step rerun alone on an earlier run's
+    dumps and card."""
+    work, model = Path(args.work), args.model
+    source = work / "out" / "card.independent.json"
+    if not source.is_file():
+        sys.exit(f"nothing to install: run `{RUN} independent` first")
+    entry = _read(source)["independent"]
+    entry["command"] = f"{RUN} independent"
+    entry["train"]["dumps"] = [Path(d).stem for d in entry["train"]["dumps"]]
+    entry["dumps_sha256"] = {Path(p).stem: _sha256(Path(p)) for p in sorted((work / "dumps").glob("qa-*.npz"))}
+    target = DATA / f"{model}.blockrank-cached.json"
+    _write(target, {**_read(target), "independent": entry})
+    print(f"installed the independent entry into {target}: review `git diff`, then commit")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -151,12 +172,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--card", required=True)
     p.add_argument("--fusion", required=True)
     p.add_argument("--out", required=True)
-    for name in ("assemble", "install"):
+    for name in ("assemble", "install", "install-independent"):
         p = sub.add_parser(name)
         p.add_argument("--work", required=True)
         p.add_argument("--model", required=True)
     args = parser.parse_args(argv)
     {"calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
+     "install-independent": install_independent,
      "install": install}[args.cmd](args)
 
 
