@@ -137,6 +137,14 @@ def _fits(card: WeightsCard | None, options: CachedBlockRankOptions, config: Rer
     return layer_ok and config.max_doc_tokens == int(card.data.get("max_doc_tokens", config.max_doc_tokens))
 
 
+def auto_scoring(card: WeightsCard | None, fits: bool) -> str:
+    """What ``scoring='auto'`` scores with: ``independent`` when the card that fits carries an
+    ``independent`` entry, ``learned`` when it fits without one, else ``calibrated``."""
+    if card is None or not fits:
+        return "calibrated"
+    return "independent" if isinstance(card.data.get("independent"), dict) else "learned"
+
+
 def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: Any, signal: SignalScorer) -> CachedState:
     """Resolve and load everything of a cached BlockRank reranker over the shared LM ``base``
     (``signal``: its scorer for ``scoring='signal'``).
@@ -148,8 +156,7 @@ def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: An
             ``l*``, block length or layout.
     """
     card = find_card(base.identity.get("name", ""), options.scorer_weights)
-    scoring = options.scoring if options.scoring != AUTO else ("learned" if _fits(card, options, config)
-                                                               else "calibrated")
+    scoring = options.scoring if options.scoring != AUTO else auto_scoring(card, _fits(card, options, config))
     layer = resolve_layer(options.layer, scoring, card, base.num_layers)
     layout = build_layout(base.tokenizer, config.max_doc_tokens, chat_template=options.chat_template)
     adapter = load_query_adapter(options.query_adapter, base, AdapterFit(layer, config.max_doc_tokens,

@@ -435,3 +435,18 @@ def test_independent_scoring_serves_each_pairs_log_odds(arch, tmp_path) -> None:
 
 def _scores_of(result) -> dict[str, float]:
     return {h.doc_id: h.score for h in result.ranking.hits}
+
+
+def test_auto_scoring_takes_the_cards_independent_entry(arch, tmp_path) -> None:
+    from heedrank.reranker.cached.independent import GROUPS
+    from heedrank.reranker.cached.state import auto_scoring
+    from heedrank.reranker.cached.card import read_card
+
+    _, lm = arch
+    card = _write_card(tmp_path / "card.json", lm)
+    assert auto_scoring(read_card(card), True) == "learned" and auto_scoring(read_card(card), False) == "calibrated"
+    n = (LAYER + 1) * lm.num_heads * len(GROUPS)
+    entry = {"layers": LAYER + 1, "heads": lm.num_heads, "groups": list(GROUPS), "weights": [0.01] * n, "bias": 0.0}
+    card.write_text(json.dumps({**json.loads(card.read_text()), "independent": entry}))
+    assert auto_scoring(read_card(card), True) == "independent"
+    assert _reranker(lm, "auto", scorer_weights=str(card)).scoring == "independent"
