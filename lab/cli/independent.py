@@ -12,8 +12,9 @@ import typer
 
 
 def lab_fit_independent(
-    train: Annotated[list[Path], typer.Option("--train", help="Training feature dumps with 'independent' features "
-                                              "(heedrank lab dump; repeatable).")],
+    train: Annotated[list[str], typer.Option("--train", help="DUMP[@MIN_GRADE]: training feature dumps with "
+                                             "'independent' features (heedrank lab dump; repeatable; MIN_GRADE the "
+                                             "lowest relevant grade, default 1, 2 for TREC DL).")],
     dev: Annotated[Path, typer.Option("--dev", help="Dev dump: C and the fusion weight are chosen on it.")],
     test: Annotated[Optional[list[str]], typer.Option(
         "--test", help="NAME=DUMP[@MIN_GRADE] test sets (repeatable; MIN_GRADE 2 for TREC DL).")] = None,
@@ -36,7 +37,11 @@ def lab_fit_independent(
     for name, value in parse_named(test or [], "--test", "NAME=DUMP[@MIN_GRADE]").items():
         path, _, grade = value.partition("@")
         tests[name] = (Path(path), int(grade or 1))
-    fit = fit_independent(train, dev, tests)
+    sources = []
+    for spec in train:
+        path, _, grade = spec.partition("@")
+        sources.append((Path(path), int(grade or 1)))
+    fit = fit_independent(sources, dev, tests)
     entry = {**fit.entry, "command": command_line("heedrank lab fit-independent", [
         ("--train", train), ("--dev", dev), ("--test", test), ("--card", card), ("--write-card", write_card)])}
     if out is not None:

@@ -4,7 +4,7 @@ Input: feature dumps (``heedrank lab dump``) whose items carry ``independent`` f
 ``(N, L, H, G)`` per query (:func:`heedrank.reranker.cached.independent.document_features`).
 Every (layer, head, group) feature is standardised by its mean and standard deviation over the
 training pairs (fixed numbers, never the list's), and a logistic regression (scikit-learn,
-L2, pointwise: relevant = grade >= 1) is fitted on them; its inverse regularisation ``C`` and the row groups it reads
+L2, pointwise: relevant = grade >= each dump's lowest relevant grade) is fitted on them; its inverse regularisation ``C`` and the row groups it reads
 (:data:`GROUP_SETS`) are chosen on dev by the score's own nDCG@10, its log-odds are Platt-scaled on
 the training pairs (the L2 shrinks them), then the fusion weight with the first stage on dev (0.0-1.0 in
 steps of 0.1), and a Platt map of the fused score on dev (``/search``'s probability, monotone in
@@ -111,12 +111,13 @@ def mean_f1(items: Sequence[QueryItem], scores: Mapping[str, np.ndarray], thresh
     return float(np.mean(out))
 
 
-def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[Path, int]], *,
+def fit_independent(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str, tuple[Path, int]], *,
                     cs: Sequence[float] = CS, group_sets: Sequence[Sequence[str]] = GROUP_SETS) -> IndependentFit:
     """Fit, choose on dev, report (module docstring).
 
     Args:
-        train: Training dumps (their queries must not be dev's or a test's).
+        train: Training dumps with the lowest grade counted relevant in each (their queries must not
+            be dev's or a test's).
         dev: The dev dump.
         tests: ``{name: (dump, lowest relevant grade)}``.
         cs: Inverse L2 strengths to try.
@@ -127,8 +128,9 @@ def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[
     """
     from sklearn.linear_model import LogisticRegression
 
-    items = [it for p in train for it in load_items(p)[1]]
-    y = np.concatenate([(it.labels >= 1).astype(int) for it in items])
+    loaded = [(it, grade) for p, grade in train for it in load_items(p)[1]]
+    items = [it for it, _ in loaded]
+    y = np.concatenate([(it.labels >= grade).astype(int) for it, grade in loaded])
     if not 0 < int(y.sum()) < len(y):
         raise ValueError("the training dumps need relevant and non-relevant candidates")
     dev_meta, dev_items = load_items(dev)
@@ -197,7 +199,7 @@ def fit_independent(train: Sequence[Path], dev: Path, tests: Mapping[str, tuple[
     entry = {"layers": int(layers), "heads": int(heads), "groups": list(GROUPS), "weights": w.tolist(), "bias": bias,
              "C": c, "fitted_groups": list(chosen), "platt": [a, b], "fusion_alpha": alpha, "threshold": threshold,
              "fused_map": [fa, fb], "fused_threshold": fused_threshold,
-             "train": {"dumps": [str(p) for p in train], "pairs": int(len(y)), "relevant": int(y.sum())},
+             "train": {"dumps": [str(p) for p, _ in train], "min_grade": [g for _, g in train], "pairs": int(len(y)), "relevant": int(y.sum())},
              "figures": report}
     return IndependentFit(entry, report)
 

@@ -102,13 +102,19 @@ step_calibrate() {  # the cut-off's Platt maps and thresholds (dev), on the card
         --out "$W/reports/calibrate.json"
 }
 
-step_independent() {  # the list-independent scorer: 400 unseen train queries (seeded), with the adapter
+step_independent() {  # the list-independent scorer, with the adapter: 400 unseen NFCorpus train queries (seeded),
+                      # TREC DL 2021 and 100 SciFact train claims
     "$PY" recipes/default/steps.py calibration-ids --data "$NF" --exclude "$W/dumps/nf-train-hybrid50.npz" \
         --limit 400 --out "$W/independent-queries.txt"
     dump qa-nf-train-unseen400-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
         --query-ids "$W/independent-queries.txt" --adapter "$W/adapter/best"
+    dump qa-dl21-bm25-30 --data "$D/msmarco-trec-dl-2021-passage" --trec-run BM25 --candidates 30 --store "$W/kv/dl21" \
+        --adapter "$W/adapter/best"
+    dump qa-scifact-train-bm25-30 --data "$D/beir-scifact" --split train --retriever bm25 --candidates 30 \
+        --max-queries 100 --store "$W/kv/scifact" --adapter "$W/adapter/best"
     rm -f "$W/out/card.independent.json"
     "$HR" lab fit-independent --train "$W/dumps/qa-nf-train-unseen400-hybrid50.npz" \
+        --train "$W/dumps/qa-dl21-bm25-30.npz@2" --train "$W/dumps/qa-scifact-train-bm25-30.npz" \
         --dev "$W/dumps/qa-nf-dev-hybrid50.npz" --test "nf-test=$W/dumps/qa-nf-test-hybrid50.npz" \
         --test "dl19=$W/dumps/qa-dl19-bm25-100.npz@2" --card "$W/out/card.calibrated.json" \
         --write-card "$W/out/card.independent.json" --out "$W/reports/independent.json"

@@ -37,7 +37,7 @@ def _dump(path, queries: int, seed: int):
 
 
 def test_fit_finds_the_feature_and_gives_calibrated_probabilities(tmp_path) -> None:
-    train = [_dump(tmp_path / "train.npz", 60, 1)]
+    train = [(_dump(tmp_path / "train.npz", 60, 1), 1)]
     dev = _dump(tmp_path / "dev.npz", 30, 2)
     test = _dump(tmp_path / "test.npz", 30, 3)
     fit = fit_independent(train, dev, {"test": (test, 1)}, cs=(0.01, 1.0))
