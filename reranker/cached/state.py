@@ -138,11 +138,11 @@ def _fits(card: WeightsCard | None, options: CachedBlockRankOptions, config: Rer
 
 
 def auto_scoring(card: WeightsCard | None, fits: bool) -> str:
-    """What ``scoring='auto'`` scores with: ``independent`` when the card that fits carries an
-    ``independent`` entry, ``learned`` when it fits without one, else ``calibrated``."""
-    if card is None or not fits:
-        return "calibrated"
-    return "independent" if isinstance(card.data.get("independent"), dict) else "learned"
+    """What ``scoring='auto'`` scores with: ``learned`` when a card fits, else ``calibrated``.
+    A card's ``independent`` entry is used only when asked for (``scoring='independent'``): it
+    ranks below ``learned`` (docs/results/default.md, "A probability that does not depend on the
+    list")."""
+    return "learned" if card is not None and fits else "calibrated"
 
 
 def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: Any, signal: SignalScorer) -> CachedState:

@@ -437,7 +437,7 @@ def _scores_of(result) -> dict[str, float]:
     return {h.doc_id: h.score for h in result.ranking.hits}
 
 
-def test_auto_scoring_takes_the_cards_independent_entry(arch, tmp_path) -> None:
+def test_auto_scoring_keeps_learned_when_the_card_has_an_independent_entry(arch, tmp_path) -> None:
     from heedrank.reranker.cached.independent import GROUPS
     from heedrank.reranker.cached.state import auto_scoring
     from heedrank.reranker.cached.card import read_card
@@ -448,5 +448,6 @@ def test_auto_scoring_takes_the_cards_independent_entry(arch, tmp_path) -> None:
     n = (LAYER + 1) * lm.num_heads * len(GROUPS)
     entry = {"layers": LAYER + 1, "heads": lm.num_heads, "groups": list(GROUPS), "weights": [0.01] * n, "bias": 0.0}
     card.write_text(json.dumps({**json.loads(card.read_text()), "independent": entry}))
-    assert auto_scoring(read_card(card), True) == "independent"
-    assert _reranker(lm, "auto", scorer_weights=str(card)).scoring == "independent"
+    assert auto_scoring(read_card(card), True) == "learned"
+    assert _reranker(lm, "auto", scorer_weights=str(card)).scoring == "learned"
+    assert _reranker(lm, "independent", scorer_weights=str(card)).scoring == "independent"
