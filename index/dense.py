@@ -32,14 +32,14 @@ Two searches (the planner in :mod:`heedrank.index.planner` picks one):
 faiss pads short results with label ``-1`` and score ``-inf``; both searches strip the
 padding, so ``-1`` never leaves this module. ``faiss`` is imported when an index is
 created or loaded.
+
+:class:`DenseParams` and the construction of each faiss type live in
+:mod:`heedrank.index.dense_build` (re-exported here).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,60 +47,23 @@ import numpy as np
 
 from heedrank.errors import NotFoundError, ValidationError, require
 from heedrank.files import write_atomic
+from heedrank.index.dense_build import (
+    INDEX_TYPE,
+    INDEX_TYPES,
+    DenseParams,
+    auto_nlist,
+    create_index,
+    params_of,
+    train_ivf,
+)
 from heedrank.index.rwlock import RWLock
+
+__all__ = ["INDEX_TYPE", "INDEX_TYPES", "VECTORS_FILE", "DenseIndex", "DenseParams", "auto_nlist", "strip_padding"]
 
 logger = logging.getLogger(__name__)
 
 VECTORS_FILE = "vectors.faiss"
-INDEX_TYPES = ("flat", "hnsw", "ivf")
-INDEX_TYPE = "IndexIDMap2(IndexFlatIP)"
-"""faiss class of the default (flat) index, as recorded in version-1 index directories."""
 _BITMAP_MAX_BITS = 1 << 28  # label bitmaps above this size fall back to IDSelectorBatch
-
-
-@dataclass(frozen=True)
-class DenseParams:
-    """Which vector index to build, and its default search parameters (saved with the index).
-
-    Attributes:
-        index_type: ``"flat"`` (exact), ``"hnsw"`` or ``"ivf"``.
-        hnsw_m: HNSW graph degree ``M`` (links per node; memory ~ ``2 * M * 4`` bytes/vector).
-        ef_construction: HNSW candidate list size while building.
-        ef_search: HNSW candidate list size while searching (default per query).
-        nlist: IVF cells; ``None`` = ``round(sqrt(n))`` at build (at most ``n / 39``).
-        nprobe: IVF cells visited per query (default).
-    """
-
-    index_type: str = "flat"
-    hnsw_m: int = 32
-    ef_construction: int = 100
-    ef_search: int = 128
-    nlist: int | None = None
-    nprobe: int = 32
-
-    def __post_init__(self) -> None:
-        if self.index_type not in INDEX_TYPES:
-            raise ValidationError(f"unknown index type {self.index_type!r}; choose one of {list(INDEX_TYPES)}")
-        for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValidationError(f"{name} must be a positive integer, got {value!r}")
-        if self.nlist is not None and (isinstance(self.nlist, bool) or not isinstance(self.nlist, int) or self.nlist < 1):
-            raise ValidationError(f"nlist must be a positive integer or None, got {self.nlist!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DenseParams:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def auto_nlist(n: int) -> int:
-    """IVF cells for ``n`` vectors: ``round(sqrt(n))``, at most ``n // 39`` (faiss wants
-    39 training points per cell), at least 1."""
-    return max(1, min(int(round(math.sqrt(max(n, 1)))), n // 39))
 
 
 def _as_matrix(x: np.ndarray, dim: int, what: str) -> np.ndarray:
@@ -149,9 +112,9 @@ class DenseIndex:
         self.dim = int(dim)
         if index is None:
             params = params or DenseParams()
-            index = self._create(params)
+            index = create_index(self.faiss, self.dim, params)
         else:
-            params = self._params_of(index, params)
+            params = params_of(self.faiss, index, params)
         self.index = index
         self.params = params
         self._lock = RWLock()
@@ -162,35 +125,7 @@ class DenseIndex:
         if len(labels) > 1 and not (np.diff(labels) > 0).all():
             raise NotFoundError("vector index labels are not strictly increasing; rebuild the index")
 
-    # -- construction --------------------------------------------------------------------
-    def _create(self, params: DenseParams) -> Any:
-        faiss = self.faiss
-        d = self.dim
-        if params.index_type == "flat":
-            return faiss.IndexIDMap2(faiss.IndexFlatIP(d))
-        if params.index_type == "hnsw":
-            hnsw = faiss.IndexHNSWFlat(d, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-            hnsw.hnsw.efConstruction = params.ef_construction
-            hnsw.hnsw.efSearch = params.ef_search
-            return faiss.IndexIDMap2(hnsw)
-        raise ValidationError("an IVF index must be trained on vectors: use DenseIndex.build(vectors, labels, params)")
-
-    def _params_of(self, index: Any, given: DenseParams | None) -> DenseParams:
-        faiss = self.faiss
-        inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
-        base = asdict(given) if given is not None else {}
-        if isinstance(inner, faiss.IndexHNSWFlat):
-            base.update(index_type="hnsw", hnsw_m=int(inner.hnsw.nb_neighbors(1)),
-                        ef_construction=int(inner.hnsw.efConstruction), ef_search=int(inner.hnsw.efSearch))
-            return DenseParams.from_dict(base)
-        if isinstance(inner, faiss.IndexIVFFlat):
-            base.update(index_type="ivf", nlist=int(inner.nlist), nprobe=int(inner.nprobe))
-            return DenseParams.from_dict(base)
-        if isinstance(inner, faiss.IndexFlat) and isinstance(index, faiss.IndexIDMap2):
-            base.update(index_type="flat")
-            return DenseParams.from_dict(base)
-        raise NotFoundError(f"unsupported faiss index {type(inner).__name__}; rebuild the index")
-
+    # -- construction (faiss types: heedrank.index.dense_build) ---------------------------
     @classmethod
     def build(
         cls, vectors: np.ndarray, labels: np.ndarray, params: DenseParams | None = None, *, dim: int | None = None
@@ -213,19 +148,8 @@ class DenseIndex:
             out = cls(d, params)
             out.add(x, labels)
             return out
-        faiss = require("faiss", "index")
-        nlist = params.nlist or auto_nlist(len(x))
-        if len(x) < nlist:
-            raise ValidationError(f"an IVF index with nlist={nlist} needs at least {nlist} vectors, got {len(x)}")
-        quantizer = faiss.IndexFlatIP(d)
-        ivf = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
-        ivf.cp.seed = 1234
-        ivf.train(x)
-        ivf.nprobe = params.nprobe
-        ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
-        from dataclasses import replace
-
-        out = cls(d, replace(params, nlist=nlist), index=ivf)
+        ivf, params = train_ivf(require("faiss", "index"), x, params)
+        out = cls(d, params, index=ivf)
         out.add(x, labels)
         return out
 

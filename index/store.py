@@ -32,6 +32,9 @@ The document store's contract is :class:`heedrank.protocols.WritableDocStore`. C
 compaction, flushing and the recovery of an interrupted swap live in
 :mod:`heedrank.index.maintenance` (one recovery path, :func:`~heedrank.index.maintenance.reconcile`,
 serves both the catch-up at open and compaction); the methods here delegate to it.
+Opening a directory (its parts checked against ``params.json`` and the recorded embedder)
+and building in memory live in :mod:`heedrank.index.opening`; the in-memory side of an
+update in :mod:`heedrank.index.updates`.
 """
 
 from __future__ import annotations
@@ -46,17 +49,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heedrank.errors import IndexMismatchError, ModelLoadError, NotFoundError, ValidationError
-from heedrank.index import maintenance
+from heedrank.errors import IndexMismatchError, NotFoundError, ValidationError
+from heedrank.index import maintenance, opening, updates
 from heedrank.index.rwlock import RWLock
 from heedrank.protocols import Encoder, WritableDocStore
 from heedrank.types import Document
 
 if TYPE_CHECKING:
     from heedrank.blocks import KVHeader
-    from heedrank.index.bm25 import BM25Index
-    from heedrank.index.dense import DenseIndex
-    from heedrank.index.docstore import SQLiteDocStore
     from heedrank.index.filters import BoolFilter
     from heedrank.index.kv import KVStore
 
@@ -177,28 +177,10 @@ class Index:
                 the build's embedder, or the index format version is not supported.
             ModelLoadError: ``embedder`` is not a usable local directory.
         """
-        from heedrank.index.builder import BM25_DIR, FORMAT_VERSION, READABLE_VERSIONS, read_params
-
-        root = Path(path).expanduser().absolute()
-        params = read_params(root)
-        hint = f"; rebuild it with `heedrank index build --corpus DATA --out {root} --overwrite`"
-        version = params.get("format_version")
-        if version not in READABLE_VERSIONS:
-            raise IndexMismatchError(
-                f"index at {root} has format version {version!r}; this heedrank reads versions "
-                f"{list(READABLE_VERSIONS)} (writes {FORMAT_VERSION}){hint}"
-            )
-        maintenance.recover_swapped_dir(root, BM25_DIR)
-        writable = version == FORMAT_VERSION
-        docstore, bm25, dense, embedder_dir = _open_parts(root, params, embedder, encoder, writable=writable, hint=hint)
-        index = cls(
-            path=root, params=params, docstore=docstore, bm25=bm25, dense=dense, encoder=encoder,
-            embedder_dir=embedder_dir, show_progress=show_progress, writable=writable, kv_cache_bytes=kv_cache_bytes,
-            kv_tiers=kv_tiers,
+        return opening.open_index(
+            cls, path, embedder=embedder, encoder=encoder, show_progress=show_progress,
+            kv_cache_bytes=kv_cache_bytes, kv_tiers=kv_tiers,
         )
-        if writable:
-            maintenance.catch_up(index)
-        return index
 
     def label_rows(self, vids: Sequence[int] | np.ndarray, vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Labels and stacked vectors of documents' vector arrays (see :mod:`heedrank.index.passages`)."""
@@ -233,35 +215,10 @@ class Index:
         Raises:
             ValidationError: no documents, or a doc id repeats.
         """
-        from heedrank.index.bm25 import BM25Builder, BM25Params
-        from heedrank.index.dense import DenseIndex, DenseParams
-        from heedrank.index.memory import InMemoryDocStore
-        from heedrank.index.passages import label_rows
-
-        store = InMemoryDocStore(docs)
-        vids, ids = store.vid_doc_pairs()
-        builder = BM25Builder(bm25_params or BM25Params())
-        all_docs = list(store.iter_documents())
-        builder.add([d.content for d in all_docs])
-        bm25 = builder.build(row_vids=vids)
-        dense_params = dense_params or DenseParams()
-        params: dict[str, Any] = {"format_version": None, "num_docs": len(ids), "bm25": bm25.describe(), "dense": None}
-        index = cls(path=None, params=params, docstore=store, bm25=bm25, encoder=encoder,
-                    show_progress=show_progress, planner=planner)
-        index.passages = passages
-        index.set_doc_ids(vids, ids)
-        if encoder is not None:
-            vecs = index.encode_documents(all_docs)
-            dim = int(vecs[0].shape[-1]) if vecs else int(encoder.dim)
-            labels, x = label_rows(vids, vecs, index.group_bits, dim)
-            index.dense = DenseIndex.build(x, labels, dense_params, dim=dim)
-            params["dense"] = {
-                "index_type": index.dense.describe()["index_type"], "dim": dim, "metric": "inner_product",
-                "params": index.dense.params.to_dict(), "embedder": dict(encoder.describe()),
-                "passages": passages.to_dict() if passages is not None else None,
-                "planner": index.planner.to_dict(),
-            }
-        return index
+        return opening.index_from_documents(
+            cls, docs, encoder=encoder, bm25_params=bm25_params, dense_params=dense_params, passages=passages,
+            planner=planner, show_progress=show_progress,
+        )
 
     # -- parts -------------------------------------------------------------------------
     def set_doc_ids(self, vids: np.ndarray, ids: Sequence[str]) -> list[str | None]:
@@ -308,14 +265,7 @@ class Index:
                 raise NotFoundError("this index was built without dense vectors (--no-dense); it has no encoder")
             with self._lock:
                 if self._encoder is None:
-                    from heedrank.index.encoder import SentenceTransformerEncoder
-
-                    emb = (self.params.get("dense") or {}).get("embedder") or {}
-                    self._encoder = SentenceTransformerEncoder(
-                        self._embedder_dir,
-                        query_prefix=emb.get("query_prefix", ""),
-                        document_prefix=emb.get("document_prefix", ""),
-                    )
+                    self._encoder = opening.load_encoder(self._embedder_dir, self.params)
         return self._encoder
 
     def encode_documents(self, docs: Sequence[Document]) -> list[np.ndarray]:
@@ -456,41 +406,12 @@ class Index:
         vecs = self.encode_documents(docs) if self.dense is not None else None
         with self.rw.write():
             result = self.docstore.upsert(docs, vecs)
-            self._apply_add(result, docs, vecs)
+            updates.apply_add(self, result, docs, vecs)
         return {
             "added": [d for d, _, old in result if old is None],
             "replaced": [d for d, _, old in result if old is not None],
             "vids": {d: vid for d, vid, _ in result},
         }
-
-    def _apply_add(self, result: list[tuple[str, int, int | None]], docs: Sequence[Document],
-                   vecs: Sequence[np.ndarray] | None) -> None:
-        old = np.array([o for _, _, o in result if o is not None], dtype=np.int64)
-        new = [v for _, v, _ in result]
-        if len(old):
-            self._drop_vids(old)
-        self.bm25.add_documents(new, [d.content for d in docs])
-        if self.dense is not None and vecs is not None:
-            labels, x = self.label_rows(new, vecs)
-            self.dense.add(x, labels)
-            self.vectors_dirty = True
-        table = self.doc_ids
-        if new[-1] >= len(table):
-            table.extend([None] * (new[-1] + 1 - len(table)))
-        for (d, v, _) in result:
-            table[v] = d
-        self.clear_filter_cache()
-
-    def _drop_vids(self, vids: np.ndarray) -> None:
-        self.bm25.mark_deleted(vids)
-        if self.dense is not None:
-            labels = np.asarray(self.dense.labels())
-            self.dense.delete(labels[np.isin(labels >> self.group_bits, vids)])
-            self.vectors_dirty = True
-        table = self.doc_ids
-        for v in vids.tolist():
-            if 0 <= v < len(table):
-                table[v] = None
 
     def delete_documents(self, doc_ids: Sequence[str]) -> dict[str, Any]:
         """Delete documents by id, durably (unknown ids are reported, not an error).
@@ -506,7 +427,7 @@ class Index:
         with self.rw.write():
             gone = self.docstore.delete(wanted)
             if gone:
-                self._drop_vids(np.array([v for _, v in gone], dtype=np.int64))
+                updates.drop_vids(self, np.array([v for _, v in gone], dtype=np.int64))
                 self.clear_filter_cache()
         deleted = {d for d, _ in gone}
         return {"deleted": [d for d in wanted if d in deleted], "missing": [d for d in wanted if d not in deleted]}
@@ -602,7 +523,6 @@ class Index:
         if self.path is None:
             return None
         from heedrank.blocks import as_header
-        from heedrank.index.kv import KVStore
 
         want = as_header(header)
         stores = self._block_stores
@@ -612,13 +532,7 @@ class Index:
                 path = Path(self.path) / self.KV_DIR
                 if not (path / "header.json").exists() and not create:
                     return None
-                # float16 blocks come out as float16 (the RAM cache holds half the bytes; they are
-                # widened while copied into a query's context); int8 ones as float32, decoded in
-                # one pass (a float16 copy would cost a slow float32 -> float16 conversion per read)
-                out = "float32" if want.dtype == "int8" else "float16"
-                tiers = {} if self.kv_tiers is None else self.kv_tiers.store_options()
-                stores[key] = KVStore.open_or_create(path, want, out_dtype=out, cache_bytes=self.kv_cache_bytes,
-                                                     **tiers)
+                stores[key] = opening.open_kv_store(path, want, cache_bytes=self.kv_cache_bytes, kv_tiers=self.kv_tiers)
             return stores[key]
 
     def close(self) -> None:
@@ -635,114 +549,3 @@ class Index:
 
     def __repr__(self) -> str:
         return f"Index({str(self.path) if self.path else 'in-memory'!r}, {len(self.docstore)} docs, {self.available_retrievers()})"
-
-
-def _open_parts(root: Path, params: Mapping[str, Any], embedder: str | None, encoder: Encoder | None, *,
-                writable: bool, hint: str) -> tuple[SQLiteDocStore, BM25Index, DenseIndex | None, Path | None]:
-    """The document store, BM25 and vector index (``None`` without vectors) of the index
-    directory ``root``, checked against its ``params``, and the query encoder directory to
-    load on first use (``None`` when ``encoder`` is given or there are no vectors). See
-    :meth:`Index.open` for the arguments; ``hint`` ends the error messages (the rebuild
-    command). Closes the document store before it raises.
-
-    Raises:
-        NotFoundError: a missing or corrupt part (for a read-only ``writable=False`` index,
-            also parts that disagree on the document count).
-        IndexMismatchError: ``encoder`` differs from the build's embedder.
-        ModelLoadError: ``embedder`` is not a usable local directory.
-    """
-    from heedrank.index.bm25 import BM25Index
-    from heedrank.index.builder import BM25_DIR, DOCS_FILE
-    from heedrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
-    from heedrank.index.docstore import SQLiteDocStore
-
-    docstore: SQLiteDocStore | None = None
-    try:
-        dense_params = params.get("dense")
-        embedder_dir = None
-        if dense_params and encoder is not None:
-            want = (dense_params.get("embedder") or {}).get("sha256")
-            got = dict(encoder.describe()).get("sha256")
-            if want != got:
-                raise IndexMismatchError(
-                    f"index at {root} was built with embedder sha256 {str(want)[:12]}..., "
-                    f"but the given encoder has {str(got)[:12]}..."
-                )
-        elif dense_params:
-            embedder_dir = _check_embedder(root, dense_params, embedder)
-        docstore = SQLiteDocStore(root / DOCS_FILE)
-        bm25 = BM25Index.load(root / BM25_DIR)
-        dense = None
-        if dense_params:
-            dense = DenseIndex.load(root / VECTORS_FILE, DenseParams.from_dict(dense_params.get("params") or {}))
-    except NotFoundError as exc:
-        if docstore is not None:
-            docstore.close()
-        raise NotFoundError(f"index at {root} is incomplete or corrupt: {exc}{hint}") from exc
-    if dense is not None and dense_params and dense_params.get("dim") not in (None, dense.dim):
-        docstore.close()
-        raise NotFoundError(f"index at {root} is corrupt: vector dim {dense.dim} != {dense_params['dim']}{hint}")
-    if embedder is not None and not dense_params:
-        logger.warning("index at %s has no dense vectors; embedder %r is ignored", root, embedder)
-    _warn_old_analyzer(root, bm25.params.analyzer_version, writable)
-    if not writable:
-        n = params.get("num_docs")
-        sizes = {"params.json": n, "docs.sqlite": len(docstore), "bm25": bm25.num_docs}
-        if dense is not None:
-            sizes["vectors.faiss"] = len(dense)
-        if len(set(sizes.values())) != 1:
-            docstore.close()
-            raise NotFoundError(f"index at {root} is corrupt: document counts disagree {sizes}{hint}")
-    return docstore, bm25, dense, embedder_dir
-
-
-def _warn_old_analyzer(root: Path, version: int, writable: bool) -> None:
-    """Log that the index's BM25 predates the current analyzer, and how to upgrade it: its
-    queries are analysed as its documents were (so it answers as before), without the Unicode
-    folding of :data:`heedrank.index.bm25.ANALYZER_VERSION`."""
-    from heedrank.index.bm25 import ANALYZER_VERSION
-
-    if version >= ANALYZER_VERSION:
-        return
-    how = (f"`heedrank index compact {root}` (rebuilds BM25 only, keeps documents and vectors)" if writable
-           else f"`heedrank index build --corpus DATA --out {root} --overwrite`")
-    logger.warning(
-        "index at %s: its BM25 was built with analyzer version %s, before Unicode folding (version %s): NFC/NFD "
-        "accents, full-width letters, ligatures, zero-width characters and soft hyphens do not match their plain "
-        "spelling; upgrade it with %s", root, version, ANALYZER_VERSION, how,
-    )
-
-
-def _check_embedder(root: Path, dense_params: Mapping[str, Any], embedder: str | None) -> Path:
-    """The embedder directory to encode queries with; raises IndexMismatchError on a different model."""
-    from heedrank.index.encoder import model_sha256, packaged_model_dir, resolve_model_dir
-
-    recorded = dense_params.get("embedder") or {}
-    want = recorded.get("sha256")
-    built_with = f"{recorded.get('name')!r} (sha256 {str(want)[:12]}...)"
-    if embedder is not None:
-        model_dir = resolve_model_dir(embedder)
-        got = model_sha256(model_dir)
-        if want and got != want:
-            raise IndexMismatchError(
-                f"index at {root} was built with embedder {built_with}, but {str(embedder)!r} has weights "
-                f"sha256 {got[:12]}...; open it with the same embedder or rebuild the index with this one"
-            )
-        return model_dir
-    candidates: list[Path] = []
-    if recorded.get("path"):
-        candidates.append(Path(recorded["path"]))
-    try:
-        candidates.append(packaged_model_dir())
-    except ModelLoadError:
-        pass
-    for cand in candidates:
-        try:
-            if cand.is_dir() and (not want or model_sha256(cand) == want):
-                return cand
-        except ModelLoadError:
-            continue
-    raise IndexMismatchError(
-        f"index at {root} was built with embedder {built_with}, which is not available here "
-        f"(recorded path {recorded.get('path')!r}); pass embedder=<directory of that model>"
-    )

@@ -1,0 +1,127 @@
+"""Which faiss index a :class:`heedrank.index.dense.DenseIndex` holds: its parameters
+(:class:`DenseParams`), creating the empty flat / HNSW index, training an IVF index on its
+vectors, and reading the parameters back from a loaded faiss index.
+
+Re-exported by :mod:`heedrank.index.dense`, where the types are described. ``faiss`` is
+passed in by the caller (imported when an index is created or loaded).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from heedrank.errors import NotFoundError, ValidationError
+
+INDEX_TYPES = ("flat", "hnsw", "ivf")
+INDEX_TYPE = "IndexIDMap2(IndexFlatIP)"
+"""faiss class of the default (flat) index, as recorded in version-1 index directories."""
+
+
+@dataclass(frozen=True)
+class DenseParams:
+    """Which vector index to build, and its default search parameters (saved with the index).
+
+    Attributes:
+        index_type: ``"flat"`` (exact), ``"hnsw"`` or ``"ivf"``.
+        hnsw_m: HNSW graph degree ``M`` (links per node; memory ~ ``2 * M * 4`` bytes/vector).
+        ef_construction: HNSW candidate list size while building.
+        ef_search: HNSW candidate list size while searching (default per query).
+        nlist: IVF cells; ``None`` = ``round(sqrt(n))`` at build (at most ``n / 39``).
+        nprobe: IVF cells visited per query (default).
+    """
+
+    index_type: str = "flat"
+    hnsw_m: int = 32
+    ef_construction: int = 100
+    ef_search: int = 128
+    nlist: int | None = None
+    nprobe: int = 32
+
+    def __post_init__(self) -> None:
+        if self.index_type not in INDEX_TYPES:
+            raise ValidationError(f"unknown index type {self.index_type!r}; choose one of {list(INDEX_TYPES)}")
+        for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError(f"{name} must be a positive integer, got {value!r}")
+        if self.nlist is not None and (isinstance(self.nlist, bool) or not isinstance(self.nlist, int) or self.nlist < 1):
+            raise ValidationError(f"nlist must be a positive integer or None, got {self.nlist!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DenseParams:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def auto_nlist(n: int) -> int:
+    """IVF cells for ``n`` vectors: ``round(sqrt(n))``, at most ``n // 39`` (faiss wants
+    39 training points per cell), at least 1."""
+    return max(1, min(int(round(math.sqrt(max(n, 1)))), n // 39))
+
+
+def create_index(faiss: Any, dim: int, params: DenseParams) -> Any:
+    """An empty faiss index of ``params.index_type`` (``flat`` or ``hnsw``, wrapped in
+    ``IndexIDMap2``) for ``dim``-dimensional vectors.
+
+    Raises:
+        ValidationError: ``ivf``, which must be trained first (:func:`train_ivf`).
+    """
+    if params.index_type == "flat":
+        return faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+    if params.index_type == "hnsw":
+        hnsw = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction = params.ef_construction
+        hnsw.hnsw.efSearch = params.ef_search
+        return faiss.IndexIDMap2(hnsw)
+    raise ValidationError("an IVF index must be trained on vectors: use DenseIndex.build(vectors, labels, params)")
+
+
+def params_of(faiss: Any, index: Any, given: DenseParams | None) -> DenseParams:
+    """The :class:`DenseParams` of a faiss ``index``: its type and build parameters read from
+    it, the other fields from ``given`` (defaults when ``None``).
+
+    Raises:
+        NotFoundError: a faiss index type this module does not write.
+    """
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
+    base = asdict(given) if given is not None else {}
+    if isinstance(inner, faiss.IndexHNSWFlat):
+        base.update(index_type="hnsw", hnsw_m=int(inner.hnsw.nb_neighbors(1)),
+                    ef_construction=int(inner.hnsw.efConstruction), ef_search=int(inner.hnsw.efSearch))
+        return DenseParams.from_dict(base)
+    if isinstance(inner, faiss.IndexIVFFlat):
+        base.update(index_type="ivf", nlist=int(inner.nlist), nprobe=int(inner.nprobe))
+        return DenseParams.from_dict(base)
+    if isinstance(inner, faiss.IndexFlat) and isinstance(index, faiss.IndexIDMap2):
+        base.update(index_type="flat")
+        return DenseParams.from_dict(base)
+    raise NotFoundError(f"unsupported faiss index {type(inner).__name__}; rebuild the index")
+
+
+def train_ivf(faiss: Any, x: np.ndarray, params: DenseParams) -> tuple[Any, DenseParams]:
+    """An empty ``IndexIVFFlat`` (inner product, seed 1234, hash-table direct map for
+    reconstruction) trained on ``x`` (float32 ``(n, d)``), and ``params`` with its ``nlist``
+    (``params.nlist``, else :func:`auto_nlist`).
+
+    Raises:
+        ValidationError: fewer vectors than ``nlist``.
+    """
+    d = int(x.shape[1])
+    nlist = params.nlist or auto_nlist(len(x))
+    if len(x) < nlist:
+        raise ValidationError(f"an IVF index with nlist={nlist} needs at least {nlist} vectors, got {len(x)}")
+    quantizer = faiss.IndexFlatIP(d)
+    ivf = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    ivf.cp.seed = 1234
+    ivf.train(x)
+    ivf.nprobe = params.nprobe
+    ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+    return ivf, replace(params, nlist=nlist)
