@@ -599,9 +599,9 @@ class Pipeline:
         results = []
         iterator: Any = self.first_stage_rows(queries, options)
         if show_progress:
-            from tqdm.auto import tqdm
+            from heedrank.progress import track
 
-            iterator = tqdm(iterator, total=len(queries), desc=f"search ({options.rerank})", unit="query")
+            iterator = track(iterator, total=len(queries), desc=f"search ({options.rerank})", unit="query", log=logger)
         for row in iterator:
             hydrated, done = row.hydrated, None
             if entry is not None and policy is not None and len(hydrated):

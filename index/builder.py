@@ -37,6 +37,7 @@ import numpy as np
 from heedrank.data import find_beir_corpus, iter_beir_documents, load_beir_corpus
 from heedrank.errors import NotFoundError, ValidationError
 from heedrank.files import file_sha256
+from heedrank.progress import Progress
 from heedrank.textrules import json_problem
 from heedrank.types import Document
 
@@ -149,7 +150,7 @@ def build_index(
         dense: Also encode documents into ``vectors.faiss``.
         batch_size: Encoder batch size (texts per forward pass).
         overwrite: Replace an existing non-empty ``out``.
-        show_progress: tqdm bar over documents.
+        show_progress: tqdm bar over documents; log lines every ~10% instead when stderr is not a TTY.
         dense_params: :class:`heedrank.index.dense.DenseParams` (index type flat / hnsw / ivf and
             its parameters); default: flat.
         passages: :class:`heedrank.index.passages.PassageParams` to encode long documents as
@@ -178,8 +179,6 @@ def build_index(
         NotFoundError: corpus or metadata file missing.
         ModelLoadError: the embedder cannot be found or loaded.
     """
-    from tqdm.auto import tqdm
-
     from heedrank.index.bm25 import BM25Builder, BM25Params
     from heedrank.index.dense import VECTORS_FILE, DenseIndex, DenseParams
     from heedrank.index.docstore import SQLiteDocStore
@@ -224,7 +223,7 @@ def build_index(
         n = 0
         matched = 0
         chunk = max(_READ_BATCH, batch_size * 8)
-        with tqdm(total=total, desc="index documents", unit="doc", disable=not show_progress) as bar:
+        with Progress(total=total, desc="index documents", unit="doc", show_progress=show_progress, log=logger) as bar:
             for batch in _batched(iter_beir_documents(corpus_file, batch_size=_READ_BATCH), chunk):
                 if extra:
                     merged = []

@@ -26,6 +26,7 @@ import numpy as np
 
 from heedrank.errors import ModelLoadError, require
 from heedrank.files import file_sha256
+from heedrank.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -230,10 +231,8 @@ class SentenceTransformerEncoder:
     def _encode_stream(
         self, texts: Iterable[str], prefix: str, total: int | None, desc: str, show_progress: bool
     ) -> np.ndarray:
-        from tqdm.auto import tqdm
-
         parts: list[np.ndarray] = []
-        with tqdm(total=total, desc=desc, unit="text", disable=not show_progress, leave=False) as bar:
+        with Progress(total=total, desc=desc, unit="text", show_progress=show_progress, log=logger, leave=False) as bar:
             for batch in _batched(texts, self.batch_size * 4):
                 parts.append(self._encode([prefix + t for t in batch] if prefix else batch))
                 bar.update(len(batch))

@@ -479,7 +479,7 @@ class RayEngine:
                show_progress: bool = True) -> EngineSearch:
         """:meth:`Pipeline.search_batch` on the actor pool, for :func:`heedrank.eval.harness.run_evaluation`:
         the first stage and hydration here, reranking on the actors."""
-        from tqdm.auto import tqdm
+        from heedrank.progress import Progress
 
         t0 = time.perf_counter()
         options = pipeline.validate(options)
@@ -490,8 +490,8 @@ class RayEngine:
         prepare = time.perf_counter() - t0
         results: list[SearchResult | None] = [None] * len(queries)
         info: dict[str, Any] = {"describe": None, "load": None}
-        bar: Any = tqdm(total=len(queries), desc=f"search ({options.rerank}, {self.label})",
-                        unit="query", disable=not show_progress)
+        bar = Progress(total=len(queries), desc=f"search ({options.rerank}, {self.label})", unit="query",
+                       show_progress=show_progress, log=logger)
 
         def collect(seq: int, record: Mapping[str, Any]) -> None:
             row = first[seq]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from heedrank.blocks import BlockCachingReranker, BlockKey, KVHeader
 from heedrank.errors import KVStoreError, ValidationError
 from heedrank.index.kv.store import KVStore
+from heedrank.progress import Progress, track
 
 if TYPE_CHECKING:
     from heedrank.config import RerankerConfig
@@ -85,7 +86,7 @@ def build_missing(
             keys; arrays float ``(n_layers, kv_heads, T, head_dim)``.
         batch_size: Blocks per call and per shard (at SmolLM2's shape, 32 fp16 blocks of
             96 tokens make a ~38 MB shard).
-        show_progress: tqdm bar (blocks/s, ETA).
+        show_progress: tqdm bar (blocks/s, ETA), or log lines every ~10% instead when stderr is not a TTY.
         verify_existing: crc32-check the already stored blocks first and recompute bad ones
             (reads them all once).
 
@@ -96,14 +97,13 @@ def build_missing(
         KVStoreError: ``compute_fn`` left out requested keys, or the store cannot be written.
         Whatever ``compute_fn`` raises (the batches committed before it stay).
     """
-    from tqdm.auto import tqdm
-
     _check_batch_size(batch_size)
     t0 = time.perf_counter()
     wanted = list(dict.fromkeys(keys))
     todo = _missing(store, wanted, verify_existing=verify_existing, show_progress=show_progress)
     skipped = len(wanted) - len(todo)
-    with tqdm(total=len(todo), desc="kv build", unit="block", disable=not show_progress, dynamic_ncols=True) as bar:
+    with Progress(total=len(todo), desc="kv build", unit="block", show_progress=show_progress, log=logger,
+                  dynamic_ncols=True) as bar:
         bar.set_postfix(skipped=skipped)
         shards = put_batches(store, todo, compute_fn, batch_size=batch_size, progress=bar.update)
     return BuildReport(len(wanted), skipped, len(todo), shards, time.perf_counter() - t0)
@@ -200,7 +200,7 @@ def index_block_texts(index: Index, encoder: BlockCachingReranker, *, show_progr
     Args:
         index: The index (its document store is read in chunks of 1,000 documents).
         encoder: A cached-mode reranker; only its ``block_keys(texts)`` (tokenisation) runs.
-        show_progress: tqdm bar over the documents.
+        show_progress: tqdm bar over the documents; log lines every ~10% instead when stderr is not a TTY.
 
     Returns:
         ``{block key: document text}`` in document order; documents whose blocks have the
@@ -209,9 +209,7 @@ def index_block_texts(index: Index, encoder: BlockCachingReranker, *, show_progr
     texts: dict[BlockKey, str] = {}
     docs: Iterable[Any] = index.docstore.iter_documents()
     if show_progress:
-        from tqdm.auto import tqdm
-
-        docs = tqdm(docs, total=len(index.docstore), desc="tokenise", unit="doc")
+        docs = track(docs, total=len(index.docstore), desc="tokenise", unit="doc", log=logger)
     chunk: list[str] = []
 
     def flush() -> None:
@@ -353,7 +351,7 @@ def build_index_blocks(
         config: The encoder's :class:`~heedrank.config.RerankerConfig`: an engine that encodes
             elsewhere builds its encoders from it (the Ray engine needs it).
         batch_size: Blocks per LM batch and per shard.
-        show_progress: tqdm bars (tokenising; blocks committed).
+        show_progress: tqdm bars (tokenising; blocks committed); log lines every ~10% instead when stderr is not a TTY.
         verify_existing: crc32-check stored blocks first (and adopted parts), recompute bad ones.
         prune: Afterwards delete the blocks no live document has any more (deleted or
             replaced documents) and compact the store, reclaiming their bytes.
@@ -369,13 +367,11 @@ def build_index_blocks(
         KVStoreError: a full disk, another writer, or Ray workers that cannot see the index directory.
         Whatever the engine raises (e.g. RayExecutionError; what was committed stays, rerun to resume).
     """
-    from tqdm.auto import tqdm
-
     _check_batch_size(batch_size)
     plan = plan_build(index, encoder, verify_existing=verify_existing, show_progress=show_progress)
     label = f" ({engine.label})" if engine is not None and engine.label else ""
-    with tqdm(total=len(plan.todo), desc=f"kv build{label}", unit="block", disable=not show_progress,
-              dynamic_ncols=True) as bar:
+    with Progress(total=len(plan.todo), desc=f"kv build{label}", unit="block", show_progress=show_progress,
+                  log=logger, dynamic_ncols=True) as bar:
         bar.set_postfix(skipped=plan.skipped)
         if engine is None:
             shards = plan.encode_here(batch_size=batch_size, progress=bar.update)

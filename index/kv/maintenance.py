@@ -25,6 +25,7 @@ from heedrank.blocks import BlockKey
 from heedrank.errors import KVStoreError
 from heedrank.files import fsync_dir
 from heedrank.index.kv.format import HEADER_FILE, BadEntry, Loc, acquire_lock, disk_size, io_error, read_shard_index
+from heedrank.progress import Progress, track
 
 if TYPE_CHECKING:  # the store and its budget call these functions; they never import them
     from heedrank.index.kv.budget import Budget
@@ -69,12 +70,10 @@ def verify(store: KVStore, keys: Iterable[BlockKey] | None = None, *, show_progr
     Returns:
         The dropped keys.
     """
-    from tqdm.auto import tqdm
-
     manifest = store.manifest
     targets = manifest.items(keys=keys)
     bad: list[Bad] = []
-    with tqdm(total=len(targets), desc="verify kv", unit="block", disable=not show_progress) as bar:
+    with Progress(total=len(targets), desc="verify kv", unit="block", show_progress=show_progress, log=logger) as bar:
         for key, loc in targets:
             why = manifest.check(key, loc)
             if why is not None:
@@ -150,8 +149,6 @@ def _rewrite(manifest: Manifest, budget: Budget, shard_ids: set[int] | None, *, 
              show_progress: bool) -> CompactReport:
     """Rewrite the live blocks of the shards ``shard_ids`` (all: ``None``) into new shards,
     commit, remove the old ones. The writer lock is held by the caller. See :func:`compact`."""
-    from tqdm.auto import tqdm
-
     t0 = time.perf_counter()
     bytes_before = manifest.dir_bytes()
     all_shards = manifest.shards
@@ -190,7 +187,7 @@ def _rewrite(manifest: Manifest, budget: Budget, shard_ids: set[int] | None, *, 
             yield key, loc.tokens, [buf]
 
     try:
-        with tqdm(total=len(live), desc="compact kv", unit="block", disable=not show_progress) as bar:
+        with Progress(total=len(live), desc="compact kv", unit="block", show_progress=show_progress, log=logger) as bar:
             for group in groups:
                 ready = list(payloads(group))  # mmap views of verified entries: cheap
                 if ready:
@@ -320,14 +317,13 @@ def adopt_parts(store: KVStore, *, verify: bool = False, show_progress: bool = F
     Raises:
         See :func:`adopt`.
     """
-    from tqdm.auto import tqdm
-
     root = store.parts_dir()
     if not root.is_dir():
         return 0
     parts = sorted(p for p in root.iterdir() if p.is_dir())
     adopted = 0
-    for part in tqdm(parts, desc="adopt kv parts", unit="part", disable=not show_progress or not parts):
+    for part in track(parts, total=len(parts), desc="adopt kv parts", unit="part", show_progress=show_progress and bool(parts),
+                      log=logger):
         try:
             os.close(acquire_lock(part))  # released at once: adopt() takes it again
         except (KVStoreError, OSError) as exc:

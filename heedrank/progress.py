@@ -1,0 +1,126 @@
+"""Progress of long loops: a tqdm bar on a terminal, plain log lines elsewhere.
+
+A bar redrawn into a log file (``heedrank index build ... > build.log 2>&1``) fills it with
+carriage-return frames. :class:`Progress` asks tqdm to disable its bar when its stream
+(stderr) is not a TTY (``disable=None``) and then logs one line at about every 10% of
+``total`` instead, through :mod:`logging` (so the CLI's handler formats it like any other
+record). With ``show_progress=False`` there is neither a bar nor log lines.
+
+``tqdm`` is imported when a :class:`Progress` is created.
+
+Example:
+    >>> with Progress(total=4, desc="index documents", unit="doc") as bar:  # doctest: +SKIP
+    ...     for _ in range(4):
+    ...         bar.update(1)
+    # not a TTY: INFO heedrank.progress: index documents: 1/4 doc (25%), 0:00:00 elapsed, ...
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+LOG_STEP = 0.1
+"""Fraction of ``total`` between two log lines when the bar is off (about every 10%)."""
+
+T = TypeVar("T")
+
+
+class Progress:
+    """A tqdm bar that turns into log lines when stderr is not a terminal.
+
+    Args:
+        total: Units the loop will count (``None`` or 0: unknown; then no intermediate
+            log lines, only one at :meth:`close`).
+        desc: What the loop does (the bar's label, the log line's start).
+        unit: What one unit is (``"doc"``, ``"block"``).
+        show_progress: ``False``: no bar and no log lines.
+        log: Logger of the lines (default: this module's).
+        **tqdm_kwargs: More ``tqdm`` arguments (``leave``, ``dynamic_ncols``...).
+
+    Attributes:
+        bar: The ``tqdm`` object (disabled off a terminal).
+        logs: Whether progress goes to log lines (the bar is off and progress is wanted).
+    """
+
+    def __init__(self, *, total: int | None, desc: str, unit: str, show_progress: bool = True,
+                 log: logging.Logger | None = None, **tqdm_kwargs: Any) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar: Any = tqdm(total=total, desc=desc, unit=unit, disable=None if show_progress else True,
+                             **tqdm_kwargs)
+        self.logs = bool(show_progress and self.bar.disable)
+        self.total = int(total) if total else 0
+        self.desc = desc
+        self.unit = unit
+        self.n = 0
+        self._log = log or logger
+        self._step = max(1, int(self.total * LOG_STEP)) if self.total else 0
+        self._next = self._step
+        self._postfix: dict[str, Any] = {}
+        self._t0 = time.perf_counter()
+        self._closed = False
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more units done; logs a line each time about 10% more of ``total`` is done."""
+        self.bar.update(n)
+        self.n += n
+        if self.logs and self._step and self.n >= self._next:
+            self._log_line()
+            while self._next <= self.n:
+                self._next += self._step
+
+    def set_postfix(self, **values: Any) -> None:
+        """Extra ``name=value`` pairs shown after the bar (or at the end of the log lines)."""
+        self._postfix.update(values)
+        self.bar.set_postfix(**values)
+
+    def _log_line(self, *, done: bool = False) -> None:
+        elapsed = time.perf_counter() - self._t0
+        rate = self.n / elapsed if elapsed > 0 else 0.0
+        extra = "".join(f", {k}={v}" for k, v in self._postfix.items())
+        if self.total and not done:
+            eta = (self.total - self.n) / rate if rate > 0 else 0.0
+            self._log.info("%s: %d/%d %s (%.0f%%), %s elapsed, %.1f %s/s, ETA %s%s", self.desc, self.n, self.total,
+                           self.unit, 100.0 * self.n / self.total, _clock(elapsed), rate, self.unit, _clock(eta), extra)
+        else:
+            self._log.info("%s: %d %s done in %s, %.1f %s/s%s", self.desc, self.n, self.unit, _clock(elapsed), rate,
+                           self.unit, extra)
+
+    def close(self) -> None:
+        """Close the bar; off a terminal, log a last line when the loop ended before a
+        logged 100% (unknown total, or stopped early)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.bar.close()
+        if self.logs and self.n and (not self.total or self.n < self.total):
+            self._log_line(done=True)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def track(items: Iterable[T], *, total: int | None, desc: str, unit: str, show_progress: bool = True,
+          log: logging.Logger | None = None, **tqdm_kwargs: Any) -> Iterator[T]:
+    """Yield ``items`` while counting them on a :class:`Progress` (see it for the arguments);
+    the bar is closed when the iteration ends or the generator is closed."""
+    with Progress(total=total, desc=desc, unit=unit, show_progress=show_progress, log=log, **tqdm_kwargs) as bar:
+        for item in items:
+            yield item
+            bar.update(1)
+
+
+def _clock(seconds: float) -> str:
+    """``H:MM:SS`` of a duration in seconds."""
+    return str(timedelta(seconds=int(round(seconds))))
