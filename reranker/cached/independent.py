@@ -151,8 +151,16 @@ def _logits(q: Any, keys: Any) -> Any:
     return torch.matmul(q.reshape(g, (H // g) * R, d), keys.float().transpose(-1, -2)).reshape(H, R, -1)
 
 
+def _used_rows(groups: Sequence[Sequence[int]], used: Sequence[int]) -> list[int]:
+    """The merged pass's rows that the groups ``used`` read (the max group reads the query's text)."""
+    rows: set[int] = set()
+    for g in used:
+        rows |= set(groups[1] if g == len(GROUPS) - 1 else groups[g])
+    return sorted(rows)
+
+
 def document_features(states: Mapping[int, Any], groups: Sequence[Sequence[int]], kv: Sequence[tuple[Any, Any]],
-                      L0: int, lengths: Sequence[int]) -> Any:
+                      L0: int, lengths: Sequence[int], used: Sequence[int] | None = None) -> Any:
     """``F(d)`` of every candidate (module docstring).
 
     Args:
@@ -161,6 +169,8 @@ def document_features(states: Mapping[int, Any], groups: Sequence[Sequence[int]]
             order without padding, ``(1, kv_heads, >= L0 + sum(lengths), head_dim)``.
         L0: Block 0's length.
         lengths: Tokens per candidate block.
+        used: Indices of :data:`GROUPS` to compute (``None``: all); the others are 0. Only their
+            rows' logits are computed (a card that reads the query's text reads a tenth of the rows).
 
     Returns:
         float32 ``(N, len(states), heads, len(GROUPS))``.
@@ -171,16 +181,22 @@ def document_features(states: Mapping[int, Any], groups: Sequence[Sequence[int]]
     D = sum(lengths)
     index, valid = _padded_index(lengths)
     H = states[layers[0]].shape[0]
+    used = list(range(len(GROUPS))) if used is None else list(used)
+    rows = _used_rows(groups, used)
+    at = {r: i for i, r in enumerate(rows)}
+    local = [[at[r] for r in members if r in at] for members in groups]
     out = torch.zeros(len(lengths), len(layers), H, len(GROUPS))
+    if not rows:
+        return out
     for i, l in enumerate(layers):
-        z = _logits(states[l], kv[l][0][0, :, : L0 + D])
+        z = _logits(states[l][:, rows], kv[l][0][0, :, : L0 + D])
         f = torch.logsumexp(z[:, :, L0:][:, :, index].masked_fill(~valid, float("-inf")), dim=-1)
-        f = f - torch.logsumexp(z[:, :, :L0], dim=-1)[:, :, None]  # (H, R, N)
-        for g, members in enumerate(groups):
-            if members:
-                out[:, i, :, g] = f[:, members].mean(1).T
-        if groups[1]:
-            out[:, i, :, len(GROUPS) - 1] = f[:, groups[1]].amax(1).T
+        f = f - torch.logsumexp(z[:, :, :L0], dim=-1)[:, :, None]  # (H, rows, N)
+        for g in used:
+            members = local[1] if g == len(GROUPS) - 1 else local[g]
+            if not members:
+                continue
+            out[:, i, :, g] = (f[:, members].amax(1) if g == len(GROUPS) - 1 else f[:, members].mean(1)).T
     return out
 
 
@@ -233,9 +249,10 @@ class IndependentScorer:
         layers = list(range(self.weights.layers))
         t0 = time.perf_counter()
         with torch.inference_mode():
-            states, groups = query_states(qp.lm, prompt, qp.kv, layers)
-            feats = document_features(states, groups, qp.kv, L0, lengths).double()
             w = self.weights.tensor()
+            used = [g for g in range(len(GROUPS)) if bool(w[:, :, g].abs().sum() > 0)]
+            states, groups = query_states(qp.lm, prompt, qp.kv, layers)
+            feats = document_features(states, groups, qp.kv, L0, lengths, used).double()
             scores = (torch.einsum("nlhg,lhg->n", feats, w) + self.weights.bias).tolist()
             tokens = partial(token_shares, states, groups, qp.kv, L0, lengths, w)
         return Scored(scores, tokens, {"query": time.perf_counter() - t0})

@@ -375,6 +375,16 @@ def test_independent_features_do_not_depend_on_the_list(arch) -> None:
         alone = _independent(r, QUERY, [DOCS[i]])[0]
         assert (full[i] - alone).abs().max() < 1e-4
     assert (full[0] - full[1]).abs().max() > 1e-3
+    # computing only some groups (the rows they read) gives the same values for those groups
+    from heedrank.reranker.cached.independent import document_features, query_states
+
+    prompt = r.build_prompt(QUERY, DOCS)
+    with torch.inference_mode():
+        kv = r.cached_context(prompt).kv
+        states, groups = query_states(r.lm, prompt, kv, list(range(LAYER + 1)))
+        some = document_features(states, groups, kv, len(prompt.instruction_ids), prompt.doc_lengths, used=[1, 4, 7])
+    assert (some[..., [1, 4, 7]] - full[..., [1, 4, 7]]).abs().max() < 1e-5
+    assert some[..., [0, 2, 3, 5, 6]].abs().max() == 0
 
 
 def test_independent_features_at_layer_0_are_log_attention_odds(arch) -> None:
