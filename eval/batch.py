@@ -474,11 +474,11 @@ def run_on_engine(engine: Engine, pipeline: Pipeline, options: SearchOptions, to
             committed before it stay).
         Whatever else the engine raises (e.g. RayExecutionError).
     """
-    from tqdm.auto import tqdm
+    from heedrank.progress import Progress
 
     where = f", {engine.label}" if engine.label else ""
-    bar: Any = tqdm(total=len(todo), desc=f"rerank-batch ({options.rerank}{where})", unit="query",
-                    disable=not show_progress)
+    bar = Progress(total=len(todo), desc=f"rerank-batch ({options.rerank}{where})", unit="query",
+                   show_progress=show_progress)
     t0 = time.perf_counter()
 
     def commit(record: Mapping[str, Any]) -> None:
