@@ -100,19 +100,21 @@ def save_adapter(path: str | Path, model: Any, card: dict[str, Any], weights: An
 
 
 def resolve_adapter(value: str, identity: dict[str, Any]) -> Path:
-    """The folder of a query adapter option value: ``"packaged"`` is the adapter shipped for
-    the model (``reranker/data/<model>.query-adapter``), anything else a path.
+    """The folder of a query adapter option value: ``"packaged"`` is the adapter installed for
+    the model (``reranker/data/<model>.query-adapter``, else the user card folder's
+    ``<model-name>.query-adapter``, trained for the model's sha256:
+    :func:`heedrank.reranker.cached.card.find_adapter_dir`), anything else a path.
 
     Raises:
-        NotFoundError: no adapter ships for the model, or the folder lacks its files.
+        NotFoundError: no adapter is installed for the model, or the folder lacks its files.
     """
     from heedrank.errors import NotFoundError
 
     if value == "packaged":
-        from heedrank.reranker.heads import packaged_data_dir
+        from heedrank.reranker.cached.card import find_adapter_dir
 
-        path = packaged_data_dir() / f"{identity.get('name')}.query-adapter"
-        if not path.is_dir():
+        path = find_adapter_dir(identity)
+        if path is None:
             raise NotFoundError(f"no query adapter ships for model {identity.get('name')!r}; train one with "
                                 "`heedrank lab train query-adapter` and pass --opt query_adapter=DIR")
         return path

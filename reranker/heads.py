@@ -166,8 +166,8 @@ def resolve_heads(spec: Any, identity: Mapping[str, Any]) -> tuple[list[tuple[in
     """Resolve a ``heads`` option to ``(heads, weights)``.
 
     Args:
-        spec: ``None``/``"all"`` (every head), ``"qr"`` (the packaged head set of this
-            model), ``"learned"`` (the packaged set's learned weights), a path to a head-set
+        spec: ``None``/``"all"`` (every head), ``"qr"`` (the head set of this model: packaged,
+            else installed in the user card folder by recipes/heads), ``"learned"`` (the packaged set's learned weights), a path to a head-set
             JSON, or a list of ``[layer, head]`` pairs.
         identity: The loaded model's identity (``name``, ``sha256``).
 
@@ -190,7 +190,12 @@ def resolve_heads(spec: Any, identity: Mapping[str, Any]) -> tuple[list[tuple[in
     if not isinstance(spec, str):
         raise ValidationError(f"heads must be 'all', 'qr', 'learned', a path or [[layer, head], ...], got {spec!r}")
     if spec in ("qr", "learned"):
-        path = packaged_headset_path(identity.get("name", ""))
+        from heedrank.reranker.cached.card import model_card_name, user_card_dir
+
+        name = model_card_name(identity)  # the packaged name, or a local folder's name + hash
+        path = packaged_headset_path(name)
+        if not path.exists():  # one installed by recipes/heads for a model that ships none
+            path = user_card_dir() / path.name
         if not path.exists():
             raise NotFoundError(
                 f"no packaged head set for model {identity.get('name')!r}; detect one with "

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -478,17 +479,34 @@ def describe_options(methods: list[str] | None = None) -> dict[str, list[dict[st
 
 
 def packaged_card(model: str | None) -> WeightsCard | None:
-    """The weights card shipped for the packaged LM ``model`` (``None`` = the default LM), read
-    by :func:`heedrank.reranker.cached.card.read_card`, or ``None`` (a local model directory,
-    or no card ships)."""
+    """The weights card installed for the LM ``model`` (``None`` = the default LM), read by
+    :func:`heedrank.reranker.cached.card.read_card`, or ``None``: for a packaged LM the card
+    shipped for it (or one in the user card folder); for a local model directory the card
+    installed for its identity (:func:`heedrank.reranker.cached.card.find_card`: name plus
+    sha256, the folder hashed once per change of its files); ``None`` when no card is installed."""
+    from pathlib import Path
+
     from heedrank.config import DEFAULT_LM
-    from heedrank.reranker.cached.card import packaged_card_path, read_card
+    from heedrank.reranker.cached.card import find_card
+    from heedrank.reranker.lm import packaged_models
 
     name = DEFAULT_LM if model is None else model
-    if "/" in name:
+    path = Path(name).expanduser()
+    if name in packaged_models() or ("/" not in name and not path.is_dir()):
+        return find_card(name, None)  # a packaged name (model_identity's order), or no model at all
+    if not path.is_dir():
         return None
-    path = packaged_card_path(name)
-    return read_card(path) if path.is_file() else None
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(path.iterdir()) if f.is_file())
+    return find_card(_directory_identity(str(path.resolve()), stamp), None)
+
+
+@functools.lru_cache(maxsize=8)
+def _directory_identity(path: str, stamp: tuple[tuple[str, int, int], ...]) -> dict[str, Any]:
+    """:func:`heedrank.reranker.lm.model_identity` of the model folder ``path``, kept while its
+    files' names, sizes and times (``stamp``) stay the same (it hashes the weights)."""
+    from heedrank.reranker.lm import model_identity
+
+    return model_identity(path)
 
 
 def recorded_fusion(config: Any) -> float | None:

@@ -1,7 +1,9 @@
 """The weights card of cached BlockRank's learned scorer: one frozen record, one reader.
 
 A card is a JSON file written by ``heedrank lab fit --export`` (the one shipped for a
-packaged LM is ``reranker/data/<model>.blockrank-cached.json``). It holds the learned
+packaged LM is ``reranker/data/<model>.blockrank-cached.json``; one installed by a recipe for
+any other model is ``<card dir>/<model-name>.blockrank-cached.json``, :func:`user_card_dir`,
+:func:`model_card_name`). It holds the learned
 per-(layer, head) weights with what they were fitted for (``layer`` = ``l*``,
 ``max_doc_tokens``, ``template``, ``spec``, ``model_sha256``), the fusion weight with the
 first stage (``fusion.alpha``), the relevance cut-off's maps (``calibration``, written by
@@ -15,6 +17,9 @@ first stage (``fusion.alpha``), the relevance cut-off's maps (``calibration``, w
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +28,14 @@ from typing import Any
 
 from heedrank.errors import NotFoundError, ValidationError
 
+logger = logging.getLogger(__name__)
+
 CARD_SUFFIX = ".blockrank-cached.json"
 """File name suffix of a shipped card: ``<model>.blockrank-cached.json``."""
+ADAPTER_SUFFIX = ".query-adapter"
+"""Folder name suffix of a query adapter installed beside a card: ``<model>.query-adapter``."""
+CARD_DIR_ENV = "HEEDRANK_CARD_DIR"
+"""Environment variable naming the user card folder (default ``$HEEDRANK_CACHE_DIR/cards``)."""
 FIGURE_KEYS = ("configuration", "fusion", "dev_ndcg@10", "test_ndcg@10")
 """The card's entries that report figures (:attr:`WeightsCard.figures`)."""
 
@@ -117,14 +128,104 @@ def packaged_card_path(model_name: str) -> Path:
     return packaged_data_dir() / f"{model_name}{CARD_SUFFIX}"
 
 
-def find_card(model_name: str, scorer_weights: str | None) -> WeightsCard | None:
-    """The card of a reranker: ``scorer_weights`` when given, else the one shipped for
-    ``model_name`` (the loaded model's identity name), else ``None``.
+def user_card_dir() -> Path:
+    """The user card folder: ``$HEEDRANK_CARD_DIR``, else ``<cache>/cards``
+    (:func:`heedrank.files.cache_dir`: ``$HEEDRANK_CACHE_DIR`` or ``~/.cache/heedrank``). Cards
+    and query adapters of models that ship none are installed here (``recipes/default``
+    ``install``), never into the package. Not created here."""
+    from heedrank.files import cache_dir
+
+    env = os.environ.get(CARD_DIR_ENV)
+    return Path(env).expanduser() if env else cache_dir() / "cards"
+
+
+def card_dirs() -> tuple[Path, ...]:
+    """The folders searched for a model's card and query adapter, in order: the package's
+    data folder (``reranker/data``), then :func:`user_card_dir`."""
+    from heedrank.reranker.heads import packaged_data_dir
+
+    return (packaged_data_dir(), user_card_dir())
+
+
+def model_card_name(identity: Mapping[str, Any] | str) -> str:
+    """The name a model's card and adapter are filed under: a packaged LM's name
+    (``smollm2-135m-instruct``); for a local directory (``identity["source"] == "directory"``)
+    its folder name lower-cased to ``[a-z0-9._-]`` plus the first 12 hex digits of its sha256
+    (``my-model-0123456789ab``), so that two folders of the same name do not share one.
+
+    Args:
+        identity: :func:`heedrank.reranker.lm.model_identity` of the model, or a bare name.
+    """
+    if isinstance(identity, str):
+        return identity
+    name = str(identity.get("name") or "model")
+    if identity.get("source") != "directory":
+        return name
+    slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-.") or "model"
+    sha = str(identity.get("sha256") or "")
+    return f"{slug}-{sha[:12]}" if sha else slug
+
+
+def _for_model(card: WeightsCard, sha: str | None) -> bool:
+    """Whether ``card`` may serve the model of hash ``sha``: it records no model, or that one."""
+    return not (card.model_sha256 and sha and card.model_sha256 != sha)
+
+
+def find_card(model: Mapping[str, Any] | str, scorer_weights: str | None) -> WeightsCard | None:
+    """The card of a reranker: ``scorer_weights`` when given (checked later, a mismatch is an
+    error), else the first ``<model-name>.blockrank-cached.json`` (:func:`model_card_name`) in
+    :func:`card_dirs` fitted for the model (its ``model_sha256`` absent or the model's; one for
+    another model is skipped with a warning), else ``None``.
+
+    Args:
+        model: The loaded model's :func:`heedrank.reranker.lm.model_identity` (``name``,
+            ``source``, ``sha256``), or a bare name (no hash check).
+        scorer_weights: Option ``scorer_weights``, or ``None``.
 
     Raises:
         NotFoundError: ``scorer_weights`` names a missing file.
     """
     if scorer_weights is not None:
         return read_card(scorer_weights)
-    shipped = packaged_card_path(model_name)
-    return read_card(shipped) if shipped.exists() else None
+    sha = None if isinstance(model, str) else model.get("sha256")
+    name = model_card_name(model)
+    for folder in card_dirs():
+        path = folder / f"{name}{CARD_SUFFIX}"
+        if not path.is_file():
+            continue
+        card = read_card(path)
+        if _for_model(card, sha):
+            return card
+        logger.warning("weights card %s was fitted for model %s, not this one (%s): not used", path,
+                       card.model_sha256, sha)
+    return None
+
+
+def find_adapter_dir(identity: Mapping[str, Any]) -> Path | None:
+    """The query adapter folder installed for the model: the first
+    ``<model-name>.query-adapter`` (:func:`model_card_name`) in :func:`card_dirs` that holds an
+    ``adapter.json`` trained for it (its ``model.sha256`` absent or the model's), else ``None``."""
+    name, sha = model_card_name(identity), identity.get("sha256")
+    for folder in card_dirs():
+        path = folder / f"{name}{ADAPTER_SUFFIX}"
+        if not (path / "adapter.json").is_file():
+            continue
+        want = (json.loads((path / "adapter.json").read_text(encoding="utf-8")).get("model") or {}).get("sha256")
+        if not (want and sha and want != sha):
+            return path
+        logger.warning("query adapter %s was trained for model %s, not this one (%s): not used", path, want, sha)
+    return None
+
+
+def describe_card(card: WeightsCard | None) -> dict[str, Any] | None:
+    """Which card answered, for ``/info`` and reports: ``{"path", "packaged", "model",
+    "model_sha256", "layer"}`` (``path``: the file name for a packaged card, else the path as
+    read), or ``None`` without a card."""
+    if card is None:
+        return None
+    from heedrank.reranker.heads import packaged_data_dir
+
+    path = Path(card.path)
+    packaged = path.parent.resolve() == packaged_data_dir().resolve()
+    return {"path": path.name if packaged else card.path, "packaged": packaged, "model": card.data.get("model"),
+            "model_sha256": card.model_sha256, "layer": card.layer}

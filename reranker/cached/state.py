@@ -2,24 +2,29 @@
 
 From the options and the shared LM: the weights card (:mod:`heedrank.reranker.cached.card`),
 the scorer in use (``scoring='auto'`` = ``'learned'`` when ``scorer_weights`` is given or a card
-ships for the model at the ``l*`` and block length asked for, else ``'calibrated'``), ``l*``, the cached layout, the query
+for the model (packaged, or installed in the user card folder, matched by name and sha256:
+:func:`heedrank.reranker.cached.card.find_card`) fits the ``l*`` and block length asked for,
+else ``'calibrated'``, with a warning when there is no card), ``l*``, the cached layout, the query
 adapter (:mod:`heedrank.reranker.cached.adapter`), the scorer object
 (:mod:`heedrank.reranker.cached.scorers`) and the relevance cut-off's maps.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from heedrank.config import RerankerConfig
 from heedrank.errors import NotFoundError, ValidationError
 from heedrank.reranker.cached.adapter import AdapterFit, QueryAdapter, load_query_adapter
-from heedrank.reranker.cached.card import WeightsCard, find_card
+from heedrank.reranker.cached.card import WeightsCard, card_dirs, find_card
 from heedrank.reranker.cached.independent import IndependentScorer, IndependentWeights
 from heedrank.reranker.cached.scorers import CalibratedScorer, LearnedScorer, Scorer, SignalScorer
 from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION, BlockLayout, build_layout
 from heedrank.reranker.options import AUTO, CachedBlockRankOptions
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -155,8 +160,12 @@ def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: An
         ValidationError: a bad layer; a card or query adapter fitted for another model,
             ``l*``, block length or layout.
     """
-    card = find_card(base.identity.get("name", ""), options.scorer_weights)
+    card = find_card(base.identity, options.scorer_weights)
     scoring = options.scoring if options.scoring != AUTO else auto_scoring(card, _fits(card, options, config))
+    if card is None and options.scoring == AUTO:
+        logger.warning("no weights card for model %s (sha256 %s) in %s: scoring with the %s scorer; fit one with "
+                       "recipes/default (RECIPE_MODEL=...)", base.identity.get("name"), base.identity.get("sha256"),
+                       ", ".join(str(d) for d in card_dirs()), scoring)
     layer = resolve_layer(options.layer, scoring, card, base.num_layers)
     layout = build_layout(base.tokenizer, config.max_doc_tokens, chat_template=options.chat_template)
     adapter = load_query_adapter(options.query_adapter, base, AdapterFit(layer, config.max_doc_tokens,
