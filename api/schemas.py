@@ -504,6 +504,13 @@ class RerankerInfo(BaseModel):
         "the dev and test nDCG@10 recorded in its weights card.",
     )
     model: dict[str, Any] | None = Field(None, description="The loaded reranker's describe(); null until loaded.")
+    card: dict[str, Any] | None = Field(
+        None, description="The weights card the loaded reranker found for its model: path (a packaged card's file "
+        "name), packaged, model and model_sha256 it was fitted for, layer; null when none answered (no card for "
+        "the model, a method without cards, or not loaded yet).")
+    scoring: str | None = Field(
+        None, description="The scorer the loaded reranker uses ('learned' with a card; 'calibrated' for a model "
+        "without one); null until loaded or for a method without scorers.")
     model_ids: list[str] = Field(description="Values /rerank accepts as `model`.")
     methods: list[str] = Field(description="Rerank methods /search accepts.")
     max_doc_tokens: int

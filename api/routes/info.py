@@ -164,8 +164,25 @@ def without_paths(value: Any) -> Any:
     return value
 
 
+def served_card(reranker: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """``(card, scoring)`` of a built reranker: which weights card answered for its model
+    (:func:`heedrank.reranker.cached.card.describe_card`, paths cut to their last part) and the
+    scorer in use; ``(None, scoring)`` without a card, ``(None, None)`` for a method without
+    scorers (no ``scoring`` attribute)."""
+    from heedrank.reranker.cached.card import WeightsCard, describe_card
+
+    scoring = getattr(reranker, "scoring", None)
+    if not isinstance(scoring, str):
+        return None, None
+    card = getattr(reranker, "card", None)
+    described = describe_card(card) if isinstance(card, WeightsCard) else None
+    return (None if described is None else without_paths(jsonable(described))), scoring
+
+
 def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
     model = None
+    card: dict[str, Any] | None = None
+    scoring: str | None = None
     methods = sorted(set(registry.reranker_names()) | set(registry.reranker_aliases()) | {settings.rerank_method})
     limits: dict[str, dict[str, Any]] = {}
     served = registry.resolve_method(settings.rerank_method)
@@ -174,6 +191,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
         loaded = built.get(served)
         if loaded is not None:  # describe() of a built reranker; never loads a model here
             model = without_paths(jsonable(dict(loaded.describe())))
+            card, scoring = served_card(loaded)
         limits = method_limits(built, settings, methods)
     return InfoResponse(
         version=__version__,
@@ -185,6 +203,8 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
             explain_methods=explain_methods(methods),
             default_retriever=settings.default_retriever,
             model=model,
+            card=card,
+            scoring=scoring,
             model_ids=served_model_ids(settings),
             methods=methods,
             max_doc_tokens=settings.max_doc_tokens,
