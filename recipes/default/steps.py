@@ -1,8 +1,15 @@
-"""Helpers of recipes/default/run.sh: the calibration queries, the fused card, the packaged
-artefacts assembled from the recipe's outputs, and their installation into reranker/data.
+"""Helpers of recipes/default/run.sh (and recipes/heads/run.sh): the model's settings, the
+calibration queries, the fused card, the artefacts assembled from the recipe's outputs, and
+their installation.
 
 Run through ``run.sh``; each subcommand reads and writes only the recipe's work folder (and
-``install`` the package's data folder).
+``install`` the card folder: ``reranker/data`` for a packaged model, the user card folder
+:func:`heedrank.reranker.cached.card.user_card_dir` for any other, never the package).
+
+The model (``--model``) is a packaged name (``smollm2-135m-instruct``, ``gemma3-270m``) or a
+local Hugging Face directory; its artefacts are named ``<model-name>.blockrank-cached.json`` and
+``<model-name>.query-adapter`` (:func:`heedrank.reranker.cached.card.model_card_name`: the
+packaged name, or the folder's name plus a short hash of its identity).
 """
 
 from __future__ import annotations
@@ -18,6 +25,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "reranker" / "data"
 RUN = "bash recipes/default/run.sh"
+LAYER_FRACTION = 0.5
+"""``l*`` of the recipe as a fraction of the model's depth: ``round(0.5 * L)`` (SmolLM2-135M's 30
+layers: 15, the shipped card's)."""
+HEADS_MAX_LAYER_FRACTION = 23 / 30
+"""The deepest layer weighted by recipes/heads' fit, as a fraction of the depth (SmolLM2: 23)."""
+HEADS_TOP_FRACTION = 16 / 270
+"""recipes/heads' detected heads as a fraction of the model's ``layers x heads`` (SmolLM2: 16 of 270)."""
 TESTS = {"nfcorpus-test-hybrid50": "qa-nf-test-hybrid50", "nfcorpus-test-bm25-20": "qa-nf-test-bm25-20",
          "dl19-bm25-100": "qa-dl19-bm25-100"}
 
@@ -37,6 +51,59 @@ def _sha256(path: Path) -> str:
     from heedrank.files import file_sha256
 
     return file_sha256(path)
+
+
+def model_name(model: str) -> str:
+    """The name the artefacts of ``model`` are filed under: a local directory's
+    :func:`heedrank.reranker.cached.card.model_card_name` (its identity hashed), else
+    ``model`` itself (a packaged name)."""
+    if not Path(model).expanduser().is_dir():
+        return model
+    from heedrank.reranker.cached.card import model_card_name
+    from heedrank.reranker.lm import model_identity
+
+    return model_card_name(model_identity(str(Path(model).expanduser())))
+
+
+def install_dir(model: str) -> Path:
+    """Where ``install`` writes: ``reranker/data`` for a packaged model, else the user card folder."""
+    from heedrank.reranker.lm import packaged_models
+
+    if model in packaged_models():
+        return DATA
+    from heedrank.reranker.cached.card import user_card_dir
+
+    return user_card_dir()
+
+
+def _model_config(model: str) -> dict[str, Any]:
+    """The model's ``config.json`` (a packaged GGUF: its converted copy's, converted once into the
+    cache), the text model's for a multimodal one."""
+    from heedrank.reranker.lm import model_dir
+
+    folder = Path(model).expanduser() if Path(model).expanduser().is_dir() else model_dir(model)
+    config = _read(folder / "config.json")
+    return config.get("text_config") or config
+
+
+def model_settings(model: str) -> dict[str, Any]:
+    """The recipes' model-dependent settings: ``name`` (:func:`model_name`), ``layers`` and
+    ``heads`` (from its config), ``layer`` (``l*`` = ``round(LAYER_FRACTION * layers)``),
+    ``heads_max_layer`` and ``heads_top_k`` (recipes/heads, scaled likewise)."""
+    config = _model_config(model)
+    layers, heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+    return {"name": model_name(model), "layers": layers, "heads": heads,
+            "layer": min(layers - 1, round(LAYER_FRACTION * layers)),
+            "heads_max_layer": min(layers - 1, round(HEADS_MAX_LAYER_FRACTION * layers)),
+            "heads_top_k": max(1, round(HEADS_TOP_FRACTION * layers * heads))}
+
+
+def model_cmd(args: argparse.Namespace) -> None:
+    """Print :func:`model_settings` as shell assignments (``MODEL_NAME=...``) for ``eval``."""
+    import shlex
+
+    for key, value in model_settings(args.model).items():
+        print(f"MODEL_{key.upper()}={shlex.quote(str(value))}")
 
 
 def calibration_ids(args: argparse.Namespace) -> None:
@@ -80,7 +147,7 @@ def assemble(args: argparse.Namespace) -> None:
     """``out/<model>.blockrank-cached.json`` and ``out/<model>.query-adapter/``: the recipe's
     card (weights, fusion, calibration) and adapter, their ``command`` fields naming the
     recipe's steps and their inputs recorded by sha256 (the dumps live in the work folder)."""
-    work, model = Path(args.work), args.model
+    work, model = Path(args.work), model_name(args.model)
     with_independent = work / "out" / "card.independent.json"
     card = _read(with_independent if with_independent.exists() else work / "out" / "card.calibrated.json")
     if "independent" in card:
@@ -106,7 +173,7 @@ def assemble(args: argparse.Namespace) -> None:
     calibration = card.get("calibration") or {}
     calibration["command"] = f"{RUN} calibrate"
     card["recipe"] = {"recipe": "recipes/default", "steps": f"{RUN} (recipes/default/README.md)",
-                      "dumps_sha256": dumps}
+                      "model": model, "dumps_sha256": dumps}
     out_card = work / "out" / f"{model}.blockrank-cached.json"
     _write(out_card, card)
     src, dst = work / "adapter" / "best", work / "out" / f"{model}.query-adapter"
@@ -118,7 +185,7 @@ def assemble(args: argparse.Namespace) -> None:
     (meta.get("model") or {}).pop("path", None)  # a path of the machine that trained it
     meta.get("config", {}).pop("out_dir", None)
     meta["command"] = f"{RUN} adapter"
-    meta["scorer_weights"] = f"the packaged card reranker/data/{model}.blockrank-cached.json (fixed in training)"
+    meta["scorer_weights"] = f"the card {model}.blockrank-cached.json installed beside it (fixed in training)"
     meta["test_ndcg@10"] = served["tests"]
     meta["dev_ndcg@10_nfcorpus_dev_hybrid50"] = {**served["dev"], "fusion_alpha": served["alpha"]}
     _write(tmp / "adapter.json", meta)
@@ -131,23 +198,30 @@ def assemble(args: argparse.Namespace) -> None:
 
 
 def install(args: argparse.Namespace) -> None:
-    """Copy ``out/``'s artefacts over the packaged ones (review ``git diff``, then commit)."""
-    work, model = Path(args.work), args.model
+    """Copy ``out/``'s artefacts into :func:`install_dir` (a packaged model: over the packaged
+    ones, review ``git diff``, then commit; another model: the user card folder, where the
+    reranker finds them by the model's name and sha256)."""
+    work, model = Path(args.work), model_name(args.model)
     card = work / "out" / f"{model}.blockrank-cached.json"
     adapter = work / "out" / f"{model}.query-adapter"
     if not card.is_file() or not (adapter / "adapter.safetensors").is_file():
         sys.exit(f"nothing to install: run the recipe's steps first ({RUN})")
-    shutil.copyfile(card, DATA / card.name)
+    target = install_dir(args.model)
+    (target / adapter.name).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(card, target / card.name)
     for name in ("adapter.json", "adapter.safetensors"):
-        shutil.copyfile(adapter / name, DATA / adapter.name / name)
-    print(f"installed into {DATA}: review `git diff --stat reranker/data`, then commit")
+        shutil.copyfile(adapter / name, target / adapter.name / name)
+    if target == DATA:
+        print(f"installed into {DATA}: review `git diff --stat reranker/data`, then commit")
+    else:
+        print(f"installed into the user card folder {target}: `heedrank serve --model {args.model}` serves it")
 
 
 def install_independent(args: argparse.Namespace) -> None:
     """Copy only the ``independent`` entry of ``out/card.independent.json`` into the packaged card
     (the rest of the card unchanged): the ``independent`` step rerun alone on an earlier run's
     dumps and card."""
-    work, model = Path(args.work), args.model
+    work, model = Path(args.work), model_name(args.model)
     source = work / "out" / "card.independent.json"
     if not source.is_file():
         sys.exit(f"nothing to install: run `{RUN} independent` first")
@@ -155,7 +229,7 @@ def install_independent(args: argparse.Namespace) -> None:
     entry["command"] = f"{RUN} independent"
     entry["train"]["dumps"] = [Path(d).stem for d in entry["train"]["dumps"]]
     entry["dumps_sha256"] = {Path(p).stem: _sha256(Path(p)) for p in sorted((work / "dumps").glob("qa-*.npz"))}
-    target = DATA / f"{model}.blockrank-cached.json"
+    target = install_dir(args.model) / f"{model}.blockrank-cached.json"
     _write(target, {**_read(target), "independent": entry})
     print(f"installed the independent entry into {target}: review `git diff`, then commit")
 
@@ -163,6 +237,8 @@ def install_independent(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("model")
+    p.add_argument("--model", required=True)
     p = sub.add_parser("calibration-ids")
     p.add_argument("--data", required=True)
     p.add_argument("--exclude", required=True)
@@ -177,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--work", required=True)
         p.add_argument("--model", required=True)
     args = parser.parse_args(argv)
-    {"calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
+    {"model": model_cmd, "calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
      "install-independent": install_independent,
      "install": install}[args.cmd](args)
 

@@ -99,7 +99,7 @@ def test_assemble_refuses_a_calibration_of_another_adapter(tmp_path) -> None:
 
 def _recipe_dumps() -> Path | None:
     """The recipe's dumps folder when it holds every dump the packaged card names, unchanged."""
-    work = Path(os.environ.get("RECIPE_WORK", ROOT / "runs" / "recipe" / "default"))
+    work = Path(os.environ.get("RECIPE_WORK", ROOT / "runs" / "recipe" / "default-smollm2-135m-instruct"))
     want = (json.loads(CARD.read_text()).get("recipe") or {}).get("dumps_sha256") or {}
     if not want:
         return None
