@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from heedrank.errors import NotFoundError, ValidationError
+from heedrank.reranker.datafiles import DATA_DIR, model_card_name, user_card_dir
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
 HEADSET_FORMAT = 1
 
 
@@ -153,11 +153,6 @@ def select_heads(scores, k: int) -> list[tuple[int, int]]:
     return [(l, h) for _, l, h in flat[:k]]
 
 
-def packaged_data_dir() -> Path:
-    """Folder of the data shipped with the reranker (head sets, weights cards)."""
-    return DATA_DIR
-
-
 def packaged_headset_path(model_name: str) -> Path:
     return DATA_DIR / f"{model_name}.heads.json"
 
@@ -190,8 +185,6 @@ def resolve_heads(spec: Any, identity: Mapping[str, Any]) -> tuple[list[tuple[in
     if not isinstance(spec, str):
         raise ValidationError(f"heads must be 'all', 'qr', 'learned', a path or [[layer, head], ...], got {spec!r}")
     if spec in ("qr", "learned"):
-        from heedrank.reranker.cached.card import model_card_name, user_card_dir
-
         name = model_card_name(identity)  # the packaged name, or a local folder's name + hash
         path = packaged_headset_path(name)
         if not path.exists():  # one installed by recipes/heads for a model that ships none

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from heedrank.errors import NotFoundError, ValidationError
+from heedrank.reranker.datafiles import model_card_name, packaged_data_dir, user_card_dir
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +33,6 @@ CARD_SUFFIX = ".blockrank-cached.json"
 """File name suffix of a shipped card: ``<model>.blockrank-cached.json``."""
 ADAPTER_SUFFIX = ".query-adapter"
 """Folder name suffix of a query adapter installed beside a card: ``<model>.query-adapter``."""
-CARD_DIR_ENV = "HEEDRANK_CARD_DIR"
-"""Environment variable naming the user card folder (default ``$HEEDRANK_CACHE_DIR/cards``)."""
 FIGURE_KEYS = ("configuration", "fusion", "dev_ndcg@10", "test_ndcg@10")
 """The card's entries that report figures (:attr:`WeightsCard.figures`)."""
 
@@ -123,47 +120,13 @@ def read_card(path: str | Path) -> WeightsCard:
 
 def packaged_card_path(model_name: str) -> Path:
     """Where the card shipped for the packaged LM ``model_name`` lies (it may not exist)."""
-    from heedrank.reranker.heads import packaged_data_dir
-
     return packaged_data_dir() / f"{model_name}{CARD_SUFFIX}"
-
-
-def user_card_dir() -> Path:
-    """The user card folder: ``$HEEDRANK_CARD_DIR``, else ``<cache>/cards``
-    (:func:`heedrank.files.cache_dir`: ``$HEEDRANK_CACHE_DIR`` or ``~/.cache/heedrank``). Cards
-    and query adapters of models that ship none are installed here (``recipes/default``
-    ``install``), never into the package. Not created here."""
-    from heedrank.files import cache_dir
-
-    env = os.environ.get(CARD_DIR_ENV)
-    return Path(env).expanduser() if env else cache_dir() / "cards"
 
 
 def card_dirs() -> tuple[Path, ...]:
     """The folders searched for a model's card and query adapter, in order: the package's
     data folder (``reranker/data``), then :func:`user_card_dir`."""
-    from heedrank.reranker.heads import packaged_data_dir
-
     return (packaged_data_dir(), user_card_dir())
-
-
-def model_card_name(identity: Mapping[str, Any] | str) -> str:
-    """The name a model's card and adapter are filed under: a packaged LM's name
-    (``smollm2-135m-instruct``); for a local directory (``identity["source"] == "directory"``)
-    its folder name lower-cased to ``[a-z0-9._-]`` plus the first 12 hex digits of its sha256
-    (``my-model-0123456789ab``), so that two folders of the same name do not share one.
-
-    Args:
-        identity: :func:`heedrank.reranker.lm.model_identity` of the model, or a bare name.
-    """
-    if isinstance(identity, str):
-        return identity
-    name = str(identity.get("name") or "model")
-    if identity.get("source") != "directory":
-        return name
-    slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-.") or "model"
-    sha = str(identity.get("sha256") or "")
-    return f"{slug}-{sha[:12]}" if sha else slug
 
 
 def _for_model(card: WeightsCard, sha: str | None) -> bool:
@@ -223,8 +186,6 @@ def describe_card(card: WeightsCard | None) -> dict[str, Any] | None:
     read), or ``None`` without a card."""
     if card is None:
         return None
-    from heedrank.reranker.heads import packaged_data_dir
-
     path = Path(card.path)
     packaged = path.parent.resolve() == packaged_data_dir().resolve()
     return {"path": path.name if packaged else card.path, "packaged": packaged, "model": card.data.get("model"),
