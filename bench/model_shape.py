@@ -93,9 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--blocks", type=int, default=64, help="blocks encoded per round (encoding and store build)")
     ap.add_argument("--batch-size", type=int, default=32, help="blocks per batched prefill (doc_batch_size)")
     ap.add_argument("--candidates", default="20,100", help="candidate counts of the warm query passes")
-    ap.add_argument("--scoring", choices=("calibrated", "signal"), default="calibrated",
+    ap.add_argument("--scoring", choices=("calibrated", "signal", "independent"), default="calibrated",
                     help="scorer of the query passes (calibrated: the merged query + N/A pass; the default "
-                         "for a model without a weights card)")
+                         "for a model without a weights card; independent: the query against block 0 and "
+                         "logits to the candidates' keys, with random card weights on the text rows)")
     ap.add_argument("--kv-dtype", choices=("int8", "float16"), default="int8", help="store dtype")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, help="torch CPU threads (default: torch's)")
@@ -201,6 +202,26 @@ def _median_seconds(fn, rounds: int, sync) -> float:
     return statistics.median(times)
 
 
+def random_independent_card(folder: Path, lm: Any, layer: int, block_tokens: int, rng: random.Random) -> Path:
+    """A weights card for ``lm`` whose ``independent`` entry has random weights on the query's and
+    ``N/A``'s text rows (the groups the packaged card reads), zero elsewhere: the scorer's cost."""
+    import json
+
+    from heedrank.reranker.cached.independent import GROUPS
+    from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION
+
+    heads = lm.num_heads
+    weights = [rng.gauss(0.0, 0.1) if GROUPS[g] in ("q_text", "na_text") else 0.0
+               for _ in range((layer + 1) * heads) for g in range(len(GROUPS))]
+    card = {"layer": layer, "max_doc_tokens": block_tokens, "template": CACHE_TEMPLATE_VERSION, "spec": "heads",
+            "model_sha256": lm.identity.get("sha256"), "weights": [0.0] * ((layer + 1) * heads),
+            "independent": {"layers": layer + 1, "heads": heads, "groups": list(GROUPS), "weights": weights,
+                            "bias": -2.0, "fusion_alpha": 0.5}}
+    path = folder / "card.json"
+    path.write_text(json.dumps(card))
+    return path
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build the model and measure (see the module docstring). Returns the figures:
     ``{"shape", "layer", "weights_mib", "encode_blocks_per_s", "store_blocks_per_s",
@@ -237,9 +258,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lm = build_lm(shape, args.device, args.dtype, tokenizer, args.seed)
     weights_mib = sum(p.numel() * p.element_size() for p in lm.model.parameters()) / 2**20
     layer = args.layer if args.layer is not None else round(0.6 * shape.layers)
-    config = RerankerConfig(method="blockrank-cached", max_doc_tokens=args.block_tokens, options={
-        "query_adapter": None, "scoring": args.scoring, "layer": layer, "chat_template": False,
-        "doc_batch_size": args.batch_size, "kv_dtype": args.kv_dtype})
+    options = {"query_adapter": None, "scoring": args.scoring, "layer": layer, "chat_template": False,
+               "doc_batch_size": args.batch_size, "kv_dtype": args.kv_dtype}
+    card_dir = tempfile.TemporaryDirectory(prefix="heedrank-bench-card-")
+    if args.scoring == "independent":
+        options["scorer_weights"] = str(random_independent_card(Path(card_dir.name), lm, layer, args.block_tokens, rng))
+    config = RerankerConfig(method="blockrank-cached", max_doc_tokens=args.block_tokens, options=options)
     reranker = CachedBlockRankReranker(config, lm=lm, block_cache_bytes=1 << 50)  # every block stays in RAM
     texts = [d.content for d in docs[: args.blocks]]
 

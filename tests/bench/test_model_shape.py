@@ -36,6 +36,14 @@ def test_tiny_shape_on_cpu_prints_the_table(bench, capsys) -> None:
     assert set(fig["query_s"]) == {3, 6} and all(s > 0 for s in fig["query_s"].values())
 
 
+def test_independent_scoring_runs_with_a_random_card(bench) -> None:
+    fig = bench.main(["--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
+                      "--intermediate", "64", "--vocab", "400", "--blocks", "4", "--candidates", "3",
+                      "--batch-size", "4", "--rounds", "1", "--torch-threads", "1", "--block-tokens", "32",
+                      "--scoring", "independent"])
+    assert fig["query_s"][3] > 0 and fig["query_pass_s"][3] > 0
+
+
 def test_the_7b_preset_is_mistral_7b_and_flags_override_it(bench) -> None:
     shape = bench.resolve_shape(bench.parse_args(["--preset", "7b"]))
     assert (shape.arch, shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate,
