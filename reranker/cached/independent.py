@@ -128,15 +128,15 @@ def query_states(lm: Any, prompt: Any, kv: Sequence[tuple[Any, Any]], layers: Se
     return {l: cap.out[l][0] for l in layers}, _row_groups(prompt.query_ids, prompt.calib_ids, rows.members)
 
 
-def _padded_index(lengths: Sequence[int]) -> tuple[Any, Any]:
+def _padded_index(lengths: Sequence[int], device: Any = None) -> tuple[Any, Any]:
     """``(index, valid)``: ``(N, T)`` positions of each document's tokens among the candidates'
-    concatenated tokens, and which are real (``T`` the longest)."""
+    concatenated tokens, and which are real (``T`` the longest), on ``device``."""
     import torch
 
-    n = torch.tensor(list(lengths))
+    n = torch.tensor(list(lengths), device=device)
     T = int(n.max())
     starts = torch.cumsum(n, 0) - n
-    ar = torch.arange(T)
+    ar = torch.arange(T, device=device)
     valid = ar[None, :] < n[:, None]
     return (starts[:, None] + ar[None, :]).clamp(max=int(n.sum()) - 1), valid
 
@@ -179,15 +179,16 @@ def document_features(states: Mapping[int, Any], groups: Sequence[Sequence[int]]
 
     layers = sorted(states)
     D = sum(lengths)
-    index, valid = _padded_index(lengths)
+    device = states[layers[0]].device
+    index, valid = _padded_index(lengths, device)
     H = states[layers[0]].shape[0]
     used = list(range(len(GROUPS))) if used is None else list(used)
     rows = _used_rows(groups, used)
     at = {r: i for i, r in enumerate(rows)}
     local = [[at[r] for r in members if r in at] for members in groups]
-    out = torch.zeros(len(lengths), len(layers), H, len(GROUPS))
+    out = torch.zeros(len(lengths), len(layers), H, len(GROUPS), device=device)
     if not rows:
-        return out
+        return out.cpu()
     for i, l in enumerate(layers):
         z = _logits(states[l][:, rows], kv[l][0][0, :, : L0 + D])
         f = torch.logsumexp(z[:, :, L0:][:, :, index].masked_fill(~valid, float("-inf")), dim=-1)
@@ -197,7 +198,7 @@ def document_features(states: Mapping[int, Any], groups: Sequence[Sequence[int]]
             if not members:
                 continue
             out[:, i, :, g] = (f[:, members].amax(1) if g == len(GROUPS) - 1 else f[:, members].mean(1)).T
-    return out
+    return out.cpu()
 
 
 def token_shares(states: Mapping[int, Any], groups: Sequence[Sequence[int]], kv: Sequence[tuple[Any, Any]], L0: int,
@@ -210,19 +211,20 @@ def token_shares(states: Mapping[int, Any], groups: Sequence[Sequence[int]], kv:
 
     layers = sorted(states)
     D = sum(lengths)
-    index, valid = _padded_index(lengths)
-    out = torch.zeros(D, dtype=torch.float64)
+    device = states[layers[0]].device
+    index, valid = _padded_index(lengths, device)
+    out = torch.zeros(D, dtype=torch.float64, device=device)
     for i, l in enumerate(layers):
         z = _logits(states[l], kv[l][0][0, :, : L0 + D])[:, :, L0:]
         p = torch.softmax(z[:, :, index].masked_fill(~valid, float("-inf")), dim=-1)  # (H, R, N, T)
-        w = torch.zeros(p.shape[1], p.shape[0], dtype=torch.float64)  # (R, H): each row's weight
+        w = torch.zeros(p.shape[1], p.shape[0], dtype=torch.float64, device=device)  # (R, H): each row's weight
         for g, members in enumerate(groups):
             if members:
-                w[members] += weights[i, :, g][None, :] / len(members)
+                w[members] += weights[i, :, g][None, :].to(device) / len(members)
         # the max group (q_text_max) is left out: its gradient is one row's, a share of the others
-        share = torch.einsum("rh,hrnt->nt", w.float(), p).double()
+        share = torch.einsum("rh,hrnt->nt", w.to(p.dtype), p).double()
         out += share[valid]
-    return out
+    return out.cpu()
 
 
 @dataclass(frozen=True)
