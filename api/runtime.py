@@ -122,7 +122,9 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         """Start the pools and load the models in the background (progress bars off: the
-        service logs lines, :func:`quiet_progress_bars`)."""
+        service logs lines, :func:`heedrank.progress.quiet_progress_bars`)."""
+        from heedrank.progress import quiet_progress_bars
+
         quiet_progress_bars()
         for pool in self.pools.values():
             pool.start()
@@ -297,29 +299,6 @@ class Runtime:
             if filler is not None:
                 out[name]["kv_store"] = filler.describe()
         return out
-
-
-def quiet_progress_bars() -> None:
-    """Turn off tqdm progress bars in this process (a service's log gets lines, not bars):
-    ``TQDM_DISABLE`` and ``HF_HUB_DISABLE_PROGRESS_BARS`` for what is imported later (model
-    loading in transformers prints a weights bar per load), and the switches of
-    transformers and huggingface_hub when they are imported already. Environment variables
-    already set are kept (``TQDM_DISABLE=0`` brings the bars back)."""
-    import os
-    import sys
-
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "1":
-        return
-    if "huggingface_hub" in sys.modules:
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-    if "transformers" in sys.modules:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
 
 
 def lm_name(model: str | None) -> str:

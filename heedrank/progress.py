@@ -124,3 +124,33 @@ def track(items: Iterable[T], *, total: int | None, desc: str, unit: str, show_p
 def _clock(seconds: float) -> str:
     """``H:MM:SS`` of a duration in seconds."""
     return str(timedelta(seconds=int(round(seconds))))
+
+
+def quiet_progress_bars() -> None:
+    """Turn off tqdm progress bars in this process, other libraries' too (a log gets lines, not
+    bars): ``TQDM_DISABLE``, ``HF_HUB_DISABLE_PROGRESS_BARS`` and
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS`` for what is imported later (transformers prints a
+    weights bar per model load, datasets one per corpus it prepares), and the switches of
+    transformers, huggingface_hub and datasets when they are imported already. Environment
+    variables already set are kept (``TQDM_DISABLE=0`` brings the bars back). :class:`Progress`
+    then logs its lines."""
+    import os
+    import sys
+
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "1":
+        return
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()

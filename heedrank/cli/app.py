@@ -85,7 +85,14 @@ app.add_typer(typer.Typer(cls=_LazyLab, no_args_is_help=True), name="lab", help=
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
+    import sys
+
     from tqdm.contrib.logging import _TqdmLoggingHandler  # keeps bars intact under logging
+
+    if not sys.stderr.isatty():  # a log file: other libraries' bars off too (heedrank.progress logs lines)
+        from heedrank.progress import quiet_progress_bars
+
+        quiet_progress_bars()
 
     handler = _TqdmLoggingHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
