@@ -93,3 +93,37 @@ def test_identical_texts_share_one_score(base_url):
     by_index = {r["index"]: r["relevance_score"] for r in body["results"]}
     assert by_index[0] == by_index[1]
     assert [r["index"] for r in body["results"]][:2] == [0, 1]
+
+
+@pytest.fixture(scope="module")
+def independent_url(tmp_path_factory):
+    pytest.importorskip("torch")
+    from heedrank.index.builder import build_index
+    from heedrank.settings import Settings
+
+    tmp = tmp_path_factory.mktemp("independent")
+    corpus = tmp / "corpus.jsonl"
+    corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "unused"}) + "\n", encoding="utf-8")
+    build_index(corpus, tmp / "index", dense=False, show_progress=False)
+    settings = Settings(index=str(tmp / "index"), rerank_method="default", warmup=False,
+                        rerank_options={"scoring": "independent"})
+    with serve(create_app(settings)) as base:
+        yield base
+
+
+def test_independent_scoring_gives_one_relevance_score_wherever_a_document_is_sent(independent_url):
+    """With ``scoring=independent`` (a service option) a document's ``relevance_score`` is the same
+    alone and in any list and position, and results come in that order."""
+    import httpx
+
+    query, relevant = CASES[1]
+    with httpx.Client(base_url=independent_url, timeout=300) as client:
+        alone = client.post("/rerank", json={"query": query, "documents": [relevant]}).json()["results"][0]
+        for n_off, position in ((2, 0), (5, 3), (10, 10)):
+            docs = list(OFF_TOPIC[:n_off])
+            docs.insert(position, relevant)
+            body = client.post("/rerank", json={"query": query, "documents": docs}).json()
+            scores = [r["relevance_score"] for r in body["results"]]
+            assert scores == sorted(scores, reverse=True)
+            assert body["results"][0]["index"] == position
+            assert body["results"][0]["relevance_score"] == pytest.approx(alone["relevance_score"], abs=1e-6)
