@@ -32,19 +32,24 @@ OFF_TOPIC = [
 ]
 
 
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory):
+def _served(tmp_path_factory, name: str, **settings):
+    """A live service with the default reranker over a one-document BM25 index."""
     pytest.importorskip("torch")
     from heedrank.index.builder import build_index
     from heedrank.settings import Settings
 
-    tmp = tmp_path_factory.mktemp("obvious")
+    tmp = tmp_path_factory.mktemp(name)
     corpus = tmp / "corpus.jsonl"
     corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "unused"}) + "\n", encoding="utf-8")
     build_index(corpus, tmp / "index", dense=False, show_progress=False)
-    settings = Settings(index=str(tmp / "index"), rerank_method="default", warmup=False)
-    with serve(create_app(settings)) as base:
+    with serve(create_app(Settings(index=str(tmp / "index"), rerank_method="default", warmup=False,
+                                   **settings))) as base:
         yield base
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory):
+    yield from _served(tmp_path_factory, "obvious")
 
 
 def _lists():
@@ -97,18 +102,7 @@ def test_identical_texts_share_one_score(base_url):
 
 @pytest.fixture(scope="module")
 def independent_url(tmp_path_factory):
-    pytest.importorskip("torch")
-    from heedrank.index.builder import build_index
-    from heedrank.settings import Settings
-
-    tmp = tmp_path_factory.mktemp("independent")
-    corpus = tmp / "corpus.jsonl"
-    corpus.write_text(json.dumps({"_id": "d1", "title": "", "text": "unused"}) + "\n", encoding="utf-8")
-    build_index(corpus, tmp / "index", dense=False, show_progress=False)
-    settings = Settings(index=str(tmp / "index"), rerank_method="default", warmup=False,
-                        rerank_options={"scoring": "independent"})
-    with serve(create_app(settings)) as base:
-        yield base
+    yield from _served(tmp_path_factory, "independent", rerank_options={"scoring": "independent"})
 
 
 def test_independent_scoring_gives_one_relevance_score_wherever_a_document_is_sent(independent_url):
