@@ -244,7 +244,8 @@ class Timings(BaseModel):
 class RerankInfo(BaseModel):
     """What the reranker did."""
 
-    method: str
+    method: str = Field(description="The registered method that reranked, an alias resolved (`default` is reported "
+                        "as `blockrank-cached`), as POST /rerank's `meta.method`.")
     candidates: int = Field(description="First-stage hits reranked (fewer than requested when the first stage found fewer).")
     truncated: int = Field(description="Candidates longer than the per-document token budget: the reranker read "
                            "their first doc_tokens LM tokens.")

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from heedrank import registry
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
 from heedrank.api.schemas import (
     ErrorBody,
@@ -85,7 +86,9 @@ def _fusion(value: float | str | None) -> float | str | None:
 
 
 def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -> SearchResponse:
-    """The response body of a pipeline result."""
+    """The response body of a pipeline result; ``rerank.method`` is the registered method that
+    ``method`` names (an alias such as ``"default"`` resolved, as ``POST /rerank``'s
+    ``meta.method``)."""
     rr = result.rerank
     evidence = rr.evidence if rr is not None else None
     first_rank = {h.doc_id: i for i, h in enumerate(result.first_stage.hits, 1)}
@@ -113,7 +116,8 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
     info = None
     if rr is not None:
         skipped = len(result.skipped)
-        info = RerankInfo(method=method, candidates=len(rr.ranking) + skipped, reranked=len(rr.ranking),
+        info = RerankInfo(method=registry.resolve_method(method), candidates=len(rr.ranking) + skipped,
+                          reranked=len(rr.ranking),
                           skipped_cold=skipped, truncated=len(rr.truncated), doc_tokens=result.doc_tokens,
                           prompt_tokens=int(rr.prompt_tokens), warnings=list(rr.warnings),
                           cache=dict(rr.cache) if rr.cache is not None else None, fusion=result.fusion, cutoff=result.cutoff,
@@ -139,8 +143,8 @@ async def first_stage_fallback(runtime: Any, pipeline: Pipeline, text: str, opti
     logger.warning("search: %s", message)
     response = to_response(result, NO_RERANK, max(0.0, waited - float(result.timings.get("total", 0.0))))
     n = min(options.candidates, len(result.first_stage))
-    response.rerank = RerankInfo(method=options.rerank, candidates=n, reranked=0, truncated=0, prompt_tokens=0,
-                                 warnings=[message])
+    response.rerank = RerankInfo(method=registry.resolve_method(options.rerank), candidates=n, reranked=0, truncated=0,
+                                 prompt_tokens=0, warnings=[message])
     return response
 
 

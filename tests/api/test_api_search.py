@@ -184,3 +184,16 @@ def test_heads_and_reattn_reach_the_reranker_options(client, pipeline, monkeypat
     options = sorted((rr.config.given_options for rr in built.values()), key=str)
     assert {"heads": "qr"} in options
     assert {"heads": [[0, 2], [3, 1]], "reattn": {"idf": False, "entropy": True, "gamma": 0.5}} in options
+
+
+@pytest.mark.parametrize("payload", [{"method": "default"}, {}])
+def test_rerank_info_names_the_resolved_method_not_the_alias(client, settings, monkeypatch, payload):
+    """``rerank.method`` is the method that ranked, as ``POST /rerank``'s ``meta.method``: an alias
+    (``"default"``, asked or the service's setting) is reported as the registered method it names."""
+    from heedrank import registry
+
+    monkeypatch.setattr(registry, "_ALIASES", {"default": "fake"})
+    monkeypatch.setattr(settings, "rerank_method", "default")
+    r = client.post("/search", json={"query": "apples orchards", "top_k": 6, "rerank": payload})
+    assert r.status_code == 200, r.text
+    assert r.json()["rerank"]["method"] == "fake"

@@ -94,7 +94,7 @@ def test_the_page_searches_with_the_default_configuration_and_highlights_evidenc
         api = resp.value.json()
         alpha = json.loads((Path(__file__).resolve().parents[2] / "reranker" / "data"
                             / "smollm2-135m-instruct.blockrank-cached.json").read_text())["fusion"]["alpha"]
-        assert api["rerank"]["method"] == "default" and api["rerank"]["fusion"] == pytest.approx(alpha)
+        assert api["rerank"]["method"] == "blockrank-cached" and api["rerank"]["fusion"] == pytest.approx(alpha)
         hits = api["results"]
         expect(page.locator("#results > li.hit")).to_have_count(len(hits))
         marks = 0
@@ -134,7 +134,7 @@ def test_a_search_before_info_answers_reranks_with_the_services_choices(demo) ->
             page.press("#q", "Enter")
         sent = resp.value.request.post_data_json
         assert "retriever" not in sent and sent["rerank"] == {} and resp.value.status == 200
-        assert resp.value.json()["rerank"]["method"] == "default"
+        assert resp.value.json()["rerank"]["method"] == "blockrank-cached"
         expect(page.locator("#error")).to_be_hidden()
     finally:
         for route in held:
