@@ -148,6 +148,10 @@ def load_beir_corpus(path: str | Path):
 
     The Arrow copy is cached under ``<cache>/datasets`` (``$HEEDRANK_CACHE_DIR`` or
     ``~/.cache/heedrank``), keyed by ``datasets`` on the file's path and modification time.
+    Beside each cached copy ``datasets`` leaves an empty ``<cache key>.lock`` (its
+    ``filelock.FileLock``, released with ``flock`` and not deleted, by design: deleting a lock
+    file races with another process waiting on it); they are harmless and go with the copy
+    they guard when the cache folder is cleared.
 
     Args:
         path: A BEIR-layout folder or a ``corpus.jsonl[.gz]`` file; one JSON object per
