@@ -63,7 +63,7 @@ KV_FORMAT_VERSION = 1
 """On-disk format version of a document KV store (``header.json``, ``MANIFEST.json``, shards;
 :mod:`heedrank.index.kv.format`)."""
 
-KV_DTYPES = ("float16", "int8")
+KV_DTYPES = ("float16", "int8", "int4")
 """How a store may keep keys and values; each has its codec in :mod:`heedrank.index.kv.codec`
 (the reranker's ``kv_dtype`` option)."""
 
@@ -92,7 +92,8 @@ class KVHeader:
         kv_heads: Key/value heads per layer (SmolLM2-135M: 3).
         head_dim: Channels per head (SmolLM2-135M: 64).
         max_doc_tokens: Block length: the most tokens ``T`` one document may have.
-        dtype: ``"float16"`` (exact for fp16 models) or ``"int8"`` (quantised, ~0.53x); see
+        dtype: ``"float16"`` (exact for fp16 models), ``"int8"`` (quantised, ~0.53x) or
+            ``"int4"`` (quantised, ~0.28x); see
             :data:`KV_DTYPES`.
         adapter_hash: Hash of a fine-tuned adapter (LoRA / BlockRank head), or ``None``.
         format_version: On-disk format version (:data:`KV_FORMAT_VERSION`).

@@ -14,7 +14,13 @@ the card's weight, and nDCG@10 is computed on the queries of a feature dump, wit
 candidates.
 
     python -m heedrank.lab.token_keep --dump DEV.npz --index INDEX --split dev --keep 32,64 --rules norm,first
-        [--queries 160]
+        [--queries 160] [--bits 4x4]
+    python -m heedrank.lab.token_keep --dump DL19.npz --data ../shared/data/msmarco-trec-dl-2019-passage \
+        --trec-run BM25 --store /tmp/kv-dl19 --keep 64 --rules first --bits 4x4
+
+``--bits KxV`` adds, for every variant, one whose candidate blocks' keys are rounded to ``K`` bits
+per channel over the block's positions and values to ``V`` bits per position over channels
+(asymmetric, min / max: what the ``int4`` store codec does at 4x4), read from the int8 store.
 """
 
 from __future__ import annotations
@@ -52,6 +58,33 @@ def kept(keys: Sequence[Any], start: int, length: int, R: int, rule: str) -> lis
     return [start + int(i) for i in top]
 
 
+def fake_quant(x: Any, bits: int, dim: int) -> Any:
+    """``x`` rounded to ``bits``-bit asymmetric codes (min/max over ``dim``), dequantised."""
+    import torch
+
+    lo = x.amin(dim=dim, keepdim=True)
+    hi = x.amax(dim=dim, keepdim=True)
+    levels = float(2**bits - 1)
+    scale = torch.where(hi > lo, (hi - lo) / levels, torch.ones_like(hi))
+    return torch.clamp(torch.round((x - lo) / scale), 0, levels) * scale + lo
+
+
+def requantized(kv: Sequence[tuple[Any, Any]], prompt: Any, key_bits: int, value_bits: int) -> list[tuple[Any, Any]]:
+    """The context with each candidate block's keys rounded per channel over its positions and
+    its values per position over channels (as a store codec would), block 0 exact."""
+    out = []
+    for k, v in kv:
+        k, v = k.clone(), v.clone()
+        start = len(prompt.instruction_ids)
+        for ids in prompt.doc_ids:
+            n = len(ids)
+            k[:, :, start: start + n] = fake_quant(k[:, :, start: start + n], key_bits, dim=2)
+            v[:, :, start: start + n] = fake_quant(v[:, :, start: start + n], value_bits, dim=3)
+            start += n
+        out.append((k, v))
+    return out
+
+
 def reduced(kv: Sequence[tuple[Any, Any]], prompt: Any, R: int | None, rule: str) -> tuple[list[tuple[Any, Any]], Any]:
     """The context and prompt with ``R`` kept positions per block (``None``: all)."""
     import torch
@@ -76,9 +109,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from heedrank.config import RerankerConfig
+    from heedrank.eval.compare import randomization_test
     from heedrank.fusion import fuse
     from heedrank.index.kv import KVStore
-    from heedrank.lab.candidates import beir_candidates
+    from heedrank.lab.candidates import beir_candidates, trec_dl_candidates
     from heedrank.lab.study import load_items, ndcg10
     from heedrank.registry import build_reranker
     from heedrank.reranker.blockforward import calibrated_forward
@@ -87,10 +121,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dump", required=True, help="feature dump whose queries and candidates are used")
     ap.add_argument("--data", default="../shared/data/beir-nfcorpus")
-    ap.add_argument("--index", required=True)
+    ap.add_argument("--index", help="BEIR: the index whose filled KV store is read")
+    ap.add_argument("--trec-run", help="TREC DL: the first-stage run of --data (e.g. BM25) instead of an index")
+    ap.add_argument("--store", help="TREC DL: a KV store folder, filled with the blocks it lacks")
     ap.add_argument("--split", default="dev")
     ap.add_argument("--keep", default="32,64")
     ap.add_argument("--rules", default="norm,first")
+    ap.add_argument("--bits", default="", help="comma list of KEYBITSxVALUEBITS (e.g. 4x4) applied to every variant")
+    ap.add_argument("--only", default="", help="comma list of the variant names to run (default: all)")
     ap.add_argument("--queries", type=int, default=None)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -100,12 +138,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     card = reranker.card
     w = torch.as_tensor(card.weights, dtype=torch.float64)
     alpha = float(card.fusion_alpha)
-    queries, cands, _, _ = beir_candidates(args.data, args.split, queries=None, candidates=len(items[0].doc_ids),
-                                           seed=0, index_dir=args.index, retriever="hybrid")
+    if args.trec_run:
+        queries, cands, _, _ = trec_dl_candidates(args.data, run_name=args.trec_run, candidates=len(items[0].doc_ids))
+        store = KVStore.open_or_create(args.store, reranker.block_store_header())
+    else:
+        queries, cands, _, _ = beir_candidates(args.data, args.split, queries=None, candidates=len(items[0].doc_ids),
+                                               seed=0, index_dir=args.index, retriever="hybrid")
+        store = KVStore.open(f"{args.index}/kv", reranker.block_store_header(), readonly=True)
     text = {q.query_id: q.text for q in queries}
-    store = KVStore.open(f"{args.index}/kv", reranker.block_store_header(), readonly=True)
     variants: list[tuple[str, int | None, str]] = [("full", None, "")]
     variants += [(f"{rule}@{R}", int(R), rule) for R in args.keep.split(",") for rule in args.rules.split(",")]
+    bits = [tuple(int(b) for b in x.split("x")) for x in args.bits.split(",") if x]
+    variants += [(f"{name}/{kb}x{vb}", R, rule) for name, R, rule in list(variants) for kb, vb in bits]
+    if args.only:
+        variants = [v for v in variants if v[0] in args.only.split(",")]
     runs: dict[str, dict[str, dict[str, float]]] = {name: {} for name, _, _ in variants}
     layers = list(range(reranker.layer + 1))
     for n, it in enumerate(items):
@@ -116,6 +162,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ctx = reranker.cached_context(prompt, store)
             for name, R, rule in variants:
                 kv, p = reduced(ctx.kv, prompt, R, rule)
+                if "/" in name:
+                    kb, vb = (int(b) for b in name.split("/")[1].split("x"))
+                    kv = requantized(kv, p, kb, vb)
                 qo, co, _ = calibrated_forward(reranker.loaded().lm, p, reranker.layer, read_layers=layers, kv=kv,
                                                fast=False)
                 feats = per_head_document_mass(qo, len(p.instruction_ids), p.doc_lengths, layers, minus=co)
@@ -125,11 +174,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if (n + 1) % 20 == 0:
             logger.info("%d/%d queries", n + 1, len(items))
     qrels = {q: g for q, g in meta["qrels"].items() if q in {it.query_id for it in items}}
-    report = {name: float(np.mean(list(ndcg10(items, run, qrels).values()))) for name, run in runs.items()}
-    print(json.dumps(report, indent=1))
+    per_query = {name: ndcg10(items, run, qrels) for name, run in runs.items()}
+    report = {name: float(np.mean(list(pq.values()))) for name, pq in per_query.items()}
+    base = per_query[variants[0][0]]
+    p_values = {name: randomization_test([pq[q] - base[q] for q in sorted(base)])
+                for name, pq in per_query.items() if name != variants[0][0]}
+    print(json.dumps({"ndcg@10": report, f"p against {variants[0][0]}": p_values}, indent=1))
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"report": report, "queries": len(items), "args": vars(args)}, fh, indent=1)
+            json.dump({"report": report, "p": p_values, "per_query": per_query, "queries": len(items),
+                       "args": vars(args)}, fh, indent=1)
     return report
 
 

@@ -405,10 +405,19 @@ class CachedBlockRankOptions(RerankerOptions):
     heads: str | tuple[tuple[int, int], ...] = _block_heads(" (at or below l*: the store holds layers 0..l*)")
     reattn: ReAttnConfig | None = _reattn_option()
     kv_dtype: str = _option(
-        "int8", "'int8' | 'float16'",
+        "int8", "'int8' | 'int4' | 'float16'",
         "storage of the document KV store's blocks: int8 (per-channel keys, per-token values: 0.85 MB per "
-        "128-token block, ties float16 on NFCorpus test, docs/results/store.md) or float16 (exact, 1.62 MB)",
+        "128-token block, ties float16 on NFCorpus test, docs/results/store.md), int4 (the same groups, "
+        "asymmetric, 16 levels: 0.45 MB) or float16 (exact, 1.62 MB)",
         _choice(*KV_DTYPES),
+    )
+    block_positions: int | None = _option(
+        None, "int > 3 | null",
+        "positions kept and stored of every candidate block: its first R (the open marker and the content's "
+        "first R - 3 tokens; with 64, 0.22 MB per int4 block), read by the query at the same offset (a causal "
+        "LM's first R positions are those of the whole block); null = all (docs/results/store.md, 'Keeping R "
+        "of a block's positions')",
+        _int(4, optional=True),
     )
     max_query_tokens: int | None = _option(
         None, "int >= 1 | null", _QUERY_TOKENS_DOC.format(extra=", and less when the query block would run past "

@@ -33,8 +33,9 @@ def index_kv_build(
                                                  "default: the default method's (its weights card's `layer` for the "
                                                  "packaged SmolLM2; else round(0.6 L)).")] = None,
     max_doc_tokens: MaxDocTokensOpt = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="int8 (default: 0.85 MB per block) or float16 "
-                                                "(exact, 1.62 MB).")] = "int8",
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="int8 (0.85 MB per 128-token block), int4 "
+                                                          "(0.45 MB) or float16 (exact, 1.62 MB); default: the "
+                                                          "reranker's kv_dtype.")] = None,
     device: DeviceOpt = "cpu",
     opts: OptsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Blocks per LM batch and per shard.")] = 32,
@@ -55,7 +56,8 @@ def index_kv_build(
     from heedrank.registry import build_reranker
 
     # blocks never use a query adapter: the store serves the reranker with or without one
-    extra = {"kv_dtype": dtype, "query_adapter": None, **({"layer": layer} if layer is not None else {})}
+    extra = {"query_adapter": None, **({"kv_dtype": dtype} if dtype is not None else {}),
+             **({"layer": layer} if layer is not None else {})}
     config = reranker_config("blockrank-cached", model, max_doc_tokens, device, opts)
     config = config.with_options(**extra)
     # with Ray this process only tokenises and reads the header: its LM stays on the CPU
