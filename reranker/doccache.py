@@ -124,6 +124,8 @@ def build_layout(tokenizer: Any, max_doc_tokens: int, *, chat_template: bool = T
         raise ValidationError(f"block_positions must be above the block's open marker ({len(open_ids)} tokens), "
                               f"got {block_positions}")
     offset = len(block0) + len(open_ids) + max_doc_tokens + len(close_ids)
+    if block_positions is not None and block_positions >= len(open_ids) + max_doc_tokens + len(close_ids):
+        block_positions = None  # nothing to cut: the same blocks, the same fingerprint, as keeping all
     return BlockLayout(tuple(block0), tuple(open_ids), tuple(close_ids), max_doc_tokens, offset, chat_template,
                        block_positions)
 
@@ -516,10 +518,13 @@ class BlockSource:
 
     def fetch(
         self, lm: Any, kv0: Sequence[BlockKV], blocks: Sequence[Sequence[int]], layer: int, *,
-        store: Any = None, batch_size: int = 32,
+        store: Any = None, batch_size: int = 32, round_trip: Any = None,
     ) -> tuple[list[BlockKV], BlockFetch]:
         """Blocks ``(keys, values)`` in input order (float32 tensors on the LM's device,
-        ``(layer + 1, kv_heads, T_i, head_dim)``) and where they came from.
+        ``(layer + 1, kv_heads, T_i, head_dim)``) and where they came from. ``round_trip``
+        (:meth:`heedrank.index.kv.codec.Codec.round_trip` of a quantised store dtype, or
+        ``None``) is applied to the blocks encoded now, so that they are what the store gives
+        back: a document's score is the same cold or warm, with or without a store.
 
         Raises:
             KVStoreError: the store failed to write (e.g. a full disk); reads that fail are
@@ -556,6 +561,9 @@ class BlockSource:
             todo = list(want)
             fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size)
             fresh = [(k.float(), v.float()) for k, v in fresh]
+            if round_trip is not None:
+                fresh = [tuple(_as_tensor(a, lm.device) for a in round_trip(k.cpu().numpy(), v.cpu().numpy()))
+                         for k, v in fresh]  # type: ignore[misc]
             writable = store is not None and not getattr(store, "readonly", False)
             if writable:
                 store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})

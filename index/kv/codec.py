@@ -202,6 +202,21 @@ class Codec:
     def _parts(self, key: str, k: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
         raise NotImplementedError
 
+    quantised: ClassVar[bool] = False
+    """Whether a block read back differs from the one put by more than float16 rounding."""
+
+    def round_trip(self, keys: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
+        """float32 ``(keys, values)`` ``(L, H, T, D)`` as this codec gives them back once put:
+        what a query reads of a stored block, applied to a block computed now so that its
+        scores do not depend on whether it came from the store.
+
+        Raises:
+            ValidationError: as :meth:`encode`.
+        """
+        T, parts = self.encode("computed block", keys, values)
+        buf = np.concatenate([np.ascontiguousarray(p).reshape(-1).view(np.uint8) for p in parts])
+        return self.decode(buf, T, "float32")
+
     def decode(self, buf: np.ndarray, tokens: int, out: str = "float32") -> tuple[np.ndarray, np.ndarray]:
         """``(keys, values)`` as new ``out`` (``"float32"`` or ``"float16"``) arrays
         ``(L, H, T, D)`` from a uint8 view of one entry's payload (:meth:`nbytes` bytes)."""
@@ -243,6 +258,7 @@ class Int8Codec(Codec):
     values (:func:`quantize_int8`), ``2 * L*H*T*D + 4 * L*H*(D + T)`` bytes."""
 
     dtype = "int8"
+    quantised = True
 
     def nbytes(self, tokens: int) -> int:
         h = self.header
@@ -277,6 +293,7 @@ class Int4Codec(Codec):
     """
 
     dtype = "int4"
+    quantised = True
 
     def __init__(self, header: KVHeader) -> None:
         if header.head_dim % 2:

@@ -42,7 +42,8 @@ def lab_dump(
                                                   "serves the blocks.")] = None,
     layer: Annotated[int, typer.Option("--layer", help="l*: layers 0..l* are read.")] = 15,
     max_doc_tokens: MaxDocTokensOpt = CachedBlockRankOptions.default_max_doc_tokens,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="dtype of the index's document KV store.")] = "int8",
+    kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="dtype of the index's document KV store; "
+                                                    "default: the reranker's kv_dtype.")] = None,
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (heedrank lab train "
@@ -58,7 +59,7 @@ def lab_dump(
     from heedrank.lab.dumps import dump_study
 
     config = reranker_config("blockrank-cached", model, max_doc_tokens, device, None).with_options(
-        layer=layer, scoring="calibrated", kv_dtype=kv_dtype, query_adapter=None)
+        layer=layer, scoring="calibrated", query_adapter=None, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
     if adapter is not None:  # the reranker loads it on a private copy of the LM (option query_adapter)
         config = config.with_options(query_adapter=str(adapter))
     typer.echo(json.dumps(dump_study(

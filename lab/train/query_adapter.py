@@ -137,7 +137,8 @@ def context_for(reranker: CachedBlockRankReranker, prompt: Any, kv0: Any, *, sto
     lm = reranker.lm
     with torch.no_grad():
         blocks, _ = reranker.block_source().fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
-                                                  batch_size=reranker.options.doc_batch_size)
+                                                  batch_size=reranker.options.doc_batch_size,
+                                                  round_trip=reranker.block_round_trip())
         return assemble_kv(kv0, blocks, reranker.layer)
 
 

@@ -44,6 +44,10 @@ D=${RECIPE_DATA:-../shared/data}
 IDX=${RECIPE_INDEX:-$W/index}
 NF=$D/beir-nfcorpus
 mkdir -p "$W"/{done,dumps,kv,reports,out,logs}
+train_ids() {  # the fit's and adapter's NFCorpus train queries, never calibrated on (a seeded folder: its list)
+    if [ ! -f "$W/dumps/nf-train-hybrid50.npz" ] && [ -f "$W/train-queries.txt" ]; then echo "$W/train-queries.txt"
+    else echo "$W/dumps/nf-train-hybrid50.npz"; fi
+}
 echo "[recipe] model $M ($MODEL_NAME: $MODEL_LAYERS layers x $MODEL_HEADS heads), l* $LAYER, device $DEV, work $W"
 STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent assemble)
 
@@ -99,7 +103,7 @@ step_fusion() {  # the fusion weight on dev, then every figure of the served con
 }
 
 step_calibration_dumps() {  # NFCorpus train queries the adapter never saw, with the adapter
-    "$PY" recipes/default/steps.py calibration-ids --data "$NF" --exclude "$W/dumps/nf-train-hybrid50.npz" \
+    "$PY" recipes/default/steps.py calibration-ids --data "$NF" --exclude "$(train_ids)" \
         --limit "${RECIPE_CALIBRATION_QUERIES:-0}" --out "$W/calibration-queries.txt"
     dump qa-nf-train-unseen-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
         --query-ids "$W/calibration-queries.txt" --adapter "$W/adapter/best"
@@ -110,7 +114,7 @@ step_calibrate() {  # the cut-off's Platt maps and thresholds (dev), on the card
         --out "$W/out/card.fused.json"
     rm -f "$W/out/card.calibrated.json"
     "$HR" lab calibrate --card "$W/out/card.fused.json" --calibrate "$W/dumps/qa-nf-train-unseen-hybrid50.npz" \
-        --exclude "$W/dumps/nf-train-hybrid50.npz" --dev "$W/dumps/qa-nf-dev-hybrid50.npz" \
+        --exclude "$(train_ids)" --dev "$W/dumps/qa-nf-dev-hybrid50.npz" \
         --test "nf-test=$W/dumps/qa-nf-test-hybrid50.npz" --test "dl19=$W/dumps/qa-dl19-bm25-100.npz@2" \
         --counts 10,20,30,50 --test-counts 20,all --write-card "$W/out/card.calibrated.json" \
         --out "$W/reports/calibrate.json"
@@ -118,7 +122,7 @@ step_calibrate() {  # the cut-off's Platt maps and thresholds (dev), on the card
 
 step_independent() {  # the list-independent scorer, with the adapter: 400 unseen NFCorpus train queries (seeded),
                       # TREC DL 2021 and 100 SciFact train claims
-    "$PY" recipes/default/steps.py calibration-ids --data "$NF" --exclude "$W/dumps/nf-train-hybrid50.npz" \
+    "$PY" recipes/default/steps.py calibration-ids --data "$NF" --exclude "$(train_ids)" \
         --limit 400 --out "$W/independent-queries.txt"
     dump qa-nf-train-unseen400-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
         --query-ids "$W/independent-queries.txt" --adapter "$W/adapter/best"
@@ -132,6 +136,11 @@ step_independent() {  # the list-independent scorer, with the adapter: 400 unsee
         --dev "$W/dumps/qa-nf-dev-hybrid50.npz" --test "nf-test=$W/dumps/qa-nf-test-hybrid50.npz" \
         --test "dl19=$W/dumps/qa-dl19-bm25-100.npz@2" --card "$W/out/card.calibrated.json" \
         --write-card "$W/out/card.independent.json" --out "$W/reports/independent.json"
+}
+
+step_seed() {  # not in the default order: re-measure the installed card and adapter (e.g. on a store of
+               # another layout) by the steps after `adapter`, without refitting or retraining them
+    "$PY" recipes/default/steps.py seed --work "$W" --model "$M" --data "$NF"
 }
 
 step_assemble() {  # the packaged artefacts, their fields naming only files of the repository

@@ -154,7 +154,9 @@ def assemble(args: argparse.Namespace) -> None:
         card["independent"]["command"] = f"{RUN} independent"
         card["independent"]["train"]["dumps"] = [Path(d).stem for d in card["independent"]["train"]["dumps"]]
     served = _served(_read(work / "reports" / "fusion.json"))
-    dumps = {p.stem: _sha256(p) for p in sorted((work / "dumps").glob("*.npz"))}
+    # a seeded work folder (`seed`) lacks the fit's dumps: their hashes come from the card it was seeded from
+    dumps = {**(card.get("recipe") or {}).get("dumps_sha256", {}),
+             **{p.stem: _sha256(p) for p in sorted((work / "dumps").glob("*.npz"))}}
     train = card.get("train") or {}
     card["train"] = {"dumps": [Path(d).stem for d in train.get("dumps", [])], "queries": train.get("queries")}
     card["command"] = f"{RUN} fit"
@@ -234,6 +236,35 @@ def install_independent(args: argparse.Namespace) -> None:
     print(f"installed the independent entry into {target}: review `git diff`, then commit")
 
 
+def seed(args: argparse.Namespace) -> None:
+    """Seed a work folder from the model's installed card and adapter, so that the steps after
+    ``adapter`` (``eval-dumps`` .. ``assemble``) re-measure them, for example on a store of
+    another layout, without refitting the weights or retraining the adapter: ``out/card.fit.json``
+    (the installed card), ``adapter/best`` (the installed adapter) and ``train-queries.txt``
+    (the seeded NFCorpus train queries of the ``dumps`` step, never calibrated on); ``fit`` and
+    ``adapter`` are marked done."""
+    from heedrank.data import load_beir_qrels, load_beir_queries
+    from heedrank.eval.harness import select_queries
+
+    work, model = Path(args.work), model_name(args.model)
+    src = install_dir(args.model)
+    card, adapter = src / f"{model}.blockrank-cached.json", src / f"{model}.query-adapter"
+    if not card.is_file() or not (adapter / "adapter.safetensors").is_file():
+        sys.exit(f"no installed card and adapter for {model} in {src}: run the whole recipe ({RUN})")
+    (work / "out").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(card, work / "out" / "card.fit.json")
+    best = work / "adapter" / "best"
+    best.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter.json", "adapter.safetensors"):
+        shutil.copyfile(adapter / name, best / name)
+    selected, _ = select_queries(load_beir_queries(args.data), load_beir_qrels(args.data, "train"), args.train_queries, 0)
+    (work / "train-queries.txt").write_text("".join(q.query_id + "\n" for q in selected), encoding="utf-8")
+    for step in ("fit", "adapter"):
+        (work / "done" / step).parent.mkdir(parents=True, exist_ok=True)
+        (work / "done" / step).touch()
+    print(f"seeded {work} from {card.name} and {adapter.name} ({len(selected)} train queries excluded)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -248,13 +279,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--card", required=True)
     p.add_argument("--fusion", required=True)
     p.add_argument("--out", required=True)
+    p = sub.add_parser("seed")
+    p.add_argument("--work", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--train-queries", type=int, default=400)
     for name in ("assemble", "install", "install-independent"):
         p = sub.add_parser(name)
         p.add_argument("--work", required=True)
         p.add_argument("--model", required=True)
     args = parser.parse_args(argv)
     {"model": model_cmd, "calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
-     "install-independent": install_independent,
+     "install-independent": install_independent, "seed": seed,
      "install": install}[args.cmd](args)
 
 

@@ -332,7 +332,18 @@ class CachedBlockRankReranker(BlockRankReranker):
         reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
         return fetch_context(self.lm, self.block_source(), self.instruction_kv(), prompt, self.kv_depth,
                              store=block_store, reserve=reserve, buffer=self.context_buffer(),
-                             batch_size=self.options.doc_batch_size)
+                             batch_size=self.options.doc_batch_size, round_trip=self.block_round_trip())
+
+    def block_round_trip(self) -> Any:
+        """What a block computed now goes through before a query reads it: the store codec's
+        :meth:`~heedrank.index.kv.codec.Codec.round_trip` of a quantised ``kv_dtype`` (int8,
+        int4), so that a document scores the same whether its block was stored or not, with or
+        without a store; ``None`` for float16 (exact for fp16 models, within its rounding for
+        float32 ones)."""
+        from heedrank import registry
+
+        codec = registry.kv_codec(self.block_store_header())
+        return codec.round_trip if codec.quantised else None
 
     # -- the rerank hooks ----------------------------------------------------------------------
     def build_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:
@@ -441,6 +452,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         d = super().describe()
         d["scoring"] = self.scoring
         d["kv_dtype"] = self.options.kv_dtype
+        d["block_positions"] = self.layout.block_positions
         if self.adapter is not None:
             d["query_adapter"] = self.adapter.describe()
         if self.scoring == "learned" and self.card is not None:

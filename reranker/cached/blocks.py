@@ -76,14 +76,16 @@ def block_arrays(lm: Any, layout: BlockLayout, kv0: Any, texts: Sequence[str], d
 
 
 def fetch_context(lm: Any, source: BlockSource, kv0: Any, prompt: BlockPrompt, depth: int, *, store: Any,
-                  reserve: int, buffer: Any, batch_size: int) -> Context:
+                  reserve: int, buffer: Any, batch_size: int, round_trip: Any = None) -> Context:
     """Block 0's (``kv0``) and the candidates' keys/values for layers ``0..depth``: blocks
-    from ``store``, the RAM tier ``source``, or computed and written back; ``reserve`` rows
-    of room after them in ``buffer`` (:func:`heedrank.reranker.doccache.assemble_kv`)."""
+    from ``store``, the RAM tier ``source``, or computed (then passed through ``round_trip``,
+    :meth:`BlockSource.fetch`) and written back; ``reserve`` rows of room after them in
+    ``buffer`` (:func:`heedrank.reranker.doccache.assemble_kv`)."""
     import torch
 
     with torch.inference_mode():
-        blocks, fetch = source.fetch(lm, kv0, prompt.doc_ids, depth, store=store, batch_size=batch_size)
+        blocks, fetch = source.fetch(lm, kv0, prompt.doc_ids, depth, store=store, batch_size=batch_size,
+                                     round_trip=round_trip)
         t0 = time.perf_counter()
         kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=buffer)
     seconds = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),

@@ -192,7 +192,7 @@ def test_api_search_rerank_method_default(default_client, fake_default):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["rerank"]["candidates"] == 4 and len(body["results"]) == 5
-    assert body["rerank"]["method"] == DEFAULT
+    assert body["rerank"]["method"] == "blockrank-cached"  # the alias reported as what it names
     assert fake_default.built == ["blockrank-cached"]  # the preloaded reranker answered
     loaded = default_client.app.state.runtime.rerankers.loaded()
     assert set(loaded) == {"blockrank-cached"} and isinstance(loaded["blockrank-cached"], DefaultFake)
@@ -212,7 +212,7 @@ def test_api_search_rerank_method_default_on_a_service_serving_another(fake_defa
         assert not fake_default.built  # the service preloaded icr only
         r = c.post("/search", json={"query": "apples", "top_k": 5, "rerank": {"method": DEFAULT, "candidates": 4}})
         assert r.status_code == 200, r.text
-        assert r.json()["rerank"]["method"] == DEFAULT
+        assert r.json()["rerank"]["method"] == "blockrank-cached"
         assert set(c.app.state.runtime.rerankers.loaded()) == {"icr", "blockrank-cached"}
     assert fake_default.built == ["blockrank-cached"]
 

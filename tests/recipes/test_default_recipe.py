@@ -152,3 +152,24 @@ def test_every_step_of_a_recipe_is_defined(recipe) -> None:
     for step in [*steps, "install"]:
         assert re.search(rf"^step_{step.replace('-', '_')}\(\) \{{", text, re.M), step
     assert (ROOT / "recipes" / recipe / "README.md").is_file()
+
+
+def test_seed_starts_a_work_folder_from_the_installed_card_and_adapter(tmp_path, monkeypatch) -> None:
+    """`seed`: the installed card and adapter stand in for the fit and adapter steps, and the
+    seeded train queries (never calibrated on) are those of the `dumps` step (seed 0, 400)."""
+    steps = _steps()
+    from heedrank.types import Query
+
+    queries = {f"q{i}": Query(f"q{i}", "t") for i in range(10)}
+    monkeypatch.setattr("heedrank.data.load_beir_queries", lambda data: queries)
+    monkeypatch.setattr("heedrank.data.load_beir_qrels", lambda data, split: {f"q{i}": {"d": 1} for i in range(8)})
+    work = tmp_path / "w"
+    steps.main(["seed", "--work", str(work), "--model", "smollm2-135m-instruct", "--data", "nf", "--train-queries", "3"])
+    assert json.loads((work / "out" / "card.fit.json").read_text()) == json.loads(CARD.read_text())
+    adapter = ROOT / "reranker" / "data" / "smollm2-135m-instruct.query-adapter"
+    assert (work / "adapter" / "best" / "adapter.safetensors").read_bytes() == (adapter / "adapter.safetensors").read_bytes()
+    ids = (work / "train-queries.txt").read_text().split()
+    from heedrank.eval.harness import select_queries
+
+    assert ids == [q.query_id for q in select_queries(queries, {f"q{i}": {"d": 1} for i in range(8)}, 3, 0)[0]]
+    assert len(ids) == 3 and (work / "done" / "fit").exists() and (work / "done" / "adapter").exists()
