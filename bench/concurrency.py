@@ -22,6 +22,7 @@ p99 latency of the 200s, not reranked, 429s, other statuses and transport errors
 
     python bench/concurrency.py --index /work/idx/nfcorpus [--configs 1:default,1:1,2:1,2:2]
         [--clients 1,2,4,8] [--seconds 25] [--warmup 6] [--candidates 20] [--retriever hybrid] [--port 8766]
+        [--variant 'before=/work/idx/nfcorpus={"kv_dtype": "int8", "block_positions": null}']
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ def main() -> int:
     ap.add_argument("--candidates", type=int, default=20)
     ap.add_argument("--retriever", default="hybrid", help="HEEDRANK_DEFAULT_RETRIEVER of the server.")
     ap.add_argument("--port", type=int, default=8766)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=INDEX[=OPTIONS_JSON]",
+                    help="Also run every configuration as NAME over INDEX, with HEEDRANK_RERANK_OPTIONS=OPTIONS_JSON "
+                         "(e.g. the store layout before a default changed); repeatable.")
     args = ap.parse_args()
 
     import httpx
@@ -157,15 +161,21 @@ def main() -> int:
     notes: list[str] = []
     tmp = tempfile.TemporaryDirectory(prefix="heedrank-conc-")
     print(f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {machine()}; {len(qs)} NFCorpus test queries", flush=True)
-    for spec in args.configs.split(","):
+    variants: list[tuple[str, str, str | None]] = [("", str(args.index), None)]
+    for v in args.variant:
+        vname, vindex, *vopts = v.split("=", 2)
+        variants.append((vname, vindex, vopts[0] if vopts else None))
+    for (vname, vindex, vopts), spec in ((v, c) for v in variants for c in args.configs.split(",")):
         workers, threads = spec.split(":")
-        name = f"{workers}, {threads}"
+        name = f"{vname + ': ' if vname else ''}{workers}, {threads}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEEDRANK_")}
-        env.update({"HEEDRANK_INDEX": str(args.index), "HEEDRANK_DEFAULT_RETRIEVER": args.retriever,
+        env.update({"HEEDRANK_INDEX": vindex, "HEEDRANK_DEFAULT_RETRIEVER": args.retriever,
                     "HEEDRANK_WORKERS": workers})
+        if vopts:
+            env["HEEDRANK_RERANK_OPTIONS"] = vopts
         if threads != "default":
             env["HEEDRANK_TORCH_THREADS"] = threads
-        log_path = Path(tmp.name) / f"server-{workers}-{threads}.log"
+        log_path = Path(tmp.name) / f"server-{vname}-{workers}-{threads}.log"
         log = open(log_path, "w")
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "heedrank.api.app:create_app", "--host", "127.0.0.1",

@@ -19,7 +19,9 @@ Prints one markdown table: per candidate count, each stage's median and its shar
 median total. The first ``--warmup`` queries are not counted.
 
 ``--variant NAME=KEY=VALUE,KEY=VALUE`` (repeatable) profiles the default reranker with other options
-beside the default itself (``NAME`` ``default``), in the same process and over the same store, each
+(values parsed as JSON when they can be: ``block_positions=null``; ``index=DIR`` reads another index
+and its store, e.g. one built with another ``kv_dtype``) beside the default itself (``NAME``
+``default``), in the same process and over the same store unless ``index`` says otherwise, each
 query run by every variant in turn (the first to run alternates, since the second finds the blocks in
 the store's RAM tier) so that a noisy machine slows them alike; the table has a column per variant.
 
@@ -34,11 +36,22 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 STAGES = ("first stage", "hydrate", "prompt", "store read", "encode (cold)", "assemble", "query + N/A pass",
           "scoring", "rerank rest", "serving", "serialise")
+
+
+def _value(text: str) -> Any:
+    """A variant option's value: JSON when it parses (``null``, numbers), else the text."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def main() -> None:
@@ -60,14 +73,17 @@ def main() -> None:
     from heedrank.pipeline import Pipeline, SearchOptions
     from heedrank.types import Query
 
-    variants = {"default": {}}
+    variants: dict[str, dict[str, Any]] = {"default": {}}
+    indexes = {"default": str(args.index)}
     for spec in args.variant:
         name, _, opts = spec.partition("=")
-        variants[name] = dict(kv.split("=", 1) for kv in opts.split(",") if kv)
-    pipe = Pipeline.from_config(PipelineConfig(index_dir=str(args.index), reranker=RerankerConfig(method="default")))
+        variants[name] = {k: _value(v) for k, v in (kv.split("=", 1) for kv in opts.split(",") if kv)}
+        indexes[name] = str(variants[name].pop("index", args.index))
+    pipes = {ix: Pipeline.from_config(PipelineConfig(index_dir=ix, reranker=RerankerConfig(method="default")))
+             for ix in sorted(set(indexes.values()))}
     clocks = {}
     for name, opts in variants.items():
-        reranker = pipe._cache().get("default", opts or None)[0]
+        reranker = pipes[indexes[name]]._cache().get("default", opts or None)[0]
         reranker.load()
         clock: dict[str, float] = defaultdict(float)
         for attr in ("build_prompt", "score_prompt"):
@@ -88,7 +104,7 @@ def main() -> None:
                 clock.clear()
                 CURRENT[0] = clock
                 t0 = time.perf_counter()
-                res = pipe.search(Query(f"q{i}", text), SearchOptions(top_k=10, retriever="hybrid", rerank="default",
+                res = pipes[indexes[name]].search(Query(f"q{i}", text), SearchOptions(top_k=10, retriever="hybrid", rerank="default",
                                                                       rerank_options=opts or None, candidates=c,
                                                                       fusion="default"))
                 t1 = time.perf_counter()
@@ -111,8 +127,9 @@ def main() -> None:
             print(f"| {c} | {'total (p50)' if stage == 'total' else stage} | " + " | ".join(cells) + " |")
     for name, opts in variants.items():
         if opts:
-            print(f"\n{name}: {opts}")
-    pipe.close()
+            print(f"\n{name}: {opts}" + (f" over {indexes[name]}" if indexes[name] != str(args.index) else ""))
+    for pipe in pipes.values():
+        pipe.close()
 
 
 CURRENT: list[dict[str, float]] = [{}]

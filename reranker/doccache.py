@@ -563,7 +563,7 @@ class BlockSource:
             fresh = [(k.float(), v.float()) for k, v in fresh]
             if round_trip is not None:
                 fresh = [tuple(_as_tensor(a, lm.device) for a in round_trip(k.cpu().numpy(), v.cpu().numpy()))
-                         for k, v in fresh]  # type: ignore[misc]
+                         for k, v in fresh]
             writable = store is not None and not getattr(store, "readonly", False)
             if writable:
                 store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})

@@ -177,7 +177,7 @@ def test_scores_from_an_int8_store_stay_close_to_the_uncached_path(default_lm, n
     expected = _reference(r, query, docs)
     with KVStore.create(tmp_path / "kv", r.block_store_header()) as store:
         r.rerank(Query("q", query), docs, block_store=store)
-        warm = _reranker(default_lm).rerank(Query("q", query), docs, block_store=store)
+        warm = _reranker(default_lm, kv_dtype="int8").rerank(Query("q", query), docs, block_store=store)
         assert warm.cache == {"hits": 8, "misses": 0}
     got = _scores(warm, docs)
     spread = max(expected) - min(expected)
@@ -195,9 +195,12 @@ def test_scores_from_an_int4_store_stay_close_to_the_uncached_path(default_lm, n
     docs = nf_docs[:8]
     expected = _reference(r, query, docs)
     with KVStore.create(tmp_path / "kv", r.block_store_header()) as store:
-        r.rerank(Query("q", query), docs, block_store=store)
+        cold = r.rerank(Query("q", query), docs, block_store=store)
         warm = _reranker(default_lm, kv_dtype="int4").rerank(Query("q", query), docs, block_store=store)
         assert warm.cache == {"hits": 8, "misses": 0}
+    # a block computed now goes through the codec's round trip: the same scores cold, warm and storeless
+    alone = _reranker(default_lm, kv_dtype="int4").rerank(Query("q", query), docs)
+    assert _scores(cold, docs) == _scores(warm, docs) == _scores(alone, docs)
     got = _scores(warm, docs)
     spread = max(expected) - min(expected)
     assert max(abs(x - y) for x, y in zip(got, expected)) < 0.1 * spread
