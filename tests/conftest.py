@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,35 @@ import pytest
 SHARED_DATA = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 NFCORPUS = SHARED_DATA / "beir-nfcorpus"
 DL19 = SHARED_DATA / "msmarco-trec-dl-2019-passage"
+
+KEPT_CACHES = ("models", "indexes")
+"""Cache subfolders the tests share with the user's cache (created there when missing): the
+converted packaged LMs and the NFCorpus indexes (minutes to build). ``cards`` and ``bench`` are
+shared only when the user's cache has them; ``datasets`` never is."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def heedrank_cache_dir(tmp_path_factory) -> Iterator[Path]:
+    """``$HEEDRANK_CACHE_DIR`` for the session: a temporary folder, so the Arrow copies that
+    :func:`heedrank.data.load_beir_corpus` makes under ``<cache>/datasets`` (one per corpus
+    path and mtime, each with an empty ``*.lock`` beside it; every temporary corpus makes a
+    new one) are not left in the user's cache. Its ``models`` and ``indexes`` (and ``cards``
+    and ``bench`` where the user has them) are links to the user's cache, so converted models
+    and built indexes stay warm; the NFCorpus Arrow copy is rebuilt once per session (about
+    1 s). Subprocesses inherit the variable; a test's own ``monkeypatch.setenv`` overrides it."""
+    from heedrank.files import cache_dir
+
+    user = cache_dir()
+    root = tmp_path_factory.mktemp("heedrank-cache")
+    for name in (*KEPT_CACHES, "cards", "bench"):
+        if name in KEPT_CACHES:
+            (user / name).mkdir(parents=True, exist_ok=True)
+        if (user / name).is_dir():
+            (root / name).symlink_to(user / name, target_is_directory=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEEDRANK_CACHE_DIR", str(root))
+    yield root
+    mp.undo()
 
 
 @pytest.fixture(scope="session")
