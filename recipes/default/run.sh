@@ -26,6 +26,8 @@
 #   RECIPE_DATA   the shared data (default ../shared/data)
 #   RECIPE_BLOCK_POSITIONS  positions kept of every block (the reranker's block_positions; default: its
 #                 default, all) in the store and the dumps
+#   RECIPE_KV_DTYPE  the store's codec (the reranker's kv_dtype; default: its default, int8) in the store
+#                 and the dumps
 #   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
 #                 the adapter was not trained on, 2,190)
 set -euo pipefail
@@ -41,7 +43,8 @@ SETTINGS=$("$PY" recipes/default/steps.py model --model "$M")   # from the model
 eval "$SETTINGS"   # MODEL_NAME, MODEL_LAYERS, MODEL_HEADS, MODEL_LAYER
 LAYER=${RECIPE_LAYER:-$MODEL_LAYER}
 LM=(--model "$M" --device "$DEV")   # every command that loads the LM
-STORE_OPTS=(${RECIPE_BLOCK_POSITIONS:+--block-positions "$RECIPE_BLOCK_POSITIONS"})   # the blocks the dumps read
+STORE_OPTS=(${RECIPE_BLOCK_POSITIONS:+--block-positions "$RECIPE_BLOCK_POSITIONS"}
+            ${RECIPE_KV_DTYPE:+--kv-dtype "$RECIPE_KV_DTYPE"})   # the blocks the dumps read
 W=${RECIPE_WORK:-runs/recipe/default-$MODEL_NAME}
 D=${RECIPE_DATA:-../shared/data}
 IDX=${RECIPE_INDEX:-$W/index}
@@ -66,7 +69,8 @@ step_index() {
     fi
     if [ ! -f "$IDX/kv/header.json" ] || [ "${RECIPE_INDEX:-}" = "" ]; then
         "$HR" index kv build --index "$IDX" "${LM[@]}" --layer "$LAYER" \
-            ${RECIPE_BLOCK_POSITIONS:+--opt "block_positions=$RECIPE_BLOCK_POSITIONS"}   # resumes; a complete store returns at once
+            ${RECIPE_BLOCK_POSITIONS:+--opt "block_positions=$RECIPE_BLOCK_POSITIONS"} \
+            ${RECIPE_KV_DTYPE:+--dtype "$RECIPE_KV_DTYPE"}   # resumes; a complete store returns at once
     fi
 }
 
