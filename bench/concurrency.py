@@ -22,7 +22,7 @@ p99 latency of the 200s, not reranked, 429s, other statuses and transport errors
 
     python bench/concurrency.py --index /work/idx/nfcorpus [--configs 1:default,1:1,2:1,2:2]
         [--clients 1,2,4,8] [--seconds 25] [--warmup 6] [--candidates 20] [--retriever hybrid] [--port 8766]
-        [--variant 'before=/work/idx/nfcorpus={"kv_dtype": "int8", "block_positions": null}']
+        [--variant 'fp16=INDEX_FP16={"kv_dtype": "float16"}']
 """
 
 from __future__ import annotations

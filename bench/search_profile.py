@@ -19,7 +19,7 @@ Prints one markdown table: per candidate count, each stage's median and its shar
 median total. The first ``--warmup`` queries are not counted.
 
 ``--variant NAME=KEY=VALUE,KEY=VALUE`` (repeatable) profiles the default reranker with other options
-(values parsed as JSON when they can be: ``block_positions=null``; ``index=DIR`` reads another index
+(values parsed as JSON when they can be: ``layer=15``; ``index=DIR`` reads another index
 and its store, e.g. one built with another ``kv_dtype``) beside the default itself (``NAME``
 ``default``), in the same process and over the same store unless ``index`` says otherwise, each
 query run by every variant in turn (the first to run alternates, since the second finds the blocks in

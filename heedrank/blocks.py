@@ -63,7 +63,7 @@ KV_FORMAT_VERSION = 1
 """On-disk format version of a document KV store (``header.json``, ``MANIFEST.json``, shards;
 :mod:`heedrank.index.kv.format`)."""
 
-KV_DTYPES = ("float16", "int8", "int4")
+KV_DTYPES = ("float16", "int8")
 """How a store may keep keys and values; each has its codec in :mod:`heedrank.index.kv.codec`
 (the reranker's ``kv_dtype`` option)."""
 
@@ -92,8 +92,7 @@ class KVHeader:
         kv_heads: Key/value heads per layer (SmolLM2-135M: 3).
         head_dim: Channels per head (SmolLM2-135M: 64).
         max_doc_tokens: Block length: the most tokens ``T`` one document may have.
-        dtype: ``"float16"`` (exact for fp16 models), ``"int8"`` (quantised, ~0.53x) or
-            ``"int4"`` (quantised, ~0.28x); see
+        dtype: ``"float16"`` (exact for fp16 models) or ``"int8"`` (quantised, ~0.53x); see
             :data:`KV_DTYPES`.
         adapter_hash: Hash of a fine-tuned adapter (LoRA / BlockRank head), or ``None``.
         format_version: On-disk format version (:data:`KV_FORMAT_VERSION`).
@@ -300,35 +299,13 @@ def store_hint(reranker: Any, expected: Mapping[str, Any], stored: Mapping[str, 
     parts = []
     if "layer" in differ:
         parts.append(f"--opt layer={stored['layer']}")
-    positions = _positions_reading(reranker, stored) if "max_doc_tokens" in differ else None
-    if positions is not None:  # the store keeps another number of each block's positions
-        parts.append(f"--opt block_positions={positions}")
-    elif "max_doc_tokens" in differ:  # block length = content budget + the block's marker tokens
+    if "max_doc_tokens" in differ:  # block length = content budget + the block's marker tokens
         budget = getattr(getattr(reranker, "config", None), "max_doc_tokens", None)
         if budget is not None:
             parts.append(f"--max-doc-tokens {int(budget) + int(stored['max_doc_tokens']) - int(expected['max_doc_tokens'])}")
     if "dtype" in differ:
         parts.append(f"--opt kv_dtype={stored['dtype']}")
     return f"To read this store as built, run the reranker with {' '.join(parts)} (no rebuild). " if parts else ""
-
-
-def _positions_reading(reranker: Any, stored: Mapping[str, Any]) -> str | None:
-    """``block_positions`` (``"null"`` or ``R``) under which ``reranker``'s layout has the
-    stored header's block length and instruction hash, or ``None`` when no such value does
-    (or the reranker has no cached layout)."""
-    from dataclasses import replace
-
-    layout = getattr(reranker, "layout", None)
-    if layout is None or not hasattr(layout, "block_positions"):
-        return None
-    full = len(layout.open_ids) + layout.max_doc_tokens + len(layout.close_ids)
-    length = int(stored.get("max_doc_tokens") or 0)
-    if not 0 < length <= full:
-        return None
-    kept = None if length == full else length
-    if replace(layout, block_positions=kept).fingerprint() != stored.get("instruction_hash"):
-        return None
-    return "null" if kept is None else str(kept)
 
 
 # ------------------------------------------------------------------------------ upkeep

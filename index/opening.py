@@ -128,9 +128,8 @@ def open_kv_store(path: Path, want: KVHeader, *, cache_bytes: int | None, kv_tie
 
     # float16 blocks come out as float16 (the RAM cache holds half the bytes; they are
     # widened while copied into a query's context); int8 ones as float32, decoded in
-    # one pass (a float16 copy would cost a slow float32 -> float16 conversion per read);
-    # int4 ones likewise
-    out = "float16" if want.dtype == "float16" else "float32"
+    # one pass (a float16 copy would cost a slow float32 -> float16 conversion per read)
+    out = "float32" if want.dtype == "int8" else "float16"
     tiers = {} if kv_tiers is None else kv_tiers.store_options()
     return KVStore.open_or_create(path, want, out_dtype=out, cache_bytes=cache_bytes, **tiers)
 

@@ -20,7 +20,8 @@ candidates.
 
 ``--bits KxV`` adds, for every variant, one whose candidate blocks' keys are rounded to ``K`` bits
 per channel over the block's positions and values to ``V`` bits per position over channels
-(asymmetric, min / max: what the ``int4`` store codec does at 4x4), read from the int8 store.
+(asymmetric, min / max: what the int4 codec of tag ``exp/int4-kept-positions`` does at 4x4),
+read from the int8 store.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ Layout of the cached prompt:
 
 * block 0: ``<bos>`` + chat prefix + :data:`INSTRUCTION` + ``"\\n\\nDocuments:"``
   (``L0`` tokens, the same for every query);
-* candidate block: ``"\\nDocument:"`` + content (cut to ``max_doc_tokens``) + ``" | END"``,
-  or only its first ``block_positions`` positions (:attr:`BlockLayout.block_positions`).
+* candidate block: ``"\\nDocument:"`` + content (cut to ``max_doc_tokens``) + ``" | END"``.
   No id and no position-dependent text: the block is the same wherever the document sits
   in a list, so the ranking is permutation invariant;
 * query block: the final instruction, the query and the answer prefix, at the fixed
@@ -61,11 +60,6 @@ class BlockLayout:
         query_offset: Position of the query block's first token,
             ``L0 + len(open) + max_doc_tokens + len(close)``.
         chat_template: Whether the chat template wraps the prompt.
-        block_positions: Positions kept of every block: its first ``R`` (the open marker and
-            the content's first ``R - len(open)`` tokens; a block of at most ``R`` keeps all),
-            or ``None``: all. In a causal LM a position never sees later ones, so the kept
-            positions' keys and values are those of the whole block, and the query still sits
-            at :attr:`query_offset` (docs/results/store.md, "Keeping R of a block's positions").
     """
 
     instruction_ids: tuple[int, ...]
@@ -74,43 +68,25 @@ class BlockLayout:
     max_doc_tokens: int
     query_offset: int
     chat_template: bool
-    block_positions: int | None = None
 
     @property
     def max_block_tokens(self) -> int:
-        """The longest block: the markers and the content budget, or :attr:`block_positions`."""
-        full = len(self.open_ids) + self.max_doc_tokens + len(self.close_ids)
-        return full if self.block_positions is None else min(full, self.block_positions)
-
-    def cut(self, block_ids: list[int], content_cut: bool) -> tuple[list[int], bool]:
-        """``block_ids`` cut to :attr:`block_positions` (itself when ``None``), and whether
-        content was lost (``content_cut``: to the content budget; or a content token past
-        the kept positions)."""
-        R = self.block_positions
-        if R is None or len(block_ids) <= R:
-            return block_ids, content_cut
-        return block_ids[:R], content_cut or R < len(block_ids) - len(self.close_ids)
+        return len(self.open_ids) + self.max_doc_tokens + len(self.close_ids)
 
     def fingerprint(self) -> str:
         """Hex sha256 of everything a stored block depends on besides the model and ``l*``:
-        the layout version, block 0's tokens, the block markers, the content budget and the
-        kept positions (only when set: a layout keeping all has the fingerprint it always had)."""
+        the layout version, block 0's tokens, the block markers and the content budget."""
         h = hashlib.sha256(CACHE_TEMPLATE_VERSION.encode())
         for part in (self.instruction_ids, self.open_ids, self.close_ids, (self.max_doc_tokens,)):
             h.update(b"|" + ",".join(map(str, part)).encode())
-        if self.block_positions is not None:
-            h.update(f"|positions={self.block_positions}".encode())
         return h.hexdigest()
 
 
-def build_layout(tokenizer: Any, max_doc_tokens: int, *, chat_template: bool = True,
-                 block_positions: int | None = None) -> BlockLayout:
-    """The cached prompt's block 0 and block markers for ``tokenizer``, keeping the first
-    ``block_positions`` positions of every block (``None``: all).
+def build_layout(tokenizer: Any, max_doc_tokens: int, *, chat_template: bool = True) -> BlockLayout:
+    """The cached prompt's block 0 and block markers for ``tokenizer``.
 
     Raises:
-        ValidationError: ``max_doc_tokens < 1``, or ``block_positions`` not above the open
-            marker's length.
+        ValidationError: ``max_doc_tokens < 1``.
     """
     from heedrank.errors import ValidationError
 
@@ -120,21 +96,14 @@ def build_layout(tokenizer: Any, max_doc_tokens: int, *, chat_template: bool = T
     block0 = bos_ids(tokenizer, wrap) + encode_trusted(tokenizer, wrap.prefix + INSTRUCTION + "\n\nDocuments:")
     open_ids = encode_trusted(tokenizer, DOC_OPEN)
     close_ids = encode_trusted(tokenizer, DOC_CLOSE)
-    if block_positions is not None and block_positions <= len(open_ids):
-        raise ValidationError(f"block_positions must be above the block's open marker ({len(open_ids)} tokens), "
-                              f"got {block_positions}")
     offset = len(block0) + len(open_ids) + max_doc_tokens + len(close_ids)
-    if block_positions is not None and block_positions >= len(open_ids) + max_doc_tokens + len(close_ids):
-        block_positions = None  # nothing to cut: the same blocks, the same fingerprint, as keeping all
-    return BlockLayout(tuple(block0), tuple(open_ids), tuple(close_ids), max_doc_tokens, offset, chat_template,
-                       block_positions)
+    return BlockLayout(tuple(block0), tuple(open_ids), tuple(close_ids), max_doc_tokens, offset, chat_template)
 
 
 def document_block(tokenizer: Any, layout: BlockLayout, content: str) -> tuple[list[int], bool]:
-    """Token ids of one candidate block and whether its content was cut (to the budget, or by
-    the kept positions)."""
+    """Token ids of one candidate block and whether its content was cut to the budget."""
     body, cut = truncate(encode_untrusted(tokenizer, " " + content.strip()), layout.max_doc_tokens)
-    return layout.cut(list(layout.open_ids) + body + list(layout.close_ids), cut)
+    return list(layout.open_ids) + body + list(layout.close_ids), cut
 
 
 def document_blocks(tokenizer: Any, layout: BlockLayout, contents: Sequence[str]) -> list[tuple[list[int], bool]]:
@@ -148,7 +117,7 @@ def document_blocks(tokenizer: Any, layout: BlockLayout, contents: Sequence[str]
     out = []
     for ids in enc:
         body, cut = truncate(list(ids), layout.max_doc_tokens)
-        out.append(layout.cut(list(layout.open_ids) + body + list(layout.close_ids), cut))
+        out.append((list(layout.open_ids) + body + list(layout.close_ids), cut))
     return out
 
 

@@ -405,21 +405,11 @@ class CachedBlockRankOptions(RerankerOptions):
     heads: str | tuple[tuple[int, int], ...] = _block_heads(" (at or below l*: the store holds layers 0..l*)")
     reattn: ReAttnConfig | None = _reattn_option()
     kv_dtype: str = _option(
-        "int8", "'int8' | 'int4' | 'float16'",
+        "int8", "'int8' | 'float16'",
         "storage of the document KV store's blocks, and what a block computed now is rounded to before it is "
-        "read: int8 (per-channel keys, per-token values, 255 levels: 0.85 MB per 133-position block), int4 "
-        "(the same groups, 16 levels: 0.44 MB; NFCorpus dev -0.54 fused with the card fitted on float blocks) or "
-        "float16 (exact for fp16 models: 1.62 MB); docs/results/store.md, 'Smaller blocks: int4 and kept positions'",
+        "read: int8 (per-channel keys, per-token values: 0.85 MB per 128-token block, ties float16 on NFCorpus "
+        "test, docs/results/store.md) or float16 (exact for fp16 models, 1.62 MB)",
         _choice(*KV_DTYPES),
-    )
-    block_positions: int | None = _option(
-        None, "int > 3 | null",
-        "positions kept and stored of every candidate block: its first R (the open marker and the content's "
-        "first R - 3 tokens), read by the query at the same offset as a whole block's (a causal LM's first R "
-        "positions are those of the whole block); null = all (128 content tokens and the markers: 133). 64 "
-        "takes a quarter of the bytes (0.22 MB in int4) and, with the card fitted on whole blocks, loses about "
-        "0.4 nDCG@10 fused and 0.6-2.6 unfused (docs/results/store.md, 'Smaller blocks: int4 and kept positions')",
-        _int(4, optional=True),
     )
     max_query_tokens: int | None = _option(
         None, "int >= 1 | null", _QUERY_TOKENS_DOC.format(extra=", and less when the query block would run past "

@@ -33,9 +33,9 @@ def index_kv_build(
                                                  "default: the default method's (its weights card's `layer` for the "
                                                  "packaged SmolLM2; else round(0.6 L)).")] = None,
     max_doc_tokens: MaxDocTokensOpt = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="int8 (0.85 MB per 128-token block), int4 "
-                                                          "(0.45 MB) or float16 (exact, 1.62 MB); default: the "
-                                                          "reranker's kv_dtype.")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="int8 (0.85 MB per 128-token block) or "
+                                                          "float16 (exact, 1.62 MB); default: the reranker's "
+                                                          "kv_dtype.")] = None,
     device: DeviceOpt = "cpu",
     opts: OptsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Blocks per LM batch and per shard.")] = 32,

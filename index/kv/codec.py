@@ -10,17 +10,9 @@ these bytes):
   block's tokens), value scales fp32 ``(L, H, T)`` (per token, over channels), keys int8
   ``(L, H, T, D)``, values int8 ``(L, H, T, D)``: ``2 * L*H*T*D + 4 * L*H*(D + T)`` bytes.
   Symmetric rounding to ``[-127, 127]``; the error per element is at most ``scale / 2``.
-* :class:`Int4Codec` (``"int4"``): key minima and steps fp16 ``(L, H, D)`` each (per channel,
-  over the block's tokens), value minima and steps fp16 ``(L, H, T)`` each (per token, over
-  channels), then keys and values as 4-bit codes, two per byte (channel ``2j`` in the low
-  nibble, ``2j + 1`` in the high one), ``(L, H, T, D / 2)`` bytes each:
-  ``L*H*(T*D + 4*D + 4*T)`` bytes. Asymmetric rounding to 16 levels between each group's
-  minimum and maximum (the KIVI layout: Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit
-  Quantization for KV Cache", section 3); the error per element is at most ``step / 2`` (plus
-  the float16 rounding of the minimum and the step).
 
 At SmolLM2-135M's shape (l* = 15 so L = 16, H = 3, D = 64) a 96-token block takes
-1,179,648 bytes in fp16, 620,544 bytes in int8 (0.53x) and 325,632 in int4 (0.28x).
+1,179,648 bytes in fp16 and 620,544 bytes in int8 (0.53x).
 
 A codec is chosen once per store by its header's dtype (:func:`codec_for`); a third dtype
 is one more class in :data:`CODECS` and one more name in :data:`heedrank.blocks.KV_DTYPES`.
@@ -35,18 +27,7 @@ import numpy as np
 from heedrank.blocks import KV_DTYPES, KVHeader
 from heedrank.errors import ValidationError
 
-__all__ = [
-    "CODECS",
-    "Codec",
-    "Float16Codec",
-    "Int4Codec",
-    "Int8Codec",
-    "codec_for",
-    "dequantize_int4",
-    "dequantize_int8",
-    "quantize_int4",
-    "quantize_int8",
-]
+__all__ = ["CODECS", "Codec", "Float16Codec", "Int8Codec", "codec_for", "dequantize_int8", "quantize_int8"]
 
 
 def quantize_int8(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -79,65 +60,6 @@ def dequantize_int8(key_scale: np.ndarray, value_scale: np.ndarray, key_q: np.nd
     k *= key_scale[:, :, None, :]
     v = value_q.astype(np.float32)
     v *= value_scale[:, :, :, None]
-    return k, v
-
-
-def _min_step(x: np.ndarray, axis: int, levels: int) -> tuple[np.ndarray, np.ndarray]:
-    """float16 minimum and step of ``x`` over ``axis`` for ``levels + 1`` codes (step 1 where
-    the group is constant)."""
-    lo = x.min(axis=axis)
-    step = (x.max(axis=axis) - lo) / np.float32(levels)
-    lo16 = lo.astype(np.float16)
-    step16 = step.astype(np.float16)
-    step16[step16 == 0] = 1.0
-    return lo16, step16
-
-
-def _pack4(codes: np.ndarray) -> np.ndarray:
-    """uint8 ``(..., D / 2)``: codes ``(..., D)`` in 0..15, two per byte (even channel low)."""
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
-
-
-def _unpack4(packed: np.ndarray) -> np.ndarray:
-    """float32 ``(..., D)`` codes of :func:`_pack4`'s bytes ``(..., D / 2)``."""
-    out = np.empty((*packed.shape[:-1], 2 * packed.shape[-1]), dtype=np.float32)
-    out[..., 0::2] = packed & 15
-    out[..., 1::2] = packed >> 4
-    return out
-
-
-def quantize_int4(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Asymmetric 4-bit quantisation of one document block (per key channel, per value token).
-
-    Args:
-        keys: float ``(L, H, T, D)``, ``D`` even.
-        values: float ``(L, H, T, D)``.
-
-    Returns:
-        ``(key_min, key_step, value_min, value_step, key_codes, value_codes)``: float16
-        ``(L, H, D)`` twice (over the block's tokens), float16 ``(L, H, T)`` twice (over a
-        token's channels), uint8 ``(L, H, T, D / 2)`` twice (two 4-bit codes per byte). A
-        constant group gets step 1 (codes 0). ``x ~= min + code * step`` with
-        ``|x - (min + code * step)| <= step / 2`` up to the float16 rounding of ``min`` and ``step``.
-    """
-    k = np.asarray(keys, dtype=np.float32)
-    v = np.asarray(values, dtype=np.float32)
-    kmin, kstep = _min_step(k, 2, 15)
-    vmin, vstep = _min_step(v, 3, 15)
-    kc = np.clip(np.rint((k - kmin[:, :, None, :]) / kstep[:, :, None, :].astype(np.float32)), 0, 15).astype(np.uint8)
-    vc = np.clip(np.rint((v - vmin[:, :, :, None]) / vstep[:, :, :, None].astype(np.float32)), 0, 15).astype(np.uint8)
-    return kmin, kstep, vmin, vstep, _pack4(kc), _pack4(vc)
-
-
-def dequantize_int4(key_min: np.ndarray, key_step: np.ndarray, value_min: np.ndarray, value_step: np.ndarray,
-                    key_codes: np.ndarray, value_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`quantize_int4`: float32 ``(L, H, T, D)`` keys and values."""
-    k = _unpack4(key_codes)
-    k *= key_step[:, :, None, :]
-    k += key_min[:, :, None, :]
-    v = _unpack4(value_codes)
-    v *= value_step[:, :, :, None]
-    v += value_min[:, :, :, None]
     return k, v
 
 
@@ -284,52 +206,7 @@ class Int8Codec(Codec):
         return (k, v) if out == "float32" else (k.astype(out), v.astype(out))
 
 
-class Int4Codec(Codec):
-    """``"int4"``: per-channel key and per-token value minima and steps (fp16), then 4-bit key
-    and value codes, two per byte (:func:`quantize_int4`), ``L*H*(T*D + 4*D + 4*T)`` bytes.
-
-    Raises:
-        ValidationError: an odd ``head_dim`` (codes are packed in channel pairs).
-    """
-
-    dtype = "int4"
-    quantised = True
-
-    def __init__(self, header: KVHeader) -> None:
-        if header.head_dim % 2:
-            raise ValidationError(f"kv_dtype 'int4' packs channel pairs: head_dim {header.head_dim} is odd; use 'int8'")
-        super().__init__(header)
-
-    def nbytes(self, tokens: int) -> int:
-        h = self.header
-        return h.n_layers * h.kv_heads * (tokens * h.head_dim + 4 * h.head_dim + 4 * tokens)
-
-    def _parts(self, key: str, k: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
-        if not (np.isfinite(k).all() and np.isfinite(v).all()):
-            raise ValidationError(f"document {key!r}: keys/values contain NaN or inf")
-        parts = list(quantize_int4(k, v))
-        if not all(np.isfinite(p).all() for p in parts[:4]):
-            raise ValidationError(f"document {key!r}: keys/values exceed the float16 range of int4's minima and steps")
-        return parts
-
-    def decode(self, buf: np.ndarray, tokens: int, out: str = "float32") -> tuple[np.ndarray, np.ndarray]:
-        h = self.header
-        L, H, D, T = h.n_layers, h.kv_heads, h.head_dim, tokens
-        o = 0
-        parts = []
-        for shape in ((L, H, D), (L, H, D), (L, H, T), (L, H, T)):
-            n = 2 * int(np.prod(shape))
-            parts.append(buf[o : o + n].view(np.float16).reshape(shape).astype(np.float32))
-            o += n
-        n = L * H * T * D // 2
-        kc = buf[o : o + n].reshape(L, H, T, D // 2)
-        vc = buf[o + n : o + 2 * n].reshape(L, H, T, D // 2)
-        kmin, kstep, vmin, vstep = parts
-        k, v = dequantize_int4(kmin, kstep, vmin, vstep, kc, vc)
-        return (k, v) if out == "float32" else (k.astype(out), v.astype(out))
-
-
-CODECS: dict[str, type[Codec]] = {c.dtype: c for c in (Float16Codec, Int8Codec, Int4Codec)}
+CODECS: dict[str, type[Codec]] = {c.dtype: c for c in (Float16Codec, Int8Codec)}
 """The codec class of each dtype of :data:`heedrank.blocks.KV_DTYPES`."""
 
 

@@ -44,9 +44,6 @@ def lab_dump(
     max_doc_tokens: MaxDocTokensOpt = CachedBlockRankOptions.default_max_doc_tokens,
     kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="dtype of the index's document KV store; "
                                                     "default: the reranker's kv_dtype.")] = None,
-    block_positions: Annotated[Optional[int], typer.Option(
-        "--block-positions", help="Positions kept of every block (the reranker's block_positions); default: the "
-        "reranker's.")] = None,
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
     adapter: Annotated[Optional[Path], typer.Option("--adapter", help="Query adapter (heedrank lab train "
@@ -62,8 +59,7 @@ def lab_dump(
     from heedrank.lab.dumps import dump_study
 
     config = reranker_config("blockrank-cached", model, max_doc_tokens, device, None).with_options(
-        layer=layer, scoring="calibrated", query_adapter=None, **({"kv_dtype": kv_dtype} if kv_dtype else {}),
-        **({"block_positions": block_positions} if block_positions is not None else {}))
+        layer=layer, scoring="calibrated", query_adapter=None, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
     if adapter is not None:  # the reranker loads it on a private copy of the LM (option query_adapter)
         config = config.with_options(query_adapter=str(adapter))
     typer.echo(json.dumps(dump_study(

@@ -24,10 +24,6 @@
 #                 the `index` step; an existing `heedrank index build` + `index kv build` folder
 #                 for this model can be named instead, the step then only checks it)
 #   RECIPE_DATA   the shared data (default ../shared/data)
-#   RECIPE_BLOCK_POSITIONS  positions kept of every block (the reranker's block_positions; default: its
-#                 default, all) in the store and the dumps
-#   RECIPE_KV_DTYPE  the store's codec (the reranker's kv_dtype; default: its default, int8) in the store
-#                 and the dumps
 #   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
 #                 the adapter was not trained on, 2,190)
 set -euo pipefail
@@ -43,8 +39,6 @@ SETTINGS=$("$PY" recipes/default/steps.py model --model "$M")   # from the model
 eval "$SETTINGS"   # MODEL_NAME, MODEL_LAYERS, MODEL_HEADS, MODEL_LAYER
 LAYER=${RECIPE_LAYER:-$MODEL_LAYER}
 LM=(--model "$M" --device "$DEV")   # every command that loads the LM
-STORE_OPTS=(${RECIPE_BLOCK_POSITIONS:+--block-positions "$RECIPE_BLOCK_POSITIONS"}
-            ${RECIPE_KV_DTYPE:+--kv-dtype "$RECIPE_KV_DTYPE"})   # the blocks the dumps read
 W=${RECIPE_WORK:-runs/recipe/default-$MODEL_NAME}
 D=${RECIPE_DATA:-../shared/data}
 IDX=${RECIPE_INDEX:-$W/index}
@@ -59,8 +53,7 @@ STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate ind
 
 dump() {  # dump NAME ARGS...: one feature dump, resumed if it was stopped
     local name=$1; shift
-    "$HR" lab dump --out "$W/dumps/$name.npz" "${LM[@]}" --layer "$LAYER" "${STORE_OPTS[@]}" "$@" \
-        > "$W/reports/$name.json"
+    "$HR" lab dump --out "$W/dumps/$name.npz" "${LM[@]}" --layer "$LAYER" "$@" > "$W/reports/$name.json"
 }
 
 step_index() {
@@ -68,9 +61,7 @@ step_index() {
         "$HR" index build --corpus "$NF" --out "$IDX"
     fi
     if [ ! -f "$IDX/kv/header.json" ] || [ "${RECIPE_INDEX:-}" = "" ]; then
-        "$HR" index kv build --index "$IDX" "${LM[@]}" --layer "$LAYER" \
-            ${RECIPE_BLOCK_POSITIONS:+--opt "block_positions=$RECIPE_BLOCK_POSITIONS"} \
-            ${RECIPE_KV_DTYPE:+--dtype "$RECIPE_KV_DTYPE"}   # resumes; a complete store returns at once
+        "$HR" index kv build --index "$IDX" "${LM[@]}" --layer "$LAYER"   # resumes; a complete store returns at once
     fi
 }
 

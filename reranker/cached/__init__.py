@@ -336,8 +336,7 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     def block_round_trip(self) -> Any:
         """What a block computed now goes through before a query reads it: the store codec's
-        :meth:`~heedrank.index.kv.codec.Codec.round_trip` of a quantised ``kv_dtype`` (int8,
-        int4), so that a document scores the same whether its block was stored or not, with or
+        :meth:`~heedrank.index.kv.codec.Codec.round_trip` of a quantised ``kv_dtype`` (int8), so that a document scores the same whether its block was stored or not, with or
         without a store; ``None`` for float16 (exact for fp16 models, within its rounding for
         float32 ones)."""
         from heedrank import registry
@@ -452,7 +451,6 @@ class CachedBlockRankReranker(BlockRankReranker):
         d = super().describe()
         d["scoring"] = self.scoring
         d["kv_dtype"] = self.options.kv_dtype
-        d["block_positions"] = self.layout.block_positions
         if self.adapter is not None:
             d["query_adapter"] = self.adapter.describe()
         if self.scoring == "learned" and self.card is not None:

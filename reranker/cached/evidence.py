@@ -33,8 +33,7 @@ def document_evidence(tokenizer: Any, layout: BlockLayout, prompt: BlockPrompt, 
 
     Returns:
         ``{doc_id: [EvidenceSpan, ...]}``, best first; offsets are characters into ``doc.text``
-        (or ``doc.title``), from the block's kept positions only (``block_positions``). A
-        candidate whose tokens cannot be aligned with its block gets none.
+        (or ``doc.title``). A candidate whose tokens cannot be aligned with its block gets none.
     """
     evidence: dict[str, list[EvidenceSpan]] = {d.doc_id: [] for d in candidates}
     bounds = spans_from_lengths(prompt.doc_lengths)
@@ -42,8 +41,6 @@ def document_evidence(tokenizer: Any, layout: BlockLayout, prompt: BlockPrompt, 
     for doc, o in zip(candidates, owner):
         start, _ = bounds[o]
         ids, offsets = content_offsets(tokenizer, doc, max_doc_tokens, strip=True)
-        kept = len(prompt.doc_ids[o]) - n_open  # a block cut to its first positions keeps a prefix of its content
-        ids, offsets = ids[:kept], offsets[:kept]
         first = start + n_open
         if prompt.doc_ids[o][n_open: n_open + len(ids)] != ids:
             logger.debug("no evidence for %s: its tokens could not be aligned with the block", doc.doc_id)

@@ -167,8 +167,7 @@ def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: An
                        "recipes/default (RECIPE_MODEL=...)", base.identity.get("name"), base.identity.get("sha256"),
                        ", ".join(str(d) for d in card_dirs()), scoring)
     layer = resolve_layer(options.layer, scoring, card, base.num_layers)
-    layout = build_layout(base.tokenizer, config.max_doc_tokens, chat_template=options.chat_template,
-                          block_positions=options.block_positions)
+    layout = build_layout(base.tokenizer, config.max_doc_tokens, chat_template=options.chat_template)
     adapter = load_query_adapter(options.query_adapter, base, AdapterFit(layer, config.max_doc_tokens,
                                                                          CACHE_TEMPLATE_VERSION))
     lm = base if adapter is None else adapter.lm

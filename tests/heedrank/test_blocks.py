@@ -59,7 +59,6 @@ def test_byte_counts_come_from_the_codecs() -> None:
     assert set(CODECS) == set(KV_DTYPES)
     assert SMOL.entry_nbytes(96) == 1_179_648  # the module docstring's numbers at SmolLM2's shape
     assert replace(SMOL, dtype="int8").entry_nbytes(96) == 620_544
-    assert replace(SMOL, dtype="int4").entry_nbytes(96) == 325_632
 
 
 class FakeCached:

@@ -24,18 +24,3 @@ def test_another_model_gets_no_option_hint() -> None:
     reranker = SimpleNamespace(config=SimpleNamespace(max_doc_tokens=128))
     assert _store_hint(reranker, {**BASE, "model_hash": "other"}, BASE) == ""
     assert _store_hint(reranker, BASE, {}) == ""
-
-
-def test_a_store_keeping_another_number_of_positions_is_read_back_with_block_positions() -> None:
-    from heedrank.reranker.doccache import BlockLayout
-
-    full = BlockLayout((1, 2, 3), (4, 5, 6), (7, 8), 128, 136, True)  # blocks of 3 + 128 + 2 = 133
-    kept = BlockLayout((1, 2, 3), (4, 5, 6), (7, 8), 128, 136, True, 64)
-    reranker = SimpleNamespace(config=SimpleNamespace(max_doc_tokens=128), layout=kept)
-    expected = {**BASE, "max_doc_tokens": 64, "instruction_hash": kept.fingerprint(), "dtype": "int4"}
-    stored = {**BASE, "instruction_hash": full.fingerprint(), "dtype": "int8"}
-    assert _store_hint(reranker, expected, stored) == (
-        "To read this store as built, run the reranker with --opt block_positions=null --opt kv_dtype=int8 (no rebuild). ")
-    reranker.layout = full  # a reranker keeping all positions, a store keeping 64
-    swapped = _store_hint(reranker, {**stored, "dtype": "int4"}, {**expected, "dtype": "int4"})
-    assert swapped == "To read this store as built, run the reranker with --opt block_positions=64 (no rebuild). "

@@ -159,47 +159,12 @@ def test_int8_round_trip_error_bound(tmp_path):
     assert float(err_v.max()) < 0.03
 
 
-H4 = KVHeader(**{**H.__dict__, "dtype": "int4"})
-
-
-def test_int4_round_trip_error_bound(tmp_path):
-    rng = np.random.default_rng(0)
-    L, Hh, T, D = H4.doc_shape(13)
-    k = rng.standard_normal((L, Hh, T, D)).astype(np.float32) * rng.uniform(0.1, 20, size=(1, 1, 1, D)).astype(np.float32)
-    k[0, 0, 3, 5] = 90.0  # an outlier token in one channel widens only that channel's step
-    v = rng.standard_normal((L, Hh, T, D)).astype(np.float32)
-    v[1, 1, 2] = 0.5  # a constant token: step 1, codes 0, exact
-    with KVStore.create(tmp_path / "kv", H4) as s:
-        s.put_many({"a": (k, v)})
-        kk, vv = s.get("a")
-        assert s.stats().live_bytes == H4.entry_nbytes(13) == L * Hh * (T * D + 4 * D + 4 * T)
-    assert kk.dtype == vv.dtype == np.float32 and kk.shape == k.shape
-    key_step = (k.max(axis=2, keepdims=True) - k.min(axis=2, keepdims=True)) / 15  # per (layer, head, channel)
-    val_step = (v.max(axis=3, keepdims=True) - v.min(axis=3, keepdims=True)) / 15  # per (layer, head, token)
-    # half a step, plus float16 rounding of the minimum and the step (x 15 codes)
-    slack_k = np.abs(k).max(axis=2, keepdims=True) * 2e-3 + key_step * 8e-3
-    slack_v = np.abs(v).max(axis=3, keepdims=True) * 2e-3 + val_step * 8e-3
-    assert (np.abs(kk - k) <= key_step / 2 + slack_k).all()
-    assert (np.abs(vv - v) <= val_step / 2 + slack_v).all()
-    assert (vv[1, 1, 2] == 0.5).all()
-    # the outlier channel's step is ~6 units, the others' at most ~20 * 7 / 15
-    assert float(np.abs(kk - k)[0, 0, :, 5].max()) > float(np.abs(kk - k)[0, 0, :, 4].max())
-
-
-def test_int4_needs_an_even_head_dim():
-    odd = KVHeader(**{**H.__dict__, "dtype": "int4", "head_dim": 7})
-    with pytest.raises(ValidationError, match="odd"):
-        odd.entry_nbytes(3)
-
-
 def test_bytes_per_document_at_smollm2_shape(tmp_path):
     smol16 = KVHeader("sha256:smollm2", "blockrank-v1", "sha256:ins", layer=15, kv_heads=3, head_dim=64, max_doc_tokens=96)
     smol8 = KVHeader(**{**smol16.__dict__, "dtype": "int8"})
-    smol4 = KVHeader(**{**smol16.__dict__, "dtype": "int4"})
     assert smol16.entry_nbytes(96) == 16 * 2 * 3 * 96 * 64 * 2 == 1_179_648
     assert smol8.entry_nbytes(96) == 2 * 16 * 3 * 96 * 64 + 4 * 16 * 3 * (64 + 96) == 620_544
-    assert smol4.entry_nbytes(96) == 16 * 3 * (96 * 64 + 4 * 64 + 4 * 96) == 325_632
-    for h, want in ((smol16, 1_179_648), (smol8, 620_544), (smol4, 325_632)):
+    for h, want in ((smol16, 1_179_648), (smol8, 620_544)):
         with KVStore.create(tmp_path / h.dtype, h) as s:
             s.put_many(items(["one"], h, tokens=96))
             shard = next((tmp_path / h.dtype).glob("shard-*.bin"))

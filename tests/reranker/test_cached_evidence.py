@@ -43,20 +43,3 @@ def test_default_evidence_spans_slice_their_text_and_keep_the_ranking(default_re
     assert n_spans >= len(docs)  # every candidate draws some positive evidence
     assert any(s.field == "title" for s in evidence["t1"]) or any("Vitamin" in s.text or "fracture" in s.text
                                                                    for s in evidence["t1"])
-
-
-def test_with_kept_positions_evidence_comes_from_the_kept_tokens(default_lm, nfcorpus_head) -> None:
-    from heedrank.reranker.cached import CachedBlockRankReranker
-    from heedrank.reranker.scoring import content_offsets
-
-    R = 24
-    r = CachedBlockRankReranker(RerankerConfig(method="default", options={"block_positions": R}), lm=default_lm)
-    docs = list(nfcorpus_head[:4])
-    explained = r.rerank_with_evidence(Query("q", "statins and breast cancer"), docs, max_spans=3)
-    kept = R - len(r.layout.open_ids)
-    for d in docs:
-        _, offsets = content_offsets(default_lm.tokenizer, d, r.config.max_doc_tokens, strip=True)
-        last = {f: max((e for g, _, e in offsets[:kept] if g == f), default=0) for f in ("title", "text")}
-        spans = explained.evidence[d.doc_id]
-        assert spans  # aligned with the cut block
-        assert all(s.end <= last[s.field] for s in spans)  # nothing past the kept positions
