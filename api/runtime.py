@@ -103,7 +103,8 @@ class Runtime:
         shared = next((p.rerankers for p in given.values() if p.rerankers is not None), None)
         if shared is None:
             shared = RerankerCache(reranker_factory(settings.pipeline_config().reranker,
-                                                    block_cache_bytes=settings.block_cache_bytes))
+                                                    block_cache_bytes=settings.block_cache_bytes,
+                                                    passes=settings.workers))
         opened: dict[str, Pipeline] = {}
         try:
             for name, path in dirs.items():

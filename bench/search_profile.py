@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -67,6 +68,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.torch_threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench/search_profile.py` too
     from bench.search_latency import test_queries
     from heedrank.api.routes.search import to_response
     from heedrank.config import PipelineConfig, RerankerConfig
@@ -86,7 +88,7 @@ def main() -> None:
         reranker = pipes[indexes[name]]._cache().get("default", opts or None)[0]
         reranker.load()
         clock: dict[str, float] = defaultdict(float)
-        for attr in ("build_prompt", "score_prompt"):
+        for attr in ("build_prompt", "score_documents"):
             setattr(reranker, attr, timed(clock, "prompt" if attr == "build_prompt" else attr, getattr(reranker, attr)))
         cls = reranker.loaded().scorer.__class__
         cls.score = timed_scorer(cls.score)
@@ -170,8 +172,8 @@ def stages(res, clock: dict[str, float], t0: float, t1: float, t2: float) -> dic
     }
     stage["scoring"] = clock["scorer"] - stage["query + N/A pass"]
     context = stage["store read"] + stage["encode (cold)"] + stage["assemble"]
-    stage["rerank rest"] = res.timings["rerank"] - clock["prompt"] - clock["score_prompt"]
-    stage["rerank rest"] += clock["score_prompt"] - clock["scorer"] - context
+    stage["rerank rest"] = res.timings["rerank"] - clock["prompt"] - clock["score_documents"]
+    stage["rerank rest"] += clock["score_documents"] - clock["scorer"] - context
     stage["serving"] = (t1 - t0) - res.timings["retrieve"] - res.timings["hydrate"] - res.timings["rerank"]
     stage["serialise"] = t2 - t1
     stage["total"] = t2 - t0

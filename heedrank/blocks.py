@@ -255,7 +255,7 @@ class RerankerEntries(Protocol):
     """What :class:`BlockSync` reads the built rerankers from
     (:class:`heedrank.pipeline.RerankerCache`)."""
 
-    def entries(self) -> list[tuple[Any, threading.Lock]]: ...
+    def entries(self) -> list[tuple[Any, threading.BoundedSemaphore]]: ...
 
 
 # ------------------------------------------------------------------------------ opening a store
@@ -330,7 +330,7 @@ class BlockSync:
         self.index = index
         self.rerankers = rerankers
 
-    def _stores(self, *, create: bool) -> Iterator[tuple[BlockCachingReranker, threading.Lock, BlockStore]]:
+    def _stores(self, *, create: bool) -> Iterator[tuple[BlockCachingReranker, threading.BoundedSemaphore, BlockStore]]:
         if self.rerankers is None or not isinstance(self.index, BlockStoreOwner):
             return
         for reranker, lock in self.rerankers.entries():
@@ -464,7 +464,8 @@ class BlockFiller:
     Args:
         index: The collection's index (a :class:`BlockStoreOwner` with a ``docstore``).
         reranker: The service's start-up reranker in cached mode (:class:`BlockCachingReranker`).
-        lock: The lock that serialises the reranker's calls.
+        lock: What admits the reranker's calls (:func:`heedrank.pipeline.call_gate`); the fill
+            takes it around each block it encodes.
         idle: The requests in flight (:class:`IdleSignal`).
         name: The collection's name, for logs.
     """
@@ -477,7 +478,7 @@ class BlockFiller:
     stats_seconds = 10.0
     """Least seconds between two reads of the store's byte counts (:meth:`describe`'s ``live_bytes``)."""
 
-    def __init__(self, index: Any, reranker: Any, lock: threading.Lock, idle: IdleSignal, *,
+    def __init__(self, index: Any, reranker: Any, lock: threading.BoundedSemaphore, idle: IdleSignal, *,
                  name: str = "default") -> None:
         self.index, self.reranker, self.lock, self.idle, self.name = index, reranker, lock, idle, name
         self.store: Any = None

@@ -114,6 +114,14 @@ def _within_budget(candidates: Sequence[Document], cold: Sequence[bool],
     return kept, skipped
 
 
+def call_gate(reranker: Any) -> threading.BoundedSemaphore:
+    """What admits a reranker's calls: a semaphore of its ``concurrent_calls`` (cached BlockRank
+    runs that many query passes at once, :class:`heedrank.reranker.slots.PassSlots`), else of 1
+    (one call at a time: the method's passes share the LM's state)."""
+    n = getattr(reranker, "concurrent_calls", 1)
+    return threading.BoundedSemaphore(n if isinstance(n, int) and n >= 1 else 1)
+
+
 class RerankerCache:
     """Rerankers by ``(method, options, max_doc_tokens)``, built on first use and kept.
 
@@ -132,8 +140,8 @@ class RerankerCache:
         self.factory = factory
         self.max_entries = max_entries
         self._takes_options = _takes_options(factory)
-        self._default: dict[str, tuple[Reranker, threading.Lock]] = {}
-        self._custom: OrderedDict[tuple[str, str, int | None], tuple[Reranker, threading.Lock]] = OrderedDict()
+        self._default: dict[str, tuple[Reranker, threading.BoundedSemaphore]] = {}
+        self._custom: OrderedDict[tuple[str, str, int | None], tuple[Reranker, threading.BoundedSemaphore]] = OrderedDict()
         self._guard = threading.Lock()
         self._active = 0
         self._idle = threading.Condition()
@@ -156,9 +164,9 @@ class RerankerCache:
 
     def get(
         self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
-    ) -> tuple[Reranker, threading.Lock]:
-        """The reranker for ``(method, options, max_doc_tokens)`` and the lock that serialises
-        its calls, built on first use.
+    ) -> tuple[Reranker, threading.BoundedSemaphore]:
+        """The reranker for ``(method, options, max_doc_tokens)`` and what admits its calls
+        (:func:`call_gate`), built on first use.
 
         Raises:
             UnknownNameError: unknown method.
@@ -172,7 +180,8 @@ class RerankerCache:
         if not options and max_doc_tokens is None:
             with self._guard:
                 if method not in self._default:
-                    self._default[method] = (self.factory(method), threading.Lock())
+                    reranker = self.factory(method)
+                    self._default[method] = (reranker, call_gate(reranker))
                 return self._default[method]
         if not self._takes_options:
             raise ValidationError(
@@ -183,7 +192,7 @@ class RerankerCache:
             entry = self._custom.get(key)
             if entry is None:
                 reranker = self.factory(method, options=dict(options or {}), max_doc_tokens=max_doc_tokens)
-                entry = (reranker, threading.Lock())
+                entry = (reranker, call_gate(reranker))
                 self._custom[key] = entry
                 while len(self._custom) > self.max_entries:
                     self._custom.popitem(last=False)
@@ -202,7 +211,7 @@ class RerankerCache:
         evidence_spans: int = 3,
         index: Any = None,
         cold_budget: int | None = None,
-        entry: tuple[Reranker, threading.Lock] | None = None,
+        entry: tuple[Reranker, threading.BoundedSemaphore] | None = None,
     ) -> Reranked:
         """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``
         (``entry``: that reranker and its lock, already looked up with :meth:`get` for this request).
@@ -265,8 +274,8 @@ class RerankerCache:
         with self._guard:
             return set(self._default) | {m for m, _, _ in self._custom}
 
-    def entries(self) -> list[tuple[Reranker, threading.Lock]]:
-        """Every built reranker with the lock that serialises its calls."""
+    def entries(self) -> list[tuple[Reranker, threading.BoundedSemaphore]]:
+        """Every built reranker with what admits its calls (:func:`call_gate`)."""
         with self._guard:
             return list(self._default.values()) + list(self._custom.values())
 
@@ -665,7 +674,7 @@ class Pipeline:
         texts = {h.doc_id: h.document.content if h.document else h.doc_id for h in candidates.hits}
         return replace(done, served=share_identical(done.served, texts))
 
-    def _serve(self, entry: tuple[Reranker, threading.Lock], policy: ServePolicy, query: Query, cands: Ranking,
+    def _serve(self, entry: tuple[Reranker, threading.BoundedSemaphore], policy: ServePolicy, query: Query, cands: Ranking,
                options: SearchOptions, *, use_store: bool = True) -> RerankedQuery:
         """Rerank ``cands`` (hydrated, first-stage order) with ``entry`` and serve them by ``policy``;
         candidates over the cold budget keep their first-stage positions (:func:`place_skipped`)."""
@@ -693,6 +702,9 @@ class RegistryRerankerFactory:
     block_cache_bytes: int | None = None
     """RAM tier of a cached reranker's blocks outside a store, bytes (``None``: the library
     default, :data:`heedrank.config.BLOCK_CACHE_BUDGET`)."""
+    passes: int | None = None
+    """Query passes a reranker that can run several at once does (``None``: 1; the service's
+    rerank ``workers``)."""
 
     def __call__(
         self, method: str, options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None
@@ -709,7 +721,7 @@ class RegistryRerankerFactory:
             config = self.base
         if max_doc_tokens is not None:
             config = replace(config, max_doc_tokens=max_doc_tokens)
-        return registry.build_reranker(config, block_cache_bytes=self.block_cache_bytes)
+        return registry.build_reranker(config, block_cache_bytes=self.block_cache_bytes, passes=self.passes)
 
     @staticmethod
     def methods() -> list[str]:
@@ -719,7 +731,7 @@ class RegistryRerankerFactory:
         return registry.reranker_names()
 
 
-def reranker_factory(base: Any, *, block_cache_bytes: int | None = None) -> RerankerFactory:
+def reranker_factory(base: Any, *, block_cache_bytes: int | None = None, passes: int | None = None) -> RerankerFactory:
     """A :class:`RegistryRerankerFactory` over a base :class:`~heedrank.config.RerankerConfig`
-    (``block_cache_bytes``: see :attr:`RegistryRerankerFactory.block_cache_bytes`)."""
-    return RegistryRerankerFactory(base, block_cache_bytes)
+    (``block_cache_bytes``, ``passes``: see :class:`RegistryRerankerFactory`)."""
+    return RegistryRerankerFactory(base, block_cache_bytes, passes)

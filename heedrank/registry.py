@@ -169,20 +169,25 @@ def build_retriever(name: str, index: Any, **options: Any) -> Any:
     return retriever_class(name).from_index(index, **options)
 
 
-def build_reranker(config: Any, *, block_cache_bytes: int | None = None) -> Any:
+def build_reranker(config: Any, *, block_cache_bytes: int | None = None, passes: int | None = None) -> Any:
     """Build the reranker named by ``config.method`` from a RerankerConfig. Raises UnknownNameError.
+
+    A class takes a resource when it lists its name in ``build_resources`` and its
+    ``from_config`` takes it; ``None``, or a class that does not list it, leaves the class's
+    default. Other classes ignore them.
 
     Args:
         config: The reranker configuration.
         block_cache_bytes: RAM budget of the reranker's tier of blocks outside a store, in
-            bytes, for a class that keeps one (it lists ``"block_cache_bytes"`` in its
-            ``build_resources`` and its ``from_config`` takes it); ``None``: the class's default
-            (:data:`heedrank.config.BLOCK_CACHE_BUDGET`). Other classes ignore it.
+            bytes (default :data:`heedrank.config.BLOCK_CACHE_BUDGET`).
+        passes: Query passes the reranker may run at once for concurrent calls (the service's
+            rerank ``workers``; default 1).
     """
     cls = reranker_class(config.method)
-    if block_cache_bytes is not None and "block_cache_bytes" in getattr(cls, "build_resources", ()):
-        return cls.from_config(config, block_cache_bytes=block_cache_bytes)
-    return cls.from_config(config)
+    takes = getattr(cls, "build_resources", ())
+    given = {"block_cache_bytes": block_cache_bytes, "passes": passes}
+    resources = {k: v for k, v in given.items() if v is not None and k in takes}
+    return cls.from_config(config, **resources) if resources else cls.from_config(config)
 
 
 def open_index(path: str, **options: Any) -> Any:

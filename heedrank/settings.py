@@ -62,7 +62,11 @@ class Settings(BaseSettings):
     warmup: bool = Field(
         True, description="After loading, rerank a few passages once (first-call costs; seeds the wait estimate)."
     )
-    workers: int = Field(1, ge=1, le=64, description="Reranking threads (one model instance is shared).")
+    workers: int = Field(
+        2, ge=1, le=64,
+        description="Reranking threads (one model instance is shared). Cached BlockRank (the default) runs that many "
+        "query passes at once, each with its share of the torch threads; other methods run one call at a time.",
+    )
     queue_size: int = Field(
         8, ge=0, le=10_000,
         description="Reranking requests that may wait for a worker; beyond them a request gets 429 overloaded.",

@@ -32,6 +32,7 @@ adapter) it resolves once, in :meth:`CachedBlockRankReranker.load`
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -46,7 +47,7 @@ from heedrank.reranker.base import DocumentScores, ScoredPass
 from heedrank.reranker.blockforward import BlockPrompt, check_query_block, sliding_window
 from heedrank.reranker.blockrank import BlockRankReranker
 from heedrank.reranker.cached.adapter import QueryAdapter
-from heedrank.reranker.cached.blocks import Context, block_arrays, fetch_context, store_header
+from heedrank.reranker.cached.blocks import Context, Fetched, assemble_context, block_arrays, fetch_blocks, store_header
 from heedrank.reranker.cached.card import WeightsCard
 from heedrank.reranker.cached.evidence import document_evidence
 from heedrank.reranker.cached.scorers import QueryPass, SignalScorer
@@ -63,6 +64,7 @@ from heedrank.reranker.doccache import (
 )
 from heedrank.reranker.options import CachedBlockRankOptions
 from heedrank.reranker.scoring import CALIBRATION_QUERY
+from heedrank.reranker.slots import PassSlots
 from heedrank.types import Document, Query
 
 DEFAULT_BLOCK_CACHE_BYTES = BLOCK_CACHE_BUDGET.default
@@ -89,6 +91,11 @@ class CachedBlockRankReranker(BlockRankReranker):
             :data:`heedrank.config.BLOCK_CACHE_BUDGET`, i.e. ``$HEEDRANK_BLOCK_CACHE_BYTES`` or
             1 GiB; the service passes its ``Settings.block_cache_bytes`` through the reranker
             factory, :func:`heedrank.registry.build_reranker`).
+        passes: Query passes run at once by concurrent :meth:`rerank` calls (``None``: 1), each
+            in its own context buffer with its share of the torch threads
+            (:class:`heedrank.reranker.slots.PassSlots`); the service passes its rerank
+            ``workers``. Candidate blocks are read, and cold ones encoded by the base model,
+            outside the slots. A pass only reads the model, so passes need no lock.
 
     Raises:
         ValidationError: bad options, or ``$HEEDRANK_BLOCK_CACHE_BYTES`` is not a byte count.
@@ -98,14 +105,17 @@ class CachedBlockRankReranker(BlockRankReranker):
     cached = True
     options_class = CachedBlockRankOptions
     options: CachedBlockRankOptions
-    build_resources = ("block_cache_bytes",)
+    build_resources = ("block_cache_bytes", "passes")
     """What :func:`heedrank.registry.build_reranker` may pass to :meth:`from_config`."""
 
-    def __init__(self, config: RerankerConfig, lm: Any = None, *, block_cache_bytes: int | None = None) -> None:
+    def __init__(self, config: RerankerConfig, lm: Any = None, *, block_cache_bytes: int | None = None,
+                 passes: int | None = None) -> None:
         super().__init__(config, lm)
         if block_cache_bytes is None:
             block_cache_bytes = BLOCK_CACHE_BUDGET.from_env()
         self._block_source = BlockSource(block_cache_bytes)
+        self._slots = PassSlots(passes or 1)
+        self._kv0_lock = threading.Lock()
         self._state: CachedState | None = None
         self._load_lock = threading.Lock()
         self._tok_lock = threading.Lock()
@@ -113,9 +123,22 @@ class CachedBlockRankReranker(BlockRankReranker):
         self._kv0: dict[int, Any] = {}
 
     @classmethod
-    def from_config(cls, config: RerankerConfig, *, block_cache_bytes: int | None = None) -> CachedBlockRankReranker:
-        """The reranker of ``config``, its RAM tier sized ``block_cache_bytes`` (see the class)."""
-        return cls(config, block_cache_bytes=block_cache_bytes)
+    def from_config(cls, config: RerankerConfig, *, block_cache_bytes: int | None = None,
+                    passes: int | None = None) -> CachedBlockRankReranker:
+        """The reranker of ``config``, its RAM tier sized ``block_cache_bytes`` and running up
+        to ``passes`` query passes at once (see the class)."""
+        return cls(config, block_cache_bytes=block_cache_bytes, passes=passes)
+
+    @property
+    def pass_slots(self) -> PassSlots:
+        """The slots its query passes run in (:class:`heedrank.reranker.slots.PassSlots`)."""
+        return self._slots
+
+    @property
+    def concurrent_calls(self) -> int:
+        """Rerank calls that may run at once (:class:`heedrank.pipeline.RerankerCache` admits
+        that many): the query passes it runs side by side (:class:`heedrank.reranker.slots.PassSlots`)."""
+        return self._slots.n
 
     def block_source(self) -> BlockSource:
         """The RAM tier in front of the store (:class:`heedrank.reranker.doccache.BlockSource`),
@@ -269,7 +292,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         """``(key, keys, values)`` per text for a document KV store (``heedrank index kv build``;
         :func:`heedrank.reranker.cached.blocks.block_arrays`), always from the base model (the
         block encoders switch a query adapter off); never reads or writes the RAM cache."""
-        lm = self.lm
+        lm = self.base_lm
         with lm.lock:
             return block_arrays(lm, self.layout, self.instruction_kv(), texts, self.kv_depth,
                                 batch_size=self.options.doc_batch_size)
@@ -321,18 +344,32 @@ class CachedBlockRankReranker(BlockRankReranker):
         if depth not in self._kv0:
             import torch
 
-            with torch.inference_mode():
-                self._kv0[depth] = instruction_kv(self.lm, self.layout.instruction_ids, depth)
+            with self._kv0_lock, torch.inference_mode():
+                if depth not in self._kv0:
+                    self._kv0[depth] = instruction_kv(self.base_lm, self.layout.instruction_ids, depth)
         return self._kv0[depth]
 
     def cached_context(self, prompt: BlockPrompt, block_store: Any = None) -> Context:
         """Block 0's and the candidates' keys/values (blocks from ``block_store``, the RAM
-        tier, or computed and written back), with room reserved for the query and ``N/A``
-        blocks on the fast path."""
+        tier, or computed by the base model and written back), with room reserved for the query
+        and ``N/A`` blocks on the fast path, in the reranker's own context buffer (callers hold
+        the LM's lock until they are done with it; :meth:`rerank` uses a pass slot's instead)."""
+        return self.assemble(prompt, self.fetch_blocks(prompt, block_store), self.context_buffer())
+
+    def fetch_blocks(self, prompt: BlockPrompt, block_store: Any = None) -> Fetched:
+        """The candidates' blocks (:func:`heedrank.reranker.cached.blocks.fetch_blocks`): from
+        ``block_store``, the RAM tier, or computed by the base model now (never the query
+        adapter's copy, so a running query pass is never disturbed) and written back."""
+        return fetch_blocks(self.base_lm, self.block_source(), self.instruction_kv(), prompt, self.kv_depth,
+                            store=block_store, batch_size=self.options.doc_batch_size,
+                            round_trip=self.block_round_trip())
+
+    def assemble(self, prompt: BlockPrompt, fetched: Fetched, buffer: Any) -> Context:
+        """Block 0 and ``fetched`` copied into ``buffer`` (``None``: fresh tensors) with room
+        for the query and ``N/A`` blocks on the fast path."""
         reserve = len(prompt.query_ids) + len(prompt.calib_ids) if self.fast_path else 0
-        return fetch_context(self.lm, self.block_source(), self.instruction_kv(), prompt, self.kv_depth,
-                             store=block_store, reserve=reserve, buffer=self.context_buffer(),
-                             batch_size=self.options.doc_batch_size, round_trip=self.block_round_trip())
+        return assemble_context(self.instruction_kv(), fetched, self.kv_depth, reserve=reserve,
+                                buffer=buffer if self.fast_path else None)
 
     def block_round_trip(self) -> Any:
         """What a block computed now goes through before a query reads it: the store codec's
@@ -396,11 +433,29 @@ class CachedBlockRankReranker(BlockRankReranker):
         s = self.loaded()
         return learned_weights(self.options, self.config, s.card, s.adapter, s.layer, s.lm)
 
+    def score_documents(self, query: str, docs: Sequence[Document], *, block_store: Any = None) -> DocumentScores:
+        """:meth:`build_prompt`, the candidates' blocks (:meth:`fetch_blocks`, outside any
+        lock), then the query pass in a pass slot (:class:`heedrank.reranker.slots.PassSlots`:
+        up to ``passes`` of them run at once, each in its own context buffer; the pass reads the
+        model and changes nothing). ``details["timings"]["pass_wait"]``: seconds waiting for a slot."""
+        prompt = self.build_prompt(query, docs)
+        fetched = self.fetch_blocks(prompt, block_store)
+        t0 = time.perf_counter()
+        with self._slots.slot() as buffer:
+            waited = time.perf_counter() - t0
+            out = self._score(prompt, self.assemble(prompt, fetched, buffer))
+        out.details["timings"]["pass_wait"] = waited
+        return out
+
     def score_prompt(self, prompt: BlockPrompt, query: str, *, block_store: Any = None) -> DocumentScores:
-        """Hook of the rerank skeleton (under the LM's lock): the context from the store, then
-        the scorer chosen at load. The pass keeps each candidate token's share of the score
-        (for evidence)."""
-        ctx = self.cached_context(prompt, block_store)
+        """Hook of the rerank skeleton, for callers holding the LM's lock: the context from the
+        store in the reranker's own buffer, then the scorer chosen at load (:meth:`score_documents`
+        runs the same in a pass slot)."""
+        return self._score(prompt, self.cached_context(prompt, block_store))
+
+    def _score(self, prompt: BlockPrompt, ctx: Context) -> DocumentScores:
+        """The scorer chosen at load over the assembled context. The pass keeps each
+        candidate token's share of the score (for evidence)."""
         s = self.loaded()
         out = s.scorer.score(QueryPass(s.lm, prompt, ctx.kv, s.layer, self.options.doc_batch_size, self.fast_path))
         return DocumentScores(
@@ -439,8 +494,9 @@ class CachedBlockRankReranker(BlockRankReranker):
             if state is None:
                 import torch
 
-                with self.lm.lock, torch.inference_mode():
-                    state = self.token_mass(prompt, self.cached_context(prompt, block_store).kv)[0]
+                fetched = self.fetch_blocks(prompt, block_store)
+                with self._slots.slot() as buffer, torch.inference_mode():
+                    state = self.token_mass(prompt, self.assemble(prompt, fetched, buffer).kv)[0]
             tokens = (state() if callable(state) else state).double().tolist()
             evidence = document_evidence(self.base_lm.tokenizer, self.layout, prompt, tokens, candidates, run.owner,
                                          self.config.max_doc_tokens, max_spans)

@@ -32,8 +32,8 @@ class Context:
 
     Attributes:
         kv: Per layer ``0..kv_depth``, ``(keys, values)`` float32 ``(1, kv_heads, K, head_dim)``:
-            block 0 then the candidates' tokens (no padding); on the fast path views into the
-            reranker's context buffer, valid until its next call (use under the LM's lock).
+            block 0 then the candidates' tokens (no padding); on the fast path views into a
+            context buffer, valid until that buffer's next use (a pass slot's, held meanwhile).
         seconds: ``blocks_fetch``, ``blocks_encode``, ``blocks_assemble``, seconds.
         cache: ``{"hits", "misses"}`` of the candidate blocks (store and RAM tiers).
     """
@@ -75,20 +75,53 @@ def block_arrays(lm: Any, layout: BlockLayout, kv0: Any, texts: Sequence[str], d
     return [(block_key(b), k.float().cpu().numpy(), v.float().cpu().numpy()) for b, (k, v) in zip(blocks, kvs)]
 
 
-def fetch_context(lm: Any, source: BlockSource, kv0: Any, prompt: BlockPrompt, depth: int, *, store: Any,
-                  reserve: int, buffer: Any, batch_size: int, round_trip: Any = None) -> Context:
-    """Block 0's (``kv0``) and the candidates' keys/values for layers ``0..depth``: blocks
-    from ``store``, the RAM tier ``source``, or computed (then passed through ``round_trip``,
-    :meth:`BlockSource.fetch`) and written back; ``reserve`` rows of room after them in
-    ``buffer`` (:func:`heedrank.reranker.doccache.assemble_kv`)."""
+@dataclass(frozen=True)
+class Fetched:
+    """A query's candidate blocks, before they are assembled into its context.
+
+    Attributes:
+        blocks: Per candidate block ``(keys, values)`` float32 ``(depth + 1, kv_heads, T_i,
+            head_dim)`` (read-only views of the store's arrays, or computed now).
+        seconds: ``blocks_fetch`` and ``blocks_encode``, seconds.
+        cache: ``{"hits", "misses"}`` of the candidate blocks (store and RAM tiers).
+    """
+
+    blocks: list[tuple[Any, Any]]
+    seconds: dict[str, float]
+    cache: dict[str, int]
+
+
+def fetch_blocks(lm: Any, source: BlockSource, kv0: Any, prompt: BlockPrompt, depth: int, *, store: Any,
+                 batch_size: int, round_trip: Any = None) -> Fetched:
+    """The candidates' blocks for layers ``0..depth``: from ``store``, the RAM tier ``source``,
+    or computed by ``lm`` against block 0's ``kv0`` (then passed through ``round_trip``,
+    :meth:`BlockSource.fetch`) and written back. Needs no context buffer, so a query reads its
+    blocks while another query's pass runs."""
     import torch
 
     with torch.inference_mode():
         blocks, fetch = source.fetch(lm, kv0, prompt.doc_ids, depth, store=store, batch_size=batch_size,
                                      round_trip=round_trip)
-        t0 = time.perf_counter()
-        kv = assemble_kv(kv0, blocks, depth, reserve=reserve, buffer=buffer)
     seconds = {"blocks_fetch": (fetch.seconds or {}).get("fetch", 0.0),
-               "blocks_encode": (fetch.seconds or {}).get("encode", 0.0),
-               "blocks_assemble": time.perf_counter() - t0}
-    return Context(kv, seconds, {"hits": fetch.hits, "misses": fetch.misses})
+               "blocks_encode": (fetch.seconds or {}).get("encode", 0.0)}
+    return Fetched(blocks, seconds, {"hits": fetch.hits, "misses": fetch.misses})
+
+
+def assemble_context(kv0: Any, fetched: Fetched, depth: int, *, reserve: int, buffer: Any) -> Context:
+    """Block 0's (``kv0``) and the fetched blocks' keys/values copied into ``buffer``, with
+    ``reserve`` rows of room after them (:func:`heedrank.reranker.doccache.assemble_kv`); valid
+    until ``buffer``'s next use."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        kv = assemble_kv(kv0, fetched.blocks, depth, reserve=reserve, buffer=buffer)
+    return Context(kv, {**fetched.seconds, "blocks_assemble": time.perf_counter() - t0}, dict(fetched.cache))
+
+
+def fetch_context(lm: Any, source: BlockSource, kv0: Any, prompt: BlockPrompt, depth: int, *, store: Any,
+                  reserve: int, buffer: Any, batch_size: int, round_trip: Any = None) -> Context:
+    """:func:`fetch_blocks` then :func:`assemble_context`: block 0's and the candidates'
+    keys/values for layers ``0..depth`` with ``reserve`` rows of room after them in ``buffer``."""
+    fetched = fetch_blocks(lm, source, kv0, prompt, depth, store=store, batch_size=batch_size, round_trip=round_trip)
+    return assemble_context(kv0, fetched, depth, reserve=reserve, buffer=buffer)
