@@ -27,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # ---------------------------------------------------------------------------- the reranker
 ModelOpt = Annotated[
     Optional[str],
-    typer.Option("--model", help="Reranker LM: a local HF causal-LM directory; default: packaged SmolLM2-135M-Instruct."),
+    typer.Option("--model", help="Reranker LM: a packaged name (smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-0.5b-instruct) or a local HF causal-LM directory; default: smollm2-135m-instruct."),
 ]
 MaxDocTokensOpt = Annotated[
     Optional[int], typer.Option("--max-doc-tokens", help="Per-document budget in LM tokens (truncation is reported); "
