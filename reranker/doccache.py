@@ -472,8 +472,9 @@ class BlockSource:
     shares one entry across collections and a replaced document never reads a stale block.
     Misses are encoded in one batched call and written back to the store when one is given
     (whose own RAM cache then serves them); those the store does not take (none given, readonly,
-    not admitted, over its disk budget) are kept in this RAM cache. Thread-safe when the
-    caller serialises LM use (the reranker's lock).
+    not admitted, over its disk budget) are kept in this RAM cache. Thread-safe (the LRU and the
+    store lock themselves): concurrent fetches may both encode a block cold for both, and write
+    the same block twice.
 
     Args:
         memory_bytes: RAM budget for blocks in bytes (float32 tensors), e.g. the ad-hoc
