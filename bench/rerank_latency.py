@@ -1,7 +1,7 @@
 """Benchmark: full-attention ICR vs BlockRank vs cached BlockRank latency and memory as the
 candidate count grows.
 
-``cached`` is BlockRank with ``query_in_instruction=false`` whose candidate blocks are already
+``cached`` is cached BlockRank (``blockrank-cached``) whose candidate blocks are already
 in a document KV store (float16, :mod:`heedrank.index.kv`, the store's RAM LRU large
 enough to hold them, the reranker's own RAM cache off): per query only the query block runs
 against the stored keys/values. Filling the store is not timed (that is index time, see
@@ -106,12 +106,14 @@ def worker(args) -> None:
         from heedrank.types import Query
 
         os.environ["HEEDRANK_BLOCK_CACHE_BYTES"] = "0"
-        cfg = RerankerConfig(method="blockrank", model=args.model, max_doc_tokens=128, device=args.device,
-                             options={"query_in_instruction": False, **br_options})
-        if args.cached_options is not None:  # method blockrank-cached with these options (e.g. the default: {})
+        # cached BlockRank scoring as BlockRank does (--scoring), no card or adapter, unless
+        # --cached-options names its options (e.g. the default: {})
+        cfg = RerankerConfig(method="blockrank-cached", model=args.model, max_doc_tokens=128, device=args.device,
+                             options={"query_adapter": None, **br_options})
+        if args.cached_options is not None:
             cfg = RerankerConfig(method="blockrank-cached", model=args.model, device=args.device,
                                  options=json.loads(args.cached_options))
-    if args.path == "cached" and args.cached_options is not None:
+    if args.path == "cached":
         from heedrank.reranker.cached import CachedBlockRankReranker
 
         r = CachedBlockRankReranker(cfg)

@@ -507,7 +507,7 @@ class BlockFiller:
         """Open the store (created when missing) and start the filling thread; a no-op when
         the reranker reads no stored blocks or the index keeps none."""
         self.store = block_store_for(self.reranker, self.index, create=True)
-        if self.store is None or getattr(self.store, "readonly", False):
+        if self.store is None or self.store.readonly:
             return self
         self._read_stats()
         self._thread = threading.Thread(target=self._run, name=f"heedrank-fill-{self.name}", daemon=True)

@@ -47,8 +47,7 @@ def block_features(reranker: Any, query: str, docs: Sequence[Document], *, block
     """Per-candidate attention features of one query from one cached BlockRank pass.
 
     Args:
-        reranker: :class:`heedrank.reranker.blockrank.BlockRankReranker` with
-            ``query_in_instruction=false``.
+        reranker: A :class:`heedrank.reranker.cached.CachedBlockRankReranker`.
         query: Query text.
         docs: Candidates (first-stage order).
         block_store: The collection's document KV store (blocks missing from it are computed

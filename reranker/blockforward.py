@@ -106,7 +106,7 @@ def context_kv(lm: Any, prompt: BlockPrompt, layer: int, *, doc_batch_size: int 
     ``0..layer``, concatenated without padding.
 
     Candidate blocks depend only on block 0 and themselves, so this is also the part a
-    document KV cache can hold (docs/design/algorithms.md section 3, ``query_in_instruction=false``).
+    document KV cache can hold (cached BlockRank, docs/design/algorithms.md section 3.1).
 
     Args:
         reserve, buffer: Under inference, room left after the context for the query pass's

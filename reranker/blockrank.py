@@ -3,8 +3,8 @@
 Source: Gupta et al. 2025, "Scalable In-context Ranking with Generative Models"
 (arXiv 2510.05396), Sections 3-4 (repo nilesh2797/BlockRank).
 
-Blocks: block 0 = instruction with the query (option ``query_in_instruction``: only true
-here; false is the document KV cache mode); blocks 1..N = one per candidate,
+Blocks: block 0 = instruction with the query (cached BlockRank,
+:mod:`heedrank.reranker.cached`, keeps the query out of it so blocks can be stored); blocks 1..N = one per candidate,
 ``ID: i | CONTENT: <d_i> | END ID: i``; block N+1 = the query block ending in the answer
 prefix ``Final Answer: [`` whose last ``n_signal`` tokens (``:`` and `` [``) are the
 *signal tokens*. The labels ``i`` count from 0 in the order of the candidates' doc ids
@@ -81,8 +81,8 @@ class BlockRankReranker(AttentionReranker):
     ``scoring``, ``query_offset``, ``n_signal``, ``chat_template``, ``doc_batch_size``,
     ``mask_std``, ``heads`` (with ``scoring="signal"``: average the signal attention of
     these heads, each read at its own layer, and stop after the deepest), ``reattn``
-    (ReAttn re-weighting of the signal tokens' per-token mass), ``query_in_instruction``,
-    ``doc_labels``, ``max_query_tokens``.
+    (ReAttn re-weighting of the signal tokens' per-token mass), ``doc_labels``,
+    ``max_query_tokens``.
 
     :meth:`rerank` (the base skeleton) returns, with ``scoring="signal"``, attention
     probabilities summing to 1 over the distinct candidate texts, and

@@ -1,4 +1,4 @@
-"""Document blocks encoded once: BlockRank's cached mode (``query_in_instruction=false``).
+"""Document blocks encoded once: cached BlockRank's blocks (block 0 without the query).
 
 Source: Gupta et al. 2025, "Scalable In-context Ranking with Generative Models"
 (arXiv 2510.05396), Section 3, with this project's extension (docs/design/algorithms.md section 3.1): when block 0 holds only the fixed instruction (no query), a candidate block
@@ -534,7 +534,7 @@ class BlockSource:
             if round_trip is not None:
                 fresh = [tuple(_as_tensor(a, lm.device) for a in round_trip(k.cpu().numpy(), v.cpu().numpy()))
                          for k, v in fresh]
-            writable = store is not None and not getattr(store, "readonly", False)
+            writable = store is not None and not store.readonly
             if writable:
                 store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})
             for k, kv in zip(todo, fresh):

@@ -356,7 +356,7 @@ def _path_or(*named: str) -> Coerce:
 @dataclass(frozen=True)
 class CachedBlockRankOptions(RerankerOptions):
     """Options of cached BlockRank (registry name ``"blockrank-cached"``; docs/design/algorithms.md
-    section 3, "query_in_instruction" extension): block 0 is the fixed instruction only and
+    section 3.1, this project's extension): block 0 is the fixed instruction only and
     a candidate block carries no id, so each block's keys and values depend on the document
     alone and come from the index's document KV store. Defaults are the best measured
     configuration (docs/results/default.md): with the packaged files of the

@@ -340,7 +340,7 @@ class _BlockEncoder(_ActorUDF):
     and reports what it did.
 
     Args:
-        config: The reranker config (``query_in_instruction=false``).
+        config: The config of a cached BlockRank reranker (method ``blockrank-cached``).
         header: The driver's :class:`~heedrank.index.kv.KVHeader` (or its :meth:`~heedrank.blocks.KVHeader.to_dict`).
         batch_size: Blocks per LM batch and per committed shard of a part.
         setup, threads: See :class:`_ActorUDF`.
@@ -531,8 +531,8 @@ class RayEngine:
 
         Args:
             plan: The build's plan (:func:`heedrank.index.kv.plan_build`).
-            config: The frozen reranker config the actors build their encoder from
-                (``query_in_instruction=false``), shipped by value.
+            config: The frozen cached BlockRank config the actors build their encoder
+                from, shipped by value.
             batch_size: Blocks per LM batch and per committed shard.
             progress: Called with the blocks of each part adopted.
 

@@ -306,8 +306,8 @@ def train_query_adapter(
     ``out/best``.
 
     Args:
-        reranker: A :class:`heedrank.reranker.cached.CachedBlockRankReranker`
-            (``query_in_instruction=false``); its LM gets the LoRA layers in place.
+        reranker: A :class:`heedrank.reranker.cached.CachedBlockRankReranker`; its LM gets
+            the LoRA layers in place.
         examples: Training queries (those without a positive or a negative are skipped).
         block_stores: Document KV store per example ``source`` (read-only is fine; a writable
             one keeps the blocks it lacked); a source without one uses the RAM cache.

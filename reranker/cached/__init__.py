@@ -1,7 +1,7 @@
 """Cached BlockRank: BlockRank whose candidate blocks come from a document KV store.
 
-Source: BlockRank (Gupta et al. 2025, arXiv 2510.05396, Sections 3-4) with the
-``query_in_instruction`` extension (README, "cached BlockRank"): block 0 is
+Source: BlockRank (Gupta et al. 2025, arXiv 2510.05396, Sections 3-4) with this
+project's extension (docs/design/algorithms.md section 3.1): block 0 is
 the fixed instruction only and a candidate block carries no id, so each block's keys and
 values (layers ``0..l*``) depend on the document alone. They are encoded once, at index
 time, into the index's document KV store (``heedrank index kv build``), and a query runs
