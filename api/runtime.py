@@ -68,7 +68,7 @@ class Runtime:
         self._loader: threading.Thread | None = None
         self.fillers: dict[str, Any] = {}
         """Per collection, the background fill of its document KV store
-        (:class:`heedrank.blocks.BlockFiller`), started once the models are loaded."""
+        (:class:`heedrank.api.fill.BlockFiller`), started once the models are loaded."""
         self.background: set[asyncio.Task[Any]] = set()
         """Best-effort tasks started after an acknowledgement (block encoding after writes);
         held here so they are not collected, and cancelled by :meth:`close`."""
@@ -204,7 +204,7 @@ class Runtime:
     def _start_fill(self, method: str) -> None:
         """Start the background fill of every collection's document KV store for the start-up
         reranker, and route the blocks a search skips (its recompute budget spent) to it."""
-        from heedrank.blocks import BlockFiller
+        from heedrank.api.fill import BlockFiller
 
         assert self.rerankers is not None
         reranker, lock = self.rerankers.get(method)

@@ -137,7 +137,7 @@ def main() -> None:
 
     torch.set_num_threads(args.torch_threads)
     sys.path.insert(0, str(ROOT))
-    from heedrank.blocks import BlockFiller
+    from heedrank.api.fill import BlockFiller
     from heedrank.config import KVTiers, PipelineConfig, RerankerConfig
     from heedrank.index.builder import build_index
     from heedrank.pipeline import Pipeline, SearchOptions

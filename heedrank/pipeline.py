@@ -148,7 +148,7 @@ class RerankerCache:
         self.cold_listener: Callable[[Any, Any, Sequence[Document]], None] | None = None
         """Called as ``listener(reranker, block_store, documents)`` with the candidates a
         recompute budget left out (their blocks cold); the service's background fill
-        (:class:`heedrank.blocks.BlockFiller`) queues them. Must not block."""
+        (:class:`heedrank.api.fill.BlockFiller`) queues them. Must not block."""
 
     @property
     def active(self) -> int:

@@ -217,7 +217,7 @@ def test_a_cold_store_answers_at_once_and_fills_in_the_background(monkeypatch, i
     """No store at start-up: a search with a budget of 0 reranks nothing and keeps the first
     stage (saying so), the background fill stores every document's block, and then the same
     search is fully reranked; a restart finds the store filled and encodes nothing."""
-    from heedrank.blocks import BlockFiller
+    from heedrank.api.fill import BlockFiller
 
     monkeypatch.setitem(registry._RERANKERS, "coldfake", ColdAwareFake)
     monkeypatch.setattr(BlockFiller, "scan_chunk", 1)
@@ -260,7 +260,7 @@ def test_a_cold_store_answers_at_once_and_fills_in_the_background(monkeypatch, i
 
 def test_the_fill_yields_to_requests(monkeypatch, index_dir):
     """While a request is in flight the fill encodes nothing; it resumes when the service is idle."""
-    from heedrank.blocks import BlockFiller
+    from heedrank.api.fill import BlockFiller
 
     monkeypatch.setitem(registry._RERANKERS, "coldfake", ColdAwareFake)
     with _client(index_dir, method="coldfake") as c:  # no fill at start-up: driven by hand below
