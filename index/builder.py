@@ -26,7 +26,7 @@ import platform
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from itertools import islice
 from pathlib import Path
@@ -198,14 +198,7 @@ def build_index(
     if not dense:
         encoder = None
     elif encoder is None:
-        from heedrank.index.encoder import SentenceTransformerEncoder, default_prefixes
-
-        qp, dp = default_prefixes(embedder)
-        encoder = SentenceTransformerEncoder(
-            embedder, batch_size=batch_size,
-            query_prefix=qp if query_prefix is None else query_prefix,
-            document_prefix=dp if document_prefix is None else document_prefix,
-        )
+        encoder = _load_encoder(embedder, batch_size, query_prefix, document_prefix)
 
     total = len(load_beir_corpus(corpus_file))
     if total == 0:
@@ -226,14 +219,8 @@ def build_index(
         with Progress(total=total, desc="index documents", unit="doc", show_progress=show_progress, log=logger) as bar:
             for batch in _batched(iter_beir_documents(corpus_file, batch_size=_READ_BATCH), chunk):
                 if extra:
-                    merged = []
-                    for doc in batch:
-                        fields = extra.get(doc.doc_id)
-                        if fields:
-                            matched += 1
-                            doc = Document(doc.doc_id, doc.text, doc.title, {**doc.metadata, **fields})
-                        merged.append(doc)
-                    batch = merged
+                    batch, hits = _with_metadata(batch, extra)
+                    matched += hits
                 store.add_many(batch)
                 texts = [d.content for d in batch]
                 bm25_builder.add(texts)
@@ -259,33 +246,7 @@ def build_index(
             vectors.save(tmp / VECTORS_FILE)
         store.close()
 
-        params: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "build_seconds": None,
-            "corpus": {"path": str(corpus), "file": str(corpus_file), "sha256": file_sha256(corpus_file)},
-            "metadata_file": (
-                {"path": str(Path(metadata).absolute()), "sha256": file_sha256(Path(metadata)), "matched_docs": matched}
-                if metadata is not None else None
-            ),
-            "num_docs": n,
-            "bm25": bm25.describe(),
-            "dense": (
-                {
-                    "index_type": vectors.describe()["index_type"],
-                    "params": vectors.params.to_dict(),
-                    "dim": vectors.dim,
-                    "num_vectors": len(vectors),
-                    "metric": "inner_product",
-                    "file": VECTORS_FILE,
-                    "embedder": encoder.describe(),
-                    "passages": passages.to_dict() if passages is not None else None,
-                    "planner": planner.to_dict(),
-                }
-                if vectors is not None and encoder is not None else None
-            ),
-            "versions": library_versions(),
-        }
+        params = _index_params(corpus, corpus_file, metadata, matched, n, bm25, vectors, encoder, passages, planner)
         params["build_seconds"] = round(time.perf_counter() - t0, 3)
         (tmp / PARAMS_FILE).write_text(json.dumps(params, indent=2) + "\n")
         _replace_dir(tmp, out, overwrite)
@@ -293,6 +254,68 @@ def build_index(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("index of %d documents written to %s in %.1f s", n, out, params["build_seconds"])
+    return params
+
+
+def _load_encoder(embedder: str | None, batch_size: int, query_prefix: str | None,
+                  document_prefix: str | None) -> Any:
+    """The sentence-transformers encoder of ``embedder`` (``None``: the packaged MiniLM) with
+    the model's known prefixes unless given (:func:`heedrank.index.encoder.default_prefixes`)."""
+    from heedrank.index.encoder import SentenceTransformerEncoder, default_prefixes
+
+    qp, dp = default_prefixes(embedder)
+    return SentenceTransformerEncoder(
+        embedder, batch_size=batch_size,
+        query_prefix=qp if query_prefix is None else query_prefix,
+        document_prefix=dp if document_prefix is None else document_prefix,
+    )
+
+
+def _with_metadata(batch: Sequence[Document], extra: Mapping[str, Mapping[str, Any]]) -> tuple[list[Document], int]:
+    """``batch`` with each document's metadata file fields merged over its corpus fields, and
+    how many documents had some."""
+    merged, matched = [], 0
+    for doc in batch:
+        fields = extra.get(doc.doc_id)
+        if fields:
+            matched += 1
+            doc = Document(doc.doc_id, doc.text, doc.title, {**doc.metadata, **fields})
+        merged.append(doc)
+    return merged, matched
+
+
+def _index_params(corpus: Path, corpus_file: Path, metadata: str | Path | None, matched: int, n: int, bm25: Any,
+                  vectors: Any, encoder: Any, passages: Any, planner: Any) -> dict[str, Any]:
+    """``params.json`` of a built index (:func:`build_index`, "Returns"), ``build_seconds`` unset."""
+    from heedrank.index.dense import VECTORS_FILE
+
+    params: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": None,
+        "corpus": {"path": str(corpus), "file": str(corpus_file), "sha256": file_sha256(corpus_file)},
+        "metadata_file": (
+            {"path": str(Path(metadata).absolute()), "sha256": file_sha256(Path(metadata)), "matched_docs": matched}
+            if metadata is not None else None
+        ),
+        "num_docs": n,
+        "bm25": bm25.describe(),
+        "dense": (
+            {
+                "index_type": vectors.describe()["index_type"],
+                "params": vectors.params.to_dict(),
+                "dim": vectors.dim,
+                "num_vectors": len(vectors),
+                "metric": "inner_product",
+                "file": VECTORS_FILE,
+                "embedder": encoder.describe(),
+                "passages": passages.to_dict() if passages is not None else None,
+                "planner": planner.to_dict(),
+            }
+            if vectors is not None and encoder is not None else None
+        ),
+        "versions": library_versions(),
+    }
     return params
 
 
