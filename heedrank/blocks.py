@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
 from heedrank.errors import HeedrankError, KVStoreError, KVStoreMismatchError, ValidationError
+from heedrank.textrules import is_int
 
 if TYPE_CHECKING:  # type-only: no runtime edge to the protocols module, which re-exports this one's
     from heedrank.protocols import RerankResult
@@ -119,7 +120,7 @@ class KVHeader:
             raise ValidationError(f"KVHeader.adapter_hash must be a non-empty string or None, got {self.adapter_hash!r}")
         for name in ("layer", "kv_heads", "head_dim", "max_doc_tokens", "format_version"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "layer" else 1):
+            if not is_int(value) or value < (0 if name == "layer" else 1):
                 raise ValidationError(f"KVHeader.{name} must be an int >= {0 if name == 'layer' else 1}, got {value!r}")
         if self.dtype not in KV_DTYPES:
             raise ValidationError(f"KVHeader.dtype must be one of {KV_DTYPES}, got {self.dtype!r}")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from heedrank.errors import ValidationError
+from heedrank.textrules import is_int
 
 DEFAULT_MAX_DOC_TOKENS = 160
 """Per-document budget in LM tokens of a method without one of its own (ICR, BlockRank);
@@ -238,7 +239,7 @@ class SearchLimits:
     def __post_init__(self) -> None:
         for name in ("max_top_k", "max_candidates"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValidationError(f"{name} must be an integer >= 1, got {value!r}")
 
     def check_top_k(self, top_k: Any) -> int:

@@ -22,6 +22,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from heedrank.textrules import is_number
+
 EPS = 1e-12
 """Spreads (a standard deviation, a max - min range) at or below this count as zero: the
 slice is constant, and :func:`standardize` gives zeros, :func:`minmax` ones."""
@@ -191,7 +193,7 @@ def unit_or_keyword(value: Any, keywords: Mapping[str, Any], message: str) -> An
             value = -1.0
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+    if not is_number(value) or not 0.0 <= float(value) <= 1.0:
         raise ValidationError(message.format(value=value))
     return float(value)
 

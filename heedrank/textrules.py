@@ -20,6 +20,9 @@ it, whatever bytes spell them: NFC and NFD accents, full-width letters, ligature
 zero-width characters and soft hyphens, upper and lower case. It is BM25's Unicode analysis
 (:mod:`heedrank.index.bm25`, analyzer version 2), and :func:`is_blank` (a query with
 nothing left after it is empty: 422) uses it.
+
+**Numbers** (:func:`is_int`, :func:`is_number`): counts and weights are JSON numbers, never
+booleans, although Python's ``True`` is an ``int``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from heedrank.errors import ValidationError
 
@@ -158,3 +161,14 @@ def check_id(value: str, where: str) -> str:
     if problem:
         raise ValidationError(f"{where}: id {problem}")
     return value
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """Whether ``value`` is an integer and not a bool (``True`` is an ``int`` in Python, a
+    switch in JSON)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """Whether ``value`` is an ``int`` or a ``float`` and not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

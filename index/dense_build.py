@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from heedrank.errors import NotFoundError, ValidationError
+from heedrank.textrules import is_int
 
 INDEX_TYPES = ("flat", "hnsw", "ivf")
 INDEX_TYPE = "IndexIDMap2(IndexFlatIP)"
@@ -47,7 +48,7 @@ class DenseParams:
             raise ValidationError(f"unknown index type {self.index_type!r}; choose one of {list(INDEX_TYPES)}")
         for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValidationError(f"{name} must be a positive integer, got {value!r}")
         if self.nlist is not None and (isinstance(self.nlist, bool) or not isinstance(self.nlist, int) or self.nlist < 1):
             raise ValidationError(f"nlist must be a positive integer or None, got {self.nlist!r}")

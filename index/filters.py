@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from heedrank.errors import ValidationError
+from heedrank.textrules import is_int, is_number
 
 Scalar = Union[str, int, bool]
 
@@ -197,7 +198,7 @@ def _check_scalar(value: Any, path: str) -> Scalar:
 
 
 def _check_number(value: Any, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise FilterError(path, f"range bounds must be numbers, got {_type_name(value)} {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise FilterError(path, f"range bounds must be finite, got {value!r}")
@@ -246,7 +247,7 @@ class _Parser:
         if "conditions" not in obj or "min_count" not in obj:
             raise FilterError(path, 'expected {"conditions": [...], "min_count": N}')
         count = obj["min_count"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if not is_int(count) or count < 0:
             raise FilterError(f"{path}.min_count", f"expected an integer >= 0, got {_type_name(count)} {count!r}")
         return MinShould(self.conditions(obj["conditions"], f"{path}.conditions", depth), count)
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from heedrank.blocks import KV_DTYPES
 from heedrank.errors import ValidationError
 from heedrank.reranker.reattn import ReAttnConfig
+from heedrank.textrules import is_int, is_number
 
 if TYPE_CHECKING:
     from heedrank.reranker.cached.card import WeightsCard
@@ -60,7 +61,7 @@ def _int(minimum: int | None = None, maximum: int | None = None, *, optional: bo
     def coerce(name: str, value: Any) -> int | None:
         if value is None and optional:
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise _fail(name, "an integer" + (" or null" if optional else ""), value)
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
@@ -74,7 +75,7 @@ def _float(minimum: float | None = None, *, optional: bool = False) -> Coerce:
     def coerce(name: str, value: Any) -> float | None:
         if value is None and optional:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        if not is_number(value) or value != value:
             raise _fail(name, "a number" + (" or null" if optional else ""), value)
         if minimum is not None and value < minimum:
             raise _fail(name, f"a number >= {minimum}", value)
@@ -106,7 +107,7 @@ def _heads(allow_learned: bool) -> Coerce:
             pairs = []
             for pair in value:
                 if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                        or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in pair)):
+                        or any(not is_int(x) or x < 0 for x in pair)):
                     raise _fail(name, "[[layer, head], ...] with non-negative integers", value)
                 pairs.append((int(pair[0]), int(pair[1])))
             return tuple(sorted(set(pairs)))

@@ -37,6 +37,7 @@ from heedrank.errors import ValidationError
 from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
 from heedrank.protocols import Preloadable
 from heedrank.types import Query
+from heedrank.textrules import is_int, is_number
 
 if TYPE_CHECKING:
     from heedrank.blocks import BlockKey
@@ -112,7 +113,7 @@ class EngineOptions:
 
         def whole(name: str, low: int) -> None:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise ValidationError(f"ray {name} must be an integer >= {low}, got {value!r}")
 
         whole("actors", 1)
@@ -121,7 +122,7 @@ class EngineOptions:
         whole("max_task_retries", -1)
         for name in ("num_cpus", "num_gpus"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if not is_number(value) or not math.isfinite(value) or value < 0:
                 raise ValidationError(f"ray {name} per actor must be a number >= 0, got {value!r}")
         if self.object_store_memory is not None and (
                 isinstance(self.object_store_memory, bool) or not isinstance(self.object_store_memory, int)

@@ -68,6 +68,7 @@ from heedrank.jsonable import jsonable
 from heedrank.pipeline import NO_RERANK, FirstStageRow, Pipeline, RerankerCache, SearchOptions, SearchResult, check_query_texts
 from heedrank.protocols import Preloadable
 from heedrank.types import Document, Query, Ranking
+from heedrank.textrules import is_int
 
 if TYPE_CHECKING:
     from heedrank.config import RerankerConfig
@@ -409,7 +410,7 @@ def split_parts(keys: Sequence[_Key], parts: int) -> list[list[_Key]]:
     Raises:
         ValidationError: ``parts < 1``.
     """
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+    if not is_int(parts) or parts < 1:
         raise ValidationError(f"parts must be an integer >= 1, got {parts!r}")
     ids = list(dict.fromkeys(keys))
     size, extra = divmod(len(ids), parts)
@@ -441,7 +442,7 @@ class RayEngine:
     in_process = False
 
     def __init__(self, options: EngineOptions | None = None, *, part_batches: int = 4) -> None:
-        if isinstance(part_batches, bool) or not isinstance(part_batches, int) or part_batches < 1:
+        if not is_int(part_batches) or part_batches < 1:
             raise ValidationError(f"part_batches must be an integer >= 1, got {part_batches!r}")
         options = options or EngineOptions(engine="ray")
         self.options = options if options.engine == "ray" else replace(options, engine="ray")

@@ -24,6 +24,7 @@ from heedrank.blocks import BlockCachingReranker, BlockKey, KVHeader
 from heedrank.errors import KVStoreError, ValidationError
 from heedrank.index.kv.store import KVStore
 from heedrank.progress import Progress, track
+from heedrank.textrules import is_int
 
 if TYPE_CHECKING:
     from heedrank.config import RerankerConfig
@@ -110,7 +111,7 @@ def build_missing(
 
 
 def _check_batch_size(batch_size: int) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ValidationError(f"batch_size must be an integer >= 1, got {batch_size!r}")
 
 
