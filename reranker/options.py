@@ -335,6 +335,7 @@ class BlockRankOptions(RerankerOptions):
 
 
 def _check_heads(options: Any) -> None:
+    """Raises ValidationError: ``heads`` without ``scoring='signal'`` (BlockRank and cached BlockRank)."""
     if options.heads != "all" and options.scoring != "signal":
         raise ValidationError("heads select signal-token heads; they need scoring='signal'")
 
@@ -419,8 +420,7 @@ class CachedBlockRankOptions(RerankerOptions):
     )
 
     def check(self) -> None:
-        if self.heads != "all" and self.scoring != "signal":
-            raise ValidationError("heads select signal-token heads; they need scoring='signal'")
+        _check_heads(self)
 
 
 OPTION_CLASSES: dict[str, type[RerankerOptions]] = {
