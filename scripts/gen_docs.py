@@ -215,17 +215,19 @@ MARKERS = ("<!-- what-ships:start -->", "<!-- what-ships:end -->")
 
 
 def shipped_card() -> Any:
-    """The weights card shipped in ``reranker/data/`` (:class:`heedrank.reranker.cached.card.WeightsCard`).
+    """The default LM's weights card shipped in ``reranker/data/``
+    (:class:`heedrank.reranker.cached.card.WeightsCard`; other packaged models ship their own beside it).
 
     Raises:
-        RuntimeError: not exactly one card ships.
+        RuntimeError: the default LM's card does not ship.
     """
+    from heedrank.config import DEFAULT_LM
     from heedrank.reranker.cached.card import CARD_SUFFIX, read_card
 
-    cards = sorted((ROOT / "reranker" / "data").glob(f"*{CARD_SUFFIX}"))
-    if len(cards) != 1:
-        raise RuntimeError(f"expected one weights card in reranker/data/, found {[c.name for c in cards]}")
-    return read_card(cards[0])
+    card = ROOT / "reranker" / "data" / f"{DEFAULT_LM}{CARD_SUFFIX}"
+    if not card.is_file():
+        raise RuntimeError(f"the default LM's weights card {card} does not ship")
+    return read_card(card)
 
 
 def card_field(data: Any, path: str) -> Any:

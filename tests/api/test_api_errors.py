@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -67,8 +69,13 @@ def test_405_wrong_method(client):
     _error(client.get("/search"), 405, "method_not_allowed")
 
 
+@contextmanager
 def _client(settings, pipeline):
-    return TestClient(create_app(settings, pipeline=pipeline), raise_server_exceptions=False)
+    """A client of an app whose background load has finished (a loaded machine can take longer
+    than the first request: that request would get 503 unhealthy)."""
+    with TestClient(create_app(settings, pipeline=pipeline), raise_server_exceptions=False) as client:
+        assert client.app.state.runtime.wait_ready(10)
+        yield client
 
 
 def test_heedrank_error_keeps_its_status(settings, fake_reranker):

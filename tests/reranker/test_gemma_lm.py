@@ -127,8 +127,10 @@ def _reranker(lm):
     from heedrank.config import RerankerConfig
     from heedrank.reranker.cached import CachedBlockRankReranker
 
+    # float16 blocks: a block computed now is exact (no int8 round trip), one read back within float16
     return CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=MAX_DOC_TOKENS, options={
-        "scoring": "signal", "query_adapter": None, "layer": LAYER, "chat_template": False}), lm=lm)
+        "scoring": "signal", "query_adapter": None, "layer": LAYER, "chat_template": False, "kv_dtype": "float16"}),
+        lm=lm)
 
 
 @pytest.mark.slow
@@ -213,3 +215,22 @@ def test_gemma_icr_past_the_window_equals_one_uncached_pass(gemma_lm, long_docs)
         run_with_capture(gemma_lm.model.base_model, cap, input_ids=torch.tensor([prompt.context_ids + prompt.query_ids]))
     ref = torch.stack([cap.out[l][0, :, :T] for l in att.layers]).float()
     assert float((ref - att.query).abs().max()) < 1e-5
+
+
+@pytest.mark.slow
+def test_gemma_serves_its_packaged_card_and_adapter(gemma_lm) -> None:
+    """``--model gemma3-270m`` gets the default its recipe built (reranker/data/gemma3-270m.*):
+    learned scoring, its query adapter, its fusion weight; an on-topic document ranks first."""
+    from heedrank.config import RerankerConfig
+    from heedrank.reranker.cached import CachedBlockRankReranker
+    from heedrank.types import Document, Query
+
+    r = CachedBlockRankReranker(RerankerConfig(method="default"), lm=gemma_lm)
+    assert r.scoring == "learned" and r.adapter is not None and r.layer == 9
+    assert r.card is not None and r.card.path.endswith("gemma3-270m.blockrank-cached.json")
+    assert r.default_fusion == 0.5
+    docs = [Document("off", "The train timetable for the northern line changes in December."),
+            Document("on", "Statin use was associated with a lower risk of death from cancer in this cohort."),
+            Document("mid", "Cholesterol is carried in the blood by lipoproteins.")]
+    ranking = r.rerank(Query("q", "do statins reduce cancer mortality"), docs).ranking
+    assert ranking.hits[0].doc_id == "on" and ranking.hits[-1].doc_id == "off"
