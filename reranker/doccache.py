@@ -531,12 +531,12 @@ class BlockSource:
             todo = list(want)
             fresh = encode_blocks(lm, kv0, [blocks[want[k][0]] for k in todo], layer, batch_size=batch_size)
             fresh = [(k.float(), v.float()) for k, v in fresh]
-            if round_trip is not None:
+            writable = store is not None and not store.readonly
+            if writable:  # the store quantises the block itself: it gets it as computed
+                store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})
+            if round_trip is not None:  # what a later read of the stored block gives
                 fresh = [tuple(_as_tensor(a, lm.device) for a in round_trip(k.cpu().numpy(), v.cpu().numpy()))
                          for k, v in fresh]
-            writable = store is not None and not store.readonly
-            if writable:
-                store.put_many({k: (kv[0].cpu().numpy(), kv[1].cpu().numpy()) for k, kv in zip(todo, fresh)})
             for k, kv in zip(todo, fresh):
                 for i in want[k]:
                     out[i] = kv

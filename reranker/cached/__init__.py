@@ -67,6 +67,9 @@ from heedrank.reranker.scoring import CALIBRATION_QUERY
 from heedrank.reranker.slots import PassSlots
 from heedrank.types import Document, Query
 
+_UNRESOLVED = object()
+"""Marks :meth:`CachedBlockRankReranker.block_round_trip` not resolved yet."""
+
 DEFAULT_BLOCK_CACHE_BYTES = BLOCK_CACHE_BUDGET.default
 """RAM cache of ad-hoc candidate blocks (``/rerank``), bytes (1 GiB), unless ``block_cache_bytes``
 or ``$HEEDRANK_BLOCK_CACHE_BYTES`` says otherwise."""
@@ -116,6 +119,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         self._block_source = BlockSource(block_cache_bytes)
         self._slots = PassSlots(passes or 1)
         self._kv0_lock = threading.Lock()
+        self._round_trip: Any = _UNRESOLVED
         self._state: CachedState | None = None
         self._load_lock = threading.Lock()
         self._tok_lock = threading.Lock()
@@ -373,13 +377,16 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     def block_round_trip(self) -> Any:
         """What a block computed now goes through before a query reads it: the store codec's
-        :meth:`~heedrank.index.kv.codec.Codec.round_trip` of a quantised ``kv_dtype`` (int8), so that a document scores the same whether its block was stored or not, with or
-        without a store; ``None`` for float16 (exact for fp16 models, within its rounding for
-        float32 ones)."""
-        from heedrank import registry
+        :meth:`~heedrank.index.kv.codec.Codec.round_trip` of a quantised ``kv_dtype`` (int8), so
+        that a document scores the same whether its block was stored or not, with or without a
+        store; ``None`` for float16 (exact for fp16 models, within its rounding for float32 ones).
+        Resolved once (the store header does not change after load)."""
+        if self._round_trip is _UNRESOLVED:
+            from heedrank import registry
 
-        codec = registry.kv_codec(self.block_store_header())
-        return codec.round_trip if codec.quantised else None
+            codec = registry.kv_codec(self.block_store_header())
+            self._round_trip = codec.round_trip if codec.quantised else None
+        return self._round_trip
 
     # -- the rerank hooks ----------------------------------------------------------------------
     def build_prompt(self, query: str, candidates: Sequence[Document]) -> BlockPrompt:

@@ -117,11 +117,3 @@ def assemble_context(kv0: Any, fetched: Fetched, depth: int, *, reserve: int, bu
     with torch.inference_mode():
         kv = assemble_kv(kv0, fetched.blocks, depth, reserve=reserve, buffer=buffer)
     return Context(kv, {**fetched.seconds, "blocks_assemble": time.perf_counter() - t0}, dict(fetched.cache))
-
-
-def fetch_context(lm: Any, source: BlockSource, kv0: Any, prompt: BlockPrompt, depth: int, *, store: Any,
-                  reserve: int, buffer: Any, batch_size: int, round_trip: Any = None) -> Context:
-    """:func:`fetch_blocks` then :func:`assemble_context`: block 0's and the candidates'
-    keys/values for layers ``0..depth`` with ``reserve`` rows of room after them in ``buffer``."""
-    fetched = fetch_blocks(lm, source, kv0, prompt, depth, store=store, batch_size=batch_size, round_trip=round_trip)
-    return assemble_context(kv0, fetched, depth, reserve=reserve, buffer=buffer)
