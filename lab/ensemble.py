@@ -8,7 +8,7 @@ default (``alpha z(first) + (1 - alpha) z(model)`` at its card's fusion weight) 
 test (10,000 trials). The two dumps of a set must hold the same queries and candidates (the same
 first stage: the recipes' dumps do, whatever the model).
 
-    python -m heedrank.lab.ensemble \\
+    heedrank lab ensemble \\
         --a reranker/data/smollm2-135m-instruct.blockrank-cached.json RECIPE_A/dumps \\
         --b reranker/data/gemma3-270m.blockrank-cached.json RECIPE_B/dumps \\
         --dev qa-nf-dev-hybrid50 --test qa-nf-test-hybrid50 --test qa-dl19-bm25-100
@@ -19,7 +19,6 @@ Prints one JSON object: the weights chosen, and per set each default's and the e
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,37 +66,30 @@ def ensemble_ndcg(qrels: dict[str, dict[str, int]], rows: Rows, a: float, b: flo
     return ndcg10([r[0] for r in rows], run, qrels)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def ensemble_study(a: tuple[Path, Path], b: tuple[Path, Path], dev: str, tests: Sequence[str]) -> dict[str, Any]:
+    """The study of the module docstring: ``a`` and ``b`` are each model's ``(card, dump folder)``;
+    ``dev`` and ``tests`` name dumps (``<folder>/<name>.npz``). Returns the weights chosen and, per
+    set, each default's and the ensemble's nDCG@10 (x 100) with the paired deltas and p-values."""
     from heedrank.eval.compare import randomization_test
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", nargs=2, metavar=("CARD", "DUMPS"), required=True, help="Model A's card and dump folder.")
-    ap.add_argument("--b", nargs=2, metavar=("CARD", "DUMPS"), required=True, help="Model B's card and dump folder.")
-    ap.add_argument("--dev", default="qa-nf-dev-hybrid50", help="Dump name the weights are chosen on.")
-    ap.add_argument("--test", action="append", default=[], help="Dump names to report (repeatable).")
-    args = ap.parse_args(argv)
-    (card_a, dir_a), (card_b, dir_b) = [(Path(c), Path(d)) for c, d in (args.a, args.b)]
+    (card_a, dir_a), (card_b, dir_b) = a, b
     (wa, alpha_a), (wb, alpha_b) = _card(card_a), _card(card_b)
 
     def pair(name: str) -> tuple[dict[str, dict[str, int]], Rows]:
         return load_pair(dir_a / f"{name}.npz", dir_b / f"{name}.npz", wa, wb)
 
-    qrels, dev = pair(args.dev)
-    grid = [(round(a, 1), round(b, 1)) for a in np.arange(0, 1.01, 0.1) for b in np.arange(0, 1.01 - a, 0.1)]
-    best = max(grid, key=lambda ab: float(np.mean(list(ensemble_ndcg(qrels, dev, *ab).values()))))
+    qrels, rows = pair(dev)
+    grid = [(round(x, 1), round(y, 1)) for x in np.arange(0, 1.01, 0.1) for y in np.arange(0, 1.01 - x, 0.1)]
+    best = max(grid, key=lambda xy: float(np.mean(list(ensemble_ndcg(qrels, rows, *xy).values()))))
     configs = {"A default": (alpha_a, 1 - alpha_a), "B default": (alpha_b, 0.0), "ensemble": best}
     out: dict[str, Any] = {"weights (first, A, B)": [best[0], best[1], round(1 - best[0] - best[1], 1)]}
-    for name in [args.dev, *args.test]:
+    for name in [dev, *tests]:
         qrels, rows = pair(name)
-        per = {c: ensemble_ndcg(qrels, rows, a, b) for c, (a, b) in configs.items()}
+        per = {c: ensemble_ndcg(qrels, rows, x, y) for c, (x, y) in configs.items()}
         report: dict[str, Any] = {"queries": len(rows)}
         report.update({c: round(float(np.mean(list(v.values()))), 2) for c, v in per.items()})
-        for x, y in (("ensemble", "A default"), ("ensemble", "B default"), ("B default", "A default")):
-            d = [per[x][q] - per[y][q] for q in sorted(per[x])]
-            report[f"{x} - {y}"] = {"delta": round(float(np.mean(d)), 2), "p": round(randomization_test(d), 4)}
+        for u, v in (("ensemble", "A default"), ("ensemble", "B default"), ("B default", "A default")):
+            d = [per[u][q] - per[v][q] for q in sorted(per[u])]
+            report[f"{u} - {v}"] = {"delta": round(float(np.mean(d)), 2), "p": round(randomization_test(d), 4)}
         out[name] = report
-    print(json.dumps(out, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return out

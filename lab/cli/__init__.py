@@ -1,6 +1,6 @@
 """``heedrank lab``: research and model building, apart from the product commands: the
 cached-BlockRank feature study (``dump``, ``fit``, ``calibrate``, ``fit-independent``), the choice of BlockRank's
-scoring layer (``layer-sweep``), ICR's query-focused heads (``heads dump|detect|fit``,
+scoring layer (``layer-sweep``), two models' ensemble (``ensemble``), ICR's query-focused heads (``heads dump|detect|fit``,
 ``ablation``) and fine-tuning (``train blockrank|query-adapter``).
 
 :mod:`heedrank.cli.app` registers this group lazily (as ``vllm bench`` is): these modules
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import typer
 
-from heedrank.lab.cli import heads, independent, prior, study, sweep, train
+from heedrank.lab.cli import ensemble, heads, independent, prior, study, sweep, train
 
 app = typer.Typer(help="Research and model building, apart from the product commands: the cached-BlockRank "
                   "feature study (dump, fit, calibrate), BlockRank's scoring layer (layer-sweep), ICR's "
@@ -30,5 +30,6 @@ app.command("fit-independent")(independent.lab_fit_independent)
 app.command("layer-sweep")(sweep.lab_layer_sweep)
 app.command("ablation")(heads.lab_ablation)
 app.command("order-prior")(prior.lab_order_prior)
+app.command("ensemble")(ensemble.lab_ensemble)
 app.add_typer(heads.app, name="heads")
 app.add_typer(train.app, name="train")

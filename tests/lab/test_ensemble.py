@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from study_items import study_items
 
-from heedrank.lab.ensemble import load_pair, main
+from typer.testing import CliRunner
+
+from heedrank.cli import app
+from heedrank.lab.ensemble import load_pair
 from heedrank.lab.study import save_items
 
 L, H = 4, 3
@@ -23,7 +26,7 @@ def _write(root, items, qrels, weights, alpha) -> None:
     (root / "card.json").write_text(json.dumps({"weights": weights, "fusion": {"alpha": alpha}}))
 
 
-def test_dev_weights_the_informative_model_and_reports_paired_deltas(tmp_path, capsys) -> None:
+def test_dev_weights_the_informative_model_and_reports_paired_deltas(tmp_path) -> None:
     items, qrels = {}, {}
     for name, seed in (("dev", 1), ("test", 2)):
         items[name], qrels[name] = study_items(30, seed, L=L, H=H)
@@ -34,9 +37,11 @@ def test_dev_weights_the_informative_model_and_reports_paired_deltas(tmp_path, c
                                           .astype(np.float32)}) for it in items[name]] for name in items}
     _write(tmp_path / "a", items, qrels, informative.tolist(), 0.5)
     _write(tmp_path / "b", noise, qrels, informative.tolist(), 0.5)
-    main(["--a", str(tmp_path / "a" / "card.json"), str(tmp_path / "a"),
-          "--b", str(tmp_path / "b" / "card.json"), str(tmp_path / "b"), "--dev", "dev", "--test", "test"])
-    out = json.loads(capsys.readouterr().out)
+    result = CliRunner().invoke(app, ["lab", "ensemble", "--a", str(tmp_path / "a" / "card.json"), str(tmp_path / "a"),
+                                      "--b", str(tmp_path / "b" / "card.json"), str(tmp_path / "b"),
+                                      "--dev", "dev", "--test", "test"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
     _, wa, wb = out["weights (first, A, B)"]
     assert wb <= 0.1 < wa  # B is noise (dev's 30 queries may give it a step of the grid)
     test = out["test"]
