@@ -44,6 +44,12 @@ from typing import Any
 from heedrank.calibration import PlattMap, apply_cutoff, resolve_cutoff
 from heedrank.errors import ValidationError
 from heedrank.fusion import EPS, combine, reciprocal_ranks, resolve_weight, sigmoid, standardize_list
+
+FLAT_LIST = ("the reranked documents' scores are all equal (one document, or identical ones): a score "
+             "relative to the list, as the default's is, then says nothing of a document (every such list gets "
+             "the same number); send it with other candidates to compare them, or use the reranker option "
+             "scoring='independent' for each document's own probability of relevance")
+"""Served warning for a list-relative scorer over a list whose scores do not differ."""
 from heedrank.types import Ranking
 
 BY = ("score", "rank", "prior")
@@ -109,7 +115,8 @@ class Served:
         probabilities: ``{doc_id: P(relevant)}`` of every reranked candidate (before the cut),
             or ``None`` when the reranker has no calibration for this way of serving.
         threshold: The probability the cut-off used, or ``None`` without a cut-off.
-        warnings: What the caller should pass on (a calibration that extrapolates).
+        warnings: What the caller should pass on (a calibration that extrapolates; scores that do
+            not differ, :data:`FLAT_LIST`).
         order_prior: With ``by="prior"``: the strength the given order got
             (:meth:`PositionPrior.strength`, 0 = none); else ``None``.
         relevance: ``{doc_id: score in [0, 1]}`` of every reranked candidate, the one score a
@@ -252,9 +259,10 @@ class ServePolicy:
         else:
             ranking = scored = self._fused(first_stage, reranked)
         scores = [float(h.score) for h in scored.hits]
+        flat = (FLAT_LIST,) if scores and max(scores) - min(scores) <= EPS else ()
         if self.plat is None:
             relevance = dict(zip(scored.doc_ids, self.relevance(scores)))
-            return Served(ranking, order_prior=strength, relevance=relevance)
+            return Served(ranking, warnings=flat, order_prior=strength, relevance=relevance)
         if self.by == "prior":  # the served z-scores (a fixed map of ``scores``, order-preserving)
             mapped = [z_served[d] for d in scored.doc_ids]
         else:
@@ -262,11 +270,12 @@ class ServePolicy:
         probs, threshold, _ = apply_cutoff(mapped, 1.0 if self.cutoff is None else self.cutoff, self.plat)
         probabilities = dict(zip(scored.doc_ids, probs))
         if self.cutoff is None:
-            return Served(ranking, probabilities, order_prior=strength, relevance=probabilities)
+            return Served(ranking, probabilities, warnings=flat, order_prior=strength, relevance=probabilities)
         # the documents at or above the threshold, in served order (a prefix)
         kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
         far = self.plat.extrapolation(len(scores))
-        return Served(kept, probabilities, threshold, (far,) if far is not None else (), strength, probabilities)
+        return Served(kept, probabilities, threshold, ((far,) if far is not None else ()) + flat, strength,
+                      probabilities)
 
     def _fused(self, first_stage: Ranking, reranked: Ranking) -> Ranking:
         """The reranked candidates with fused scores (:meth:`served_scores`'s formula; a candidate

@@ -88,7 +88,7 @@ def test_top_n_beyond_documents_returns_all_with_a_warning(client):
 
 @pytest.mark.parametrize("model", ["fake", "smollm2-135m-instruct", "smollm2-135m-instruct/fake"])
 def test_model_names_accepted(client, model):
-    r = client.post("/rerank", json={"model": model, "query": "a", "documents": ["x"]})
+    r = client.post("/rerank", json={"model": model, "query": "a", "documents": DOCS})  # several: one alone is warned of
     assert r.status_code == 200, r.text
     assert r.json()["meta"]["warnings"] == []
 

@@ -123,3 +123,24 @@ def test_a_fused_map_gives_search_a_probability_in_its_order() -> None:
     assert probs == pytest.approx([1 / (1 + math.exp(-(2.0 * h.score - 1.0))) for h in served.ranking.hits])
     rerank = ServePolicy.of(Mapped(), fusion=None, by="prior").apply(given, Ranking.from_scores("q", logits))
     assert rerank.probabilities == pytest.approx({d: 1 / (1 + math.exp(-s)) for d, s in logits.items()})
+
+
+@pytest.mark.parametrize("by", ["score", "rank", "prior"])
+def test_a_list_whose_scores_do_not_differ_says_its_number_is_the_lists(by) -> None:
+    """One document (or equal scores) under a list-relative scorer gets the map's base number
+    whatever it is: the served warning says so; a list whose scores differ gets none, and a
+    per-pair (absolute) scorer never does."""
+    from heedrank.calibration import PlattMap
+    from heedrank.serving import FLAT_LIST
+
+    plat = PlattMap((2.0, -0.5, 0.3, 0.0), 0.1, 0.5)
+    policy = ServePolicy(alpha=None, by=by, plat=plat, cutoff=None, scale=None)
+    one = Ranking("q", (ScoredDoc("a", 1.0),))
+    alone = policy.apply(one, Ranking.from_scores("q", {"a": 3.7}))
+    assert FLAT_LIST in alone.warnings
+    other = policy.apply(one, Ranking.from_scores("q", {"a": -2.0}))
+    assert other.probabilities == alone.probabilities  # the same number, whatever the document
+    two = Ranking("q", (ScoredDoc("a", 1.0), ScoredDoc("b", 0.5)))
+    assert FLAT_LIST not in policy.apply(two, Ranking.from_scores("q", {"a": 3.7, "b": 0.2})).warnings
+    absolute = ServePolicy.of(_Absolute(), fusion=None, by="prior")
+    assert FLAT_LIST not in absolute.apply(one, Ranking.from_scores("q", {"a": 3.7})).warnings
