@@ -47,8 +47,8 @@ from heedrank.fusion import EPS, combine, reciprocal_ranks, resolve_weight, sigm
 
 FLAT_LIST = ("the reranked documents' scores are all equal (one document, or identical ones): a score "
              "relative to the list, as the default's is, then says nothing of a document (every such list gets "
-             "the same number); send it with other candidates to compare them, or use the reranker option "
-             "scoring='independent' for each document's own probability of relevance")
+             "the same number); send it with other candidates to compare them, or serve the reranker with "
+             "--opt scoring=independent (HEEDRANK_RERANK_OPTIONS) for each document's own probability of relevance")
 """Served warning for a list-relative scorer over a list whose scores do not differ."""
 from heedrank.types import Ranking
 
