@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from heedrank.blocks import BlockKey
-from heedrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, truncate
+from heedrank.reranker.prompt import bos_ids, chat_wrap, encode_trusted, encode_untrusted, encode_untrusted_batch, truncate
 
 INSTRUCTION = (
     "You will be given a list of documents and then a query. Read all of the documents carefully; "
@@ -112,8 +112,7 @@ def document_blocks(tokenizer: Any, layout: BlockLayout, contents: Sequence[str]
     :func:`document_block`, in input order."""
     if not contents:
         return []
-    texts = [" " + c.strip() for c in contents]
-    enc = tokenizer(texts, add_special_tokens=False, split_special_tokens=True).input_ids
+    enc = encode_untrusted_batch(tokenizer, [" " + c.strip() for c in contents])
     out = []
     for ids in enc:
         body, cut = truncate(list(ids), layout.max_doc_tokens)

@@ -194,22 +194,22 @@ def content_offsets(tokenizer: Any, doc: Document, max_tokens: int, *, strip: bo
     Raises:
         ValidationError: the tokenizer gives no offsets (not a "fast" tokenizer).
     """
-    from heedrank.reranker.prompt import truncate
+    from heedrank.reranker.prompt import token_encoder, truncate
 
     content = doc.content
     lead = len(content) - len(content.lstrip()) if strip else 0
     body = content.strip() if strip else content
     text = " " + body
     try:
-        enc = tokenizer(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+        enc_ids, offsets = token_encoder(tokenizer).offsets(text)
     except NotImplementedError as exc:
         raise ValidationError(f"evidence needs a fast tokenizer with offsets: {exc}") from None
-    ids, _ = truncate(list(enc.input_ids), max_tokens)
+    ids, _ = truncate(enc_ids, max_tokens)
     # offsets into `content`: character i of `text` (i >= 1) is content[i - 1 + lead]
     title_end = len(doc.title) if doc.title else -1  # content = title + " " + text when there is a title
     text_start = len(doc.title) + 1 if doc.title else 0
     spans: list[tuple[str, int, int]] = []
-    for a, b in list(enc.offset_mapping)[: len(ids)]:
+    for a, b in offsets[: len(ids)]:
         while a < b and text[a].isspace():
             a += 1
         if a >= b:

@@ -6,6 +6,22 @@ its query adapter is never switched inside a pass), so several requests' passes 
 on one model instance; what each needs of its own is the storage its context is assembled into
 (:class:`heedrank.reranker.doccache.ContextBuffer`, one per slot, reused).
 
+What two passes share, and why none of it can change a score:
+
+* the model's weights (the base model's, and the query adapter's private copy): only read, in
+  ``torch.inference_mode``; a block encoder switches LoRA layers off on the base model only, which
+  has none (the adapter lives in the copy, :mod:`heedrank.reranker.cached.adapter`);
+* the tokenizer: every call goes through :func:`heedrank.reranker.prompt.token_encoder`, two
+  private copies of the Rust tokenizer configured once and never written again. The tokenizer's
+  own calls write their options (``split_special_tokens``, truncation) into the one shared Rust
+  tokenizer before encoding, so two passes tokenising at once could split a template's special
+  token or honour a document's: that was the race that moved scores by 0.27 with two passes;
+* block 0's keys and values (computed once under a lock, then only read), the RAM tier of blocks
+  and the tokenised-blocks LRU (each behind its own lock), the store (its own locks);
+* nothing else: the context buffer is the slot's, the capture of the query rows' attention is an
+  argument of the pass (never a module hook), the cache a pass writes its own keys into is built
+  per pass over the slot's buffer, and the torch thread count is per OS thread.
+
 Threads: torch's intra-op thread count is per OS thread (OpenMP's ``nthreads`` ICV; a thread
 takes the last value set anywhere when it first runs an op). A pass entering a slot sets its own
 thread's count to ``threads // running`` (at least 1), so that one pass alone uses every thread
