@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from heedrank.api.costs import MethodCosts
 from heedrank.api.inference import InferencePool
 from heedrank.api.metrics import Metrics
 from heedrank.errors import NotFoundError, UnhealthyError
@@ -51,6 +52,7 @@ class Runtime:
         default = self.collections[settings.default_collection]
         self.rerankers: RerankerCache | None = default.rerankers
         self.metrics = Metrics()
+        self.costs = MethodCosts()
         self.pools = {
             "search": InferencePool("search", settings.search_workers, settings.search_queue_size,
                                     observe=self.metrics.observer("search")),

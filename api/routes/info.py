@@ -23,9 +23,13 @@ from heedrank.settings import Settings
 router = APIRouter(tags=["info"])
 
 
-def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]) -> dict[str, dict[str, Any]]:
+def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str],
+                  costs: Any = None) -> dict[str, dict[str, Any]]:
     """Per method, what the loaded LM holds (:meth:`AttentionReranker.limits`), with
-    ``max_candidates``/``max_documents`` set to the service limits the method can take.
+    ``max_candidates``/``max_documents`` set to the service limits the method can take, and,
+    once the method was measured on this service (``costs``, :class:`heedrank.api.costs.MethodCosts`),
+    ``seconds_per_candidate`` and ``max_candidates_in_budget``: the most candidates ``/search``
+    accepts for it within the per-request budget (more get a 422 that says so).
 
     Uses the LM of an already built reranker (never loads one): a method built already (under
     its name or an alias, e.g. ``blockrank-cached`` as ``default``) answers itself; another gets
@@ -53,6 +57,13 @@ def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]
         held = limits.get("max_candidates")
         limits["max_candidates"] = settings.max_candidates if held is None else min(held, settings.max_candidates)
         limits["max_documents"] = settings.max_documents if held is None else min(held, settings.max_documents)
+        if costs is not None:
+            key = registry.resolve_method(method)
+            spc, most = costs.seconds_per_candidate(key), costs.max_candidates(key, settings.request_budget_s)
+            if spc is not None:
+                limits["seconds_per_candidate"] = round(spc, 4)
+            if most is not None:
+                limits["max_candidates_in_budget"] = min(most, limits["max_candidates"])
         out[method] = limits
     return out
 
@@ -192,7 +203,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
         if loaded is not None:  # describe() of a built reranker; never loads a model here
             model = without_paths(jsonable(dict(loaded.describe())))
             card, scoring = served_card(loaded)
-        limits = method_limits(built, settings, methods)
+        limits = method_limits(built, settings, methods, runtime.costs)
     return InfoResponse(
         version=__version__,
         status=runtime.status,

@@ -168,13 +168,47 @@ async def search(
     pool = runtime.pools["rerank" if reranking else "search"]
     t0 = time.perf_counter()
     budget = settings.request_budget_s if reranking else None
+    cost_key = method_cost_key(options) if reranking else ""
+    if reranking:
+        refuse_over_budget(runtime.costs, cost_key, options, budget)
     try:
         result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
                                 reranking else 1, timeout=budget, is_disconnected=request.is_disconnected)
     except (TimeoutError, asyncio.TimeoutError):  # the reranking was stopped: the first stage's order
+        if budget is not None:
+            runtime.costs.stopped(cost_key, budget, options.candidates)
         return await first_stage_fallback(runtime, pipeline, body.query, options, budget, t0, request.is_disconnected)
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
     runtime.metrics.observe_timings(result.timings)
     if result.rerank is not None:
         runtime.metrics.observe_block_cache(result.rerank.cache)
+        if not (result.rerank.cache or {}).get("misses"):  # cold blocks encoded now cost the fill, not the method
+            runtime.costs.observe(cost_key, float(result.timings.get("rerank", 0.0)), len(result.rerank.ranking))
     return to_response(result, options.rerank, queue_seconds)
+
+
+def method_cost_key(options: SearchOptions) -> str:
+    """The name a reranking's cost is learned under: the registered method, with its request
+    options when it has some (another ``windows`` or ``heads`` costs differently)."""
+    import json
+
+    method = registry.resolve_method(options.rerank)
+    return method if not options.rerank_options else f"{method} {json.dumps(options.rerank_options, sort_keys=True)}"
+
+
+def refuse_over_budget(costs: Any, key: str, options: SearchOptions, budget: float | None) -> None:
+    """Refuse up front (422) a reranking of more candidates than the method, as measured on this
+    service (:class:`heedrank.api.costs.MethodCosts`), reranks within the per-request budget.
+
+    Raises:
+        ValidationError: ``options.candidates`` over :meth:`~heedrank.api.costs.MethodCosts.max_candidates`.
+    """
+    from heedrank.errors import ValidationError
+
+    most = costs.max_candidates(key, budget)
+    if most is not None and options.candidates > most:
+        raise ValidationError(
+            f"rerank method {key!r} reranks about {most} candidates within this service's per-request budget of "
+            f"{budget:g} s (measured here: {costs.seconds_per_candidate(key):.2f} s per candidate; GET /info, "
+            f"limits.max_candidates_in_budget); ask for at most {most} candidates, choose a faster method, or raise "
+            "HEEDRANK_REQUEST_BUDGET_S")

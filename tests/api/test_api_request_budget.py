@@ -95,3 +95,28 @@ def test_the_budget_setting_reads_null_as_none(monkeypatch):
     assert Settings().request_budget_s == 2.5
     monkeypatch.setenv("HEEDRANK_MAX_QUERY_TOKENS", "64")
     assert Settings(rerank_method="icr").pipeline_config().reranker.options.max_query_tokens == 64
+
+
+def test_a_search_the_budget_cannot_hold_is_refused_up_front_and_the_limit_heals(settings, pipeline):
+    """A method stopped by the budget at 8 candidates costs at least budget / 8 per candidate: the
+    same request again gets a 422 at once that names the most candidates that fit
+    (:class:`heedrank.api.costs.MethodCosts`), instead of reranking nothing after the whole budget;
+    fewer candidates are served, and as they complete fast the limit rises again."""
+    BatchedReranker.batch_size, BatchedReranker.batch_seconds = 1, 0.3
+    ask = {"query": "apples orchards", "top_k": 8, "rerank": {"candidates": 8}}
+    with _client(settings, pipeline, request_budget_s=0.5) as c:
+        assert c.app.state.runtime.wait_ready(10)
+        costs = c.app.state.runtime.costs
+        assert c.post("/search", json=ask).json()["rerank"]["reranked"] == 0  # stopped by the budget
+        assert costs.seconds_per_candidate("batched") == 0.5 / 8 and costs.max_candidates("batched", 0.5) == 7
+        t0 = time.perf_counter()
+        r = c.post("/search", json=ask)
+        assert r.status_code == 422 and time.perf_counter() - t0 < 0.3, r.text
+        assert r.json()["error_type"] == "validation"
+        assert "reranks about 7 candidates within this service's per-request budget of 0.5 s" in r.json()["error"]
+        BatchedReranker.batch_seconds = 0.001  # the method is fast now: smaller requests teach it
+        for _ in range(12):
+            ok = c.post("/search", json={"query": "apples", "top_k": 4, "rerank": {"candidates": 4}})
+            assert ok.status_code == 200 and ok.json()["rerank"]["reranked"] == 4
+        assert costs.max_candidates("batched", 0.5) >= 8
+        assert c.post("/search", json=ask).json()["rerank"]["reranked"] == 8

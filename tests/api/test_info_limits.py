@@ -57,3 +57,21 @@ def test_a_method_built_under_its_alias_answers_itself(monkeypatch) -> None:
     out = method_limits({"default": served}, settings, ["default", DEFAULT_METHOD])
     assert Limited.builds == 1  # the served one: no second reranker built for the method's own name
     assert out[DEFAULT_METHOD] == out["default"]
+
+
+def test_a_measured_method_states_what_fits_the_request_budget(monkeypatch) -> None:
+    """Once a method was measured on the service (:class:`heedrank.api.costs.MethodCosts`), its
+    limits say how many candidates fit the per-request budget: what ``/search`` then accepts."""
+    from heedrank.api.costs import MethodCosts
+
+    monkeypatch.setitem(registry._RERANKERS, "limited", Limited)
+    base = Limited(RerankerConfig(method="limited"), LM())
+    settings = Settings(index="unused", rerank_method="limited", max_candidates=100, request_budget_s=20)
+    costs = MethodCosts()
+    assert "max_candidates_in_budget" not in method_limits({"limited": base}, settings, ["limited"], costs)["limited"]
+    costs.stopped("limited", 20.0, 100)  # 100 candidates stopped by the 20 s budget: >= 0.2 s each
+    out = method_limits({"limited": base}, settings, ["limited"], costs)["limited"]
+    assert out["seconds_per_candidate"] == 0.2 and out["max_candidates_in_budget"] == 90
+    assert out["max_candidates"] == 100  # what the model holds is still said apart
+    costs.observe("limited", 0.5, 10)  # a fast completion pulls the running mean down
+    assert method_limits({"limited": base}, settings, ["limited"], costs)["limited"]["max_candidates_in_budget"] > 90
