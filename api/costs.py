@@ -5,7 +5,9 @@ One :class:`MethodCosts` per service (:attr:`heedrank.api.runtime.Runtime.costs`
 reranking ``/search`` it learns the method's seconds per candidate (a running mean of the
 reranking time over the candidates reranked; a request whose reranking encoded cold candidate
 blocks is not counted: its cost is the fill's, not the method's). A request stopped by the
-budget (``HEEDRANK_REQUEST_BUDGET_S``) teaches a lower bound: at least ``budget / candidates``.
+budget (``HEEDRANK_REQUEST_BUDGET_S``) teaches a lower bound, at least ``budget / candidates``,
+for a method that reads no stored blocks (cached BlockRank's time depends on how many candidates
+were cold, which a stopped request does not say).
 From the mean, :meth:`MethodCosts.max_candidates` is the most candidates that fit the budget;
 ``/search`` refuses more with a 422 that names it, and ``GET /info`` shows it per method
 (``max_candidates_in_budget``, ``seconds_per_candidate``). A method not measured yet has no

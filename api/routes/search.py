@@ -175,7 +175,8 @@ async def search(
         result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
                                 reranking else 1, timeout=budget, is_disconnected=request.is_disconnected)
     except (TimeoutError, asyncio.TimeoutError):  # the reranking was stopped: the first stage's order
-        if budget is not None:
+        if budget is not None and not getattr(registry.reranker_class(options.rerank), "cached", False):
+            # a method reading stored blocks may have spent the budget encoding cold ones: no lower bound
             runtime.costs.stopped(cost_key, budget, options.candidates)
         return await first_stage_fallback(runtime, pipeline, body.query, options, budget, t0, request.is_disconnected)
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
