@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from real_data import read_nfcorpus
 
 SHARED_DATA = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 NFCORPUS = SHARED_DATA / "beir-nfcorpus"
@@ -52,19 +53,7 @@ def nfcorpus_dir() -> Path:
 @pytest.fixture(scope="session")
 def nfcorpus_head(nfcorpus_dir):
     """The first 40 NFCorpus documents (corpus file order), as :class:`heedrank.types.Document`."""
-    import gzip
-    import json
-
-    from heedrank.types import Document
-
-    docs = []
-    with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
-        for line in f:
-            d = json.loads(line)
-            docs.append(Document(d["_id"], d["text"], d.get("title", "")))
-            if len(docs) == 40:
-                break
-    return docs
+    return read_nfcorpus(nfcorpus_dir, 40)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 from types import SimpleNamespace
+
+from heedrank.api.costs import MethodCosts
 from typing import Any
 
 from heedrank.api.routes.info import _info
@@ -25,7 +27,7 @@ class Served:
 
 
 def _runtime(reranker: Any) -> Any:
-    return SimpleNamespace(status="ok", started=time.time(), describe=lambda: {},
+    return SimpleNamespace(status="ok", started=time.time(), describe=lambda: {}, costs=MethodCosts(),
                            rerankers=SimpleNamespace(loaded=lambda: {DEFAULT_METHOD: reranker}))
 
 
@@ -47,6 +49,7 @@ def test_info_says_null_and_the_scorer_without_a_card() -> None:
 
 
 def test_info_before_loading_has_neither() -> None:
-    runtime = SimpleNamespace(status="loading", started=time.time(), describe=lambda: {}, rerankers=None)
+    runtime = SimpleNamespace(status="loading", started=time.time(), describe=lambda: {}, rerankers=None,
+                              costs=MethodCosts())
     info = _info(runtime, Settings(index="unused"))
     assert info.reranker.card is None and info.reranker.scoring is None

@@ -5,7 +5,6 @@ cold blocks are encoded by the base model at the same time."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -18,17 +17,6 @@ from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.pipeline import call_gate  # noqa: E402
 from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 from heedrank.types import Query  # noqa: E402
-
-@pytest.fixture
-def tiny_switches() -> Iterator[None]:
-    """Threads switch every 10 microseconds (a race window between two statements is hit far more often)."""
-    import sys
-
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
-
 
 QUERIES = ["do statins reduce cancer risk", "vitamin d and bone fractures", "breast milk and infant health",
            "red meat and colon cancer", "fish oil heart disease", "obesity in children"]
@@ -137,20 +125,11 @@ def test_concurrent_passes_score_as_one_at_a_time(default_lm, nfcorpus_head) -> 
 
 
 @pytest.mark.slow
-def test_concurrent_passes_stress_for_a_minute(default_lm, nfcorpus_dir, tiny_switches) -> None:
+def test_concurrent_passes_stress_for_a_minute(default_lm, nfcorpus_dir) -> None:
     """:func:`_concurrent_rounds` for a minute over the first 600 NFCorpus documents (new texts
     every round)."""
-    import gzip
-    import json
+    from real_data import read_nfcorpus
 
-    from heedrank.types import Document
-
-    docs = []
-    with gzip.open(nfcorpus_dir / "corpus.jsonl.gz", "rt") as f:
-        for line in f:
-            d = json.loads(line)
-            docs.append(Document(d["_id"], d["text"], d.get("title", "")))
-            if len(docs) == 600:
-                break
+    docs = read_nfcorpus(nfcorpus_dir, 600)
     one, two = _pair(default_lm)
     assert _concurrent_rounds(one, two, docs, 100, seconds=60) >= 3
