@@ -354,6 +354,8 @@ def rerank_batch(
         "options": config.given_options, **({"fusion": fusion} if fusion is not None else {}),
     }
     summary = BatchSummary(out=out, queries=len(queries))
+    from heedrank import registry
+
     store, closer = _open_docs(docs)
     try:
         pipeline = Pipeline(
@@ -361,6 +363,7 @@ def rerank_batch(
             docstore=store,
             reranker_factory=factory or reranker_factory(config),
             limits=limits,
+            dense=registry.dense_signal(closer),  # an index's stored vectors, else the packaged embedder
         )
         options = pipeline.validate(SearchOptions(top_k=k, retriever="run", rerank=method, candidates=candidates,
                                                   fusion=fusion))

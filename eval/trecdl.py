@@ -88,6 +88,8 @@ def evaluate_trec_dl(spec: EvalSpec) -> EvalReport:
                        len(judged_without_run), run_name, judged_without_run[:10])
     selected, missing = select_queries(queries, qrels, spec.max_queries, spec.seed)
 
+    from heedrank import registry
+
     base_config = spec.reranker_config or RerankerConfig()
     pipeline = Pipeline(
         retrievers={"run": RunRetriever(run, name="run")},
@@ -95,6 +97,7 @@ def evaluate_trec_dl(spec: EvalSpec) -> EvalReport:
         reranker_factory=lambda m: build_reranker(replace(base_config, method=m)),
         max_top_k=1000,
         max_candidates=1000,
+        dense=registry.dense_signal(),  # the passages come as text: encoded by the packaged embedder
     )
     name = spec_report_name(spec, (dataset, paths.year, run_name), len(selected))
     inputs: dict[str, Any] = {

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NewType, Protocol, runtime_checkable
 
 from heedrank.errors import HeedrankError, KVStoreError, KVStoreMismatchError, ValidationError
+from heedrank.seam import serving_of
 from heedrank.textrules import is_int
 
 if TYPE_CHECKING:  # type-only: no runtime edge to the protocols module, which re-exports this one's
@@ -299,7 +300,7 @@ def store_hint(reranker: Any, expected: Mapping[str, Any], stored: Mapping[str, 
     if "layer" in differ:
         parts.append(f"--opt layer={stored['layer']}")
     if "max_doc_tokens" in differ:  # block length = content budget + the block's marker tokens
-        budget = getattr(getattr(reranker, "config", None), "max_doc_tokens", None)
+        budget = serving_of(reranker).max_doc_tokens
         if budget is not None:
             parts.append(f"--max-doc-tokens {int(budget) + int(stored['max_doc_tokens']) - int(expected['max_doc_tokens'])}")
     if "dtype" in differ:

@@ -45,7 +45,8 @@ from heedrank.results import (
     merge_reranked,
     merge_served,
 )
-from heedrank.serving import BY, ServePolicy, place_skipped, share_identical
+from heedrank.seam import serving_of
+from heedrank.serving import BY, Served, ServePolicy, place_skipped, share_identical
 from heedrank.types import Document, Query, Ranking
 
 __all__ = [
@@ -118,7 +119,7 @@ def call_gate(reranker: Any) -> threading.BoundedSemaphore:
     """What admits a reranker's calls: a semaphore of its ``concurrent_calls`` (cached BlockRank
     runs that many query passes at once, :class:`heedrank.reranker.slots.PassSlots`), else of 1
     (one call at a time: the method's passes share the LM's state)."""
-    n = getattr(reranker, "concurrent_calls", 1)
+    n = serving_of(reranker).concurrent_calls
     return threading.BoundedSemaphore(n if isinstance(n, int) and n >= 1 else 1)
 
 
@@ -239,7 +240,7 @@ class RerankerCache:
         try:
             with lock:
                 store = block_store_for(reranker, index) if index is not None else None
-                cold_of = getattr(reranker, "cold_candidates", None)
+                cold_of = serving_of(reranker).cold_candidates
                 if cold_budget is not None and cold_of is not None:
                     candidates, skipped = _within_budget(candidates, cold_of(candidates, store), cold_budget)
                 extra: dict[str, Any] = {} if store is None else {"block_store": store}  # only a reader of blocks
@@ -309,6 +310,8 @@ class Pipeline:
         rerankers: A :class:`RerankerCache` to use instead of one built from
             ``reranker_factory`` (share one between the pipelines of several collections).
         index: The opened index object, when built by :meth:`from_config` (``None`` otherwise).
+        dense: The ``dense`` signal of the default's scorer (``heedrank.index.cosines.DenseSignal``:
+            ``cosines(query, documents, stored=...)``), or ``None``: the scorer then works without it.
         max_top_k: Shorthand: ``limits`` with this ``max_top_k``.
         max_candidates: Shorthand: ``limits`` with this ``max_candidates``.
     """
@@ -323,6 +326,7 @@ class Pipeline:
         describe_index: Mapping[str, Any] | None = None,
         rerankers: RerankerCache | None = None,
         index: Any = None,
+        dense: Any = None,
         max_top_k: int | None = None,
         max_candidates: int | None = None,
     ) -> None:
@@ -342,6 +346,7 @@ class Pipeline:
         if self.rerankers is None and reranker_factory is not None:
             self.rerankers = RerankerCache(reranker_factory)
         self.index = index
+        self.dense = dense
 
     @property
     def max_top_k(self) -> int:
@@ -382,6 +387,7 @@ class Pipeline:
             describe_index=index.describe(),
             rerankers=rerankers,
             index=index,
+            dense=registry.dense_signal(index),
         )
 
     def close(self) -> None:
@@ -604,7 +610,7 @@ class Pipeline:
                 check_explainer(entry[0], options.rerank)
             policy = ServePolicy.of(entry[0], fusion=options.fusion, cutoff=options.cutoff, by="score",
                                     method=options.rerank)
-        doc_tokens = getattr(getattr(entry[0], "config", None), "max_doc_tokens", None) if entry else None
+        doc_tokens = serving_of(entry[0]).max_doc_tokens if entry else None
         results = []
         iterator: Any = self.first_stage_rows(queries, options)
         if show_progress:
@@ -674,15 +680,59 @@ class Pipeline:
         texts = {h.doc_id: h.document.content if h.document else h.doc_id for h in candidates.hits}
         return replace(done, served=share_identical(done.served, texts))
 
+    def serve_without_lm(self, query: Query, candidates: Ranking, options: SearchOptions = SearchOptions(), *,
+                         by: str = "score", use_store: bool = True) -> Served | None:
+        """The candidates served by the default's scorer from the signals at hand, without an LM
+        pass (:meth:`heedrank.serving.ServePolicy.apply_scorer` with no attention): for a request
+        the deadline or the per-request budget stopped. Real probabilities, not invented ones.
+
+        Args:
+            query: The query (with text).
+            candidates: The candidates in first-stage (given) order, hydrated.
+            options: ``rerank`` (the method, built already) and ``cutoff``.
+            by: :data:`heedrank.serving.BY` (``"prior"``: ``/rerank``'s given order is not a signal).
+            use_store: The documents are the index's (their stored vectors are read).
+
+        Returns:
+            The :class:`~heedrank.serving.Served` query, or ``None`` when the method has no scorer
+            or this pipeline no dense signal.
+        """
+        options = self.check_rerank(options)
+        entry = self._cache().get(options.rerank, options.rerank_options)
+        policy = ServePolicy.of(entry[0], fusion=None if by == "prior" else options.fusion, cutoff=options.cutoff,
+                                by=by, method=options.rerank)
+        if policy.scorer is None or self.dense is None:
+            return None
+        docs = [h.document for h in candidates.hits if h.document is not None]
+        dense = self.dense.cosines(query.text, docs, stored=use_store)
+        return policy.apply_scorer(candidates, Ranking(candidates.query_id, ()), dense)
+
     def _serve(self, entry: tuple[Reranker, threading.BoundedSemaphore], policy: ServePolicy, query: Query, cands: Ranking,
                options: SearchOptions, *, use_store: bool = True) -> RerankedQuery:
-        """Rerank ``cands`` (hydrated, first-stage order) with ``entry`` and serve them by ``policy``;
+        """Rerank ``cands`` (hydrated, first-stage order) with ``entry`` and serve them by ``policy``.
+        With the default's scorer every candidate is scored from the signals it has (the reranker's,
+        the dense cosines of :attr:`dense`, its rank: :meth:`ServePolicy.apply_scorer`); otherwise
         candidates over the cold budget keep their first-stage positions (:func:`place_skipped`)."""
         t0 = time.perf_counter()
+        if policy.scorer is not None and policy.signal == "dense" and self.dense is not None:
+            # the embedder alone (method dense): the pipeline holds its signal (the index's stored
+            # vectors, else the texts encoded once): no reranker pass
+            docs = [h.document for h in cands.hits if h.document is not None]
+            cos = self.dense.cosines(query.text, docs, stored=use_store)
+            own = RerankResult(Ranking.from_scores(cands.query_id, cos), seconds=time.perf_counter() - t0)
+            served = policy.apply_scorer(cands, own.ranking, cos)
+            return RerankedQuery(reranked=Reranked(entry[0], own), served=served, policy=policy,
+                                 seconds=time.perf_counter() - t0)
         reranked = self._cache().rerank(
             query, [h.document for h in cands.hits if h.document is not None], options.rerank, options.rerank_options,
             explain=options.explain, evidence_spans=options.evidence_spans, index=self.index if use_store else None,
             cold_budget=options.cold_budget if options.cutoff is None else None, entry=entry)
+        if policy.scorer is not None:  # the default's scorer: every candidate from the signals it has
+            dense = {} if self.dense is None else self.dense.cosines(query.text, [h.document for h in cands.hits
+                                                                                  if h.document is not None],
+                                                                     stored=use_store)
+            served = policy.apply_scorer(cands, reranked.result.ranking, dense)
+            return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
         skipped = set(reranked.skipped)
         kept = Ranking(cands.query_id, tuple(h for h in cands.hits if h.doc_id not in skipped))

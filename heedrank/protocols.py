@@ -216,6 +216,9 @@ class Reranker(Protocol):
         """Identity for reports: model name and file hash, prompt template version, options."""
         ...
 
+    # optional: ``serving() -> heedrank.seam.RerankerServing``, what the server reads
+    # (:func:`heedrank.seam.serving_of`; without it, the record's defaults)
+
 
 @dataclass(frozen=True)
 class Reranked:

@@ -23,6 +23,7 @@ _RERANKERS: dict[str, str | Callable[..., Any]] = {
     "icr": "heedrank.reranker.icr:ICRReranker",
     "blockrank": "heedrank.reranker.blockrank:BlockRankReranker",
     "blockrank-cached": "heedrank.reranker.cached:CachedBlockRankReranker",
+    "dense": "heedrank.reranker.dense:DenseReranker",
 }
 _OPTION_CLASSES = "heedrank.reranker.options:OPTION_CLASSES"
 _DEFAULT_BUDGET = "heedrank.reranker.options:default_max_doc_tokens"
@@ -30,6 +31,8 @@ _ALIASES = "heedrank.reranker.options:METHOD_ALIASES"
 _INDEX_OPENER = "heedrank.index.store:Index.open"
 _FILTER_PARSER = "heedrank.index.filters:as_filter"
 _KV_CODEC = "heedrank.index.kv.codec:codec_for"
+_DENSE_OF_INDEX = "heedrank.index.cosines:DenseSignal.of_index"
+_DENSE_PACKAGED = "heedrank.index.cosines:DenseSignal.packaged"
 
 
 def _resolve(target: str | Callable[..., Any]) -> Any:
@@ -193,6 +196,13 @@ def build_reranker(config: Any, *, block_cache_bytes: int | None = None, passes:
 def open_index(path: str, **options: Any) -> Any:
     """Open an index directory (``heedrank.index.store.Index.open``)."""
     return _resolve(_INDEX_OPENER)(path, **options)
+
+
+def dense_signal(index: Any = None) -> Any:
+    """The ``dense`` signal of the default's scorer (``heedrank.index.cosines.DenseSignal``):
+    an index's embedder and stored vectors (``None`` for an index without vectors), or, without
+    an index, the packaged embedder's."""
+    return _resolve(_DENSE_OF_INDEX)(index) if index is not None else _resolve(_DENSE_PACKAGED)()
 
 
 def kv_codec(header: Any) -> Any:

@@ -21,14 +21,21 @@ The probability is the reranker's Platt map for that way of serving
 (:class:`heedrank.calibration.Calibration`, :meth:`~heedrank.calibration.Calibration.map_for`),
 non-increasing down the served order, so a cut-off keeps a prefix.
 
-A reranker whose scores are log-odds of P(relevant) of each (query, document) pair on their own
-(``absolute_scores``: cached BlockRank's ``scoring='independent'``,
+The default (cached BlockRank with ``scoring='independent'`` and a card holding the default's
+scorer) is served by that scorer (:meth:`ServePolicy.apply_scorer`, :mod:`heedrank.scorer`): every
+candidate gets one logit from the signals it has (the reranker's list-independent log-odds, the
+embedder's cosine, its first-stage place; ``/rerank``'s given order is a client's and is not read),
+and the order, ``relevance`` (``sigmoid`` of the logit) and the cut-off all read that number, the
+same for a document whatever else the list holds.
+
+Without that scorer, a reranker whose scores are log-odds of P(relevant) of each (query, document) pair on their own
+(its record's ``independent``: cached BlockRank's ``scoring='independent'``,
 :mod:`heedrank.reranker.cached.independent`) is served differently: the probability is
 ``sigmoid(score)`` of the reranker's own score, the same whatever else the list holds; without
 fusion (and for ``/rerank``, whose given order is then not used: a position prior would make the
 probability depend on the list) the results are in that order, so ``relevance`` is non-increasing
 down them. With fusion (``/search``) the order is the fused one and the probability is the
-reranker's Platt map of the fused score (``absolute_fused_map``, fitted on dev), so it too is
+reranker's Platt map of the fused score (``independent.fused_map``, fitted on dev), so it too is
 non-increasing down the order; it weighs the first stage's evidence over the query's candidates.
 A cut-off keeps, in served order, the hits at or above the threshold (a prefix).
 """
@@ -44,6 +51,8 @@ from typing import Any
 from heedrank.calibration import PlattMap, apply_cutoff, resolve_cutoff
 from heedrank.errors import ValidationError
 from heedrank.fusion import EPS, combine, reciprocal_ranks, resolve_weight, sigmoid, standardize_list
+from heedrank.scorer import Scorer, rank_feature
+from heedrank.seam import serving_of
 
 FLAT_LIST = ("the reranked documents' scores are all equal (one document, or identical ones): a score "
              "relative to the list, as the default's is, then says nothing of a document (every such list gets "
@@ -123,6 +132,8 @@ class Served:
             user reads: the probability when there is a calibration, else :meth:`ServePolicy.relevance`
             of the served scores (with the prior: the reranker's own scores less the prior, in
             their units). Non-increasing down :attr:`ranking`: the order and the score agree.
+        without_lm: Candidates the default's scorer scored without the reranker's attention
+            (:meth:`ServePolicy.apply_scorer`); 0 otherwise.
     """
 
     ranking: Ranking
@@ -131,6 +142,7 @@ class Served:
     warnings: tuple[str, ...] = ()
     order_prior: float | None = None
     relevance: dict[str, float] | None = None
+    without_lm: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,10 +160,10 @@ class ServePolicy:
             own ``score_scale``, for its own scores less the prior in their units
             (``sd(r) * strength * log(1 + i)``), so that relevance follows the served order.
         prior: The position prior of ``by="prior"`` (``alpha`` is then ``None``).
-        absolute: For a reranker with ``absolute_scores`` (module docstring), the ``"auto"``
-            cut-off's probability (its ``absolute_threshold``); ``None`` for any other.
+        absolute: For a reranker serving each pair's own log-odds (its record's ``independent``,
+            module docstring), the ``"auto"`` cut-off's probability; ``None`` for any other.
         fused_map: With ``absolute`` and fusion: ``(a, b)``, the probability of a fused score
-            ``f`` is ``sigmoid(a f + b)`` (the reranker's ``absolute_fused_map``, fitted on dev at
+            ``f`` is ``sigmoid(a f + b)`` (the record's ``independent.fused_map``, fitted on dev at
             its fusion weight), and ``fused_threshold`` its ``"auto"`` cut-off; ``None``: each
             pair's own probability.
     """
@@ -165,11 +177,15 @@ class ServePolicy:
     absolute: float | None = None
     fused_map: tuple[float, float] | None = None
     fused_threshold: float | None = None
+    scorer: Scorer | None = None
+    scorer_threshold: float = 0.5
+    rank: bool = True
+    signal: str = "attention"
 
     def __post_init__(self) -> None:
         if self.by not in BY:
             raise ValidationError(f"by must be one of {BY}, got {self.by!r}")
-        if self.cutoff is not None and self.plat is None and self.absolute is None:
+        if self.cutoff is not None and self.plat is None and self.absolute is None and self.scorer is None:
             raise ValidationError("a cutoff needs a calibration map (ServePolicy.of refuses it with a message)")
 
     @classmethod
@@ -178,9 +194,11 @@ class ServePolicy:
         """The policy of one request, resolved once.
 
         Args:
-            reranker: The built reranker; read: ``default_fusion`` (the weight its card records,
-                for ``fusion="default"``), ``calibration`` (its Platt maps) and ``score_scale``.
-                Any of them may be missing (a plugin): no recorded weight, no calibration, no scale.
+            reranker: The built reranker; read through its :class:`heedrank.seam.RerankerServing`
+                (:func:`heedrank.seam.serving_of`): the default's ``scorer`` (served by it when
+                ``fusion`` is ``"default"``, and for ``/rerank``), ``default_fusion`` (the weight its
+                card records, for ``fusion="default"``), ``independent``, ``calibration`` (its Platt
+                maps) and ``score_scale``; a plug-in without the record: none of them.
             fusion: ``"default"`` (the reranker's recorded weight; none when it records none),
                 ``None``/``"none"`` (no fusion) or a number in [0, 1].
             cutoff: ``None``/``"none"``, ``"auto"`` or a probability.
@@ -192,20 +210,25 @@ class ServePolicy:
             ValidationError: a bad fusion or cutoff value; a cutoff the reranker has no map
                 for (the message says what to do).
         """
-        alpha = None if by == "prior" else resolve_weight(fusion, getattr(reranker, "default_fusion", None))
         cut = resolve_cutoff(cutoff)
-        if getattr(reranker, "absolute_scores", False):  # log-odds of each pair: sigmoid, no prior
-            fused_map = getattr(reranker, "absolute_fused_map", None) if alpha is not None else None
-            return cls(alpha, "score" if by == "prior" else by, None, cut, None,
-                       absolute=float(getattr(reranker, "absolute_threshold", 0.5)), fused_map=fused_map,
-                       fused_threshold=getattr(reranker, "absolute_fused_threshold", None) if fused_map else None)
-        plat = _map(reranker, method, alpha, by=by, required=cut is not None)
+        traits = serving_of(reranker)
+        if traits.scorer is not None and (fusion in (None, "default") or by == "prior"):  # the default's scorer
+            # /rerank's given order is a client's: its position is not a signal (module docstring)
+            return cls(None, "score", None, cut, None, scorer=traits.scorer,
+                       scorer_threshold=traits.scorer_threshold, rank=by != "prior", signal=traits.signal)
+        alpha = None if by == "prior" else resolve_weight(fusion, traits.default_fusion)
+        if traits.independent is not None:  # log-odds of each pair: sigmoid, no prior
+            ind = traits.independent
+            fused_map = ind.fused_map if alpha is not None else None
+            return cls(alpha, "score" if by == "prior" else by, None, cut, None, absolute=ind.threshold,
+                       fused_map=fused_map, fused_threshold=ind.fused_threshold if fused_map else None)
+        plat = _map(traits.calibration, method, alpha, by=by, required=cut is not None)
         if alpha is not None:
             spread: float | None = 1.0  # z-scores
-        elif getattr(reranker, "score_scale", None) is None:
+        elif traits.score_scale is None:
             spread = None
         else:
-            spread = scale if scale is not None else float(reranker.score_scale)
+            spread = scale if scale is not None else float(traits.score_scale)
         return cls(alpha, by, plat, cut, spread)
 
     def served_scores(self, first_stage: Sequence[float], reranker: Sequence[float]) -> list[float]:
@@ -307,6 +330,52 @@ class ServePolicy:
         threshold = float(auto if self.cutoff == "auto" else self.cutoff)
         kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
         return Served(kept, probabilities, threshold, relevance=probabilities)
+
+    def apply_scorer(self, candidates: Ranking, attention: Ranking, dense: Mapping[str, float]) -> Served:
+        """Serve one query by the default's scorer (:mod:`heedrank.scorer`): every candidate gets
+        the logit of the signals it has, and the served order, the probability and the cut-off
+        all read that one number.
+
+        Args:
+            candidates: Every candidate, in first-stage (or given) order.
+            attention: The reranker's scores of the candidates it read, the scorer's :attr:`signal`
+                (cached BlockRank's list-independent log-odds; the others, cold past the budget or
+                over the request budget, have no ``attention``).
+            dense: ``{doc_id: cosine}`` of the candidates with a dense signal.
+
+        Returns:
+            The :class:`Served` query; its ``without_lm`` counts the candidates scored without
+            the attention signal. A candidate with no signal a model reads (no attention and no
+            dense vector) keeps its place below the scored ones, with no probability.
+        """
+        assert self.scorer is not None
+        att = {h.doc_id: float(h.score) for h in attention.hits}
+        scored: list[tuple[Any, float]] = []
+        unscored = []
+        without = 0
+        for i, h in enumerate(candidates.hits):
+            x: dict[str, float | None] = {"attention": None, "dense": dense.get(h.doc_id),
+                                          "rank": rank_feature(i) if self.rank else None}
+            x[self.signal] = att.get(h.doc_id, x.get(self.signal))
+            got = self.scorer.logit(x)
+            if got is None:
+                unscored.append(h)
+                continue
+            without += self.signal == "attention" and h.doc_id not in att
+            scored.append((h, got[0]))
+        low = min((s for _, s in scored), default=0.0)
+        hits = [replace(h, score=s) for h, s in scored]
+        hits += [replace(h, score=low - 1.0 - i) for i, h in enumerate(unscored)]
+        ranking = Ranking.from_hits(candidates.query_id, hits)
+        probabilities = {h.doc_id: sigmoid(s) for h, s in scored}
+        warnings = ((f"{without} of {len(candidates)} candidates were scored without the reranker's attention "
+                     "(cold past the budget or over the request budget): from the dense and first-stage signals",)
+                    if without else ())
+        if self.cutoff is None:
+            return Served(ranking, probabilities, warnings=warnings, relevance=probabilities, without_lm=without)
+        threshold = float(self.scorer_threshold if self.cutoff == "auto" else self.cutoff)
+        kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities.get(h.doc_id, 0.0) >= threshold))
+        return Served(kept, probabilities, threshold, warnings, relevance=probabilities, without_lm=without)
 
     def relevance(self, scores: Sequence[float]) -> list[float]:
         """Scores in [0, 1], each from its own served score: ``sigmoid(score / scale)``
@@ -413,13 +482,13 @@ def _group_best(values: dict[str, float] | None, key: Mapping[str, str]) -> dict
     return {d: best[key.get(d, d)] for d in values}
 
 
-def _map(reranker: Any, method: str, alpha: float | None, *, by: str, required: bool) -> PlattMap | None:
-    """The reranker's map for scores served with fusion weight ``alpha`` and ``by``, or ``None``.
+def _map(calibration: Any, method: str, alpha: float | None, *, by: str, required: bool) -> PlattMap | None:
+    """The map of a reranker's ``calibration`` for scores served with fusion weight ``alpha`` and
+    ``by``, or ``None``.
 
     Raises:
         ValidationError: ``required`` (a cut-off was asked for) and there is no map.
     """
-    calibration = getattr(reranker, "calibration", None)
     if calibration is None:
         if required:
             raise ValidationError(f"rerank method {method!r} has no calibrated scores, so it cannot apply a cutoff; "

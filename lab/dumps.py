@@ -45,6 +45,18 @@ def parse_named(items: Sequence[str], option: str, form: str = "NAME=PATH") -> d
     return out
 
 
+def graded(spec: str) -> tuple[Path, int]:
+    """``DUMP[@MIN_GRADE]`` as ``(path, lowest relevant grade)`` (default grade 1)."""
+    path, _, grade = spec.partition("@")
+    return Path(path), int(grade or 1)
+
+
+def graded_sets(train: Sequence[str], test: Sequence[str]) -> tuple[list[tuple[Path, int]], dict[str, tuple[Path, int]]]:
+    """``--train DUMP[@MIN_GRADE]`` and ``--test NAME=DUMP[@MIN_GRADE]`` values of the lab's fits, parsed."""
+    tests = {name: graded(value) for name, value in parse_named(test, "--test", "NAME=DUMP[@MIN_GRADE]").items()}
+    return [graded(spec) for spec in train], tests
+
+
 def read_query_ids(paths: Sequence[Path]) -> set[str]:
     """Query ids of text files (one per line) and of study dumps (``.npz``: their queries)."""
     from heedrank.lab.study import load_items

@@ -29,6 +29,7 @@ from typing import Any
 from heedrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
 from heedrank.errors import ValidationError
 from heedrank.protocols import RerankResult
+from heedrank.seam import RerankerServing
 from heedrank.reranker.options import DEFAULT_MAX_QUERY_TOKENS, RerankerOptions
 from heedrank.reranker.scoring import distinct_texts
 from heedrank.types import Document, Query, Ranking, ScoredDoc
@@ -337,6 +338,11 @@ class AttentionReranker:
         (:data:`SCORE_SCALES`), or ``None`` when they are probabilities already
         (``scoring='signal'``) or of a kind with no measured scale."""
         return SCORE_SCALES.get(self.score_kind)
+
+    def serving(self) -> RerankerServing:
+        """What the server reads (:class:`heedrank.seam.RerankerServing`): the score scale and the
+        document budget; cached BlockRank adds its card's scorer, fusion and calibration."""
+        return RerankerServing(score_scale=self.score_scale, max_doc_tokens=self.config.max_doc_tokens)
 
     def describe(self) -> dict[str, Any]:
         """Identity for reports: method, template, model, budgets and the parsed,

@@ -382,8 +382,10 @@ class CachedBlockRankOptions(RerankerOptions):
         "P(relevant) of each (query, document) pair, the same in any list (the card's 'independent' entry: the "
         "query and N/A blocks read against block 0 alone, their logits to each document's keys); 'calibrated': ICR's calibrated "
         "query attention over layers 0..l* with the mean - 2 std token mask; 'signal': the signal tokens' "
-        "attention at l* (probabilities summing to 1); 'auto' = 'learned' when scorer_weights is given or a "
-        "weights card ships for the model at the layer and block length asked for, else 'calibrated'",
+        "attention at l* (probabilities summing to 1); 'auto' = 'independent' served by the card's default scorer "
+        "(heedrank.scorer: with the embedder's cosine and the first-stage rank) when the card holds one, else "
+        "'learned', when scorer_weights is given or a weights card ships for the model at the layer and block "
+        "length asked for, else 'calibrated'",
         _choice(AUTO, "learned", "independent", "calibrated", "signal"),
     )
     scorer_weights: str | None = _option(
@@ -531,6 +533,8 @@ def recorded_fusion(config: Any) -> float | None:
         card = read_card(opts.scorer_weights) if Path(opts.scorer_weights).is_file() else None
     else:
         card = packaged_card(config.model)
+    if card is not None and "scorer" in card.data and "independent" in card.data and opts.scoring in (AUTO, "independent"):
+        return None  # served by the card's default scorer (heedrank.scorer): no fusion weight
     if card is not None and opts.scoring == "independent":
         entry = card.data.get("independent")
         return float(entry["fusion_alpha"]) if isinstance(entry, dict) and "fusion_alpha" in entry else None

@@ -201,14 +201,11 @@ WHAT_SHIPS = (
     ("scoring layer l* (the store holds layers 0..l*)", "layer"),
     ("block budget (LM tokens per document)", "max_doc_tokens"),
     ("cached layout", "template"),
-    ("head weights' training loss", "fit.loss"),
-    ("fusion weight with the first stage", "fusion.alpha"),
-    ("NFCorpus dev, fused (the weight's choice)", "fusion.dev_ndcg@10"),
-    ("NFCorpus test, hybrid top 50", "fusion.test_ndcg@10.nfcorpus-test-hybrid50"),
-    ("NFCorpus test, BM25 top 20", "fusion.test_ndcg@10.nfcorpus-test-bm25-20"),
-    ("TREC DL 2019, BM25 top 100", "fusion.test_ndcg@10.dl19-bm25-100"),
-    ("cut-off `\"auto\"`: threshold on P(relevant), fused", "calibration.maps.score.threshold"),
-    ("queries the cut-off's maps were fitted on", "calibration.calibration_queries"),
+    ("the default's signals (one logistic model per subset: heedrank.scorer)", "scorer.features"),
+    ("NFCorpus test, hybrid top 50", "scorer.test_ndcg@10.nf-test-hybrid50"),
+    ("NFCorpus test, BM25 top 20", "scorer.test_ndcg@10.nf-test-bm25-20"),
+    ("TREC DL 2019, BM25 top 100", "scorer.test_ndcg@10.dl19-bm25-100"),
+    ("cut-off `\"auto\"`: threshold on P(relevant)", "scorer.threshold"),
 )
 """README's "What ships" rows: ``(what, card field)``, the field a dotted path into the card."""
 MARKERS = ("<!-- what-ships:start -->", "<!-- what-ships:end -->")
@@ -244,6 +241,11 @@ def _figure(value: Any) -> str:
         return f"{value:,}"
     if isinstance(value, float):
         return f"{value:.1f}" if abs(value) >= 1 else f"{value:g}"
+    if isinstance(value, list):
+        return ", ".join(f"`{v}`" for v in value)
+    if "dense" in value:  # the default beside the first stage alone and the embedder alone (paired p)
+        return (f"first stage {value['first stage']:.1f}, embedder alone {value['dense']:.1f} -> "
+                f"**{value['default']:.1f}** (p {value['p_vs_first_stage']:.4f}, {value['p_vs_dense']:.4f})")
     first = value["first stage"]
     served = value.get("fused", value.get("learned"))
     return f"{first:.1f} -> **{served:.1f}** (p {value['p']:.4f})"

@@ -18,6 +18,7 @@ from heedrank.api.schemas import InfoResponse, RerankerInfo
 from heedrank.errors import HeedrankError
 from heedrank import registry
 from heedrank.jsonable import jsonable
+from heedrank.seam import serving_of
 from heedrank.settings import Settings
 
 router = APIRouter(tags=["info"])
@@ -182,10 +183,10 @@ def served_card(reranker: Any) -> tuple[dict[str, Any] | None, str | None]:
     scorers (no ``scoring`` attribute)."""
     from heedrank.reranker.cached.card import WeightsCard, describe_card
 
-    scoring = getattr(reranker, "scoring", None)
+    traits = serving_of(reranker)
+    scoring, card = traits.scoring, traits.card
     if not isinstance(scoring, str):
         return None, None
-    card = getattr(reranker, "card", None)
     described = describe_card(card) if isinstance(card, WeightsCard) else None
     return (None if described is None else without_paths(jsonable(described))), scoring
 
@@ -194,6 +195,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
     model = None
     card: dict[str, Any] | None = None
     scoring: str | None = None
+    signals: list[str] | None = None
     methods = sorted(set(registry.reranker_names()) | set(registry.reranker_aliases()) | {settings.rerank_method})
     limits: dict[str, dict[str, Any]] = {}
     served = registry.resolve_method(settings.rerank_method)
@@ -203,6 +205,8 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
         if loaded is not None:  # describe() of a built reranker; never loads a model here
             model = without_paths(jsonable(dict(loaded.describe())))
             card, scoring = served_card(loaded)
+            scorer = serving_of(loaded).scorer
+            signals = list(scorer.models[0].uses) if scorer is not None else None
         limits = method_limits(built, settings, methods, runtime.costs)
     return InfoResponse(
         version=__version__,
@@ -216,6 +220,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
             model=model,
             card=card,
             scoring=scoring,
+            signals=signals,
             model_ids=served_model_ids(settings),
             methods=methods,
             max_doc_tokens=settings.max_doc_tokens,

@@ -36,6 +36,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from heedrank import registry
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
@@ -52,6 +53,7 @@ from heedrank.api.schemas import (
 )
 from heedrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
 from heedrank.pipeline import NO_RERANK, Pipeline, RerankedQuery, SearchOptions
+from heedrank.serving import Served
 from heedrank.settings import Settings
 from heedrank.types import Document, Query, Ranking, ScoredDoc
 
@@ -164,7 +166,7 @@ def _cut_warning(cut: list[int], budget: int) -> str:
 def to_response(body: CohereRerankRequest, done: RerankedQuery | None, reason: str | None, *, cutoff: Any,
                 texts: list[str],
                 cut: list[int], budget: int, warnings: list[str], settings: Settings, runtime: Runtime,
-                version: str, t0: float) -> CohereRerankResponse:
+                version: str, t0: float, fallback: Served | None = None) -> CohereRerankResponse:
     """The Cohere response of a reranking (``done``), or of the given order when the deadline
     stopped it (``done is None``, ``reason`` says why). Results are sorted by
     ``relevance_score``, best first (ties in served order), then cut to ``top_n``."""
@@ -175,10 +177,18 @@ def to_response(body: CohereRerankRequest, done: RerankedQuery | None, reason: s
         warnings.append(f"the service's per-request budget of {settings.request_budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) "
                         "ran out; documents are in the given order" if reason == "budget" else
                         f"deadline_ms {body.deadline_ms} would be exceeded ({reason}); documents are in the given order")
-        if cutoff is not None:
-            warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
-        rows = [(i, 1.0 / (1 + i), 1.0 / (1 + i)) for i in range(len(texts))]  # (index, relevance, raw)
         timings, tokens, truncated, probs, alpha, scale = {"queue": 0.0, "rerank": 0.0, "total": total}, 0, [], None, None, None
+        if fallback is not None and fallback.relevance:  # scored without the LM, from the embedder's cosine
+            warnings[-1] = warnings[-1].replace("documents are in the given order", "documents were scored without "
+                                                "the LM, by the default's scorer from the embedder's cosine alone")
+            relevance = fallback.relevance
+            rows = [(int(h.doc_id), relevance[h.doc_id], float(h.score)) for h in fallback.ranking.hits
+                    if h.doc_id in relevance]
+            probs = fallback.probabilities
+        else:
+            if cutoff is not None:
+                warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
+            rows = [(i, 1.0 / (1 + i), 1.0 / (1 + i)) for i in range(len(texts))]  # (index, relevance, raw)
     else:
         result, served = done.reranked.result, done.served
         position = {h.doc_id: int(h.doc_id) for h in result.ranking.hits}
@@ -243,7 +253,12 @@ async def rerank(
     call = {"max_doc_tokens": max_doc_tokens, "by": "prior" if prior else "rank",
             "scale": settings.rerank_score_scale, "use_store": False, "share_texts": True}
     deadline = body.deadline_ms / 1000.0 if body.deadline_ms is not None else None
-    done, reason = await _rerank(runtime, pipeline, Query("rerank", body.query), given, options, call, deadline, t0,
-                                 request.is_disconnected)
+    query = Query("rerank", body.query)
+    done, reason = await _rerank(runtime, pipeline, query, given, options, call, deadline, t0, request.is_disconnected)
+    fallback = None
+    if done is None:  # the default's scorer from the embedder alone (no LM pass): real probabilities, not 1/(1+i)
+        fallback = await run_in_threadpool(pipeline.serve_without_lm, query, given, options, by=call["by"],
+                                           use_store=False)
     return to_response(body, done, reason, cutoff=options.cutoff, texts=texts, cut=cut, budget=budget, warnings=warnings, settings=settings,
-                       runtime=runtime, version="1" if request.url.path.endswith("/v1/rerank") else "2", t0=t0)
+                       runtime=runtime, version="1" if request.url.path.endswith("/v1/rerank") else "2", t0=t0,
+                       fallback=fallback)

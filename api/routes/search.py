@@ -22,8 +22,10 @@ from heedrank.api.schemas import (
     Timings,
 )
 from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
+from heedrank.protocols import RerankResult
+from heedrank.results import merge_served
 from heedrank.settings import Settings
-from heedrank.types import Query
+from heedrank.types import Query, Ranking
 
 router = APIRouter(tags=["search"])
 logger = logging.getLogger(__name__)
@@ -136,11 +138,22 @@ async def first_stage_fallback(runtime: Any, pipeline: Pipeline, text: str, opti
                                 rerank_options=None)
     result = await runtime.pools["search"].run(pipeline.search, Query("api", text), plain, units=1,
                                                is_disconnected=is_disconnected)
+    served = None
+    if len(result.ranking):  # the default's scorer from the signals at hand (the embedder, the rank): no LM pass
+        served = await runtime.pools["search"].run(pipeline.serve_without_lm, Query("api", text), result.ranking,
+                                                   options, units=1, is_disconnected=is_disconnected)
     waited = time.perf_counter() - t0
     runtime.metrics.deadline_fallbacks.labels("budget").inc()
     message = (f"reranking stopped after {waited:.1f} s (the service's per-request budget is {budget:g} s, "
-               "HEEDRANK_REQUEST_BUDGET_S): every candidate kept its first-stage place")
+               "HEEDRANK_REQUEST_BUDGET_S): " + (
+                   "every candidate kept its first-stage place" if served is None else
+                   "the results were scored without the LM, by the default's scorer from the embedder's cosine "
+                   "and the first-stage rank"))
     logger.warning("search: %s", message)
+    if served is not None:
+        result = dataclasses.replace(result, ranking=merge_served(result.ranking, served, options.top_k),
+                                     rerank=RerankResult(Ranking(result.ranking.query_id, ())),
+                                     probabilities=served.probabilities, relevance=served.relevance)
     response = to_response(result, NO_RERANK, max(0.0, waited - float(result.timings.get("total", 0.0))))
     n = min(options.candidates, len(result.first_stage))
     response.rerank = RerankInfo(method=registry.resolve_method(options.rerank), candidates=n, reranked=0, truncated=0,

@@ -190,6 +190,7 @@ def _query_rows(rows: Sequence[FirstStageRow]) -> list[dict[str, Any]]:
 
 def _worker_pipeline(payloads: Sequence[Mapping[str, Any]], cache: RerankerCache | None, limits: Any) -> Pipeline:
     """A pipeline over one batch's rows, sharing the actor's rerankers."""
+    from heedrank import registry
     from heedrank.index.memory import InMemoryDocStore
     from heedrank.retriever.run import RunRetriever
 
@@ -199,7 +200,8 @@ def _worker_pipeline(payloads: Sequence[Mapping[str, Any]], cache: RerankerCache
         run[p["qid"]] = {doc_id: float(score) for doc_id, score in p["hits"]}
         for doc_id, text, title, metadata in p["docs"]:
             docs.setdefault(doc_id, Document(doc_id, text, title, metadata))
-    return Pipeline({_RUN: RunRetriever(run, name=_RUN)}, InMemoryDocStore(docs.values()), rerankers=cache, limits=limits)
+    return Pipeline({_RUN: RunRetriever(run, name=_RUN)}, InMemoryDocStore(docs.values()), rerankers=cache, limits=limits,
+                    dense=registry.dense_signal())
 
 
 def search_record(pipeline: Pipeline, q: Query, options: SearchOptions) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """``heedrank lab``: research and model building, apart from the product commands: the
-cached-BlockRank feature study (``dump``, ``fit``, ``calibrate``, ``fit-independent``), the choice of BlockRank's
+cached-BlockRank feature study (``dump``, ``fit``, ``calibrate``, ``fit-independent``, ``fit-scorer``), the choice of BlockRank's
 scoring layer (``layer-sweep``), two models' ensemble (``ensemble``), ICR's query-focused heads (``heads dump|detect|fit``,
 ``ablation``) and fine-tuning (``train blockrank|query-adapter``).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import typer
 
-from heedrank.lab.cli import ensemble, heads, independent, prior, study, sweep, train
+from heedrank.lab.cli import ensemble, heads, independent, prior, scorer, study, sweep, train
 
 app = typer.Typer(help="Research and model building, apart from the product commands: the cached-BlockRank "
                   "feature study (dump, fit, calibrate), BlockRank's scoring layer (layer-sweep), ICR's "
@@ -27,6 +27,7 @@ app.command("dump")(study.lab_dump)
 app.command("fit")(study.lab_fit)
 app.command("calibrate")(study.lab_calibrate)
 app.command("fit-independent")(independent.lab_fit_independent)
+app.command("fit-scorer")(scorer.lab_fit_scorer)
 app.command("layer-sweep")(sweep.lab_layer_sweep)
 app.command("ablation")(heads.lab_ablation)
 app.command("order-prior")(prior.lab_order_prior)

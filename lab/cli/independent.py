@@ -27,20 +27,13 @@ def lab_fit_independent(
     (layer, head, row group); C and the fusion weight chosen on dev) and report nDCG@10, ROC AUC and
     calibration error on dev and each test set."""
     from heedrank.lab.cli.study import write_new_card
-    from heedrank.lab.dumps import command_line, parse_named
+    from heedrank.lab.dumps import command_line, graded_sets
     from heedrank.lab.train.independent_fit import fit_independent, format_fit
     from heedrank.reranker.cached.card import read_card
 
     if write_card is not None and card is None:
         raise typer.BadParameter("--write-card adds the entry to a card: give --card", param_hint="--write-card")
-    tests = {}
-    for name, value in parse_named(test or [], "--test", "NAME=DUMP[@MIN_GRADE]").items():
-        path, _, grade = value.partition("@")
-        tests[name] = (Path(path), int(grade or 1))
-    sources = []
-    for spec in train:
-        path, _, grade = spec.partition("@")
-        sources.append((Path(path), int(grade or 1)))
+    sources, tests = graded_sets(train, test or [])
     fit = fit_independent(sources, dev, tests)
     entry = {**fit.entry, "command": command_line("heedrank lab fit-independent", [
         ("--train", train), ("--dev", dev), ("--test", test), ("--card", card), ("--write-card", write_card)])}

@@ -49,7 +49,7 @@ train_ids() {  # the fit's and adapter's NFCorpus train queries, never calibrate
     else echo "$W/dumps/nf-train-hybrid50.npz"; fi
 }
 echo "[recipe] model $M ($MODEL_NAME: $MODEL_LAYERS layers x $MODEL_HEADS heads), l* $LAYER, device $DEV, work $W"
-STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent assemble)
+STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent scorer scorer-eval assemble)
 
 dump() {  # dump NAME ARGS...: one feature dump, resumed if it was stopped
     local name=$1; shift
@@ -136,6 +136,41 @@ step_independent() {  # the list-independent scorer, with the adapter: 400 unsee
         --dev "$W/dumps/qa-nf-dev-hybrid50.npz" --test "nf-test=$W/dumps/qa-nf-test-hybrid50.npz" \
         --test "dl19=$W/dumps/qa-dl19-bm25-100.npz@2" --card "$W/out/card.calibrated.json" \
         --write-card "$W/out/card.independent.json" --out "$W/reports/independent.json"
+}
+
+step_scorer() {  # the default's scorer over attention, dense and rank (one model per subset of them), with the adapter:
+                 # 150 of the independent step's NFCorpus train queries and half the TREC DL 2021 queries (its dump),
+                 # each source weighing the same; C chosen on 150 seeded NFCorpus dev queries and the other half of
+                 # DL21, the cut-off on dev (heedrank lab fit-scorer: dumps and the index, no LM)
+    local card=$W/out/card.independent.json
+    [ -f "$card" ] || card=$W/out/card.fit.json   # a seeded folder: the installed card's independent entry
+    head -150 "$W/independent-queries.txt" > "$W/scorer-queries.txt"
+    dump qa-nf-train-scorer150-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
+        --query-ids "$W/scorer-queries.txt" --adapter "$W/adapter/best"
+    [ -f "$W/dumps/qa-dl21-bm25-30.npz" ] || dump qa-dl21-bm25-30 --data "$D/msmarco-trec-dl-2021-passage" --trec-run BM25 \
+        --candidates 30 --store "$W/kv/dl21" --adapter "$W/adapter/best"
+    dump qa-nf-dev150-hybrid50 --data "$NF" --split dev --retriever hybrid --candidates 50 --max-queries 150 \
+        --index "$IDX" --adapter "$W/adapter/best"
+    rm -f "$W/out/card.scorer.json"
+    "$HR" lab fit-scorer --train "$W/dumps/qa-nf-train-scorer150-hybrid50.npz" --split "$W/dumps/qa-dl21-bm25-30.npz@2" \
+        --dev "$W/dumps/qa-nf-dev150-hybrid50.npz" --card "$card" --index "$IDX" \
+        --write-card "$W/out/card.scorer.json" --out "$W/reports/scorer.json"
+}
+
+step_scorer_eval() {  # the served default through the product (eval beir / trec-dl) beside the embedder alone
+                      # (--rerank dense) and the first stage alone, every test query; the figures go into the card
+    local o=(--opt "scorer_weights=$W/out/card.scorer.json" --opt "query_adapter=$W/adapter/best")
+    local e=$W/reports/eval
+    for m in none dense default; do
+        local x=(); [ "$m" = default ] && x=("${o[@]}")
+        "$HR" eval beir --data "$NF" --split test --retriever hybrid --candidates 50 --index "$IDX" --rerank "$m" \
+            --out "$e/nf-test-hybrid50/$m" "${x[@]}"
+        "$HR" eval beir --data "$NF" --split test --retriever bm25 --candidates 20 --index "$IDX" --rerank "$m" \
+            --out "$e/nf-test-bm25-20/$m" "${x[@]}"
+        "$HR" eval trec-dl --data "$D/msmarco-trec-dl-2019-passage" --candidates 100 --rerank "$m" \
+            --out "$e/dl19-bm25-100/$m" "${x[@]}"
+    done
+    "$PY" recipes/default/steps.py scorer-figures --work "$W"
 }
 
 step_seed() {  # not in the default order: re-measure the installed card and adapter (e.g. on a store of

@@ -148,8 +148,10 @@ def assemble(args: argparse.Namespace) -> None:
     card (weights, fusion, calibration) and adapter, their ``command`` fields naming the
     recipe's steps and their inputs recorded by sha256 (the dumps live in the work folder)."""
     work, model = Path(args.work), model_name(args.model)
-    with_independent = work / "out" / "card.independent.json"
-    card = _read(with_independent if with_independent.exists() else work / "out" / "card.calibrated.json")
+    latest = [work / "out" / f"card.{c}.json" for c in ("scorer", "independent", "calibrated")]
+    card = _read(next(p for p in latest if p.exists()))
+    if "scorer" in card:
+        _scorer_provenance(card["scorer"])
     if "independent" in card:
         card["independent"]["command"] = f"{RUN} independent"
         card["independent"]["train"]["dumps"] = [Path(d).stem for d in card["independent"]["train"]["dumps"]]
@@ -219,6 +221,64 @@ def install(args: argparse.Namespace) -> None:
         print(f"installed into the user card folder {target}: `heedrank serve --model {args.model}` serves it")
 
 
+EVAL_SETS = ("nf-test-hybrid50", "nf-test-bm25-20", "dl19-bm25-100")
+"""The ``scorer-eval`` step's test sets (``reports/eval/<set>/<method>/``)."""
+
+
+def scorer_figures(args: argparse.Namespace) -> None:
+    """Write the ``scorer-eval`` step's figures into ``out/card.scorer.json``'s ``scorer`` entry as
+    ``test_ndcg@10``: per test set, nDCG@10 x 100 of the first stage alone, the embedder alone
+    (``dense``) and the default, and the default's paired randomization p against each
+    (:func:`heedrank.eval.compare.compare_reports`, every query)."""
+    from heedrank.eval.compare import compare_reports
+
+    work = Path(args.work)
+    path = work / "out" / "card.scorer.json"
+    card = _read(path)
+
+    def report(name: str, method: str) -> Path:
+        found = sorted((work / "reports" / "eval" / name / method).glob("*.json"))
+        if not found:
+            sys.exit(f"no {method} report for {name}: run `{RUN} scorer-eval`")
+        return found[-1]
+
+    figures = {}
+    for name in EVAL_SETS:
+        row: dict[str, Any] = {}
+        for method, label in (("none", "first stage"), ("dense", "dense")):
+            c = compare_reports(report(name, method), report(name, "default"))
+            d = next(x for x in c.deltas if x.metric.lower() == "ndcg@10")
+            row[label], row["default"], row[f"p_vs_{label.replace(' ', '_')}"] = (
+                round(100 * d.a, 2), round(100 * d.b, 2), round(d.p_value, 4))
+        row["queries"] = len(c.query_ids)
+        figures[name] = row
+    card["scorer"]["test_ndcg@10"] = figures
+    _write(path, card)
+    print(json.dumps(figures, indent=1))
+
+
+def _scorer_provenance(entry: dict[str, Any]) -> None:
+    """The ``scorer`` entry's command and dumps named by the recipe, not by this machine's paths."""
+    entry["command"] = f"{RUN} scorer"
+    entry["train"]["dumps"] = [Path(d).stem for d in entry["train"]["dumps"]]
+    entry["train"]["split"] = [Path(d).stem for d in entry["train"].get("split", [])]
+
+
+def install_scorer(args: argparse.Namespace) -> None:
+    """Copy only the ``scorer`` entry of ``out/card.scorer.json`` into the installed card (the rest
+    unchanged): the ``scorer`` step rerun alone, on a seeded folder's dumps."""
+    work, model = Path(args.work), model_name(args.model)
+    source = work / "out" / "card.scorer.json"
+    if not source.is_file():
+        sys.exit(f"nothing to install: run `{RUN} scorer` first")
+    entry = _read(source)["scorer"]
+    _scorer_provenance(entry)
+    entry["dumps_sha256"] = {Path(p).stem: _sha256(Path(p)) for p in sorted((work / "dumps").glob("qa-*.npz"))}
+    target = install_dir(args.model) / f"{model}.blockrank-cached.json"
+    _write(target, {**_read(target), "scorer": entry})
+    print(f"installed the scorer entry into {target}: review `git diff`, then commit")
+
+
 def install_independent(args: argparse.Namespace) -> None:
     """Copy only the ``independent`` entry of ``out/card.independent.json`` into the packaged card
     (the rest of the card unchanged): the ``independent`` step rerun alone on an earlier run's
@@ -279,18 +339,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--card", required=True)
     p.add_argument("--fusion", required=True)
     p.add_argument("--out", required=True)
+    p = sub.add_parser("scorer-figures")
+    p.add_argument("--work", required=True)
     p = sub.add_parser("seed")
     p.add_argument("--work", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--train-queries", type=int, default=400)
-    for name in ("assemble", "install", "install-independent"):
+    for name in ("assemble", "install", "install-independent", "install-scorer"):
         p = sub.add_parser(name)
         p.add_argument("--work", required=True)
         p.add_argument("--model", required=True)
     args = parser.parse_args(argv)
     {"model": model_cmd, "calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
-     "install-independent": install_independent, "seed": seed,
+     "install-independent": install_independent, "install-scorer": install_scorer, "seed": seed,
+     "scorer-figures": scorer_figures,
      "install": install}[args.cmd](args)
 
 

@@ -43,6 +43,8 @@ from heedrank.blocks import BlockKey, KVHeader
 from heedrank.config import BLOCK_CACHE_BUDGET, RerankerConfig
 from heedrank.errors import ValidationError
 from heedrank.protocols import RerankResult
+from heedrank.scorer import Scorer
+from heedrank.seam import IndependentServing, RerankerServing
 from heedrank.reranker.base import DocumentScores, ScoredPass
 from heedrank.reranker.blockforward import BlockPrompt, check_query_block, sliding_window
 from heedrank.reranker.blockrank import BlockRankReranker
@@ -201,8 +203,9 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     @property
     def scoring(self) -> str:
-        """The scorer in use: option ``scoring``, with ``'auto'`` = ``'learned'`` when a weights
-        card ships for the model (or ``scorer_weights`` is given), else ``'calibrated'``."""
+        """The scorer in use: option ``scoring``, with ``'auto'`` resolved
+        (:func:`heedrank.reranker.cached.state.auto_scoring`: ``'independent'`` when the card holds
+        the default's scorer, else ``'learned'`` with a card, else ``'calibrated'``)."""
         return self.loaded().scoring
 
     @property
@@ -229,36 +232,33 @@ class CachedBlockRankReranker(BlockRankReranker):
         if self.card is None:
             return None
         if self.scoring == "independent":
+            if "scorer" in self.card.data:
+                return None  # served by the card's default scorer (heedrank.scorer)
             return float(self.card.data["independent"].get("fusion_alpha", 0.5))
         return self.card.fusion_alpha if self.scoring == "learned" else None
 
-    @property
-    def absolute_scores(self) -> bool:
-        """Whether the scores are log-odds of P(relevant) of each (query, document) pair on its own
-        (``scoring='independent'``): :mod:`heedrank.serving` then serves ``sigmoid(score)``."""
-        return self.scoring == "independent"
-
-    @property
-    def absolute_fused_map(self) -> tuple[float, float] | None:
-        """``(a, b)``: ``sigmoid(a f + b)`` is the probability of a score ``f`` fused at
-        :attr:`default_fusion` (``scoring='independent'``; the card entry's ``fused_map``, fitted on
-        dev), or ``None``."""
-        entry = self.card.data.get("independent", {}) if self.card is not None and self.absolute_scores else {}
+    def serving(self) -> RerankerServing:
+        """What the server reads (:class:`heedrank.seam.RerankerServing`): with
+        ``scoring='independent'``, these scores are each pair's log-odds, served by the card's
+        default scorer (its ``scorer`` entry: :mod:`heedrank.scorer`) when it holds one, else as
+        :class:`heedrank.seam.IndependentServing` (the ``independent`` entry's cut-offs and fused map)."""
+        card = self.card
+        common = {"default_fusion": self.default_fusion, "calibration": self.calibration,
+                  "score_scale": self.score_scale, "concurrent_calls": self.concurrent_calls,
+                  "cold_candidates": self.cold_candidates, "max_doc_tokens": self.config.max_doc_tokens,
+                  "scoring": self.scoring, "card": card}
+        if self.scoring != "independent" or card is None:
+            return RerankerServing(**common)
+        entry = card.data.get("independent", {})
         pair = entry.get("fused_map")
-        return (float(pair[0]), float(pair[1])) if pair else None
-
-    @property
-    def absolute_fused_threshold(self) -> float | None:
-        """The ``"auto"`` cut-off of a fused probability (:attr:`absolute_fused_map`), or ``None``."""
-        entry = self.card.data.get("independent", {}) if self.card is not None and self.absolute_scores else {}
-        return float(entry["fused_threshold"]) if "fused_threshold" in entry else None
-
-    @property
-    def absolute_threshold(self) -> float:
-        """The ``"auto"`` cut-off of ``scoring='independent'``: the card entry's probability chosen on
-        dev (0.5 when it records none)."""
-        entry = self.card.data.get("independent", {}) if self.card is not None else {}
-        return float(entry.get("threshold", 0.5))
+        independent = IndependentServing(
+            float(entry.get("threshold", 0.5)), (float(pair[0]), float(pair[1])) if pair else None,
+            float(entry["fused_threshold"]) if pair and "fused_threshold" in entry else None)
+        scorer = Scorer.from_card(card.data)
+        if scorer is not None:  # an explicit fusion weight still serves the attention alone, fused
+            return RerankerServing(scorer, float(card.data["scorer"].get("threshold", 0.5)), independent=independent,
+                                   **common)
+        return RerankerServing(independent=independent, **common)
 
     @property
     def calibration(self) -> Any:

@@ -1,7 +1,8 @@
 """What cached BlockRank resolves once, when it loads (:func:`load_state`).
 
 From the options and the shared LM: the weights card (:mod:`heedrank.reranker.cached.card`),
-the scorer in use (``scoring='auto'`` = ``'learned'`` when ``scorer_weights`` is given or a card
+the scorer in use (``scoring='auto'`` = ``'independent'`` served by the card's default scorer when
+the card holds one (:func:`auto_scoring`), else ``'learned'``, when ``scorer_weights`` is given or a card
 for the model (packaged, or installed in the user card folder, matched by name and sha256:
 :func:`heedrank.reranker.cached.card.find_card`) fits the ``l*`` and block length asked for,
 else ``'calibrated'``, with a warning when there is no card), ``l*``, the cached layout, the query
@@ -143,11 +144,12 @@ def _fits(card: WeightsCard | None, options: CachedBlockRankOptions, config: Rer
 
 
 def auto_scoring(card: WeightsCard | None, fits: bool) -> str:
-    """What ``scoring='auto'`` scores with: ``learned`` when a card fits, else ``calibrated``.
-    A card's ``independent`` entry is used only when asked for (``scoring='independent'``): it
-    ranks below ``learned`` (docs/results/default.md, "A probability that does not depend on the
-    list")."""
-    return "learned" if card is not None and fits else "calibrated"
+    """What ``scoring='auto'`` scores with: ``independent`` when a card fits and holds the
+    default's scorer (its ``scorer`` entry, over the ``independent`` entry's attention log-odds:
+    :mod:`heedrank.scorer`), else ``learned`` when a card fits, else ``calibrated``."""
+    if card is None or not fits:
+        return "calibrated"
+    return "independent" if "scorer" in card.data and "independent" in card.data else "learned"
 
 
 def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: Any, signal: SignalScorer) -> CachedState:

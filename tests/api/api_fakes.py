@@ -15,6 +15,7 @@ from heedrank.config import RerankerConfig
 from heedrank.pipeline import Pipeline, reranker_factory
 from heedrank.protocols import RerankResult
 from heedrank.types import Document, Query, Ranking
+from serving_fakes import AttributeServing  # noqa: E402
 
 DOCS = [
     Document("d01", "Apples are red or green fruit grown in orchards.", "Apples", {"year": 2020, "tags": ["fruit"]}),
@@ -62,7 +63,7 @@ class OverlapRetriever:
         return out
 
 
-class FakeReranker:
+class FakeReranker(AttributeServing):
     """Scores candidates by ``1 / len(content)`` (shorter first) so the order differs from the
     first stage; documents longer than 60 characters are reported as truncated."""
 

@@ -19,6 +19,7 @@ import pytest
 from heedrank import registry
 from heedrank.protocols import RerankResult
 from heedrank.types import Document, Query, Ranking
+from serving_fakes import AttributeServing  # noqa: E402
 
 CORPUS = [
     {"_id": "a1", "title": "Apples", "text": "Apples are red or green fruit grown in orchards."},
@@ -28,7 +29,7 @@ CORPUS = [
 ]
 
 
-class CachedFake:
+class CachedFake(AttributeServing):
     """A cached-mode reranker in miniature (:class:`heedrank.protocols.BlockCachingReranker`):
     blocks keyed by the hash of the text, ``(layer + 1, 1, 1, 2)`` arrays, read from and
     written back to the store; scores are text lengths."""

@@ -14,9 +14,10 @@ from heedrank.api.routes.info import _info
 from heedrank.reranker.cached.card import WeightsCard, read_card
 from heedrank.reranker.options import DEFAULT_METHOD
 from heedrank.settings import Settings
+from serving_fakes import AttributeServing  # noqa: E402
 
 
-class Served:
+class Served(AttributeServing):
     """Stands for a built cached BlockRank reranker: its card and scorer, no LM."""
 
     def __init__(self, card: WeightsCard | None, scoring: str) -> None:

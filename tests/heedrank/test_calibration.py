@@ -11,6 +11,7 @@ from heedrank.calibration import AUTO, Calibration, PlattMap, apply_cutoff, feat
 from heedrank.errors import ValidationError
 from heedrank.pipeline import Pipeline, SearchOptions
 from heedrank.types import Document, Query, Ranking, ScoredDoc
+from serving_fakes import AttributeServing  # noqa: E402
 
 MAP = PlattMap((1.0, -0.5, 0.2, -0.1), -1.0, 0.3)
 
@@ -69,7 +70,7 @@ def test_calibration_json_round_trip_and_map_for() -> None:
         PlattMap((0.0,) * 4, 0.0, 1.0)
 
 
-class _Calibrated:
+class _Calibrated(AttributeServing):
     """Scores candidates by position (the first stage's last candidate first) and carries a
     calibration whose probability falls with the score."""
 

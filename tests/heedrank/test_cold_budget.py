@@ -10,6 +10,7 @@ from heedrank.pipeline import Pipeline, SearchOptions, _within_budget
 from heedrank.protocols import RerankResult
 from heedrank.serving import Served, place_skipped
 from heedrank.types import Document, Query, Ranking, ScoredDoc
+from serving_fakes import AttributeServing  # noqa: E402
 
 
 def _ranking(pairs: list[tuple[str, float]]) -> Ranking:
@@ -53,7 +54,7 @@ def test_within_budget_keeps_warm_and_the_first_cold_ones() -> None:
     assert [d.doc_id for d in kept] == ["d0", "d3"] and len(skipped) == 5
 
 
-class _ColdAware:
+class _ColdAware(AttributeServing):
     """A reranker that reverses the candidates and says documents with 'cold' in them are cold."""
 
     name = "reverse"
@@ -109,3 +110,39 @@ def test_the_service_setting(monkeypatch, raw, want) -> None:
     assert Settings().cold_budget == want
     monkeypatch.delenv("HEEDRANK_COLD_BUDGET")
     assert Settings().cold_budget == 4  # the default
+
+
+def test_the_default_scorer_scores_a_skipped_candidate_from_the_signals_at_hand() -> None:
+    """With the default's scorer, a candidate over the cold budget is not left at its first-stage
+    place: it is scored from the dense and first-stage signals (its model in the card), and the
+    response says how many were scored without the LM."""
+    from heedrank.index.cosines import DenseSignal
+    from heedrank.index.hashing import HashingEncoder
+    from heedrank.index.store import Index
+    from heedrank.retriever.bm25 import BM25Retriever
+    from heedrank.scorer import Scorer
+
+    texts = ["apple apple apple apple pear", "apple apple apple cold pear", "apple apple warm pear",
+             "apple cold pear", "apple warm plum"]
+    ix = Index.from_documents([Document(f"d{i}", t) for i, t in enumerate(texts)], encoder=HashingEncoder(64))
+    scorer = Scorer.from_card({"scorer": {"models": [
+        {"uses": ["attention", "dense", "rank"], "weights": [1.0, 2.0, -0.1], "bias": -1.0},
+        {"uses": ["dense", "rank"], "weights": [50.0, -0.1], "bias": -2.0}]}})
+
+    class Scored(_ColdAware):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scorer = scorer
+
+    reranker = Scored()
+    pipe = Pipeline({"bm25": BM25Retriever.from_index(ix)}, ix.docstore, reranker_factory=lambda method: reranker,
+                    dense=DenseSignal.of_index(ix))
+    res = pipe.search(Query("q", "apple cold"), SearchOptions(rerank="reverse", candidates=5, top_k=5, cold_budget=0))
+    first = res.first_stage.top(5).doc_ids
+    cold = [d for d in first if "cold" in texts[int(d[1:])]]
+    assert sorted(res.skipped) == sorted(cold) and sorted(res.ranking.doc_ids) == sorted(first)
+    # the cold candidates share the query's word 'cold': the dense model puts them first
+    assert set(res.ranking.doc_ids[:2]) == set(cold)
+    assert res.probabilities is not None and set(res.probabilities) == set(first)
+    probs = [res.probabilities[d] for d in res.ranking.doc_ids]
+    assert probs == sorted(probs, reverse=True) and res.relevance == res.probabilities

@@ -127,11 +127,10 @@ def test_cli_eval_trec_dl_rerank_default(fake_default, tmp_path, fusion):
     report = load_report(path)
     assert report.rerank == DEFAULT and report.truncation["docs_reranked"] == 2
     assert report.reranker["method"] == "blockrank-cached"
-    # --fusion default: the weight default's method records (its weights card's), without loading a model
+    # --fusion default: the default records no weight (its card's scorer serves it), read without loading a model
     from heedrank.config import RerankerConfig
 
-    recorded = registry.recorded_fusion(RerankerConfig(method=DEFAULT))
-    assert recorded is not None and report.params["fusion"] == pytest.approx(recorded)
+    assert registry.recorded_fusion(RerankerConfig(method=DEFAULT)) is None and report.params.get("fusion") is None
 
 
 def test_cli_serve_rerank_method_default(fake_default, beir_dir, tmp_path, monkeypatch):  # noqa: F811

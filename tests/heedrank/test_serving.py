@@ -49,6 +49,8 @@ def test_a_confident_reranker_wins_in_every_position(n: int) -> None:
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from serving_fakes import AttributeServing  # noqa: E402
+from heedrank.seam import IndependentServing  # noqa: E402
 
 _SCORES = st.lists(st.floats(-5.0, 5.0, allow_nan=False), min_size=1, max_size=16)
 
@@ -81,11 +83,10 @@ def test_relevance_agrees_with_the_served_order(own, first, by, alpha, calibrate
         assert all(served.probabilities[d] < served.threshold for d in ids if d not in set(served.ranking.doc_ids))
 
 
-class _Absolute:
-    """A reranker whose scores are each pair's log-odds (``absolute_scores``)."""
+class _Absolute(AttributeServing):
+    """A reranker whose scores are each pair's log-odds (its record's ``independent``)."""
 
-    absolute_scores = True
-    absolute_threshold = 0.4
+    independent = IndependentServing(0.4)
     default_fusion = 0.5
     calibration = None
     score_scale = 1.0
@@ -112,8 +113,7 @@ def test_absolute_scores_are_served_as_their_own_probability_in_any_list() -> No
 
 def test_a_fused_map_gives_search_a_probability_in_its_order() -> None:
     class Mapped(_Absolute):
-        absolute_fused_map = (2.0, -1.0)
-        absolute_fused_threshold = 0.3
+        independent = IndependentServing(0.4, (2.0, -1.0), 0.3)
 
     logits = {"a": 2.0, "b": -1.0, "c": 0.3, "d": -3.0}
     given = Ranking("q", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(["d", "c", "b", "a"])))

@@ -427,7 +427,9 @@ def test_independent_scoring_serves_each_pairs_log_odds(arch, tmp_path) -> None:
     card = _write_card(tmp_path / "card.json", lm)
     card.write_text(json.dumps({**json.loads(card.read_text()), "independent": entry}))
     r = _reranker(lm, "independent", scorer_weights=str(card))
-    assert r.scoring == "independent" and r.absolute_scores and r.default_fusion == 0.3 and r.absolute_threshold == 0.2
+    traits = r.serving()
+    assert r.scoring == "independent" and r.default_fusion == 0.3 and traits.independent is not None
+    assert traits.independent.threshold == 0.2 and traits.scorer is None
     got = _scores(r.rerank(Query("q", QUERY), DOCS))
     feats = _independent(r, QUERY, DOCS).double()
     want = (torch.einsum("nlhg,lhg->n", feats, torch.tensor(entry["weights"], dtype=torch.float64)

@@ -1,5 +1,5 @@
 """Evidence from the method that ranks: the default configuration (cached
-BlockRank, learned head weights, the packaged query adapter) explains its ranking with spans
+BlockRank read list-independently, the packaged query adapter) explains its ranking with spans
 whose character offsets slice the text they claim, on real NFCorpus documents."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def default_reranker(default_lm):
     from heedrank.reranker.cached import CachedBlockRankReranker
 
     r = CachedBlockRankReranker(RerankerConfig(method="default"), lm=default_lm)
-    assert r.scoring == "learned" and r.layer == 15 and r.config.max_doc_tokens == 128
+    assert r.scoring == "independent" and r.layer == 15 and r.config.max_doc_tokens == 128  # the default
     return r
 
 

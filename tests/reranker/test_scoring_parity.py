@@ -91,11 +91,12 @@ def test_the_served_reranker_scores_what_the_dump_says(default_lm, card, dump) -
 def test_the_shipped_card_carries_the_cut_off_for_its_adapter(default_lm) -> None:
     """The default configuration's card holds the cut-off's maps (``heedrank lab calibrate``);
     they hold only with the query adapter they were fitted with, so without it there are none."""
-    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128), lm=default_lm)
+    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
+                                                options={"scoring": "learned"}), lm=default_lm)
     cal = r.calibration
     assert cal is not None and set(cal.maps) == {"score", "rank", "none"} and cal.alpha == r.default_fusion
     assert all(0.0 < m.threshold < 0.5 and m.coef[0] > 0 for m in cal.maps.values())
     assert cal.map_for(r.default_fusion) is cal.maps["score"] and cal.map_for(None) is cal.maps["none"]
     bare = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
-                                                  options={"query_adapter": None}), lm=default_lm)
+                                                  options={"query_adapter": None, "scoring": "learned"}), lm=default_lm)
     assert bare.calibration is None

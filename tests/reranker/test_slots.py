@@ -110,7 +110,7 @@ def _concurrent_rounds(one, two, docs: list, rounds: int, *, seconds: float | No
 def _pair(default_lm) -> tuple[CachedBlockRankReranker, CachedBlockRankReranker]:
     config = RerankerConfig(method="default")
     one = CachedBlockRankReranker(config, lm=default_lm, passes=1, block_cache_bytes=0)
-    assert one.adapter is not None and one.scoring == "learned"  # the adapter's copy runs the passes
+    assert one.adapter is not None and one.scoring == "independent"  # the default; the adapter's copy runs the passes
     two = CachedBlockRankReranker(config, lm=default_lm, passes=2, block_cache_bytes=0)
     assert two.concurrent_calls == 2 and call_gate(two)._value == 2 and call_gate(one)._value == 1
     return one, two

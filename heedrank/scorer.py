@@ -1,0 +1,99 @@
+"""The default's scorer: one logit per candidate from every signal a path holds.
+
+Signals (:data:`FEATURES`), each a number of the (query, document) pair and of where the document
+came in, never of the other candidates:
+
+- ``attention``: the reranker's list-independent log-odds of relevance (cached BlockRank,
+  ``scoring='independent'``: :mod:`heedrank.reranker.cached.independent`);
+- ``dense``: the embedder's cosine of the query and the document (the index's stored vector for
+  ``/search``; the text encoded for ``/rerank``, ``rerank-batch`` and ``eval``);
+- ``rank``: :func:`rank_feature` of the candidate's 0-based place in the first stage (or the
+  order ``/rerank`` was given).
+
+The score is a logistic model, ``s = bias + sum_f w_f x_f`` (log-odds of P(relevant)), with one
+fitted model per subset of the signals (:class:`Scorer`), so a candidate missing a signal (cold
+past the budget, the request budget spent, an index without vectors) is scored by the model of
+the signals it has, calibrated on its own. Fitted by ``heedrank lab fit-scorer``
+(:mod:`heedrank.lab.train.scorer_fit`; ``recipes/default``'s ``scorer`` step); the weights live in
+the weights card's ``scorer`` entry, read by :meth:`Scorer.from_card`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from heedrank.errors import ValidationError
+
+FEATURES = ("attention", "dense", "rank")
+"""The signals the scorer reads, in the card's order (module docstring)."""
+
+
+def rank_feature(position: int) -> float:
+    """``log(1 + i)`` of a 0-based first-stage (or given) position ``i``."""
+    return math.log1p(position)
+
+
+@dataclass(frozen=True)
+class SubsetModel:
+    """One fitted model: ``s = bias + sum_i weights[i] x[uses[i]]`` (log-odds)."""
+
+    uses: tuple[str, ...]
+    weights: tuple[float, ...]
+    bias: float
+
+    def logit(self, x: Mapping[str, float]) -> float:
+        return self.bias + sum(w * x[u] for u, w in zip(self.uses, self.weights))
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """The card's ``scorer`` entry, as read (:meth:`from_card`).
+
+    Attributes:
+        models: One model per subset of :data:`FEATURES` that holds ``attention`` or ``dense``,
+            the full set first.
+    """
+
+    models: tuple[SubsetModel, ...]
+
+    @classmethod
+    def from_card(cls, data: Mapping[str, Any]) -> Scorer | None:
+        """Read a card's ``scorer`` entry; ``None`` when the card has none.
+
+        Raises:
+            ValidationError: a signal the code does not know, or a model whose weights do not
+                match its signals (a card fitted by another version: refit it).
+        """
+        entry = data.get("scorer")
+        if entry is None:
+            return None
+        models = []
+        for m in entry.get("models", ()):
+            uses, weights = tuple(m["uses"]), tuple(float(w) for w in m["weights"])
+            if not set(uses) <= set(FEATURES) or len(uses) != len(weights):
+                raise ValidationError(f"the card's scorer model {list(uses)} does not match the signals "
+                                      f"{list(FEATURES)}: refit it (heedrank lab fit-scorer, recipes/default)")
+            models.append(SubsetModel(uses, weights, float(m["bias"])))
+        if not models:
+            raise ValidationError("the card's scorer entry has no models: refit it (heedrank lab fit-scorer)")
+        return cls(tuple(models))
+
+    def model_for(self, have: Sequence[str]) -> SubsetModel | None:
+        """The model of the largest fitted subset of the signals ``have``; ``None``: none fits."""
+        avail = set(have)
+        best = None
+        for m in self.models:
+            if set(m.uses) <= avail and (best is None or len(m.uses) > len(best.uses)):
+                best = m
+        return best
+
+    def logit(self, x: Mapping[str, float | None]) -> tuple[float, SubsetModel] | None:
+        """Log-odds of one candidate from the signals it has (``None`` or NaN values are missing),
+        with the model used; ``None`` when it has no signal a model reads."""
+        have = {k: float(v) for k, v in x.items() if v is not None and math.isfinite(float(v))}
+        model = self.model_for(list(have))
+        return None if model is None else (model.logit(have), model)
+

@@ -1,0 +1,52 @@
+"""``heedrank lab fit-scorer``: the default's scorer over every signal (:mod:`heedrank.scorer`;
+the fit: :mod:`heedrank.lab.train.scorer_fit`), written as the ``scorer`` entry of a new weights card."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def lab_fit_scorer(
+    train: Annotated[list[str], typer.Option("--train", help="DUMP[@MIN_GRADE]: training feature dumps of the served "
+                                             "reranker (heedrank lab dump --adapter; repeatable; MIN_GRADE the lowest "
+                                             "relevant grade, default 1, 2 for TREC DL).")],
+    dev: Annotated[Path, typer.Option("--dev", help="Dev dump: C (with --split's held-out halves) and the cut-off "
+                                      "are chosen on it.")],
+    card: Annotated[Path, typer.Option("--card", help="Weights card with the 'independent' entry (read only): the "
+                                       "attention signal is its log-odds.")],
+    test: Annotated[Optional[list[str]], typer.Option(
+        "--test", help="NAME=DUMP[@MIN_GRADE] test sets (repeatable; MIN_GRADE 2 for TREC DL).")] = None,
+    split: Annotated[Optional[list[str]], typer.Option(
+        "--split", help="DUMP[@MIN_GRADE]: a training source of which half the queries are held out, C chosen on "
+                        "the mean of dev and these halves (repeatable; TREC DL 2021: @2).")] = None,
+    index: Annotated[Optional[Path], typer.Option(
+        "--index", help="The index the BEIR dumps were made with: their dense cosines are read from its stored "
+                        "vectors (else every text is encoded by the packaged embedder).")] = None,
+    write_card: Annotated[Optional[Path], typer.Option(
+        "--write-card", help="Write --card with the 'scorer' entry to this NEW path.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the entry and report (JSON) here.")] = None,
+) -> None:
+    """Fit the default's scorer (one logistic model per subset of the signals attention, dense and
+    rank; C and the cut-off chosen on dev) and report nDCG@10 of every signal and model, ROC AUC
+    and calibration error on dev and each test set."""
+    from heedrank.lab.cli.study import write_new_card
+    from heedrank.lab.dumps import command_line, graded, graded_sets
+    from heedrank.lab.train.scorer_fit import fit_scorer, format_fit
+    from heedrank.reranker.cached.card import read_card
+
+    sources, tests = graded_sets(train, test or [])
+    halves = [graded(spec) for spec in split or []]
+    data = read_card(card).data
+    entry = fit_scorer(sources, dev, tests, card=data, index=index, split=halves)
+    entry["command"] = command_line("heedrank lab fit-scorer", [
+        ("--train", train), ("--split", split), ("--dev", dev), ("--card", card), ("--test", test), ("--index", index),
+        ("--write-card", write_card)])
+    if out is not None:
+        out.write_text(json.dumps(entry, indent=1))
+    if write_card is not None:
+        write_new_card(write_card, {**data, "scorer": entry}, source=card)
+    typer.echo(format_fit(entry))

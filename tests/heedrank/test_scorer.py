@@ -1,0 +1,140 @@
+"""The default's scorer (:mod:`heedrank.scorer`) and its serving (:meth:`heedrank.serving.ServePolicy.apply_scorer`):
+one model per subset of the signals, a candidate missing one scored from the rest, a lone
+document's probability the same as in a list, and the order, probability and cut-off one number."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from heedrank.errors import ValidationError
+from heedrank.scorer import Scorer, rank_feature
+from heedrank.seam import RerankerServing, serving_of
+from heedrank.serving import ServePolicy
+from heedrank.types import Ranking, ScoredDoc
+
+ENTRY = {"scorer": {"features": ["attention", "dense", "rank"], "threshold": 0.4, "models": [
+    {"uses": ["attention", "dense", "rank"], "weights": [0.5, 8.0, -0.3], "bias": -4.0},
+    {"uses": ["attention", "dense"], "weights": [0.5, 9.0], "bias": -4.5},
+    {"uses": ["dense", "rank"], "weights": [10.0, -0.4], "bias": -5.0},
+    {"uses": ["dense"], "weights": [11.0], "bias": -5.5},
+    {"uses": ["attention", "rank"], "weights": [0.9, -0.2], "bias": -1.0},
+    {"uses": ["attention"], "weights": [1.0], "bias": -1.2}]}}
+
+
+def sig(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+class Fake:
+    def serving(self) -> RerankerServing:
+        return RerankerServing(Scorer.from_card(ENTRY), 0.4)
+
+
+def test_the_model_of_the_signals_a_candidate_has() -> None:
+    scorer = Scorer.from_card(ENTRY)
+    assert scorer is not None and Scorer.from_card({}) is None
+    logit, model = scorer.logit({"attention": 2.0, "dense": 0.5, "rank": rank_feature(3)})  # type: ignore[misc]
+    assert model.uses == ("attention", "dense", "rank")
+    assert logit == pytest.approx(-4.0 + 1.0 + 4.0 - 0.3 * math.log(4))
+    assert scorer.logit({"attention": None, "dense": 0.5, "rank": 0.0})[1].uses == ("dense", "rank")  # type: ignore[index]
+    assert scorer.logit({"attention": float("nan"), "dense": 0.5})[0] == pytest.approx(-5.5 + 5.5)  # type: ignore[index]
+    assert scorer.logit({"rank": 1.0}) is None  # rank alone is no model
+    with pytest.raises(ValidationError, match="refit"):
+        Scorer.from_card({"scorer": {"models": [{"uses": ["bm25"], "weights": [1.0], "bias": 0.0}]}})
+    assert serving_of(object()) == RerankerServing()
+
+
+def _ranking(ids: list[str], scores: list[float] | None = None) -> Ranking:
+    scores = scores or [float(len(ids) - i) for i in range(len(ids))]
+    return Ranking.from_hits("q", (ScoredDoc(d, s) for d, s in zip(ids, scores)))
+
+
+def test_served_by_one_number_with_missing_signals() -> None:
+    policy = ServePolicy.of(Fake(), fusion="default", by="score")
+    assert policy.scorer is not None and policy.rank
+    cands = _ranking(["a", "b", "c", "d"])
+    attention = _ranking(["a", "c"], [0.0, 3.0])  # b and d were not read (cold past the budget)
+    dense = {"a": 0.2, "b": 0.6, "c": 0.4}  # d has no vector either
+    served = policy.apply_scorer(cands, attention, dense)
+    expect = {"a": -4.0 + 1.6, "b": -5.0 + 6.0 - 0.4 * math.log(2), "c": -4.0 + 1.5 + 3.2 - 0.3 * math.log(3)}
+    assert [h.doc_id for h in served.ranking.hits] == ["b", "c", "a", "d"]  # d: no signal, last
+    assert {h.doc_id: h.score for h in served.ranking.hits[:3]} == pytest.approx(expect)
+    assert served.probabilities == pytest.approx({d: sig(v) for d, v in expect.items()})
+    assert served.relevance == served.probabilities and served.without_lm == 1
+    assert "1 of 4 candidates" in served.warnings[0]
+    cut = ServePolicy.of(Fake(), fusion="default", cutoff="auto").apply_scorer(cands, attention, dense)
+    assert cut.threshold == 0.4 and [h.doc_id for h in cut.ranking.hits] == [d for d in "bca" if sig(expect[d]) >= 0.4]
+
+
+def test_a_lone_document_gets_its_probability_in_any_list() -> None:
+    """/rerank (by='prior'): the given order is not a signal, so a document's probability is its own."""
+    policy = ServePolicy.of(Fake(), fusion="default", by="prior")
+    assert policy.scorer is not None and not policy.rank
+    dense = {"x": 0.3, "y": 0.1, "z": 0.5}
+    att = {"x": 1.0, "y": -2.0, "z": 0.5}
+    alone = policy.apply_scorer(_ranking(["x"]), _ranking(["x"], [att["x"]]), dense).probabilities
+    listed = policy.apply_scorer(_ranking(["z", "y", "x"]), _ranking(["z", "y", "x"], [att[d] for d in "zyx"]),
+                                 dense).probabilities
+    assert alone is not None and listed is not None
+    assert alone["x"] == listed["x"] == pytest.approx(sig(-4.5 + 0.5 + 2.7))
+    # an explicit fusion weight serves the reranker's own way instead of the scorer
+    assert ServePolicy.of(Fake(), fusion=0.3).scorer is None
+
+
+def _scored_pipeline(signal: str = "attention"):  # type: ignore[no-untyped-def]
+    from heedrank.index.cosines import DenseSignal
+    from heedrank.index.hashing import HashingEncoder
+    from heedrank.index.store import Index
+    from heedrank.pipeline import Pipeline
+    from heedrank.protocols import RerankResult
+    from heedrank.retriever.bm25 import BM25Retriever
+    from heedrank.types import Document
+
+    texts = ["apple pear plum", "apple cold pear", "apple apple warm", "cold cold apple", "apple warm plum"]
+    ix = Index.from_documents([Document(f"d{i}", t) for i, t in enumerate(texts)], encoder=HashingEncoder(64))
+
+    class Reverse:
+        name = "reverse"
+        calls = 0
+
+        def serving(self) -> RerankerServing:
+            return RerankerServing(Scorer.from_card(ENTRY), 0.4, signal=signal)
+
+        def rerank(self, query, candidates):  # type: ignore[no-untyped-def]
+            Reverse.calls += 1
+            return RerankResult(Ranking.from_hits(query.query_id, (ScoredDoc(d.doc_id, float(i), d)
+                                                                    for i, d in enumerate(candidates))))
+
+        def rerank_batch(self, queries, candidates):  # type: ignore[no-untyped-def]
+            return [self.rerank(q, c) for q, c in zip(queries, candidates)]
+
+        def describe(self) -> dict:
+            return {"method": self.name}
+
+    reranker = Reverse()
+    pipe = Pipeline({"bm25": BM25Retriever.from_index(ix)}, ix.docstore, reranker_factory=lambda method: reranker,
+                    dense=DenseSignal.of_index(ix))
+    return pipe, reranker
+
+
+def test_served_without_the_lm_and_the_embedder_alone_without_a_pass() -> None:
+    from heedrank.pipeline import SearchOptions
+    from heedrank.types import Query
+
+    pipe, reranker = _scored_pipeline()
+    res = pipe.search(Query("q", "cold apple"), SearchOptions(rerank="reverse", candidates=5, top_k=5))
+    given = Ranking("q", tuple(res.ranking.hits))  # hydrated, in some given order
+    no_lm = pipe.serve_without_lm(Query("q", "cold apple"), given, SearchOptions(rerank="reverse"))
+    assert no_lm is not None and no_lm.without_lm == 5 and set(no_lm.probabilities or {}) == set(res.ranking.doc_ids)
+    dense = pipe.dense.cosines("cold apple", [h.document for h in given.hits])  # type: ignore[union-attr]
+    want = {d: sig(-5.0 + 10.0 * dense[d] - 0.4 * math.log1p(i)) for i, d in enumerate(given.doc_ids)}
+    assert no_lm.probabilities == pytest.approx(want)
+    # the embedder alone (signal 'dense'): the pipeline's cosines, the reranker never called
+    pipe, reranker = _scored_pipeline("dense")
+    before = type(reranker).calls
+    res = pipe.search(Query("q", "cold apple"), SearchOptions(rerank="reverse", candidates=5, top_k=5))
+    assert type(reranker).calls == before and res.probabilities is not None
+    order = sorted(res.probabilities, key=lambda d: -res.probabilities[d])  # type: ignore[index]
+    assert res.ranking.doc_ids == order
