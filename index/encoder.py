@@ -17,6 +17,7 @@ import importlib.metadata
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
@@ -174,6 +175,8 @@ class SentenceTransformerEncoder:
         self.is_default = model_dir is None or str(model_dir).lower() in _ALIASES
         self._model: Any = None
         self._lock = threading.Lock()
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._queries_lock = threading.Lock()
 
     # -- model -------------------------------------------------------------------------
     @property
@@ -240,13 +243,34 @@ class SentenceTransformerEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
+    QUERY_CACHE = 1024
+    """Query texts whose vectors :meth:`encode_queries` keeps (1.5 KB each at 384 dimensions):
+    a hybrid ``/search`` reads the query's vector twice, for the dense first stage and for the
+    scorer's cosine (:mod:`heedrank.index.cosines`), and encodes it once."""
+
     def encode_queries(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
-        """Embed queries (``query_prefix`` prepended).
+        """Embed queries (``query_prefix`` prepended); the last :attr:`QUERY_CACHE` distinct
+        queries' vectors are kept, so a query seen recently costs no encode.
 
         Returns:
             float32 ``(n, dim)``, rows L2-normalised (inner product = cosine similarity).
         """
-        return self._encode_stream(texts, self.query_prefix, len(texts), "encode queries", show_progress)
+        with self._queries_lock:
+            got = {t: self._queries[t] for t in texts if t in self._queries}
+            for text in got:
+                self._queries.move_to_end(text)
+        missing = [t for t in dict.fromkeys(texts) if t not in got]
+        fresh = self._encode_stream(missing, self.query_prefix, len(missing), "encode queries", show_progress) \
+            if missing else ()
+        got.update(zip(missing, fresh))
+        with self._queries_lock:
+            for text in missing:
+                self._queries[text] = got[text]
+            while len(self._queries) > self.QUERY_CACHE:
+                self._queries.popitem(last=False)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([got[t] for t in texts]).astype(np.float32, copy=True)
 
     def encode_documents(self, texts: Iterable[str], *, show_progress: bool = False) -> np.ndarray:
         """Embed documents (``document_prefix`` prepended), streaming ``texts`` in batches.

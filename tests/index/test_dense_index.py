@@ -200,3 +200,24 @@ def test_default_prefixes(tmp_path: Path) -> None:
     )
     assert default_prefixes(custom) == ("Instruct: find papers\nQuery: ", "")
     assert default_prefixes(tmp_path / "missing") == ("", "")
+
+
+def test_a_query_seen_recently_is_not_encoded_again() -> None:
+    """:meth:`SentenceTransformerEncoder.encode_queries` keeps recent queries' vectors (a hybrid
+    ``/search`` reads one twice): the second call encodes only the new text, and every row equals
+    the text's own vector."""
+    enc = SentenceTransformerEncoder()
+    calls: list[list[str]] = []
+
+    class Model:  # the encoder's model, counting what it is asked to encode
+        def encode(self, texts: list[str], **_: object) -> np.ndarray:
+            calls.append(list(texts))
+            return np.asarray([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+
+    enc._model = Model()
+    first = enc.encode_queries(["vitamin d", "statins"])
+    again = enc.encode_queries(["statins", "fish oil", "vitamin d"])
+    assert calls == [["vitamin d", "statins"], ["fish oil"]]
+    assert again.tolist() == [first[1].tolist(), [8.0, 1.0], first[0].tolist()] and again.dtype == np.float32
+    again[0, 0] = -1.0  # a caller's copy: the kept vector is not changed
+    assert enc.encode_queries(["statins"]).tolist() == [[7.0, 1.0]] and len(calls) == 2
