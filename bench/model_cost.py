@@ -43,7 +43,7 @@ def main() -> None:
     from heedrank.lab.candidates import beir_candidates
     from heedrank.eval.metrics import evaluate_run
     from heedrank.fusion import fuse
-    from heedrank.reranker.cached.card import packaged_card_path, read_card
+    from heedrank.reranker.cards import packaged_card_path, read_card
     from heedrank.reranker.cached import CachedBlockRankReranker
     from heedrank.types import Document, Ranking, ScoredDoc
 

@@ -216,7 +216,7 @@ def random_independent_card(folder: Path, lm: Any, layer: int, block_tokens: int
     card = {"layer": layer, "max_doc_tokens": block_tokens, "template": CACHE_TEMPLATE_VERSION, "spec": "heads",
             "model_sha256": lm.identity.get("sha256"), "weights": [0.0] * ((layer + 1) * heads),
             "independent": {"layers": layer + 1, "heads": heads, "groups": list(GROUPS), "weights": weights,
-                            "bias": -2.0, "fusion_alpha": 0.5}}
+                            "bias": -2.0, "fusion_alpha": 0.5, "threshold": 0.5}}
     path = folder / "card.json"
     path.write_text(json.dumps(card))
     return path

@@ -117,7 +117,7 @@ def _within_budget(candidates: Sequence[Document], cold: Sequence[bool],
 
 def call_gate(reranker: Any) -> threading.BoundedSemaphore:
     """What admits a reranker's calls: a semaphore of its ``concurrent_calls`` (cached BlockRank
-    runs that many query passes at once, :class:`heedrank.reranker.slots.PassSlots`), else of 1
+    runs that many query passes at once, :class:`heedrank.reranker.cached.slots.PassSlots`), else of 1
     (one call at a time: the method's passes share the LM's state)."""
     n = serving_of(reranker).concurrent_calls
     return threading.BoundedSemaphore(n if isinstance(n, int) and n >= 1 else 1)

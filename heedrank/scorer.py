@@ -55,21 +55,25 @@ class Scorer:
     Attributes:
         models: One model per subset of :data:`FEATURES` that holds ``attention`` or ``dense``,
             the full set first.
+        threshold: The ``"auto"`` cut-off's probability (chosen on dev by mean F1).
     """
 
     models: tuple[SubsetModel, ...]
+    threshold: float
 
     @classmethod
     def from_card(cls, data: Mapping[str, Any]) -> Scorer | None:
         """Read a card's ``scorer`` entry; ``None`` when the card has none.
 
         Raises:
-            ValidationError: a signal the code does not know, or a model whose weights do not
-                match its signals (a card fitted by another version: refit it).
+            ValidationError: a signal the code does not know, a model whose weights do not
+                match its signals (a card fitted by another version), or no cut-off: refit it.
         """
         entry = data.get("scorer")
         if entry is None:
             return None
+        if "threshold" not in entry:
+            raise ValidationError("the card's scorer entry has no threshold: refit it (heedrank lab fit-scorer)")
         models = []
         for m in entry.get("models", ()):
             uses, weights = tuple(m["uses"]), tuple(float(w) for w in m["weights"])
@@ -79,7 +83,13 @@ class Scorer:
             models.append(SubsetModel(uses, weights, float(m["bias"])))
         if not models:
             raise ValidationError("the card's scorer entry has no models: refit it (heedrank lab fit-scorer)")
-        return cls(tuple(models))
+        return cls(tuple(models), float(entry["threshold"]))
+
+    def only(self, uses: Sequence[str]) -> Scorer | None:
+        """This scorer restricted to the model of exactly the signals ``uses`` (the embedder alone,
+        method ``dense``), with the same cut-off; ``None`` when no such model was fitted."""
+        model = next((m for m in self.models if set(m.uses) == set(uses)), None)
+        return None if model is None else Scorer((model,), self.threshold)
 
     def model_for(self, have: Sequence[str]) -> SubsetModel | None:
         """The model of the largest fitted subset of the signals ``have``; ``None``: none fits."""

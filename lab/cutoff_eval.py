@@ -26,7 +26,7 @@ from heedrank.calibration import Calibration, PlattMap, features
 from heedrank.errors import ValidationError
 from heedrank.fusion import standardize
 from heedrank.lab.study import QueryItem, variant_scores
-from heedrank.reranker.cached.card import WeightsCard
+from heedrank.reranker.cards import WeightsCard
 from heedrank.serving import ServePolicy
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def head_variant(card: WeightsCard) -> dict[str, Any]:
     """The study variant of a weights card's learned scorer (pure reranker).
 
     Args:
-        card: The card, as :func:`heedrank.reranker.cached.card.read_card` reads it.
+        card: The card, as :func:`heedrank.reranker.cards.read_card` reads it.
 
     Raises:
         ValidationError: the card has no weights or no layer.

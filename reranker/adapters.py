@@ -103,7 +103,7 @@ def resolve_adapter(value: str, identity: dict[str, Any]) -> Path:
     """The folder of a query adapter option value: ``"packaged"`` is the adapter installed for
     the model (``reranker/data/<model>.query-adapter``, else the user card folder's
     ``<model-name>.query-adapter``, trained for the model's sha256:
-    :func:`heedrank.reranker.cached.card.find_adapter_dir`), anything else a path.
+    :func:`heedrank.reranker.cards.find_adapter_dir`), anything else a path.
 
     Raises:
         NotFoundError: no adapter is installed for the model, or the folder lacks its files.
@@ -111,7 +111,7 @@ def resolve_adapter(value: str, identity: dict[str, Any]) -> Path:
     from heedrank.errors import NotFoundError
 
     if value == "packaged":
-        from heedrank.reranker.cached.card import find_adapter_dir
+        from heedrank.reranker.cards import find_adapter_dir
 
         path = find_adapter_dir(identity)
         if path is None:

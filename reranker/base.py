@@ -134,8 +134,10 @@ class AttentionReranker:
         self._lm = lm
 
     @classmethod
-    def from_config(cls, config: RerankerConfig) -> AttentionReranker:
-        return cls(config)
+    def from_config(cls, config: RerankerConfig, **resources: Any) -> AttentionReranker:
+        """The reranker of ``config``; ``resources``: those of its ``build_resources`` that
+        :func:`heedrank.registry.build_reranker` was given (constructor keywords)."""
+        return cls(config, **resources)
 
     @property
     def lm(self):
@@ -327,10 +329,16 @@ class AttentionReranker:
         }
 
     @property
+    def scoring(self) -> str | None:
+        """The scorer in use: option ``scoring`` when the method has one, else ``None``."""
+        value = getattr(self.options, "scoring", None)
+        return None if value is None else str(value)
+
+    @property
     def score_kind(self) -> str:
-        """What the raw scores are, the key of :data:`SCORE_SCALES`: option ``scoring`` when the
-        method has one (``"signal"``, ``"calibrated"``, ``"learned"``), else the method name."""
-        return str(getattr(self.options, "scoring", self.name))
+        """What the raw scores are, the key of :data:`SCORE_SCALES`: the scorer in use
+        (:attr:`scoring`: ``"signal"``, ``"calibrated"``, ``"learned"``, ...), else the method name."""
+        return self.scoring or self.name
 
     @property
     def score_scale(self) -> float | None:

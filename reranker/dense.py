@@ -18,7 +18,6 @@ from typing import Any
 from heedrank import registry
 from heedrank.config import RerankerConfig
 from heedrank.protocols import RerankResult
-from heedrank.scorer import Scorer
 from heedrank.seam import RerankerServing
 from heedrank.types import Document, Query, Ranking
 
@@ -49,12 +48,10 @@ class DenseReranker:
     def serving(self) -> RerankerServing:
         """Served by the default card's model of the cosine alone (a calibrated probability), when
         the card holds one; else ``relevance`` is the cosine."""
-        from heedrank.reranker.options import packaged_card
+        from heedrank.reranker.cards import packaged_card
 
         card = packaged_card(None)
-        scorer = Scorer.from_card(card.data) if card is not None else None
-        alone = scorer.model_for(["dense"]) if scorer is not None else None
+        alone = card.scorer.only(["dense"]) if card is not None and card.scorer is not None else None
         if alone is None:
             return RerankerServing(score_scale=None)
-        return RerankerServing(Scorer((alone,)), float(card.data["scorer"].get("threshold", 0.5)),
-                               signal="dense")
+        return RerankerServing(alone, alone.threshold, signal="dense")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from heedrank.errors import NotFoundError, ValidationError
-from heedrank.reranker.datafiles import DATA_DIR, model_card_name, user_card_dir
+from heedrank.reranker.cards import DATA_DIR, model_card_name, user_card_dir
 
 HEADSET_FORMAT = 1
 

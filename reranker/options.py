@@ -23,18 +23,14 @@ Example:
 from __future__ import annotations
 
 import difflib
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from heedrank.blocks import KV_DTYPES
 from heedrank.errors import ValidationError
 from heedrank.reranker.reattn import ReAttnConfig
 from heedrank.textrules import is_int, is_number
-
-if TYPE_CHECKING:
-    from heedrank.reranker.cached.card import WeightsCard
 
 NO_RERANK = "none"
 """The method name that means "no reranking" (first-stage order); it takes no options."""
@@ -482,37 +478,6 @@ def describe_options(methods: list[str] | None = None) -> dict[str, list[dict[st
     return {m: OPTION_CLASSES[m].describe() for m in (methods or sorted(OPTION_CLASSES)) if m in OPTION_CLASSES}
 
 
-def packaged_card(model: str | None) -> WeightsCard | None:
-    """The weights card installed for the LM ``model`` (``None`` = the default LM), read by
-    :func:`heedrank.reranker.cached.card.read_card`, or ``None``: for a packaged LM the card
-    shipped for it (or one in the user card folder); for a local model directory the card
-    installed for its identity (:func:`heedrank.reranker.cached.card.find_card`: name plus
-    sha256, the folder hashed once per change of its files); ``None`` when no card is installed."""
-    from pathlib import Path
-
-    from heedrank.config import DEFAULT_LM
-    from heedrank.reranker.cached.card import find_card
-    from heedrank.reranker.lm import packaged_models
-
-    name = DEFAULT_LM if model is None else model
-    path = Path(name).expanduser()
-    if name in packaged_models() or ("/" not in name and not path.is_dir()):
-        return find_card(name, None)  # a packaged name (model_identity's order), or no model at all
-    if not path.is_dir():
-        return None
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(path.iterdir()) if f.is_file())
-    return find_card(_directory_identity(str(path.resolve()), stamp), None)
-
-
-@functools.lru_cache(maxsize=8)
-def _directory_identity(path: str, stamp: tuple[tuple[str, int, int], ...]) -> dict[str, Any]:
-    """:func:`heedrank.reranker.lm.model_identity` of the model folder ``path``, kept while its
-    files' names, sizes and times (``stamp``) stay the same (it hashes the weights)."""
-    from heedrank.reranker.lm import model_identity
-
-    return model_identity(path)
-
-
 def recorded_fusion(config: Any) -> float | None:
     """The fusion weight with the first stage that ``config``'s reranker records, read
     without loading a model: cached BlockRank with learned scoring, its weights card's
@@ -522,7 +487,7 @@ def recorded_fusion(config: Any) -> float | None:
     """
     from pathlib import Path
 
-    from heedrank.reranker.cached.card import read_card
+    from heedrank.reranker.cards import packaged_card, read_card
 
     opts = config.options
     if not isinstance(opts, CachedBlockRankOptions):
@@ -533,9 +498,10 @@ def recorded_fusion(config: Any) -> float | None:
         card = read_card(opts.scorer_weights) if Path(opts.scorer_weights).is_file() else None
     else:
         card = packaged_card(config.model)
-    if card is not None and "scorer" in card.data and "independent" in card.data and opts.scoring in (AUTO, "independent"):
+    if card is None:
+        return None
+    if opts.scoring in (AUTO, "independent") and card.serves_scorer:
         return None  # served by the card's default scorer (heedrank.scorer): no fusion weight
-    if card is not None and opts.scoring == "independent":
-        entry = card.data.get("independent")
-        return float(entry["fusion_alpha"]) if isinstance(entry, dict) and "fusion_alpha" in entry else None
-    return None if card is None else card.fusion_alpha
+    if opts.scoring == "independent":
+        return None if card.independent is None else card.independent.fusion_alpha
+    return card.fusion_alpha

@@ -8,7 +8,7 @@
   (:class:`heedrank.settings.Settings`), with its type, default and description.
 - ``README.md``'s "What ships" table, between its ``what-ships`` markers: the shipped weights
   card's fields (``reranker/data/<model>.blockrank-cached.json``, read by
-  :func:`heedrank.reranker.cached.card.read_card`).
+  :func:`heedrank.reranker.cards.read_card`).
 
 Usage::
 
@@ -213,13 +213,13 @@ MARKERS = ("<!-- what-ships:start -->", "<!-- what-ships:end -->")
 
 def shipped_card() -> Any:
     """The default LM's weights card shipped in ``reranker/data/``
-    (:class:`heedrank.reranker.cached.card.WeightsCard`; other packaged models ship their own beside it).
+    (:class:`heedrank.reranker.cards.WeightsCard`; other packaged models ship their own beside it).
 
     Raises:
         RuntimeError: the default LM's card does not ship.
     """
     from heedrank.config import DEFAULT_LM
-    from heedrank.reranker.cached.card import CARD_SUFFIX, read_card
+    from heedrank.reranker.cards import CARD_SUFFIX, read_card
 
     card = ROOT / "reranker" / "data" / f"{DEFAULT_LM}{CARD_SUFFIX}"
     if not card.is_file():

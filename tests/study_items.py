@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from heedrank.lab.study import QueryItem
-from heedrank.reranker.cached.card import WeightsCard
+from heedrank.reranker.cards import WeightsCard
 
 
 def study_items(n_queries: int, seed: int, n: int = 12, L: int = 4, H: int = 3) -> tuple[list[QueryItem], dict]:

@@ -117,7 +117,8 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
     fusion weight, and the dev and test nDCG@10 of its weights card (``configuration``: the
     shipped configuration with the query adapter, fused; ``pure``/``fused``: the card's own
     weights without the adapter)."""
-    from heedrank.reranker.options import DEFAULT_METHOD, describe_options, packaged_card
+    from heedrank.reranker.cards import packaged_card
+    from heedrank.reranker.options import DEFAULT_METHOD, describe_options
 
     options = {o["name"]: o["default"] for o in describe_options([DEFAULT_METHOD])[DEFAULT_METHOD]}
     out: dict[str, Any] = {"name": "default", "method": DEFAULT_METHOD, "options": options,
@@ -178,10 +179,10 @@ def without_paths(value: Any) -> Any:
 
 def served_card(reranker: Any) -> tuple[dict[str, Any] | None, str | None]:
     """``(card, scoring)`` of a built reranker: which weights card answered for its model
-    (:func:`heedrank.reranker.cached.card.describe_card`, paths cut to their last part) and the
+    (:func:`heedrank.reranker.cards.describe_card`, paths cut to their last part) and the
     scorer in use; ``(None, scoring)`` without a card, ``(None, None)`` for a method without
     scorers (no ``scoring`` attribute)."""
-    from heedrank.reranker.cached.card import WeightsCard, describe_card
+    from heedrank.reranker.cards import WeightsCard, describe_card
 
     traits = serving_of(reranker)
     scoring, card = traits.scoring, traits.card

@@ -29,7 +29,7 @@ def lab_fit_independent(
     from heedrank.lab.cli.study import write_new_card
     from heedrank.lab.dumps import command_line, graded_sets
     from heedrank.lab.train.independent_fit import fit_independent, format_fit
-    from heedrank.reranker.cached.card import read_card
+    from heedrank.reranker.cards import read_card
 
     if write_card is not None and card is None:
         raise typer.BadParameter("--write-card adds the entry to a card: give --card", param_hint="--write-card")

@@ -36,7 +36,7 @@ def lab_fit_scorer(
     from heedrank.lab.cli.study import write_new_card
     from heedrank.lab.dumps import command_line, graded, graded_sets
     from heedrank.lab.train.scorer_fit import fit_scorer, format_fit
-    from heedrank.reranker.cached.card import read_card
+    from heedrank.reranker.cards import read_card
 
     sources, tests = graded_sets(train, test or [])
     halves = [graded(spec) for spec in split or []]

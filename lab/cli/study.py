@@ -132,7 +132,7 @@ def lab_calibrate(
     at the cut-off against the best fixed top-k (also chosen on dev) on each test set."""
     from heedrank.lab.dumps import command_line, parse_named
     from heedrank.lab.train.cutoff_fit import calibrate_cutoff, format_cutoff
-    from heedrank.reranker.cached.card import read_card
+    from heedrank.reranker.cards import read_card
 
     tests = parse_named(test or [], "--test", "NAME=DUMP[@MIN_GRADE]")
     weights_card = read_card(card)

@@ -27,7 +27,7 @@ from heedrank.errors import ValidationError
 from heedrank.lab.cutoff_eval import Served, head_variant, keep_above, per_query, served
 from heedrank.lab.dumps import read_query_ids
 from heedrank.lab.study import QueryItem
-from heedrank.reranker.cached.card import WeightsCard
+from heedrank.reranker.cards import WeightsCard
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def fit_calibration(calibrate: Sequence[QueryItem], calibrate_qrels: Mapping[str
     Args:
         calibrate: Dump items of queries the reranker was not trained on.
         card: The weights card whose learned scorer and fusion weight (``fusion.alpha``) are
-            calibrated, as :func:`heedrank.reranker.cached.card.read_card` reads it.
+            calibrated, as :func:`heedrank.reranker.cards.read_card` reads it.
 
     Returns:
         ``(calibration, report)``: the report has per mode the dev F1 per threshold, the

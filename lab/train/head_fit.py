@@ -259,7 +259,7 @@ def fixed_weights(path: Path) -> list[float]:
         NotFoundError: no card at ``path``.
         ValidationError: a card without weights.
     """
-    from heedrank.reranker.cached.card import packaged_card_path, read_card
+    from heedrank.reranker.cards import packaged_card_path, read_card
 
     if path.is_dir():
         from safetensors.numpy import load_file

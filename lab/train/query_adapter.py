@@ -136,7 +136,7 @@ def context_for(reranker: CachedBlockRankReranker, prompt: Any, kv0: Any, *, sto
 
     lm = reranker.lm
     with torch.no_grad():
-        blocks, _ = reranker.block_source().fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
+        blocks, _ = reranker.block_source.fetch(lm, kv0, prompt.doc_ids, reranker.layer, store=store,
                                                   batch_size=reranker.options.doc_batch_size,
                                                   round_trip=reranker.block_round_trip())
         return assemble_kv(kv0, blocks, reranker.layer)
@@ -351,7 +351,7 @@ def train_query_adapter(
     kv0 = base_instruction_kv(reranker)
     base_card = {
         "model": lm.identity, "layer": reranker.layer, "max_doc_tokens": reranker.config.max_doc_tokens,
-        "template": reranker.layout_version(), "objective": cfg.objective,
+        "template": reranker.layout_version, "objective": cfg.objective,
         "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "target_modules": list(cfg.target_modules),
                  "layers": lora_layers},
         "config": asdict(cfg), "trainable_parameters": n_params, **(card or {}),

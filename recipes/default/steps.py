@@ -4,11 +4,11 @@ their installation.
 
 Run through ``run.sh``; each subcommand reads and writes only the recipe's work folder (and
 ``install`` the card folder: ``reranker/data`` for a packaged model, the user card folder
-:func:`heedrank.reranker.cached.card.user_card_dir` for any other, never the package).
+:func:`heedrank.reranker.cards.user_card_dir` for any other, never the package).
 
 The model (``--model``) is a packaged name (``smollm2-135m-instruct``, ``gemma3-270m``) or a
 local Hugging Face directory; its artefacts are named ``<model-name>.blockrank-cached.json`` and
-``<model-name>.query-adapter`` (:func:`heedrank.reranker.cached.card.model_card_name`: the
+``<model-name>.query-adapter`` (:func:`heedrank.reranker.cards.model_card_name`: the
 packaged name, or the folder's name plus a short hash of its identity).
 """
 
@@ -55,11 +55,11 @@ def _sha256(path: Path) -> str:
 
 def model_name(model: str) -> str:
     """The name the artefacts of ``model`` are filed under: a local directory's
-    :func:`heedrank.reranker.cached.card.model_card_name` (its identity hashed), else
+    :func:`heedrank.reranker.cards.model_card_name` (its identity hashed), else
     ``model`` itself (a packaged name)."""
     if not Path(model).expanduser().is_dir():
         return model
-    from heedrank.reranker.cached.card import model_card_name
+    from heedrank.reranker.cards import model_card_name
     from heedrank.reranker.lm import model_identity
 
     return model_card_name(model_identity(str(Path(model).expanduser())))
@@ -71,7 +71,7 @@ def install_dir(model: str) -> Path:
 
     if model in packaged_models():
         return DATA
-    from heedrank.reranker.cached.card import user_card_dir
+    from heedrank.reranker.cards import user_card_dir
 
     return user_card_dir()
 

@@ -12,7 +12,7 @@ only its query block (about 40 tokens) against them
 Scorers (option ``scoring``, :mod:`~heedrank.reranker.cached.scorers`): ``learned`` (learned
 weights over the calibrated attention of every (layer, head) of ``0..l*``, each z-scored
 over the query's candidates: a weights card, ``reranker/data/<model>.blockrank-cached.json``,
-:mod:`~heedrank.reranker.cached.card`), ``calibrated`` (ICR's calibrated query attention
+:mod:`~heedrank.reranker.cards`), ``calibrated`` (ICR's calibrated query attention
 with the mean - 2 std token mask), ``signal`` (BlockRank's signal tokens). A query-side LoRA
 adapter (option ``query_adapter``, :mod:`~heedrank.reranker.cached.adapter`) changes the
 query and ``N/A`` passes only, so stored blocks stay valid. The defaults (``scoring='auto'``,
@@ -33,40 +33,41 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from heedrank.blocks import BlockKey, KVHeader
 from heedrank.config import BLOCK_CACHE_BUDGET, RerankerConfig
 from heedrank.errors import ValidationError
 from heedrank.protocols import RerankResult
-from heedrank.scorer import Scorer
 from heedrank.seam import IndependentServing, RerankerServing
 from heedrank.reranker.base import DocumentScores, ScoredPass
 from heedrank.reranker.blockforward import BlockPrompt, check_query_block, sliding_window
 from heedrank.reranker.blockrank import BlockRankReranker
 from heedrank.reranker.cached.adapter import QueryAdapter
-from heedrank.reranker.cached.blocks import Context, Fetched, assemble_context, block_arrays, fetch_blocks, store_header
-from heedrank.reranker.cached.card import WeightsCard
-from heedrank.reranker.cached.evidence import document_evidence
+from heedrank.reranker.cached.blocks import (
+    Context,
+    Fetched,
+    TokenizedBlocks,
+    assemble_context,
+    block_arrays,
+    fetch_blocks,
+    store_header,
+)
+from heedrank.reranker.cards import WeightsCard
+from heedrank.reranker.cached.evidence import rerank_with_evidence
 from heedrank.reranker.cached.scorers import QueryPass, SignalScorer
 from heedrank.reranker.cached.state import CachedState, learned_weights, load_state
 from heedrank.reranker.doccache import (
     CACHE_TEMPLATE_VERSION,
     BlockLayout,
     BlockSource,
-    block_key,
-    document_block,
-    document_blocks,
     instruction_kv,
     query_block,
 )
 from heedrank.reranker.options import CachedBlockRankOptions
 from heedrank.reranker.scoring import CALIBRATION_QUERY
-from heedrank.reranker.slots import PassSlots
+from heedrank.reranker.cached.slots import PassSlots
 from heedrank.types import Document, Query
 
 _UNRESOLVED = object()
@@ -98,7 +99,7 @@ class CachedBlockRankReranker(BlockRankReranker):
             factory, :func:`heedrank.registry.build_reranker`).
         passes: Query passes run at once by concurrent :meth:`rerank` calls (``None``: 1), each
             in its own context buffer with its share of the torch threads
-            (:class:`heedrank.reranker.slots.PassSlots`); the service passes its rerank
+            (:class:`heedrank.reranker.cached.slots.PassSlots`); the service passes its rerank
             ``workers``. Candidate blocks are read, and cold ones encoded by the base model,
             outside the slots. A pass only reads the model, so passes need no lock.
 
@@ -112,44 +113,31 @@ class CachedBlockRankReranker(BlockRankReranker):
     options: CachedBlockRankOptions
     build_resources = ("block_cache_bytes", "passes")
     """What :func:`heedrank.registry.build_reranker` may pass to :meth:`from_config`."""
+    layout_version = CACHE_TEMPLATE_VERSION
+    """The cached prompt's layout version (:data:`heedrank.reranker.doccache.CACHE_TEMPLATE_VERSION`)."""
 
     def __init__(self, config: RerankerConfig, lm: Any = None, *, block_cache_bytes: int | None = None,
                  passes: int | None = None) -> None:
         super().__init__(config, lm)
         if block_cache_bytes is None:
             block_cache_bytes = BLOCK_CACHE_BUDGET.from_env()
-        self._block_source = BlockSource(block_cache_bytes)
-        self._slots = PassSlots(passes or 1)
+        self.block_source = BlockSource(block_cache_bytes)
+        """The RAM tier in front of the store (:class:`heedrank.reranker.doccache.BlockSource`)."""
+        self.slots = PassSlots(passes or 1)
+        """The slots its query passes run in (:class:`heedrank.reranker.cached.slots.PassSlots`)."""
         self._kv0_lock = threading.Lock()
         self._round_trip: Any = _UNRESOLVED
         self._state: CachedState | None = None
         self._load_lock = threading.Lock()
-        self._tok_lock = threading.Lock()
-        self._tokenized: OrderedDict[str, tuple[tuple[int, ...], bool, BlockKey]] = OrderedDict()
+        self.tokenized = TokenizedBlocks()
+        """Recent texts' block token ids and keys (:class:`heedrank.reranker.cached.blocks.TokenizedBlocks`)."""
         self._kv0: dict[int, Any] = {}
-
-    @classmethod
-    def from_config(cls, config: RerankerConfig, *, block_cache_bytes: int | None = None,
-                    passes: int | None = None) -> CachedBlockRankReranker:
-        """The reranker of ``config``, its RAM tier sized ``block_cache_bytes`` and running up
-        to ``passes`` query passes at once (see the class)."""
-        return cls(config, block_cache_bytes=block_cache_bytes, passes=passes)
-
-    @property
-    def pass_slots(self) -> PassSlots:
-        """The slots its query passes run in (:class:`heedrank.reranker.slots.PassSlots`)."""
-        return self._slots
 
     @property
     def concurrent_calls(self) -> int:
         """Rerank calls that may run at once (:class:`heedrank.pipeline.RerankerCache` admits
-        that many): the query passes it runs side by side (:class:`heedrank.reranker.slots.PassSlots`)."""
-        return self._slots.n
-
-    def block_source(self) -> BlockSource:
-        """The RAM tier in front of the store (:class:`heedrank.reranker.doccache.BlockSource`),
-        sized at construction."""
-        return self._block_source
+        that many): the query passes it runs side by side (:class:`heedrank.reranker.cached.slots.PassSlots`)."""
+        return self.slots.n
 
     # -- loading: the one step that reads the card, the adapter and the model ----------------
     def load(self) -> CachedBlockRankReranker:
@@ -192,11 +180,6 @@ class CachedBlockRankReranker(BlockRankReranker):
         return self.loaded().adapter
 
     @property
-    def adapter_path(self) -> Path | None:
-        """Folder of the query adapter in use (option ``query_adapter``), or ``None``."""
-        return None if self.adapter is None else self.adapter.path
-
-    @property
     def card(self) -> WeightsCard | None:
         """The weights card (option ``scorer_weights``, else the one shipped for the model), or ``None``."""
         return self.loaded().card
@@ -207,11 +190,6 @@ class CachedBlockRankReranker(BlockRankReranker):
         (:func:`heedrank.reranker.cached.state.auto_scoring`: ``'independent'`` when the card holds
         the default's scorer, else ``'learned'`` with a card, else ``'calibrated'``)."""
         return self.loaded().scoring
-
-    @property
-    def score_kind(self) -> str:
-        """The scorer in use (:attr:`scoring`)."""
-        return self.scoring
 
     @property
     def layer(self) -> int:
@@ -228,14 +206,14 @@ class CachedBlockRankReranker(BlockRankReranker):
     def default_fusion(self) -> float | None:
         """Fusion weight ``alpha`` with the first stage recorded in the weights card
         (``alpha z(first stage) + (1 - alpha) z(reranker)``, chosen on dev), or ``None``
-        (no card, or another scorer than ``learned``)."""
-        if self.card is None:
-            return None
-        if self.scoring == "independent":
-            if "scorer" in self.card.data:
-                return None  # served by the card's default scorer (heedrank.scorer)
-            return float(self.card.data["independent"].get("fusion_alpha", 0.5))
-        return self.card.fusion_alpha if self.scoring == "learned" else None
+        (no card, a card serving the default's scorer, or another scorer than ``learned`` or
+        ``independent``)."""
+        card, scoring = self.card, self.scoring
+        if card is None or (scoring == "independent" and card.serves_scorer):
+            return None  # served by the card's default scorer (heedrank.scorer)
+        if scoring == "independent":
+            return None if card.independent is None else card.independent.fusion_alpha
+        return card.fusion_alpha if scoring == "learned" else None
 
     def serving(self) -> RerankerServing:
         """What the server reads (:class:`heedrank.seam.RerankerServing`): with
@@ -243,33 +221,17 @@ class CachedBlockRankReranker(BlockRankReranker):
         default scorer (its ``scorer`` entry: :mod:`heedrank.scorer`) when it holds one, else as
         :class:`heedrank.seam.IndependentServing` (the ``independent`` entry's cut-offs and fused map)."""
         card = self.card
-        common = {"default_fusion": self.default_fusion, "calibration": self.calibration,
+        common = {"default_fusion": self.default_fusion, "calibration": self.loaded().calibration,
                   "score_scale": self.score_scale, "concurrent_calls": self.concurrent_calls,
                   "cold_candidates": self.cold_candidates, "max_doc_tokens": self.config.max_doc_tokens,
                   "scoring": self.scoring, "card": card}
-        if self.scoring != "independent" or card is None:
+        if self.scoring != "independent" or card is None or card.independent is None:
             return RerankerServing(**common)
-        entry = card.data.get("independent", {})
-        pair = entry.get("fused_map")
-        independent = IndependentServing(
-            float(entry.get("threshold", 0.5)), (float(pair[0]), float(pair[1])) if pair else None,
-            float(entry["fused_threshold"]) if pair and "fused_threshold" in entry else None)
-        scorer = Scorer.from_card(card.data)
-        if scorer is not None:  # an explicit fusion weight still serves the attention alone, fused
-            return RerankerServing(scorer, float(card.data["scorer"].get("threshold", 0.5)), independent=independent,
-                                   **common)
+        entry = card.independent
+        independent = IndependentServing(entry.threshold, entry.fused_map, entry.fused_threshold)
+        if card.scorer is not None:  # an explicit fusion weight still serves the attention alone, fused
+            return RerankerServing(card.scorer, card.scorer.threshold, independent=independent, **common)
         return RerankerServing(independent=independent, **common)
-
-    @property
-    def calibration(self) -> Any:
-        """The relevance cut-off's maps (:class:`heedrank.calibration.Calibration`) of the weights
-        card (``heedrank lab calibrate``), or ``None``: no card, another scorer than ``learned``,
-        or another query adapter than the maps were fitted with (they hold for its scores only)."""
-        return self.loaded().calibration
-
-    @staticmethod
-    def layout_version() -> str:
-        return CACHE_TEMPLATE_VERSION
 
     # -- the document KV store's side --------------------------------------------------------
     @property
@@ -303,43 +265,15 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     def block_keys(self, texts: Sequence[str]) -> list[BlockKey]:
         """Store keys of these document texts' blocks (tokenisation only, no LM pass)."""
-        return [key for _, _, key in self.tokenized_blocks(texts)]
-
-    TOKENIZED_BLOCKS = 8192
-    """Document texts whose block token ids and key :meth:`tokenized_blocks` keeps (about 1 KB each)."""
-
-    def tokenized_blocks(self, texts: Sequence[str]) -> list[tuple[list[int], bool, BlockKey]]:
-        """Per text: its block's token ids, whether its content was cut to the budget, and its
-        store key; tokenised in one batched call for the texts not seen recently (an LRU of
-        :attr:`TOKENIZED_BLOCKS` texts), so that a search that asks which candidates are cold
-        (:meth:`cold_candidates`) and then builds its prompt tokenises each text once."""
-        tokenizer, layout = self.base_lm.tokenizer, self.layout
-        cache = self._tokenized
-        with self._tok_lock:
-            missing = [t for t in dict.fromkeys(texts) if t not in cache]
-        fresh = document_blocks(tokenizer, layout, missing)
-        with self._tok_lock:
-            for text, (ids, cut) in zip(missing, fresh):
-                cache[text] = (tuple(ids), cut, block_key(ids))
-            out = []
-            for text in texts:
-                entry = cache.get(text)
-                if entry is None:  # evicted by another thread in between: recompute alone
-                    ids, cut = document_block(tokenizer, layout, text)
-                    entry = cache[text] = (tuple(ids), cut, block_key(ids))
-                cache.move_to_end(text)
-                out.append((list(entry[0]), entry[1], entry[2]))
-            while len(cache) > self.TOKENIZED_BLOCKS:
-                cache.popitem(last=False)
-        return out
+        return [key for _, _, key in self.tokenized.blocks(self.base_lm.tokenizer, self.layout, texts)]
 
     def cold_candidates(self, candidates: Sequence[Document], block_store: Any = None) -> list[bool]:
         """Per candidate, whether its block would have to be encoded now: in neither
         ``block_store`` (the collection's document KV store) nor the RAM tier
-        (:meth:`block_source`). Tokenisation only, no LM pass; a store read that later fails
+        (:attr:`block_source`). Tokenisation only, no LM pass; a store read that later fails
         its checksum is still encoded then."""
         keys = self.block_keys([doc.content for doc in candidates])
-        memory = self.block_source().memory
+        memory = self.block_source.memory
         return [not ((block_store is not None and block_store.contains(k)) or k in memory) for k in keys]
 
     def instruction_kv(self) -> list[tuple[Any, Any]]:
@@ -364,7 +298,7 @@ class CachedBlockRankReranker(BlockRankReranker):
         """The candidates' blocks (:func:`heedrank.reranker.cached.blocks.fetch_blocks`): from
         ``block_store``, the RAM tier, or computed by the base model now (never the query
         adapter's copy, so a running query pass is never disturbed) and written back."""
-        return fetch_blocks(self.base_lm, self.block_source(), self.instruction_kv(), prompt, self.kv_depth,
+        return fetch_blocks(self.base_lm, self.block_source, self.instruction_kv(), prompt, self.kv_depth,
                             store=block_store, batch_size=self.options.doc_batch_size,
                             round_trip=self.block_round_trip())
 
@@ -399,19 +333,15 @@ class CachedBlockRankReranker(BlockRankReranker):
         """
         tok = self.base_lm.tokenizer
         layout = self.layout
-        blocks = self.tokenized_blocks([doc.content for doc in candidates])
+        blocks = self.tokenized.blocks(tok, layout, [doc.content for doc in candidates])
         docs, truncated = [ids for ids, _, _ in blocks], [cut for _, cut, _ in blocks]
         prompt = BlockPrompt(list(layout.instruction_ids), docs, query_block(tok, layout, query),
                              query_block(tok, layout, CALIBRATION_QUERY), self.options.n_signal, truncated,
                              layout.query_offset, query.strip(), [])
         window = sliding_window(self.base_lm.model.config, self.layer)
-        check_query_block(prompt, self._position_limit(window),
+        check_query_block(prompt, self.position_limit,
                           where="" if window is None else f"; sliding attention window {window} in layers 0..{self.layer}")
         return prompt
-
-    def _position_limit(self, window: int | None) -> int:
-        limit = int(self.base_lm.max_positions)
-        return limit if window is None else min(limit, window)
 
     @property
     def position_limit(self) -> int:
@@ -420,7 +350,9 @@ class CachedBlockRankReranker(BlockRankReranker):
         the model's attention (:func:`heedrank.reranker.blockforward.sliding_window`): a Mistral
         with a 16-token window moved signal scores by 0.03 with no error, before this bound
         (``tests/reranker/test_architectures.py``)."""
-        return self._position_limit(sliding_window(self.base_lm.model.config, self.layer))
+        limit = int(self.base_lm.max_positions)
+        window = sliding_window(self.base_lm.model.config, self.layer)
+        return limit if window is None else min(limit, window)
 
     def query_budget(self, candidates: Sequence[Document]) -> int:
         """The base budget, lowered so that the query block (at its fixed offset) stays
@@ -442,13 +374,13 @@ class CachedBlockRankReranker(BlockRankReranker):
 
     def score_documents(self, query: str, docs: Sequence[Document], *, block_store: Any = None) -> DocumentScores:
         """:meth:`build_prompt`, the candidates' blocks (:meth:`fetch_blocks`, outside any
-        lock), then the query pass in a pass slot (:class:`heedrank.reranker.slots.PassSlots`:
+        lock), then the query pass in a pass slot (:class:`heedrank.reranker.cached.slots.PassSlots`:
         up to ``passes`` of them run at once, each in its own context buffer; the pass reads the
         model and changes nothing). ``details["timings"]["pass_wait"]``: seconds waiting for a slot."""
         prompt = self.build_prompt(query, docs)
         fetched = self.fetch_blocks(prompt, block_store)
         t0 = time.perf_counter()
-        with self._slots.slot() as buffer:
+        with self.slots.slot() as buffer:
             waited = time.perf_counter() - t0
             out = self._score(prompt, self.assemble(prompt, fetched, buffer))
         out.details["timings"]["pass_wait"] = waited
@@ -476,38 +408,13 @@ class CachedBlockRankReranker(BlockRankReranker):
         self, query: Query, candidates: Sequence[Document], *, max_spans: int = 3, block_store: Any = None
     ) -> RerankResult:
         """:meth:`rerank` plus evidence from the same pass: the same scores and order, with
-        ``RerankResult.evidence = {doc_id: [EvidenceSpan, ...]}``.
-
-        A token's evidence score is its share of the document's score: with ``learned``
-        scoring ``t_j = sum_{l,h} w_lh c_lh,j / sd_lh`` (``c``: calibrated attention of the
-        query rows to token ``j`` at layer ``l``, head ``h``; ``sd``: the feature's standard
-        deviation over the candidates, as in the z-score), so that a document's score is the
-        sum of its tokens' up to a per-query constant; with ``calibrated`` the calibrated
-        attention summed over layers and heads; with ``signal`` the signal tokens' attention.
-        Tokens group into words, the best positive words merge into spans
-        (:func:`heedrank.reranker.cached.evidence.document_evidence`); offsets are characters
-        into ``doc.text`` (or ``doc.title``): ``text[start:end] == span.text``.
+        ``RerankResult.evidence = {doc_id: [EvidenceSpan, ...]}``, each candidate token's share of
+        its document's score (:func:`heedrank.reranker.cached.evidence.rerank_with_evidence`).
 
         Raises:
             ValidationError: empty query, ``max_spans < 1``, a tokenizer without offsets.
         """
-        if max_spans < 1:
-            raise ValidationError(f"max_spans must be >= 1, got {max_spans}")
-        run = self.run(query, candidates, block_store=block_store)
-        evidence: dict[str, list[Any]] = {d.doc_id: [] for d in candidates}
-        if run.scored is not None and run.scored.passes:
-            prompt: BlockPrompt = run.scored.passes[0].prompt
-            state = run.scored.passes[0].state  # learned: computed now; calibrated: the tensor; signal: read again
-            if state is None:
-                import torch
-
-                fetched = self.fetch_blocks(prompt, block_store)
-                with self._slots.slot() as buffer, torch.inference_mode():
-                    state = self.token_mass(prompt, self.assemble(prompt, fetched, buffer).kv)[0]
-            tokens = (state() if callable(state) else state).double().tolist()
-            evidence = document_evidence(self.base_lm.tokenizer, self.layout, prompt, tokens, candidates, run.owner,
-                                         self.config.max_doc_tokens, max_spans)
-        return replace(run.result, evidence=evidence)
+        return rerank_with_evidence(self, query, candidates, max_spans=max_spans, block_store=block_store)
 
     # -- reports ---------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -522,10 +429,6 @@ class CachedBlockRankReranker(BlockRankReranker):
             d["fusion"] = self.default_fusion
         return d
 
-    def card_figures(self) -> dict[str, Any] | None:
-        """The dev and test nDCG@10 recorded in the weights card for the configuration it
-        ships (``configuration``: with the query adapter and fusion), or ``None``."""
-        return None if self.card is None else dict(self.card.figures)
 
 
 def from_config(config: RerankerConfig) -> CachedBlockRankReranker:

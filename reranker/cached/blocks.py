@@ -8,7 +8,9 @@ without one.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,7 @@ from heedrank.reranker.doccache import (
     assemble_kv,
     block_key,
     document_block,
+    document_blocks,
     encode_blocks,
 )
 
@@ -117,3 +120,43 @@ def assemble_context(kv0: Any, fetched: Fetched, depth: int, *, reserve: int, bu
     with torch.inference_mode():
         kv = assemble_kv(kv0, fetched.blocks, depth, reserve=reserve, buffer=buffer)
     return Context(kv, {**fetched.seconds, "blocks_assemble": time.perf_counter() - t0}, dict(fetched.cache))
+
+
+class TokenizedBlocks:
+    """Recent document texts' block token ids, whether each was cut to the budget, and store
+    keys (an LRU of :attr:`size` texts, about 1 KB each), so that a search that asks which
+    candidates are cold and then builds its prompt tokenises each text once. Thread-safe: its
+    own lock; tokenisation runs outside it.
+
+    Args:
+        size: Texts kept.
+    """
+
+    def __init__(self, size: int = 8192) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[tuple[int, ...], bool, BlockKey]] = OrderedDict()
+
+    def blocks(self, tokenizer: Any, layout: BlockLayout, texts: Sequence[str]) -> list[tuple[list[int], bool, BlockKey]]:
+        """Per text: its block's token ids, whether its content was cut to the budget, and its
+        store key; the texts not seen recently tokenised in one batched call
+        (:func:`heedrank.reranker.doccache.document_blocks`)."""
+        cache = self._cache
+        with self._lock:
+            missing = [t for t in dict.fromkeys(texts) if t not in cache]
+        fresh = document_blocks(tokenizer, layout, missing)
+        with self._lock:
+            for text, (ids, cut) in zip(missing, fresh):
+                cache[text] = (tuple(ids), cut, block_key(ids))
+            out = []
+            for text in texts:
+                entry = cache.get(text)
+                if entry is None:  # evicted by another thread in between: recompute alone
+                    ids, cut = document_block(tokenizer, layout, text)
+                    entry = cache[text] = (tuple(ids), cut, block_key(ids))
+                cache.move_to_end(text)
+                out.append((list(entry[0]), entry[1], entry[2]))
+            while len(cache) > self.size:
+                cache.popitem(last=False)
+        return out
+

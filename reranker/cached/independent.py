@@ -63,25 +63,31 @@ class IndependentWeights:
 
     @classmethod
     def from_card(cls, data: Mapping[str, Any]) -> IndependentWeights:
-        """Read a card's ``independent`` entry (``{"layers", "heads", "groups", "weights", "bias"}``).
+        """The scorer's weights of a parsed card (its ``independent`` entry:
+        :func:`heedrank.reranker.cards.independent_entry`).
 
         Raises:
-            ValidationError: a missing entry, other groups than :data:`GROUPS`, or a weight count
-                that is not ``layers * heads * len(GROUPS)``.
+            ValidationError: a missing or garbled entry, or other groups than :data:`GROUPS`.
         """
-        entry = data.get("independent")
-        if not isinstance(entry, Mapping):
+        from heedrank.reranker.cards import independent_entry
+
+        entry = independent_entry(data)
+        if entry is None:
             raise ValidationError("the weights card has no 'independent' entry: refit it with "
                                   "`heedrank lab fit-independent` (recipes/default) or use scoring='learned'")
-        if tuple(entry.get("groups", ())) != GROUPS:
-            raise ValidationError(f"the card's independent groups {entry.get('groups')} are not {list(GROUPS)}: "
+        return cls.of(entry)
+
+    @classmethod
+    def of(cls, entry: Any) -> IndependentWeights:
+        """The weights of a card's :class:`heedrank.reranker.cards.IndependentEntry`.
+
+        Raises:
+            ValidationError: other groups than :data:`GROUPS` (fitted by another version: refit it).
+        """
+        if tuple(entry.groups) != GROUPS:
+            raise ValidationError(f"the card's independent groups {list(entry.groups)} are not {list(GROUPS)}: "
                                   "it was fitted by another version; refit it")
-        layers, heads = int(entry["layers"]), int(entry["heads"])
-        weights = tuple(float(w) for w in entry["weights"])
-        if len(weights) != layers * heads * len(GROUPS):
-            raise ValidationError(f"the card's independent weights hold {len(weights)} values, not "
-                                  f"{layers} x {heads} x {len(GROUPS)}")
-        return cls(layers, heads, weights, float(entry["bias"]))
+        return cls(entry.layers, entry.heads, entry.weights, entry.bias)
 
     def tensor(self) -> Any:
         """float64 ``(layers, heads, len(GROUPS))``."""

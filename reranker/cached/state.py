@@ -1,10 +1,10 @@
 """What cached BlockRank resolves once, when it loads (:func:`load_state`).
 
-From the options and the shared LM: the weights card (:mod:`heedrank.reranker.cached.card`),
+From the options and the shared LM: the weights card (:mod:`heedrank.reranker.cards`),
 the scorer in use (``scoring='auto'`` = ``'independent'`` served by the card's default scorer when
 the card holds one (:func:`auto_scoring`), else ``'learned'``, when ``scorer_weights`` is given or a card
 for the model (packaged, or installed in the user card folder, matched by name and sha256:
-:func:`heedrank.reranker.cached.card.find_card`) fits the ``l*`` and block length asked for,
+:func:`heedrank.reranker.cards.find_card`) fits the ``l*`` and block length asked for,
 else ``'calibrated'``, with a warning when there is no card), ``l*``, the cached layout, the query
 adapter (:mod:`heedrank.reranker.cached.adapter`), the scorer object
 (:mod:`heedrank.reranker.cached.scorers`) and the relevance cut-off's maps.
@@ -19,7 +19,7 @@ from typing import Any
 from heedrank.config import RerankerConfig
 from heedrank.errors import NotFoundError, ValidationError
 from heedrank.reranker.cached.adapter import AdapterFit, QueryAdapter, load_query_adapter
-from heedrank.reranker.cached.card import WeightsCard, card_dirs, find_card
+from heedrank.reranker.cards import WeightsCard, card_dirs, find_card
 from heedrank.reranker.cached.independent import IndependentScorer, IndependentWeights
 from heedrank.reranker.cached.scorers import CalibratedScorer, LearnedScorer, Scorer, SignalScorer
 from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION, BlockLayout, build_layout
@@ -108,7 +108,10 @@ def independent_weights(card: WeightsCard | None, lm: Any, layer: int) -> Indepe
         raise NotFoundError(f"scoring='independent' needs a weights card with an 'independent' entry; none ships for "
                             f"{lm.identity.get('name', 'this model')!r}: fit one (recipes/default) and pass it as "
                             "scorer_weights")
-    weights = IndependentWeights.from_card(card.data)
+    if card.independent is None:
+        raise ValidationError(f"the weights card {card.path} has no 'independent' entry: refit it with "
+                              "`bash recipes/default/run.sh independent` or use scoring='learned'")
+    weights = IndependentWeights.of(card.independent)
     if card.model_sha256 and lm.identity.get("sha256") and card.model_sha256 != lm.identity.get("sha256"):
         raise ValidationError(f"the weights card {card.path} was fitted for another model: refit it for this one")
     if weights.layers != layer + 1 or weights.heads != lm.num_heads:
@@ -149,7 +152,7 @@ def auto_scoring(card: WeightsCard | None, fits: bool) -> str:
     :mod:`heedrank.scorer`), else ``learned`` when a card fits, else ``calibrated``."""
     if card is None or not fits:
         return "calibrated"
-    return "independent" if "scorer" in card.data and "independent" in card.data else "learned"
+    return "independent" if card.serves_scorer else "learned"
 
 
 def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: Any, signal: SignalScorer) -> CachedState:

@@ -11,7 +11,7 @@ from heedrank.api.costs import MethodCosts
 from typing import Any
 
 from heedrank.api.routes.info import _info
-from heedrank.reranker.cached.card import WeightsCard, read_card
+from heedrank.reranker.cards import WeightsCard, read_card
 from heedrank.reranker.options import DEFAULT_METHOD
 from heedrank.settings import Settings
 from serving_fakes import AttributeServing  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from heedrank.cli import options as cli_options
 from heedrank.config import DEFAULT_LM
-from heedrank.reranker.cached.card import packaged_card_path, read_card
+from heedrank.reranker.cards import packaged_card_path, read_card
 from heedrank.reranker.options import CachedBlockRankOptions
 
 

@@ -127,7 +127,7 @@ def test_the_default_scorer_scores_a_skipped_candidate_from_the_signals_at_hand(
     ix = Index.from_documents([Document(f"d{i}", t) for i, t in enumerate(texts)], encoder=HashingEncoder(64))
     scorer = Scorer.from_card({"scorer": {"models": [
         {"uses": ["attention", "dense", "rank"], "weights": [1.0, 2.0, -0.1], "bias": -1.0},
-        {"uses": ["dense", "rank"], "weights": [50.0, -0.1], "bias": -2.0}]}})
+        {"uses": ["dense", "rank"], "weights": [50.0, -0.1], "bias": -2.0}], "threshold": 0.5}})
 
     class Scored(_ColdAware):
         def __init__(self) -> None:

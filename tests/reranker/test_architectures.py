@@ -452,13 +452,14 @@ def _scores_of(result) -> dict[str, float]:
 def test_auto_scoring_keeps_learned_when_the_card_has_an_independent_entry(arch, tmp_path) -> None:
     from heedrank.reranker.cached.independent import GROUPS
     from heedrank.reranker.cached.state import auto_scoring
-    from heedrank.reranker.cached.card import read_card
+    from heedrank.reranker.cards import read_card
 
     _, lm = arch
     card = _write_card(tmp_path / "card.json", lm)
     assert auto_scoring(read_card(card), True) == "learned" and auto_scoring(read_card(card), False) == "calibrated"
     n = (LAYER + 1) * lm.num_heads * len(GROUPS)
-    entry = {"layers": LAYER + 1, "heads": lm.num_heads, "groups": list(GROUPS), "weights": [0.01] * n, "bias": 0.0}
+    entry = {"layers": LAYER + 1, "heads": lm.num_heads, "groups": list(GROUPS), "weights": [0.01] * n, "bias": 0.0,
+             "threshold": 0.5}
     card.write_text(json.dumps({**json.loads(card.read_text()), "independent": entry}))
     assert auto_scoring(read_card(card), True) == "learned"
     assert _reranker(lm, "auto", scorer_weights=str(card)).scoring == "learned"

@@ -128,7 +128,7 @@ def test_fast_path_scores_equal_the_exact_path_across_queries_sharing_a_buffer(
         want = exact.rerank(Query("q", query), docs, block_store=store)
         assert got.cache == {"hits": len(docs), "misses": 0}
         _assert_same(got, want, tol)
-        (buffer,) = fast.pass_slots.idle_buffers  # one slot: one buffer, reused
+        (buffer,) = fast.slots.idle_buffers  # one slot: one buffer, reused
         pointers.append(buffer._k.data_ptr())
         if scoring != "signal":  # the merged pass reports one query timing
             assert "calibration" in want.details["timings"] and "calibration" not in got.details["timings"]
@@ -154,7 +154,7 @@ def test_chunked_context_and_capture_equal_the_exact_path(default_lm, nf_docs, s
 def _context(r: BlockRankReranker, query: str, docs, store, *, reserve: int, buffer=None):
     prompt = r.build_prompt(query, docs)
     with torch.inference_mode():
-        blocks, _ = r.block_source().fetch(r.lm, r.instruction_kv(), prompt.doc_ids, LAYER, store=store)
+        blocks, _ = r.block_source.fetch(r.lm, r.instruction_kv(), prompt.doc_ids, LAYER, store=store)
         kv = assemble_kv(r.instruction_kv(), blocks, LAYER, reserve=reserve, buffer=buffer)
     return prompt, kv
 
@@ -229,7 +229,7 @@ def test_gradients_take_the_exact_path(default_lm, nf_docs, store) -> None:
             assert weight.grad is not None and torch.isfinite(weight.grad).all() and weight.grad.abs().sum() > 0
             # assemble_kv with gradients returns fresh tensors, never a reserved buffer
             kv0 = r.instruction_kv()
-            blocks, _ = r.block_source().fetch(r.lm, kv0, prompt.doc_ids, LAYER, store=store)
+            blocks, _ = r.block_source.fetch(r.lm, kv0, prompt.doc_ids, LAYER, store=store)
             plain = assemble_kv(kv0, blocks, LAYER, reserve=64, buffer=ContextBuffer())
             assert not isinstance(plain, ReservedKV) and plain[0][0].is_contiguous()
         # no gradients but outside inference mode: inference tensors are not written either

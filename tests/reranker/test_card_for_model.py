@@ -16,7 +16,7 @@ from test_architectures import LAYER, MAX_DOC_TOKENS, _build, _configs, tokenize
 
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
-from heedrank.reranker.cached.card import model_card_name  # noqa: E402
+from heedrank.reranker.cards import model_card_name  # noqa: E402
 from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION  # noqa: E402
 
 

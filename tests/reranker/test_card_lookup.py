@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from heedrank.reranker.cached.card import (
+from heedrank.reranker.cards import (
     describe_card,
     find_adapter_dir,
     find_card,
@@ -100,7 +100,7 @@ def test_the_adapter_beside_a_user_card_is_found_for_its_model_only(card_dir) ->
 def test_packaged_card_of_a_model_directory_reads_its_user_card(card_dir, tmp_path) -> None:
     """What /info and recorded_fusion read without loading the model: the directory's card."""
     from heedrank.reranker.lm import model_identity
-    from heedrank.reranker.options import packaged_card
+    from heedrank.reranker.cards import packaged_card
 
     model = tmp_path / "tiny-lm"
     model.mkdir()

@@ -156,7 +156,7 @@ def test_learned_scorer_is_the_z_scored_weighted_sum_of_calibrated_heads(default
 
 
 def test_the_shipped_weights_card_matches_the_default_model(default_lm) -> None:
-    from heedrank.reranker.datafiles import packaged_data_dir
+    from heedrank.reranker.cards import packaged_data_dir
 
     card = json.loads((packaged_data_dir() / "smollm2-135m-instruct.blockrank-cached.json").read_text())
     assert card["model_sha256"] == default_lm.identity["sha256"]

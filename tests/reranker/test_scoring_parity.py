@@ -93,10 +93,10 @@ def test_the_shipped_card_carries_the_cut_off_for_its_adapter(default_lm) -> Non
     they hold only with the query adapter they were fitted with, so without it there are none."""
     r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
                                                 options={"scoring": "learned"}), lm=default_lm)
-    cal = r.calibration
+    cal = r.loaded().calibration
     assert cal is not None and set(cal.maps) == {"score", "rank", "none"} and cal.alpha == r.default_fusion
     assert all(0.0 < m.threshold < 0.5 and m.coef[0] > 0 for m in cal.maps.values())
     assert cal.map_for(r.default_fusion) is cal.maps["score"] and cal.map_for(None) is cal.maps["none"]
     bare = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
                                                   options={"query_adapter": None, "scoring": "learned"}), lm=default_lm)
-    assert bare.calibration is None
+    assert bare.loaded().calibration is None

@@ -1,4 +1,4 @@
-"""Query passes side by side (:class:`heedrank.reranker.slots.PassSlots`): concurrent reranks
+"""Query passes side by side (:class:`heedrank.reranker.cached.slots.PassSlots`): concurrent reranks
 with the packaged card and query adapter score exactly as one at a time (oracle test), while
 cold blocks are encoded by the base model at the same time."""
 
@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from heedrank.reranker.slots import PassSlots
+from heedrank.reranker.cached.slots import PassSlots
 
 torch = pytest.importorskip("torch")
 
@@ -57,7 +57,7 @@ def test_one_slot_never_touches_the_threads() -> None:
         assert torch.get_num_threads() == before
 
 
-def _concurrent_rounds(one, two, docs: list, rounds: int, *, seconds: float | None = None) -> int:
+def _concurrent_rounds(one, two, docs: list, rounds: int, *, seconds: float | None = None, at_least: int = 1) -> int:
     """Rounds of the six queries reranked by ``two`` from three threads at once, each round over six
     documents not seen before (cold blocks and cold tokenisation, where the race of two passes
     tokenising at once lived: :mod:`heedrank.reranker.prompt`), while a fourth thread encodes other
@@ -65,7 +65,9 @@ def _concurrent_rounds(one, two, docs: list, rounds: int, *, seconds: float | No
     fill do). Each query's ranking and scores must equal ``one``'s, one query at a time, to float32
     rounding (a pass sharing the threads sums its products in another order); a template token split,
     a buffer or an adapter switched under a running pass moves them by orders of magnitude more
-    (0.27 and more, before). Returns the rounds run (``seconds``: until then, at most ``rounds``)."""
+    (0.27 and more, before). ``one`` keeps its blocks in its RAM tier (the oracle need not be cold;
+    a block scores the same read back or computed). Returns the rounds run: ``rounds``, or with
+    ``seconds`` the rounds started within them (at least ``at_least``, however slow the machine)."""
     import time
 
     stop, busy = threading.Event(), threading.Event()
@@ -83,7 +85,7 @@ def _concurrent_rounds(one, two, docs: list, rounds: int, *, seconds: float | No
         builder.submit(store_builder)
         try:
             for r in range(rounds):
-                if seconds is not None and time.monotonic() - start > seconds:
+                if seconds is not None and done >= at_least and time.monotonic() - start > seconds:
                     break
                 batch = docs[6 * r % len(docs):][:6]
                 busy.set()
@@ -109,7 +111,7 @@ def _concurrent_rounds(one, two, docs: list, rounds: int, *, seconds: float | No
 
 def _pair(default_lm) -> tuple[CachedBlockRankReranker, CachedBlockRankReranker]:
     config = RerankerConfig(method="default")
-    one = CachedBlockRankReranker(config, lm=default_lm, passes=1, block_cache_bytes=0)
+    one = CachedBlockRankReranker(config, lm=default_lm, passes=1)
     assert one.adapter is not None and one.scoring == "independent"  # the default; the adapter's copy runs the passes
     two = CachedBlockRankReranker(config, lm=default_lm, passes=2, block_cache_bytes=0)
     assert two.concurrent_calls == 2 and call_gate(two)._value == 2 and call_gate(one)._value == 1
@@ -126,10 +128,10 @@ def test_concurrent_passes_score_as_one_at_a_time(default_lm, nfcorpus_head) -> 
 
 @pytest.mark.slow
 def test_concurrent_passes_stress_for_a_minute(default_lm, nfcorpus_dir) -> None:
-    """:func:`_concurrent_rounds` for a minute over the first 600 NFCorpus documents (new texts
-    every round)."""
+    """:func:`_concurrent_rounds` for a minute (at least 2 rounds) over the first 600 NFCorpus
+    documents (new texts every round)."""
     from real_data import read_nfcorpus
 
     docs = read_nfcorpus(nfcorpus_dir, 600)
     one, two = _pair(default_lm)
-    assert _concurrent_rounds(one, two, docs, 100, seconds=60) >= 2  # a round takes about 30 s on 2 cores
+    assert _concurrent_rounds(one, two, docs, 100, seconds=60, at_least=2) >= 2  # a round: about 25 s on 2 cores

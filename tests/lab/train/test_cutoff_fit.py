@@ -30,7 +30,7 @@ def test_a_card_without_a_fusion_weight_is_refused() -> None:
     import pytest
 
     from heedrank.errors import ValidationError
-    from heedrank.reranker.cached.card import WeightsCard
+    from heedrank.reranker.cards import WeightsCard
 
     cal_items, cal_qrels, card = _items(20, seed=1)
     bare = WeightsCard.from_json({k: v for k, v in card.data.items() if k != "fusion"}, "bare card")

@@ -67,7 +67,7 @@ def test_card_entry_errors_say_what_to_do() -> None:
         IndependentWeights.from_card({})
     with pytest.raises(ValidationError, match="refit"):
         IndependentWeights.from_card({"independent": {"layers": 1, "heads": 1, "groups": ["x"], "weights": [0.0],
-                                                      "bias": 0.0}})
+                                                      "bias": 0.0, "threshold": 0.5}})
     with pytest.raises(ValidationError, match="not"):
         IndependentWeights.from_card({"independent": {"layers": 1, "heads": 1, "groups": list(GROUPS),
-                                                      "weights": [0.0], "bias": 0.0}})
+                                                      "weights": [0.0], "bias": 0.0, "threshold": 0.5}})
