@@ -43,7 +43,7 @@ chose; per index: build time and size (serialised faiss index). Prints markdown 
 and, with ``--out``, appends them to a results file.
 
     python bench/filtered_search.py [--sizes 14k,1m] [--queries 366] [--n-synthetic 1000000]
-        [--threads 2] [--cache DIR] [--out bench/RESULTS-filtered_search.md]
+        [--threads 2] [--cache DIR] [--out runs/filtered_search.md]
 
 Run it in the background with a log (``... > bench.log 2>&1 &``): progress goes to stderr.
 """

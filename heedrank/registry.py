@@ -27,6 +27,7 @@ _RERANKERS: dict[str, str | Callable[..., Any]] = {
 }
 _OPTION_CLASSES = "heedrank.reranker.options:OPTION_CLASSES"
 _DEFAULT_BUDGET = "heedrank.reranker.options:default_max_doc_tokens"
+_PACKAGED_LMS = "heedrank.reranker.lm:packaged_models"
 _ALIASES = "heedrank.reranker.options:METHOD_ALIASES"
 _INDEX_OPENER = "heedrank.index.store:Index.open"
 _FILTER_PARSER = "heedrank.index.filters:as_filter"
@@ -132,6 +133,12 @@ def recorded_fusion(config: Any) -> float | None:
 def default_max_doc_tokens(method: str) -> int:
     """The per-document LM token budget of ``method`` when none is given."""
     return int(_resolve(_DEFAULT_BUDGET)(method))
+
+
+def packaged_models() -> list[str]:
+    """The packaged LMs' short names (``--model NAME``; :func:`heedrank.reranker.lm.packaged_models`),
+    read without importing torch."""
+    return list(_resolve(_PACKAGED_LMS)())
 
 
 def register_retriever(name: str, target: str | Callable[..., Any]) -> None:

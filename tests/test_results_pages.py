@@ -161,3 +161,24 @@ def test_citations_name_a_page_and_its_heading():
                 if not any(h.startswith(text) for h in headings[page]):
                     wrong.append(f"{name}: docs/results/{page}, \"{text}\" (no such heading)")
     assert not wrong, "citations of the result pages that do not resolve:\n" + "\n".join(wrong)
+
+
+def test_no_source_file_cites_a_missing_file():
+    """Docstrings and comments of the code (``.py``, ``.sh``; tests aside) cite only paths the
+    working tree holds: a path in backticks whose first component is a top-level entry
+    (placeholders with ``<``, ``{``, ``*`` or ``$`` are not paths)."""
+    files = subprocess.run(["git", "ls-files", "*.py", "*.sh"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    missing = []
+    for name in files:
+        if name.startswith("tests/") or not (ROOT / name).is_file():
+            continue
+        for double, single in re.findall(r"``([^`\n]+)``|`([^`\n]+)`", (ROOT / name).read_text(errors="replace")):
+            span = double or single
+            if any(c in span for c in "<{*$"):
+                continue
+            for token in TOKEN.findall(span):
+                path = token.split("::")[0].rstrip(".,:;")
+                if path.split("/")[0] in TOP and not (ROOT / path).exists():
+                    missing.append(f"{name}: {path}")
+    assert not missing, "paths cited in the code that the working tree does not hold:\n" + "\n".join(missing)

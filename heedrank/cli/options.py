@@ -19,15 +19,21 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 
 from heedrank import registry
-from heedrank.config import DEFAULT_MAX_DOC_TOKENS, RerankerConfig
+from heedrank.config import DEFAULT_LM, DEFAULT_MAX_DOC_TOKENS, RerankerConfig
 from heedrank.engine import Engine
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # ---------------------------------------------------------------------------- the reranker
+def _packaged_first() -> list[str]:
+    """The packaged LMs, the default first (the help names them)."""
+    return [DEFAULT_LM] + [m for m in registry.packaged_models() if m != DEFAULT_LM]
+
+
 ModelOpt = Annotated[
     Optional[str],
-    typer.Option("--model", help="Reranker LM: a packaged name (smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-0.5b-instruct) or a local HF causal-LM directory; default: smollm2-135m-instruct."),
+    typer.Option("--model", help=f"Reranker LM: a packaged name ({', '.join(_packaged_first())}) or a local HF "
+                                  f"causal-LM directory; default: {DEFAULT_LM}."),
 ]
 MaxDocTokensOpt = Annotated[
     Optional[int], typer.Option("--max-doc-tokens", help="Per-document budget in LM tokens (truncation is reported); "

@@ -22,7 +22,8 @@ giving ``F(d)``, float32 ``(L, H, G)``. The score is a fitted affine map,
 
 so ``P(relevant) = sigmoid(s(d))`` depends on the query and the document alone: the same
 whether the document is sent alone or among any others (to float32 rounding; oracle test
-``tests/reranker/cached/test_independent.py``). ``W`` and ``bias`` come from the weights card's
+``tests/reranker/test_architectures.py::test_independent_features_do_not_depend_on_the_list``).
+``W`` and ``bias`` come from the weights card's
 ``independent`` entry, fitted by logistic regression on training lists
 (:mod:`heedrank.lab.train.independent_fit`), with fixed feature statistics, never the list's.
 """
