@@ -15,12 +15,21 @@ supports updates (:class:`heedrank.index.store.Index`). Format-1 directories are
 
 The corpus is streamed in batches (Arrow memory map -> documents -> SQLite, BM25 tokens,
 embeddings), so only the BM25 token lists and the vectors grow with the corpus.
+
+Resumable: the dense encoding (nearly all of a build's time on CPU) is checkpointed per chunk of
+documents into a hidden folder beside ``out`` (:class:`VectorCheckpoint`, named by a fingerprint
+of the corpus file, the encoder and the passage split). A build killed at any point (``kill -9``,
+Ctrl-C) and run again with the same arguments reads the chunks already encoded and encodes only
+the rest; the document store and BM25 are rebuilt (seconds per 100k documents). The folder is
+removed when the build succeeds or fails on its input.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
+import os
 import logging
 import platform
 import shutil
@@ -110,6 +119,57 @@ def _batched(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield batch
 
 
+class VectorCheckpoint:
+    """The dense vectors of a build's finished chunks, one ``.npz`` per chunk (``vectors`` float32
+    ``(p, dim)``, ``labels`` int64 ``(p,)``), each written to a temporary name and renamed, so a
+    chunk file is whole or absent.
+
+    Args:
+        folder: ``.<index name>.vectors-<fingerprint>`` beside the index directory.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def for_build(cls, out: Path, corpus_file: Path, encoder: Any, passages: Any, chunk: int) -> VectorCheckpoint:
+        """The checkpoint of building ``out`` from ``corpus_file`` with ``encoder`` (its
+        ``describe()``), ``passages`` and ``chunk`` documents per chunk: the same arguments
+        name the same folder."""
+        key = json.dumps({"corpus": file_sha256(corpus_file), "encoder": encoder.describe(),
+                          "passages": passages.to_dict() if passages is not None else None, "chunk": chunk},
+                         sort_keys=True, default=str)
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+        return cls(out.parent / f".{out.name}.vectors-{digest}")
+
+    def _path(self, k: int) -> Path:
+        return self.folder / f"{k:07d}.npz"
+
+    def done(self) -> int:
+        """Chunks already encoded."""
+        return sum(1 for _ in self.folder.glob("*.npz"))
+
+    def load(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Chunk ``k``'s ``(vectors, labels)``, or ``None`` when it was not finished."""
+        path = self._path(k)
+        if not path.is_file():
+            return None
+        with np.load(path) as z:
+            return z["vectors"], z["labels"]
+
+    def save(self, k: int, vectors: np.ndarray, labels: np.ndarray) -> None:
+        part = self.folder / f"{k:07d}.partial.npz"
+        with open(part, "wb") as f:
+            np.savez(f, vectors=vectors, labels=labels)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, self._path(k))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _check_target(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ValidationError(f"index path {out} exists and is not a directory")
@@ -171,7 +231,8 @@ def build_index(
         ``num_docs``, ``bm25`` (k1, b, method, tokenisation, vocabulary size), ``dense``
         (``None`` or index type and ``params``, dimension, metric, ``embedder`` = encoder
         describe() incl. weights sha256 and prefixes, ``passages``, ``planner``),
-        ``versions`` (library versions).
+        ``versions`` (library versions), ``build_stages`` (seconds in ``read``, ``docstore``,
+        ``bm25``, ``encode`` (reading finished chunks back on a resumed build), ``faiss``).
 
     Raises:
         ValidationError: ``out`` exists and is non-empty without ``overwrite``; empty
@@ -206,7 +267,13 @@ def build_index(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    chunk = max(_READ_BATCH, batch_size * 8)
+    checkpoint = VectorCheckpoint.for_build(out, corpus_file, encoder, passages, chunk) if encoder is not None else None
+    if checkpoint is not None and checkpoint.done():
+        logger.info("resuming: the vectors of %d chunks of %d documents are already encoded (%s)", checkpoint.done(),
+                    chunk, checkpoint.folder)
     logger.info("building index of %d documents from %s into %s", total, corpus_file, out)
+    stages = dict.fromkeys(("read", "docstore", "bm25", "encode", "faiss"), 0.0)
     try:
         store = SQLiteDocStore(tmp / DOCS_FILE, create=True)
         bm25_builder = BM25Builder(bm25_params or BM25Params())
@@ -215,46 +282,67 @@ def build_index(
         label_parts: list[np.ndarray] = []
         n = 0
         matched = 0
-        chunk = max(_READ_BATCH, batch_size * 8)
         with Progress(total=total, desc="index documents", unit="doc", show_progress=show_progress, log=logger) as bar:
-            for batch in _batched(iter_beir_documents(corpus_file, batch_size=_READ_BATCH), chunk):
+            tick = time.perf_counter()
+            for k, batch in enumerate(_batched(iter_beir_documents(corpus_file, batch_size=_READ_BATCH), chunk)):
                 if extra:
                     batch, hits = _with_metadata(batch, extra)
                     matched += hits
+                tick = _lap(stages, "read", tick)
                 store.add_many(batch)
-                texts = [d.content for d in batch]
-                bm25_builder.add(texts)
-                if encoder is not None:
-                    for i, vec in enumerate(encode_documents(encoder, batch, passages)):
-                        vec_parts.append(vec)
-                        label_parts.append(labels_for(n + i, len(vec), bits))
+                tick = _lap(stages, "docstore", tick)
+                bm25_builder.add([d.content for d in batch])
+                tick = _lap(stages, "bm25", tick)
+                if encoder is not None and checkpoint is not None:
+                    got = checkpoint.load(k)
+                    if got is None:
+                        vecs = encode_documents(encoder, batch, passages)
+                        got = (np.concatenate(vecs), np.concatenate([labels_for(n + i, len(v), bits)
+                                                                     for i, v in enumerate(vecs)]))
+                        checkpoint.save(k, *got)
+                    vec_parts.append(got[0])
+                    label_parts.append(got[1])
+                    tick = _lap(stages, "encode", tick)
                 n += len(batch)
                 bar.update(len(batch))
         if extra and matched < len(extra):
             logger.warning("%d metadata rows name doc ids that are not in the corpus", len(extra) - matched)
 
+        tick = time.perf_counter()
         bm25 = bm25_builder.build(show_progress=False)
         bm25.save(tmp / BM25_DIR)
+        tick = _lap(stages, "bm25", tick)
         vectors = None
         if encoder is not None:
-            t_dense = time.perf_counter()
             vectors = DenseIndex.build(
                 np.concatenate(vec_parts), np.concatenate(label_parts), dense_params, dim=encoder.dim
             )
-            logger.info("%s vector index of %d vectors built in %.1f s", vectors.kind, len(vectors),
-                        time.perf_counter() - t_dense)
             vectors.save(tmp / VECTORS_FILE)
+            tick = _lap(stages, "faiss", tick)
+            logger.info("%s vector index of %d vectors built in %.1f s", vectors.kind, len(vectors), stages["faiss"])
         store.close()
 
         params = _index_params(corpus, corpus_file, metadata, matched, n, bm25, vectors, encoder, passages, planner)
         params["build_seconds"] = round(time.perf_counter() - t0, 3)
+        params["build_stages"] = {k: round(v, 3) for k, v in stages.items()}
         (tmp / PARAMS_FILE).write_text(json.dumps(params, indent=2) + "\n")
         _replace_dir(tmp, out, overwrite)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if checkpoint is not None and isinstance(exc, Exception):  # a failure of the input: it would recur
+            checkpoint.remove()
         raise
+    if checkpoint is not None:
+        checkpoint.remove()
     logger.info("index of %d documents written to %s in %.1f s", n, out, params["build_seconds"])
     return params
+
+
+def _lap(stages: dict[str, float], stage: str, since: float) -> float:
+    """Add the seconds since ``since`` to ``stages[stage]``; returns now."""
+    now = time.perf_counter()
+    stages[stage] += now - since
+    return now
 
 
 def _load_encoder(embedder: str | None, batch_size: int, query_prefix: str | None,

@@ -55,7 +55,9 @@ def index_build(
         Optional[str], typer.Option("--document-prefix", help="Document instruction; default: the model's known one.")
     ] = None,
 ) -> None:
-    """Write an index directory: SQLite document store, BM25 (bm25s), faiss vectors, params.json."""
+    """Write an index directory: SQLite document store, BM25 (bm25s), faiss vectors, params.json (with
+    the seconds per stage). A build killed during its dense encoding resumes when run again with the
+    same arguments: the chunks already encoded are read back, only the rest is encoded."""
     from heedrank.index.builder import build_index
 
     from heedrank.index.dense import DenseParams

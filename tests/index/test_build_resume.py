@@ -1,0 +1,74 @@
+"""A build killed during its dense encoding resumes from the chunks already encoded
+(:class:`heedrank.index.builder.VectorCheckpoint`): only the rest is encoded, and the index equals
+one built in one go. Inline corpus, hashing encoder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heedrank.index.builder import VectorCheckpoint, build_index
+from heedrank.index.hashing import HashingEncoder
+from heedrank.index.store import Index
+
+N = 2600  # three chunks of 1,000 documents
+
+
+class Killed(BaseException):
+    """Stands for kill -9 / Ctrl-C: not an input error, so the checkpoint stays."""
+
+
+class Counting(HashingEncoder):
+    def __init__(self, fail_after: int | None = None) -> None:
+        super().__init__(64)
+        self.calls: list[int] = []
+        self.fail_after = fail_after
+
+    def encode_documents(self, texts, *, show_progress: bool = False):  # type: ignore[no-untyped-def]
+        if self.fail_after is not None and len(self.calls) == self.fail_after:
+            raise Killed()
+        self.calls.append(len(texts))
+        return super().encode_documents(texts, show_progress=show_progress)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    words = ["vitamin", "statin", "fish", "oil", "bone", "milk", "colon", "heart", "risk", "diet"]
+    rng = np.random.default_rng(0)
+    rows = [{"_id": f"d{i}", "title": "", "text": " ".join(rng.choice(words, 8))} for i in range(N)]
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_killed_build_encodes_only_what_is_left(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ix"
+    with pytest.raises(Killed):
+        build_index(corpus, out, encoder=Counting(fail_after=2), show_progress=False)
+    assert not out.exists()
+    (folder,) = tmp_path.glob(".ix.vectors-*")
+    assert VectorCheckpoint(folder).done() == 2
+    again = Counting()
+    params = build_index(corpus, out, encoder=again, show_progress=False)
+    assert again.calls == [600]  # the third chunk only
+    assert not list(tmp_path.glob(".ix.*")) and params["num_docs"] == N
+    assert set(params["build_stages"]) == {"read", "docstore", "bm25", "encode", "faiss"}
+    whole = tmp_path / "whole"
+    build_index(corpus, whole, encoder=HashingEncoder(64), show_progress=False)
+    a, b = Index.open(out, encoder=HashingEncoder(64)), Index.open(whole, encoder=HashingEncoder(64))
+    q = HashingEncoder(64).encode_queries(["fish oil and heart risk"])[0]
+    for x, y in zip(a.dense.search(q[None, :], 20), b.dense.search(q[None, :], 20)):
+        np.testing.assert_array_equal(x, y)
+    assert (out / "vectors.faiss").read_bytes() == (whole / "vectors.faiss").read_bytes()
+    a.close(), b.close()
+
+
+def test_a_build_failing_on_its_input_leaves_no_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "dup.jsonl"
+    path.write_text(json.dumps({"_id": "a", "text": "one"}) + "\n" + json.dumps({"_id": "a", "text": "two"}) + "\n")
+    with pytest.raises(Exception, match="duplicate"):
+        build_index(path, tmp_path / "ix", encoder=HashingEncoder(16), show_progress=False)
+    assert list(tmp_path.iterdir()) == [path]
