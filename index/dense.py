@@ -111,7 +111,7 @@ class DenseIndex:
         self.faiss = require("faiss", "index")
         self.dim = int(dim)
         if index is None:
-            params = params or DenseParams()
+            params = (params or DenseParams()).for_size(0)  # an empty index: auto is flat
             index = create_index(self.faiss, self.dim, params)
         else:
             params = params_of(self.faiss, index, params)
@@ -135,15 +135,16 @@ class DenseIndex:
         Args:
             vectors: float32 ``(n, d)``.
             labels: int64 ``(n,)``, strictly increasing, ``>= 0``.
-            params: Index type and parameters.
+            params: Index type and parameters (``"auto"`` resolved for ``len(vectors)``:
+                :meth:`heedrank.index.dense.DenseParams.for_size`).
             dim: Dimension when ``vectors`` is empty.
 
         Raises:
             ValidationError: shapes, labels, or an IVF index over fewer vectors than ``nlist``.
         """
-        params = params or DenseParams()
         d = int(dim if dim is not None else np.asarray(vectors).shape[-1])
         x = _as_matrix(vectors, d, "vectors")
+        params = (params or DenseParams()).for_size(len(x))
         if params.index_type != "ivf":
             out = cls(d, params)
             out.add(x, labels)

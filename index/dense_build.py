@@ -19,6 +19,11 @@ from heedrank.errors import NotFoundError, ValidationError
 from heedrank.textrules import is_int
 
 INDEX_TYPES = ("flat", "hnsw", "ivf")
+AUTO = "auto"
+"""``index_type`` resolved by the number of vectors at build (:meth:`DenseParams.for_size`)."""
+FLAT_MAX = 100_000
+"""Largest ``auto`` index kept exact (flat): 100k x 384 float32 inner products per query take a few
+ms on 2 cores; above it ``auto`` builds IVF (trained in seconds, unlike HNSW's graph)."""
 INDEX_TYPE = "IndexIDMap2(IndexFlatIP)"
 """faiss class of the default (flat) index, as recorded in version-1 index directories."""
 
@@ -28,7 +33,8 @@ class DenseParams:
     """Which vector index to build, and its default search parameters (saved with the index).
 
     Attributes:
-        index_type: ``"flat"`` (exact), ``"hnsw"`` or ``"ivf"``.
+        index_type: ``"flat"`` (exact), ``"hnsw"`` or ``"ivf"``; ``"auto"`` until built
+            (:meth:`for_size`: flat up to :data:`FLAT_MAX` vectors, else IVF).
         hnsw_m: HNSW graph degree ``M`` (links per node; memory ~ ``2 * M * 4`` bytes/vector).
         ef_construction: HNSW candidate list size while building.
         ef_search: HNSW candidate list size while searching (default per query).
@@ -44,8 +50,8 @@ class DenseParams:
     nprobe: int = 32
 
     def __post_init__(self) -> None:
-        if self.index_type not in INDEX_TYPES:
-            raise ValidationError(f"unknown index type {self.index_type!r}; choose one of {list(INDEX_TYPES)}")
+        if self.index_type not in INDEX_TYPES + (AUTO,):
+            raise ValidationError(f"unknown index type {self.index_type!r}; choose one of {list(INDEX_TYPES + (AUTO,))}")
         for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
@@ -55,6 +61,17 @@ class DenseParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def for_size(self, n: int) -> DenseParams:
+        """These parameters with ``"auto"`` resolved for ``n`` vectors: flat up to
+        :data:`FLAT_MAX`, else IVF with ``nlist`` :func:`auto_nlist` ``(n)`` and ``nprobe`` at least
+        ``nlist / 16`` (about 6% of the cells per query); other types unchanged."""
+        if self.index_type != AUTO:
+            return self
+        if n <= FLAT_MAX:
+            return replace(self, index_type="flat")
+        nlist = self.nlist or auto_nlist(n)
+        return replace(self, index_type="ivf", nlist=nlist, nprobe=max(self.nprobe, nlist // 16))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DenseParams:
@@ -75,7 +92,7 @@ def create_index(faiss: Any, dim: int, params: DenseParams) -> Any:
     Raises:
         ValidationError: ``ivf``, which must be trained first (:func:`train_ivf`).
     """
-    if params.index_type == "flat":
+    if params.index_type in ("flat", AUTO):  # an empty index: auto is flat until rebuilt with vectors
         return faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
     if params.index_type == "hnsw":
         hnsw = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)

@@ -36,7 +36,8 @@ def index_build(
     no_dense: Annotated[bool, typer.Option("--no-dense", help="Skip dense vectors (BM25 only).")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Encoding batch size.")] = 64,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index directory.")] = False,
-    index_type: Annotated[str, typer.Option("--index-type", help="Vector index: flat (exact), hnsw or ivf.")] = "flat",
+    index_type: Annotated[str, typer.Option("--index-type", help="Vector index: auto (flat, exact, up to 100,000 vectors; "
+                                            "else ivf with nlist ~ sqrt(n)), flat, hnsw or ivf.")] = "auto",
     hnsw_m: Annotated[int, typer.Option("--hnsw-m", help="HNSW links per node (M).")] = 32,
     ef_construction: Annotated[int, typer.Option("--ef-construction", help="HNSW efConstruction.")] = 100,
     ef_search: Annotated[int, typer.Option("--ef-search", help="HNSW default efSearch.")] = 64,

@@ -221,3 +221,21 @@ def test_a_query_seen_recently_is_not_encoded_again() -> None:
     assert again.tolist() == [first[1].tolist(), [8.0, 1.0], first[0].tolist()] and again.dtype == np.float32
     again[0, 0] = -1.0  # a caller's copy: the kept vector is not changed
     assert enc.encode_queries(["statins"]).tolist() == [[7.0, 1.0]] and len(calls) == 2
+
+
+def test_auto_index_type_by_size() -> None:
+    """``auto`` keeps up to 100k vectors exact and builds IVF above, its cells and probes recorded."""
+    from heedrank.index.dense_build import FLAT_MAX
+
+    auto = DenseParams(index_type="auto")
+    assert auto.for_size(FLAT_MAX).index_type == "flat"
+    big = auto.for_size(1_000_000)
+    assert (big.index_type, big.nlist, big.nprobe) == ("ivf", 1000, 62)
+    assert DenseParams(index_type="hnsw").for_size(10**7).index_type == "hnsw"  # an explicit type is kept
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    ix = DenseIndex.build(x / np.linalg.norm(x, axis=1, keepdims=True), np.arange(50, dtype=np.int64), auto)
+    assert ix.kind == "flat" and ix.params.index_type == "flat"
+    assert DenseIndex(8, auto).kind == "flat"
+    with pytest.raises(ValidationError, match="auto"):
+        DenseParams(index_type="annoy")
