@@ -4,24 +4,18 @@ numbers; no LM, no index."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "list_independence.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("heedrank_bench_list_independence", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from bench_modules import load_bench
+
+    return load_bench("list_independence")
 
 
 def test_roc_auc(bench) -> None:

@@ -3,25 +3,19 @@ tiny shape on CPU and prints its table; the ``7b`` preset is Mistral-7B's shape 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "model_shape.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("heedrank_bench_model_shape", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    from bench_modules import load_bench
+
+    return load_bench("model_shape")
 
 
 def test_tiny_shape_on_cpu_prints_the_table(bench, capsys) -> None:

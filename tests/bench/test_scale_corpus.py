@@ -3,23 +3,18 @@ documents, then distractors of whole real sentences; the same seed writes the sa
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale_corpus.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("heedrank_bench_scale_corpus", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from bench_modules import load_bench
+
+    return load_bench("scale_corpus")
 
 
 def _rows(folder: Path) -> list[dict]:
