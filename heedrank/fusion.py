@@ -18,6 +18,8 @@ imports neither at import time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -127,17 +129,55 @@ def rrf(rank: Any, k: float = RRF_K) -> Any:
     return 1.0 / (k + rank)
 
 
-def sigmoid(x: float) -> float:
-    """The logistic function ``1 / (1 + exp(-x))`` of a float, computed without overflow
-    for large ``|x|``.
+def sigmoid(x: Any) -> Any:
+    """The logistic function ``1 / (1 + exp(-x))``, computed without overflow for large ``|x|``.
+
+    Args:
+        x: A float, or a numpy array of any shape.
 
     Returns:
-        A float in ``[0, 1]``.
+        A float in ``[0, 1]`` for a float; else a float64 array of ``x``'s shape.
     """
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
+    if isinstance(x, (int, float)):
+        if x >= 0:
+            return 1.0 / (1.0 + math.exp(-x))
+        e = math.exp(x)
+        return e / (1.0 + e)
+    import numpy as np
+
+    return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
+
+
+@dataclass(frozen=True)
+class Standardizer:
+    """Fixed statistics of :func:`standardize`, fitted once (a model's training features) and
+    applied to other data: ``(x - mean) / std`` per column.
+
+    Attributes:
+        mean: float64 ``(F,)`` column means.
+        std: float64 ``(F,)`` column standard deviations (population), 1 for a constant column
+            (``<= EPS``), so it maps to zeros.
+    """
+
+    mean: Any
+    std: Any
+
+    @classmethod
+    def fit(cls, x: Any, weights: Any = None) -> Standardizer:
+        """The statistics of ``x`` (float ``(N, F)``, or ``(N,)`` as one column) over its rows,
+        weighted by ``weights`` (``(N,)``, non-negative) when given."""
+        import numpy as np
+
+        x = np.asarray(x, dtype=np.float64)
+        mean = np.average(x, axis=0, weights=weights)
+        std = np.sqrt(np.average((x - mean) ** 2, axis=0, weights=weights))
+        return cls(mean, np.where(std > EPS, std, 1.0))
+
+    def __call__(self, x: Any) -> Any:
+        """``(x - mean) / std``, float64."""
+        import numpy as np
+
+        return (np.asarray(x, dtype=np.float64) - self.mean) / self.std
 
 
 def fuse(first_stage: Any, reranker: Any, alpha: float) -> Any:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from heedrank.config import RerankerConfig
 from heedrank.errors import ValidationError
+from heedrank.lab.train.losses import weighted_listwise_loss
 from heedrank.lab.train.loop import Checkpoints, LoopConfig, run_loop
 from heedrank.reranker.options import CachedBlockRankOptions
 from heedrank.types import Document
@@ -123,8 +124,9 @@ def example_losses(reranker: BlockRankReranker, ex: TrainingExample, cfg: TrainC
         ntp = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(answer, device=logits.device))
     S = signal_scores(cap.out[layer], len(prompt.instruction_ids), prompt.doc_lengths)
     z = S / cfg.tau
-    pos = torch.tensor(list(ex.positives), device=z.device)
-    aux = -(torch.logsumexp(z[pos], 0) - torch.logsumexp(z, 0))
+    gains = torch.zeros_like(z)
+    gains[torch.tensor(list(ex.positives), device=z.device)] = 1.0
+    aux = weighted_listwise_loss(z, gains)  # minus the log of the positives' softmax mass
     total = cfg.aux_lambda * aux if ntp is None else ntp + cfg.aux_lambda * aux
     return {"total": total, "aux": aux, "ntp": ntp}
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from heedrank.errors import NotFoundError, ValidationError
 from heedrank.lab.study import QueryItem, design, ndcg10, variant_run
+from heedrank.lab.train.losses import weighted_listwise_loss
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def fit_listwise(
                 pair = torch.nn.functional.softplus(-(s[:, None] - s[None, :]))[better]
                 total = total + (lam * pair).sum() / lam.sum().clamp_min(1e-12)
             else:
-                total = total - torch.logsumexp(s + torch.log(y.clamp_min(1e-30)), 0) + torch.logsumexp(s, 0)
+                total = total + weighted_listwise_loss(s, y)
         total = total / len(Xs) + l2 * (w * w).sum()
         total.backward()
         opt.step()

@@ -4,7 +4,7 @@ section 2).
 
 :func:`detect_heads` scores every (layer, head) on a dump of a train split (QRScore, or the
 nDCG@10 of the head alone) and keeps the ``top_k``; :func:`fit_head_weights` learns a weight
-per head with the group contrastive loss (:func:`group_contrastive_loss`), early-stopped on
+per head with the group contrastive loss (:func:`heedrank.lab.train.losses.group_contrastive_loss`), early-stopped on
 held-out queries. Both write :class:`heedrank.reranker.heads.HeadSet` files that ICR serves
 (``heads=qr`` / ``heads=learned``).
 """
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from heedrank.errors import ValidationError
 from heedrank.eval.report import load_dump
+from heedrank.lab.train.losses import group_contrastive_loss
 
 if TYPE_CHECKING:
     from heedrank.reranker.heads import HeadSet
@@ -63,30 +64,6 @@ def detect_heads(dump_dir: str | Path, *, method: str = "qrscore", top_k: int = 
         detection={**{k: meta.get(k) for k in ("dataset", "split", "first_stage", "candidates", "seed", "shuffle")},
                    "queries": used, "top_k": top_k, "mask_std": mask_std},
     )
-
-
-def _scaled(s: Any, lo: float = 0.0, hi: float = 8.0) -> Any:
-    mn, mx = s.min(), s.max()
-    return lo + (hi - lo) * (s - mn) / (mx - mn + 1e-9)
-
-
-def group_contrastive_loss(scores: Any, gold: Any) -> Any:
-    """``-mean_{p in G} log(e^{s_p} / (e^{s_p} + sum_{n not in G} e^{s_n}))`` after min-max
-    scaling the query's scores to [0, 8] (docs/design/algorithms.md section 2).
-
-    Args:
-        scores: ``(N,)`` float tensor, one score per candidate.
-        gold: ``(N,)`` bool tensor, the relevant candidates (at least one).
-
-    Returns:
-        0-d float tensor (differentiable in ``scores``).
-    """
-    import torch
-
-    s = _scaled(scores)
-    neg = torch.logsumexp(s[~gold], dim=0) if (~gold).any() else torch.tensor(float("-inf"))
-    pos = s[gold]
-    return -(pos - torch.logaddexp(pos, neg)).mean()
 
 
 def fit_head_weights(

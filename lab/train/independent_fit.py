@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from heedrank.fusion import fuse
+from heedrank.fusion import Standardizer, fuse, sigmoid
 from heedrank.lab.study import QueryItem, load_items, ndcg10
 from heedrank.reranker.cached.independent import GROUPS
 
@@ -103,7 +103,7 @@ def mean_f1(items: Sequence[QueryItem], scores: Mapping[str, np.ndarray], thresh
     the relevant ones (grade >= ``rel``); a query with neither scores 1, with one of them 0."""
     out = []
     for it in items:
-        keep = 1.0 / (1.0 + np.exp(-scores[it.query_id])) >= threshold
+        keep = sigmoid(scores[it.query_id]) >= threshold
         relevant = it.labels >= rel
         tp = int((keep & relevant).sum())
         denominator = int(keep.sum()) + int(relevant.sum())
@@ -138,25 +138,25 @@ def fit_independent(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping
     for name, (path, rel) in tests.items():
         meta, its = load_items(path)
         sets[name] = (its, meta["qrels"], rel)
-    best: tuple[float, float, Sequence[str], Any, Any, Any] | None = None
+    best: tuple[float, float, Sequence[str], Any, Standardizer] | None = None
     for groups in group_sets:
         X = np.concatenate([features(it, groups) for it in items])
-        mu, sd = X.mean(0), X.std(0)
-        sd = np.where(sd > 1e-9, sd, 1.0)
-        Z = (X - mu) / sd
+        st = Standardizer.fit(X)
+        Z = st(X)
         for c in cs:
             model = LogisticRegression(C=c, max_iter=5000).fit(Z, y)
-            s = {it.query_id: model.decision_function((features(it, groups) - mu) / sd) for it in dev_items}
+            s = {it.query_id: model.decision_function(st(features(it, groups))) for it in dev_items}
             value = _mean_ndcg(dev_items, s, sets["dev"][1])
             logger.info("independent fit: groups %s C=%g dev nDCG@10 %.2f", ",".join(groups), c, value)
             if best is None or value > best[0]:
-                best = (value, c, groups, model, mu, sd)
+                best = (value, c, groups, model, st)
     assert best is not None
-    _, c, chosen, model, mu, sd = best
+    _, c, chosen, model, st = best
+    mu, sd = st.mean, st.std
     # Platt scaling of the chosen score on the training pairs (unregularised): the L2 that ranks
     # best on dev shrinks the log-odds, and the probability must mean what it says
     X = np.concatenate([features(it, chosen) for it in items])
-    raw = model.decision_function((X - mu) / sd)
+    raw = model.decision_function(st(X))
     platt = LogisticRegression(C=1e6, max_iter=5000).fit(raw[:, None], y)
     a, b = float(platt.coef_[0][0]), float(platt.intercept_[0])
     layers, heads = dev_items[0].features["independent"].shape[1:3]
@@ -184,8 +184,8 @@ def fit_independent(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping
     report: dict[str, Any] = {}
     for name, (its, qrels, rel) in sets.items():
         first = {it.query_id: it.first_stage for it in its}
-        p = 1.0 / (1.0 + np.exp(-np.concatenate([scores[name][it.query_id] for it in its])))
-        pf = 1.0 / (1.0 + np.exp(-np.concatenate([fused_logits[name][it.query_id] for it in its])))
+        p = sigmoid(np.concatenate([scores[name][it.query_id] for it in its]))
+        pf = sigmoid(np.concatenate([fused_logits[name][it.query_id] for it in its]))
         labels = np.concatenate([(it.labels >= rel).astype(int) for it in its])
         report[name] = {
             "first stage": _mean_ndcg(its, first, qrels),

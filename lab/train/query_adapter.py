@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from heedrank.errors import ValidationError
 from heedrank.reranker.adapters import adapter_state, inject_lora, save_adapter
 from heedrank.lab.train.loop import Checkpoints, LoopConfig, run_loop
+from heedrank.lab.train.losses import listwise_loss, pairwise_loss
 from heedrank.types import Document
 
 if TYPE_CHECKING:
@@ -185,33 +186,6 @@ def differentiable_scores(reranker: CachedBlockRankReranker, prompt: Any, kv: An
     feats = per_head_document_mass(mean_attention(prompt.query_ids), L0, lengths, layers,
                                    minus=mean_attention(prompt.calib_ids))
     return linear_head_scores(feats, weights.double())
-
-
-def listwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
-    """``-log sum_pos softmax(scores / tau)`` with positives weighted ``2^grade - 1``
-    (the study's objective, every positive counted)."""
-    import torch
-
-    g = torch.tensor([float(x) for x in grades], dtype=torch.float64)
-    w = torch.where(g > 0, 2.0 ** g - 1.0, torch.zeros_like(g))
-    s = scores / tau
-    return torch.logsumexp(s, 0) - torch.logsumexp(s + torch.log(w.clamp_min(1e-30)), 0)
-
-
-def pairwise_loss(scores: Any, grades: Sequence[int], tau: float) -> Any:
-    """RankNet (Burges et al. 2005): the mean over candidate pairs ``(i, j)`` with
-    ``grade_i > grade_j`` of ``log(1 + exp(-(s_i - s_j) / tau))``, each pair weighted
-    ``grade_i - grade_j`` (the study's pairwise fit, :func:`heedrank.lab.train.head_fit.fit_listwise`). ``scores``:
-    ``(N,)`` float tensor; a list without two grades gives 0 (no gradient)."""
-    import torch
-
-    g = torch.tensor([float(x) for x in grades], dtype=scores.dtype)
-    gap = g[:, None] - g[None, :]
-    w = gap.clamp_min(0.0)
-    if float(w.sum()) == 0.0:
-        return scores.sum() * 0.0
-    diff = (scores[:, None] - scores[None, :]) / tau
-    return (torch.nn.functional.softplus(-diff) * w).sum() / w.sum()
 
 
 def sample_candidates(ex: RankingExample, max_candidates: int, max_positives: int, rng: random.Random

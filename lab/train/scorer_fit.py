@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from heedrank.fusion import Standardizer, sigmoid
 from heedrank.lab.study import QueryItem, load_items, ndcg10
 from heedrank.lab.train.independent_fit import THRESHOLDS, auc, ece, mean_f1
 from heedrank.scorer import FEATURES, rank_feature
@@ -205,8 +206,8 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         sets[name] = (its, meta["qrels"], rel)
 
     X_all = {u: np.nan_to_num(np.concatenate([f[u] for _, f, _, _ in rows]), nan=0.0) for u in features}
-    mu = {u: float(np.average(X_all[u], weights=weight)) for u in features}
-    sd = {u: float(np.sqrt(np.average((X_all[u] - mu[u]) ** 2, weights=weight))) or 1.0 for u in features}
+    st = Standardizer.fit(np.stack([X_all[u] for u in features], axis=1), weight)
+    mu, sd = dict(zip(features, st.mean.tolist())), dict(zip(features, st.std.tolist()))
 
     def fit(uses: Sequence[str], c: float) -> tuple[np.ndarray, float]:
         X = np.stack([(X_all[u] - mu[u]) / sd[u] for u in uses], axis=1)
@@ -253,7 +254,7 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
                 fig["p_vs_first_stage"] = _p(per, first)
                 if "dense" in single:
                     fig["p_vs_dense"] = _p(per, single["dense"])
-                prob = 1.0 / (1.0 + np.exp(-np.concatenate([sc[it.query_id] for it in listed])))
+                prob = sigmoid(np.concatenate([sc[it.query_id] for it in listed]))
                 labels = np.concatenate([(it.labels >= rel).astype(int) for it in listed])
                 fig.update(auc=auc(prob, labels), ece=ece(prob, labels), mean_p=float(prob.mean()),
                            base_rate=float(labels.mean()))

@@ -85,3 +85,24 @@ def test_torch_matches_numpy() -> None:
     assert np.allclose(minmax(t).numpy(), minmax(x))
     assert np.allclose(standardized_weights(t, tw).numpy(), standardized_weights(x, w))
     assert np.allclose(rrf(torch.arange(1, 4)).numpy(), rrf(np.arange(1, 4)))
+
+
+def test_sigmoid_of_an_array_is_elementwise_and_finite() -> None:
+    from heedrank.fusion import sigmoid
+
+    x = np.array([[-800.0, -1.0], [0.0, 800.0]])
+    got = sigmoid(x)
+    assert got.shape == (2, 2) and np.isfinite(got).all()
+    assert got.ravel().tolist() == pytest.approx([0.0, sigmoid(-1.0), 0.5, 1.0], abs=1e-15)
+
+
+def test_a_standardizer_keeps_its_training_statistics() -> None:
+    from heedrank.fusion import Standardizer, standardize
+
+    x = np.array([[1.0, 5.0], [3.0, 5.0], [5.0, 5.0]])
+    st = Standardizer.fit(x)
+    assert st.mean.tolist() == [3.0, 5.0] and st.std.tolist() == pytest.approx([np.sqrt(8 / 3), 1.0])
+    assert st(x) == pytest.approx(standardize(x))  # on its own data: the z-score, a constant column 0
+    assert st(np.array([[3.0, 6.0]])).tolist() == [[0.0, 1.0]]  # other data: the training statistics
+    w = Standardizer.fit(np.array([[0.0], [10.0]]), weights=np.array([3.0, 1.0]))
+    assert w.mean.tolist() == [2.5] and w.std.tolist() == pytest.approx([np.sqrt(18.75)])

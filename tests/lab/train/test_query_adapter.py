@@ -27,11 +27,10 @@ from heedrank.lab.train.query_adapter import (  # noqa: E402
     base_instruction_kv,
     context_for,
     differentiable_scores,
-    listwise_loss,
-    pairwise_loss,
     sample_candidates,
     train_query_adapter,
 )
+from heedrank.lab.train.losses import listwise_loss, pairwise_loss  # noqa: E402
 from heedrank.types import Document, Query  # noqa: E402
 from adapter_helpers import random_query_adapter  # noqa: E402
 
