@@ -133,11 +133,11 @@ class VectorCheckpoint:
         folder.mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def for_build(cls, out: Path, corpus_file: Path, encoder: Any, passages: Any, chunk: int) -> VectorCheckpoint:
-        """The checkpoint of building ``out`` from ``corpus_file`` with ``encoder`` (its
+    def for_build(cls, out: Path, corpus_sha256: str, encoder: Any, passages: Any, chunk: int) -> VectorCheckpoint:
+        """The checkpoint of building ``out`` from the corpus file of ``corpus_sha256`` with ``encoder`` (its
         ``describe()``), ``passages`` and ``chunk`` documents per chunk: the same arguments
         name the same folder."""
-        key = json.dumps({"corpus": file_sha256(corpus_file), "encoder": encoder.describe(),
+        key = json.dumps({"corpus": corpus_sha256, "encoder": encoder.describe(),
                           "passages": passages.to_dict() if passages is not None else None, "chunk": chunk},
                          sort_keys=True, default=str)
         digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
@@ -268,7 +268,8 @@ def build_index(
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     chunk = max(_READ_BATCH, batch_size * 8)
-    checkpoint = VectorCheckpoint.for_build(out, corpus_file, encoder, passages, chunk) if encoder is not None else None
+    corpus_sha = file_sha256(corpus_file)  # once: the checkpoint's name and params.json
+    checkpoint = VectorCheckpoint.for_build(out, corpus_sha, encoder, passages, chunk) if encoder is not None else None
     if checkpoint is not None and checkpoint.done():
         logger.info("resuming: the vectors of %d chunks of %d documents are already encoded (%s)", checkpoint.done(),
                     chunk, checkpoint.folder)
@@ -322,7 +323,8 @@ def build_index(
             logger.info("%s vector index of %d vectors built in %.1f s", vectors.kind, len(vectors), stages["faiss"])
         store.close()
 
-        params = _index_params(corpus, corpus_file, metadata, matched, n, bm25, vectors, encoder, passages, planner)
+        params = _index_params(corpus, corpus_file, corpus_sha, metadata, matched, n, bm25, vectors, encoder, passages,
+                               planner)
         params["build_seconds"] = round(time.perf_counter() - t0, 3)
         params["build_stages"] = {k: round(v, 3) for k, v in stages.items()}
         (tmp / PARAMS_FILE).write_text(json.dumps(params, indent=2) + "\n")
@@ -372,8 +374,8 @@ def _with_metadata(batch: Sequence[Document], extra: Mapping[str, Mapping[str, A
     return merged, matched
 
 
-def _index_params(corpus: Path, corpus_file: Path, metadata: str | Path | None, matched: int, n: int, bm25: Any,
-                  vectors: Any, encoder: Any, passages: Any, planner: Any) -> dict[str, Any]:
+def _index_params(corpus: Path, corpus_file: Path, corpus_sha: str, metadata: str | Path | None, matched: int, n: int,
+                  bm25: Any, vectors: Any, encoder: Any, passages: Any, planner: Any) -> dict[str, Any]:
     """``params.json`` of a built index (:func:`build_index`, "Returns"), ``build_seconds`` unset."""
     from heedrank.index.dense import VECTORS_FILE
 
@@ -381,7 +383,7 @@ def _index_params(corpus: Path, corpus_file: Path, metadata: str | Path | None, 
         "format_version": FORMAT_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "build_seconds": None,
-        "corpus": {"path": str(corpus), "file": str(corpus_file), "sha256": file_sha256(corpus_file)},
+        "corpus": {"path": str(corpus), "file": str(corpus_file), "sha256": corpus_sha},
         "metadata_file": (
             {"path": str(Path(metadata).absolute()), "sha256": file_sha256(Path(metadata)), "matched_docs": matched}
             if metadata is not None else None
