@@ -1,15 +1,18 @@
 """Documents per second of the packaged embedder (all-MiniLM-L6-v2) on CPU, side by side in one run:
-float32 PyTorch (today's index build) against PyTorch's dynamic int8 quantisation of its linear
-layers (``torch.ao.quantization.quantize_dynamic``, weights int8, activations quantised per batch:
-no new dependency), with the vectors' agreement to float32.
+float32 PyTorch, PyTorch's dynamic int8 quantisation of its linear layers
+(``torch.ao.quantization.quantize_dynamic``), the fused float32 ONNX Runtime graph the index build
+uses by default (:mod:`heedrank.index.onnx_runtime`), and that graph with int8 weights
+(``onnxruntime.quantization.quantize_dynamic``, per channel: measured, not kept), with the vectors'
+agreement to float32.
 
 For each variant: documents per second encoding the first ``--docs`` NFCorpus documents (their
 ``title + " " + text``, as the index encodes them) at ``--batch-size``, after one warm-up batch;
+the median time to encode one 8-word query alone (as ``/search`` does);
 the cosine of each document's vector with its float32 vector (median, min); and, with
 ``--ndcg``, NFCorpus test dense nDCG@10 with the whole corpus encoded by the variant (exact inner
 product; the quality bar: within 0.2 of float32).
 
-    python bench/embed_speed.py --docs 512 [--batch-size 64] [--threads 2] [--ndcg]
+    python bench/embed_speed.py --docs 512 [--source nfcorpus|passages] [--batch-size 64] [--threads 2] [--ndcg]
 
 Prints one markdown table.
 """
@@ -31,6 +34,14 @@ import numpy as np
 DATA = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
+def passages(n: int) -> list[str]:
+    """``n`` TREC DL passages (the DL19/21/22 first-stage runs' texts, in id order)."""
+    from scale_corpus import dl_passages  # bench/ is the script's folder
+
+    texts = dl_passages(DATA)
+    return [texts[k] for k in sorted(texts)[:n]]
+
+
 def corpus(n: int | None) -> tuple[list[str], list[str]]:
     """The first ``n`` (``None``: all) NFCorpus documents' ids and contents."""
     ids, texts = [], []
@@ -44,8 +55,8 @@ def corpus(n: int | None) -> tuple[list[str], list[str]]:
     return ids, texts
 
 
-def variants() -> dict[str, Callable[[Any], Any]]:
-    """``{name: convert the Hugging Face model in place}`` of the runtimes compared."""
+def variants() -> dict[str, tuple[str, Callable[[Any], Any]]]:
+    """``{name: (encoder runtime, convert the Hugging Face model in place)}`` of the runtimes compared."""
     import torch
 
     def int8(model: Any) -> Any:
@@ -55,7 +66,27 @@ def variants() -> dict[str, Callable[[Any], Any]]:
             warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
             return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
-    return {"float32 (today)": lambda m: m, "int8 dynamic (torch)": int8}
+    def same(model: Any) -> Any:
+        return model
+
+    return {"float32 (torch)": ("torch", same), "int8 dynamic (torch)": ("torch", int8),
+            "float32 (ONNX Runtime, fused: the default)": ("onnx", same),
+            "int8 (ONNX Runtime, fused)": ("onnx-int8", same)}
+
+
+def onnx_int8(enc: Any) -> None:
+    """Run ``enc`` (on the ``onnx`` runtime) on its fused graph with int8 weights, quantised here
+    once into the cache beside the fused file."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from heedrank.index.onnx_runtime import onnx_model, run_on_onnx
+
+    fused = onnx_model(enc.model_dir, enc.sha256)
+    int8 = fused.with_name(fused.stem + "-int8.onnx")
+    if not int8.is_file():
+        quantize_dynamic(str(fused), str(int8), weight_type=QuantType.QInt8, per_channel=True,
+                         extra_options={"DefaultTensorType": 1})  # 1 = float: the fused ops' outputs
+    run_on_onnx(enc.model, int8)
 
 
 def ndcg10(encode: Callable[[list[str]], np.ndarray]) -> float:
@@ -79,6 +110,8 @@ def ndcg10(encode: Callable[[list[str]], np.ndarray]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=512)
+    ap.add_argument("--source", choices=("nfcorpus", "passages"), default="nfcorpus",
+                    help="NFCorpus documents (mostly cut at 256 word pieces) or TREC DL passages.")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ndcg", action="store_true", help="Also NFCorpus test dense nDCG@10 per variant (minutes each).")
@@ -88,10 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     from heedrank.index.encoder import SentenceTransformerEncoder
 
     torch.set_num_threads(args.threads)
-    _, texts = corpus(args.docs)
+    texts = corpus(args.docs)[1] if args.source == "nfcorpus" else passages(args.docs)
     rows, base = [], None
-    for name, convert in variants().items():
-        enc = SentenceTransformerEncoder(batch_size=args.batch_size)
+    for name, (runtime, convert) in variants().items():
+        enc = SentenceTransformerEncoder(batch_size=args.batch_size, runtime="onnx" if runtime == "onnx-int8" else runtime)
+        if runtime == "onnx-int8":
+            onnx_int8(enc)
         model = enc.model
         convert(model[0].model)  # the Hugging Face model inside sentence-transformers' Transformer module, in place
 
@@ -103,15 +138,22 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         vecs = encode(texts)
         rate = len(texts) / (time.perf_counter() - t0)
+        one = []
+        for text in texts[:50]:  # one short query at a time, as /search encodes it
+            t1 = time.perf_counter()
+            encode([" ".join(text.split()[:8])])
+            one.append(time.perf_counter() - t1)
         base = vecs if base is None else base
         cos = np.sum(vecs * base, axis=1)
-        row = {"variant": name, "docs/s": round(rate, 1), "cos median": round(float(np.median(cos)), 4),
+        row = {"variant": name, "docs/s": round(rate, 1), "query p50 (ms)": round(1000 * float(np.median(one)), 1), "cos median": round(float(np.median(cos)), 4),
                "cos min": round(float(cos.min()), 4)}
         if args.ndcg:
             row["NFCorpus dense nDCG@10"] = round(ndcg10(encode), 2)
         rows.append(row)
     keys = list(rows[0])
-    print(f"{args.docs} NFCorpus documents, batch {args.batch_size}, {args.threads} torch threads")
+    what = "NFCorpus documents" if args.source == "nfcorpus" else "TREC DL passages"
+    mean = sum(len(t.split()) for t in texts) / max(len(texts), 1)
+    print(f"{len(texts)} {what} ({mean:.0f} words on average), batch {args.batch_size}, {args.threads} torch threads")
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for r in rows:

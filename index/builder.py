@@ -194,6 +194,7 @@ def build_index(
     bm25_params: Any = None,
     planner: Any = None,
     encoder: Any = None,
+    embedder_runtime: str = "auto",
 ) -> dict[str, Any]:
     """Build an index directory over a BEIR corpus.
 
@@ -212,7 +213,8 @@ def build_index(
         overwrite: Replace an existing non-empty ``out``.
         show_progress: tqdm bar over documents; log lines every ~10% instead when stderr is not a TTY.
         dense_params: :class:`heedrank.index.dense.DenseParams` (index type flat / hnsw / ivf and
-            its parameters); default: flat.
+            its parameters); default: ``auto`` (flat up to 100,000 vectors, else IVF:
+            :meth:`heedrank.index.dense.DenseParams.for_size`).
         passages: :class:`heedrank.index.passages.PassageParams` to encode long documents as
             passages scored by their maximum (MaxP); default: one vector per document
             (the encoder truncates).
@@ -224,6 +226,10 @@ def build_index(
         encoder: An :class:`heedrank.protocols.Encoder` to use instead of loading
             ``embedder`` (e.g. :class:`heedrank.index.hashing.HashingEncoder` in tests); open the
             index with the same encoder (``Index.open(path, encoder=...)``).
+        embedder_runtime: ``"auto"`` (ONNX Runtime for a BERT-family embedder when
+            ``onnxruntime`` is installed, else PyTorch), ``"torch"`` or ``"onnx"``
+            (:mod:`heedrank.index.onnx_runtime`: the same vectors, faster); recorded in
+            ``dense.embedder.runtime``, and queries are encoded with it.
 
     Returns:
         The content of ``params.json``: ``format_version``, ``created`` (UTC ISO 8601),
@@ -246,7 +252,7 @@ def build_index(
     from heedrank.index.passages import encode_documents, labels_for
     from heedrank.index.planner import PlannerParams
 
-    dense_params = dense_params or DenseParams()
+    dense_params = dense_params or DenseParams(index_type="auto")  # flat up to FLAT_MAX vectors, else IVF
     planner = planner or PlannerParams()
 
     t0 = time.perf_counter()
@@ -259,7 +265,7 @@ def build_index(
     if not dense:
         encoder = None
     elif encoder is None:
-        encoder = _load_encoder(embedder, batch_size, query_prefix, document_prefix)
+        encoder = _load_encoder(embedder, batch_size, query_prefix, document_prefix, embedder_runtime)
 
     total = len(load_beir_corpus(corpus_file))
     if total == 0:
@@ -348,9 +354,10 @@ def _lap(stages: dict[str, float], stage: str, since: float) -> float:
 
 
 def _load_encoder(embedder: str | None, batch_size: int, query_prefix: str | None,
-                  document_prefix: str | None) -> Any:
-    """The sentence-transformers encoder of ``embedder`` (``None``: the packaged MiniLM) with
-    the model's known prefixes unless given (:func:`heedrank.index.encoder.default_prefixes`)."""
+                  document_prefix: str | None, runtime: str) -> Any:
+    """The sentence-transformers encoder of ``embedder`` (``None``: the packaged MiniLM) on
+    ``runtime``, with the model's known prefixes unless given
+    (:func:`heedrank.index.encoder.default_prefixes`)."""
     from heedrank.index.encoder import SentenceTransformerEncoder, default_prefixes
 
     qp, dp = default_prefixes(embedder)
@@ -358,6 +365,7 @@ def _load_encoder(embedder: str | None, batch_size: int, query_prefix: str | Non
         embedder, batch_size=batch_size,
         query_prefix=qp if query_prefix is None else query_prefix,
         document_prefix=dp if document_prefix is None else document_prefix,
+        runtime=runtime,
     )
 
 

@@ -84,6 +84,16 @@ def weights_file(model_dir: Path) -> Path:
 
 
 
+def _model_type(model_dir: Path) -> str:
+    """``model_type`` of ``model_dir/config.json`` (``""`` when unreadable), without loading it."""
+    import json
+
+    try:
+        return str(json.loads((model_dir / "config.json").read_text()).get("model_type") or "")
+    except (OSError, ValueError):
+        return ""
+
+
 def model_sha256(model: str | Path | None) -> str:
     """sha256 of an embedder's weights file, without loading the model. Raises ModelLoadError."""
     return file_sha256(weights_file(resolve_model_dir(model)))
@@ -147,6 +157,9 @@ class SentenceTransformerEncoder:
         device: torch device (``"cpu"``, ``"cuda"``).
         query_prefix: Prepended to every query (e.g. ``"query: "`` for E5 models).
         document_prefix: Prepended to every document.
+        runtime: ``"torch"`` (PyTorch), ``"onnx"`` (the fused graph on ONNX Runtime, same vectors:
+            :mod:`heedrank.index.onnx_runtime`) or ``"auto"`` (``onnx`` for a BERT-family model
+            when ``onnxruntime`` is installed, else ``torch``); resolved at construction.
 
     Raises:
         ModelLoadError: the directory or its weights are missing (at construction), or
@@ -165,8 +178,12 @@ class SentenceTransformerEncoder:
         device: str = "cpu",
         query_prefix: str = "",
         document_prefix: str = "",
+        runtime: str = "torch",
     ) -> None:
+        from heedrank.index.onnx_runtime import resolve_runtime
+
         self.model_dir = resolve_model_dir(model_dir)
+        self.runtime = resolve_runtime(runtime, _model_type(self.model_dir))
         self.weights = weights_file(self.model_dir)
         self.batch_size = batch_size
         self.device = device
@@ -194,9 +211,14 @@ class SentenceTransformerEncoder:
         st = require("sentence_transformers", "index")
         logger.info("loading embedder %s on %s", self.model_dir, self.device)
         try:
-            return st.SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
+            model = st.SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - any loader failure means the model is unusable
             raise ModelLoadError(f"could not load embedder from {self.model_dir}: {exc}") from exc
+        if self.runtime != "torch":
+            from heedrank.index.onnx_runtime import onnx_model, run_on_onnx
+
+            run_on_onnx(model, onnx_model(self.model_dir, self.sha256))
+        return model
 
     @property
     def name(self) -> str:
@@ -286,7 +308,8 @@ class SentenceTransformerEncoder:
         return self._encode_stream(texts, self.document_prefix, total, "encode documents", show_progress)
 
     def describe(self) -> dict[str, Any]:
-        """Identity for params.json and reports: name, path, weights sha256, dim, max_seq_length."""
+        """Identity for params.json and reports: name, path, weights sha256, dim, max_seq_length,
+        runtime (an index encodes its queries with the runtime that built it)."""
         return {
             "name": self.name,
             "path": str(self.model_dir),
@@ -294,6 +317,7 @@ class SentenceTransformerEncoder:
             "sha256": self.sha256,
             "dim": self.dim,
             "max_seq_length": self.max_seq_length,
+            "runtime": self.runtime,
             "query_prefix": self.query_prefix,
             "document_prefix": self.document_prefix,
             "normalized": True,
@@ -301,4 +325,4 @@ class SentenceTransformerEncoder:
         }
 
     def __repr__(self) -> str:
-        return f"SentenceTransformerEncoder({str(self.model_dir)!r}, device={self.device!r})"
+        return f"SentenceTransformerEncoder({str(self.model_dir)!r}, device={self.device!r}, runtime={self.runtime!r})"

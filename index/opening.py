@@ -100,7 +100,8 @@ def index_from_documents(
 
 def load_encoder(embedder_dir: Path | None, params: Mapping[str, Any]) -> Encoder:
     """The query encoder of the model directory ``embedder_dir`` with the query and document
-    prefixes recorded in the index ``params`` (``params["dense"]["embedder"]``).
+    prefixes and the runtime recorded in the index ``params`` (``params["dense"]["embedder"]``;
+    an index from before runtimes were recorded was built on ``torch``).
 
     Raises:
         ModelLoadError: the model cannot be loaded.
@@ -112,6 +113,7 @@ def load_encoder(embedder_dir: Path | None, params: Mapping[str, Any]) -> Encode
         embedder_dir,
         query_prefix=emb.get("query_prefix", ""),
         document_prefix=emb.get("document_prefix", ""),
+        runtime=emb.get("runtime", "torch"),
     )
 
 

@@ -35,6 +35,9 @@ def index_build(
     ] = None,
     no_dense: Annotated[bool, typer.Option("--no-dense", help="Skip dense vectors (BM25 only).")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Encoding batch size.")] = 64,
+    embedder_runtime: Annotated[str, typer.Option(
+        "--embedder-runtime", help="auto (ONNX Runtime for a BERT-family embedder when onnxruntime is "
+        "installed, else torch), torch or onnx: the same vectors; queries are encoded with the same.")] = "auto",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index directory.")] = False,
     index_type: Annotated[str, typer.Option("--index-type", help="Vector index: auto (flat, exact, up to 100,000 vectors; "
                                             "else ivf with nlist ~ sqrt(n)), flat, hnsw or ivf.")] = "auto",
@@ -71,6 +74,7 @@ def index_build(
         corpus, out, embedder=embedder, metadata=metadata, dense=not no_dense,
         batch_size=batch_size, overwrite=overwrite, show_progress=True, dense_params=dense_params,
         passages=chunking, query_prefix=query_prefix, document_prefix=document_prefix,
+        embedder_runtime=embedder_runtime,
     )
     typer.echo(json.dumps(params, indent=2))
 

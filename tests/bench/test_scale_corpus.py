@@ -35,9 +35,11 @@ def test_nfcorpus_first_then_real_documents_then_distractors(bench, nfcorpus_dir
     ids = [r["_id"] for r in rows]
     assert len(set(ids)) == n and ids[-1] == "x0000029"
     assert {i.split("-")[0] for i in ids[3633:n - 30]} == {"scifact", "msmarco"}
-    pool = {s for r in rows[:n - 30] for s in bench.sentences(r["text"])}
+    pool = {s for r in rows[3633:n - 30] for s in bench.sentences(r["text"])}  # not NFCorpus's sentences
     for r in rows[-30:]:  # opens with a whole real sentence (re-splitting may join two: no capital after)
         assert r["title"] == "" and any(r["text"].startswith(s + " ") or r["text"] == s for s in pool), r["_id"]
+    nf_sentences = {s for r in rows[:3633] for s in bench.sentences(r["text"])} - pool
+    assert not any(s in r["text"] for r in rows[-30:] for s in nf_sentences if len(s.split()) > 8)
     assert (out / "qrels" / "test.tsv").read_bytes() == (nfcorpus_dir / "qrels" / "test.tsv").read_bytes()
     again = tmp_path / "b"
     bench.main(["--n", "3700", "--out", str(again), "--data", str(data), "--seed", "3"])

@@ -72,3 +72,16 @@ def test_a_build_failing_on_its_input_leaves_no_checkpoint(tmp_path: Path) -> No
     with pytest.raises(Exception, match="duplicate"):
         build_index(path, tmp_path / "ix", encoder=HashingEncoder(16), show_progress=False)
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_build_without_dense_params_picks_the_index_type_by_size(corpus: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``build_index`` with no ``dense_params`` builds ``auto``: flat up to ``FLAT_MAX`` vectors, else
+    IVF (the API default once built flat at any size: a 1M index searched 1M vectors per query)."""
+    from heedrank.index import dense_build
+
+    assert build_index(corpus, tmp_path / "small", encoder=HashingEncoder(16), show_progress=False)["dense"][
+        "index_type"].endswith("IndexFlatIP)")
+    monkeypatch.setattr(dense_build, "FLAT_MAX", 1000)
+    params = build_index(corpus, tmp_path / "big", encoder=HashingEncoder(16), show_progress=False)
+    assert params["dense"]["params"]["index_type"] == "ivf" and params["dense"]["params"]["nlist"] == 51

@@ -1,0 +1,75 @@
+"""The embedder on ONNX Runtime (:mod:`heedrank.index.onnx_runtime`): which runtime a model gets,
+the converted model against PyTorch (oracle: the same vectors), the conversion cached, and an
+index that encodes its queries with the runtime that built it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heedrank.errors import ValidationError
+from heedrank.index.onnx_runtime import ONNX, TORCH, onnx_model, resolve_runtime
+
+pytest.importorskip("onnxruntime")
+
+TEXTS = [
+    "Vitamin D supplementation and bone mineral density in older women",
+    "Statins lower LDL cholesterol and the risk of cardiovascular events.",
+    "The Eiffel Tower is in Paris.",
+    "A randomised trial of green tea extract for weight loss in obese adults, with outcomes "
+    "measured at 12 weeks and adverse events recorded by the study physicians.",
+]
+
+
+def test_runtime_by_model_type() -> None:
+    assert resolve_runtime("auto", "bert") == ONNX
+    assert resolve_runtime("auto", "xlm-roberta") == TORCH  # not fused here: float32 PyTorch
+    assert resolve_runtime("torch", "bert") == TORCH
+    assert resolve_runtime("onnx", "bert") == ONNX
+    with pytest.raises(ValidationError, match="BERT-family models only"):
+        resolve_runtime("onnx", "mpnet")
+    with pytest.raises(ValidationError, match="unknown embedder runtime"):
+        resolve_runtime("int4", "bert")
+
+
+def test_onnx_vectors_equal_torch_and_the_conversion_is_cached(tmp_path: Path) -> None:
+    """Oracle: the fused ONNX graph of the packaged MiniLM gives PyTorch's vectors (cosine
+    >= 0.9999 each, elements within 1e-3) and so ranks the same documents first."""
+    from heedrank.index.encoder import SentenceTransformerEncoder
+
+    f32 = SentenceTransformerEncoder(runtime="torch")
+    ort = SentenceTransformerEncoder(runtime="onnx")
+    assert ort.runtime == ONNX and ort.describe()["runtime"] == ONNX
+    a, b = f32.encode_documents(TEXTS), ort.encode_documents(TEXTS)
+    assert b.shape == (4, 384) and b.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    cos = np.sum(a * b, axis=1)
+    assert cos.min() >= 0.9999, cos
+    np.testing.assert_allclose(a, b, atol=1e-3)
+    qa = f32.encode_queries(["does vitamin d help bones", "cholesterol drugs"])
+    qb = ort.encode_queries(["does vitamin d help bones", "cholesterol drugs"])
+    assert (np.argmax(qa @ a.T, axis=1) == np.argmax(qb @ b.T, axis=1)).all()
+    assert (np.argmax(qb @ b.T, axis=1) == [0, 1]).all()
+    path = onnx_model(ort.model_dir, ort.sha256)
+    stamp = path.stat().st_mtime_ns
+    assert onnx_model(ort.model_dir, ort.sha256) == path and path.stat().st_mtime_ns == stamp  # not converted again
+
+
+def test_an_index_encodes_queries_with_the_runtime_that_built_it(tmp_path: Path) -> None:
+    from heedrank.index.store import Index
+    from heedrank.index.builder import build_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    params = build_index(corpus, tmp_path / "ix", show_progress=False)  # auto: ONNX Runtime for MiniLM
+    assert params["dense"]["embedder"]["runtime"] == ONNX
+    ix = Index.open(tmp_path / "ix")
+    assert ix.encoder.runtime == ONNX
+    rows, _ = ix.search_dense(ix.encoder.encode_queries(["Paris tower"]), 1)
+    assert rows[0][0] == ["d2"]
+    torch_params = build_index(corpus, tmp_path / "ix32", show_progress=False, embedder_runtime="torch")
+    assert torch_params["dense"]["embedder"]["runtime"] == TORCH
+    assert Index.open(tmp_path / "ix32").encoder.runtime == TORCH
