@@ -178,7 +178,7 @@ class SentenceTransformerEncoder:
         device: str = "cpu",
         query_prefix: str = "",
         document_prefix: str = "",
-        runtime: str = "torch",
+        runtime: str = "auto",
     ) -> None:
         from heedrank.index.onnx_runtime import resolve_runtime
 
