@@ -51,9 +51,10 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def resolve_runtime(runtime: str, model_type: str) -> str:
-    """The runtime ``runtime`` names for a model of ``model_type``: ``auto`` resolved
-    (module docstring). Raises ValidationError: an unknown name, or ``onnx`` for a model
-    this module cannot convert."""
+    """The runtime ``runtime`` names for a model of ``model_type``: ``auto`` resolved (module
+    docstring); ``onnx`` where ``onnxruntime`` is not installed falls back to ``torch`` with a
+    warning (the vectors are the same). Raises ValidationError: an unknown name, or ``onnx`` for a
+    model this module cannot convert."""
     if runtime not in RUNTIMES:
         raise ValidationError(f"unknown embedder runtime {runtime!r}; choose one of {list(RUNTIMES)}")
     if runtime == TORCH:
@@ -62,13 +63,14 @@ def resolve_runtime(runtime: str, model_type: str) -> str:
     if runtime == ONNX and not fusable:
         raise ValidationError(f"embedder runtime {ONNX!r} converts BERT-family models only, not "
                               f"{model_type!r}; use --embedder-runtime torch")
-    if runtime == AUTO:
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            return TORCH
-        return ONNX if fusable else TORCH
-    return ONNX
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        if runtime == ONNX:  # an index built on ONNX Runtime, opened where it is not installed
+            logger.warning("onnxruntime is not installed: the embedder runs on torch (the same vectors, "
+                           "slower); `pip install onnxruntime` to use it")
+        return TORCH
+    return ONNX if fusable else TORCH
 
 
 def onnx_model(model_dir: Path, sha256: str, *, cache: str | os.PathLike[str] | None = None) -> Path:

@@ -35,6 +35,18 @@ def test_runtime_by_model_type() -> None:
         resolve_runtime("int4", "bert")
 
 
+def test_without_onnxruntime_the_same_vectors_come_from_torch(monkeypatch, caplog) -> None:
+    """An index built on ONNX Runtime still opens where ``onnxruntime`` is missing: its queries are
+    encoded on torch (the same vectors), with a warning that says how to get the faster path."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails
+    with caplog.at_level("WARNING", logger="heedrank.index.onnx_runtime"):
+        assert resolve_runtime("onnx", "bert") == TORCH
+    assert "pip install onnxruntime" in caplog.text
+    assert resolve_runtime("auto", "bert") == TORCH
+
+
 def test_onnx_vectors_equal_torch_and_the_conversion_is_cached(tmp_path: Path) -> None:
     """Oracle: the fused ONNX graph of the packaged MiniLM gives PyTorch's vectors (cosine
     >= 0.9999 each, elements within 1e-3) and so ranks the same documents first."""
