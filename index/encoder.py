@@ -159,7 +159,8 @@ class SentenceTransformerEncoder:
         document_prefix: Prepended to every document.
         runtime: ``"torch"`` (PyTorch), ``"onnx"`` (the fused graph on ONNX Runtime, same vectors:
             :mod:`heedrank.index.onnx_runtime`) or ``"auto"`` (``onnx`` for a BERT-family model
-            when ``onnxruntime`` is installed, else ``torch``); resolved at construction.
+            when ``onnxruntime`` is installed, else ``torch``); resolved at construction, and
+            ``auto`` falls back to ``torch`` when the conversion fails at load.
 
     Raises:
         ModelLoadError: the directory or its weights are missing (at construction), or
@@ -183,6 +184,7 @@ class SentenceTransformerEncoder:
         from heedrank.index.onnx_runtime import resolve_runtime
 
         self.model_dir = resolve_model_dir(model_dir)
+        self.asked_runtime = runtime
         self.runtime = resolve_runtime(runtime, _model_type(self.model_dir))
         self.weights = weights_file(self.model_dir)
         self.batch_size = batch_size
@@ -217,7 +219,13 @@ class SentenceTransformerEncoder:
         if self.runtime != "torch":
             from heedrank.index.onnx_runtime import onnx_model, run_on_onnx
 
-            run_on_onnx(model, onnx_model(self.model_dir, self.sha256))
+            try:
+                run_on_onnx(model, onnx_model(self.model_dir, self.sha256))
+            except ModelLoadError as exc:
+                if self.asked_runtime != "auto":
+                    raise
+                logger.warning("%s; the embedder runs on torch (the same vectors)", exc)
+                self.runtime = "torch"
         return model
 
     @property
@@ -309,7 +317,8 @@ class SentenceTransformerEncoder:
 
     def describe(self) -> dict[str, Any]:
         """Identity for params.json and reports: name, path, weights sha256, dim, max_seq_length,
-        runtime (an index encodes its queries with the runtime that built it)."""
+        runtime (an index encodes its queries with the runtime that built it; read after the
+        model loads, since ``auto`` may fall back to ``torch`` then)."""
         return {
             "name": self.name,
             "path": str(self.model_dir),

@@ -1,9 +1,9 @@
 """The embedder on ONNX Runtime: the same sentence-transformers pipeline (tokenizer,
 length-sorted batches, mean pooling, L2 normalisation), with only the transformer's forward pass
 run by ``onnxruntime``'s fused BERT graph instead of PyTorch, in float32: the vectors equal
-PyTorch's (cosine 1.0000 to four places), so indexes built either way are interchangeable, and
-encoding is 7% (NFCorpus documents, 256 word pieces) to 18% (TREC DL passages) faster on 2 AVX2
-cores (``bench/embed_speed.py``; ``docs/results/scale.md``).
+PyTorch's (cosine 1.0000 to four places), so indexes built either way are interchangeable;
+batches encode 4-18% faster on 2 AVX2 cores and a single query 2-4x faster
+(``bench/embed_speed.py``; ``docs/results/scale.md``).
 
 Why not sentence-transformers' own ``backend="onnx"``: it loads through ``optimum-onnx``, whose
 releases pin ``transformers<5`` (this project runs 5.x), and ``optimum-intel`` (OpenVINO) pulls a
@@ -16,11 +16,11 @@ under ``$HEEDRANK_CACHE_DIR/models`` keyed by the weights' sha256 (about 10 s, o
    GELU, skip and embedding layer norms.
 
 int8 weights (``onnxruntime.quantization.quantize_dynamic`` of that graph) were measured and not
-kept: on CPUs without VNNI they add 3-5% over the fused float32 graph while moving the vectors
+kept: on CPUs without VNNI they add 3-12% over the fused float32 graph while moving the vectors
 (median cosine 0.994 to float32; ``bench/embed_speed.py`` measures both). An index records the
 runtime that built it (``params.json`` ``dense.embedder.runtime``) and encodes its queries with
 the same one. Only BERT-family encoders (``config.model_type`` in :data:`FUSABLE`) are converted;
-others run on PyTorch.
+others run on PyTorch, as does an ``auto`` encoder whose conversion fails (with a warning).
 """
 
 from __future__ import annotations

@@ -85,3 +85,22 @@ def test_an_index_encodes_queries_with_the_runtime_that_built_it(tmp_path: Path)
     torch_params = build_index(corpus, tmp_path / "ix32", show_progress=False, embedder_runtime="torch")
     assert torch_params["dense"]["embedder"]["runtime"] == TORCH
     assert Index.open(tmp_path / "ix32").encoder.runtime == TORCH
+
+
+def test_an_auto_encoder_whose_conversion_fails_runs_on_torch(monkeypatch) -> None:
+    """``auto`` never leaves a user without an embedder: a failed conversion logs and encodes on
+    torch; an explicit ``onnx`` raises the converter's error."""
+    from heedrank.errors import ModelLoadError
+    from heedrank.index import onnx_runtime
+    from heedrank.index.encoder import SentenceTransformerEncoder
+
+    def broken(*_: object, **__: object) -> Path:
+        raise ModelLoadError("could not convert embedder to ONNX: test")
+
+    monkeypatch.setattr(onnx_runtime, "onnx_model", broken)
+    enc = SentenceTransformerEncoder()  # auto
+    assert enc.runtime == ONNX
+    assert enc.encode_queries(["vitamin d"]).shape == (1, 384) and enc.runtime == TORCH
+    assert enc.describe()["runtime"] == TORCH
+    with pytest.raises(ModelLoadError, match="test"):
+        _ = SentenceTransformerEncoder(runtime="onnx").model
