@@ -9,8 +9,10 @@ Two phases, each in its own process so that each peak RSS is its own:
    read back).
 2. **probe**: ``Index.open`` timed, then the NFCorpus test queries one at a time (``k`` 100):
    BM25, dense and hybrid (RRF) first stage, p50 / p99 per query (the query's encoding included)
-   and nDCG@10; the dense index's recall@10 against exact search over the same vectors; and the
-   process's peak RSS.
+   and nDCG@10; the dense index's recall@10 against exact search over the same vectors; filtered
+   dense search (the planner) at 1% and 0.01% selectivity (``metadata.jsonl``'s ``shard`` and
+   ``bucket``, when the corpus has it): p50 / p99, recall@10 against exact and how many answers
+   came back short; and the process's peak RSS.
 
 ``--encoder hashing`` builds the dense part with the model-free
 :class:`heedrank.index.hashing.HashingEncoder` (384-d): the structure of a large index (BM25, the
@@ -68,8 +70,9 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     from heedrank.index.builder import build_index
 
     t0 = time.perf_counter()
+    metadata = args.corpus / "metadata.jsonl"
     params = build_index(args.corpus, args.out, encoder=encoder_of(args.encoder), show_progress=True,
-                         overwrite=False)
+                         overwrite=False, metadata=metadata if metadata.is_file() else None)
     return {"build_s": round(time.perf_counter() - t0, 1), "build_stages": params.get("build_stages"),
             "num_docs": params["num_docs"], "dense_index": (params.get("dense") or {}).get("index_type"),
             "build_peak_rss_gb": round(peak_rss_gb(), 2), "disk_mb": disk(args.out)}
@@ -111,6 +114,20 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
     recall = [len(set(a[0]) & set(e[0])) / max(len(e[0]), 1) for a, e in zip(approx, exact)]
     row["dense_recall10_vs_exact"] = {"recall": round(float(np.mean(recall)), 4), "exact_ms_per_query": round(exact_ms, 1),
                                       "index": index.dense.describe() if hasattr(index.dense, "describe") else None}
+    for name, field, share in (("filtered 1%", "shard", 100), ("filtered 0.01%", "bucket", 10_000)):
+        if len(index.docstore) < share or field not in (index.docstore.get("MED-10").metadata or {}):
+            continue  # an index built without bench/scale_corpus.py's metadata.jsonl
+        flt = {"must": [{"key": field, "match": {"value": 7}}]}
+        times, recall, short = [], [], 0
+        for v in vectors:
+            t1 = time.perf_counter()
+            got = index.search_dense(v[None], 10, filter=flt)[0][0][0]
+            times.append(time.perf_counter() - t1)
+            want = index.search_dense(v[None], 10, filter=flt, strategy="exact")[0][0][0]
+            recall.append(len(set(got) & set(want)) / max(len(want), 1))
+            short += len(got) < len(want)
+        row[name] = {"p50_ms": round(1000 * float(np.median(times)), 1), "p99_ms": round(1000 * float(np.percentile(times, 99)), 1),
+                     "recall10_vs_exact": round(float(np.mean(recall)), 4), "short": short}
     row["probe_peak_rss_gb"] = round(peak_rss_gb(), 2)
     index.close()
     return row

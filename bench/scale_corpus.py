@@ -20,6 +20,11 @@ this order:
    order with a real document except by chance, and NFCorpus's qrels do not name them, so they
    can only cost nDCG@10 (BEIR scores an unjudged document as non-relevant).
 
+Beside it, ``metadata.jsonl`` (for ``heedrank index build --metadata``): each document's
+``shard`` (its row number mod 100: a filter on one shard keeps 1% of the corpus) and ``bucket``
+(mod 10,000: 0.01%), for filtered search at N. It does not enter ``corpus.jsonl``, whose bytes
+(and sha256) stay what they were.
+
 Streams: the sentence pool (about 0.5M sentences, under 100 MB) is the only thing held; the
 corpus is written line by line to a temporary file, renamed when complete (a killed run leaves
 nothing half-written to read; run it again).
@@ -115,12 +120,18 @@ def write_corpus(out: Path, n: int, data: Path, seed: int, lengths_of: str) -> d
     digest = hashlib.sha256()
     words = {"nfcorpus": 0, "real": 0, "distractor": 0}
 
+    rows = 0
+
     def line(did: str, title: str, text: str) -> None:
+        nonlocal rows
         row = (json.dumps({"_id": did, "title": title, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
         digest.update(row)
         f.write(row)
+        meta.write(json.dumps({"doc_id": did, "shard": rows % 100, "bucket": rows % 10_000}) + "\n")
+        rows += 1
 
-    with open(tmp, "wb") as f:
+    meta_tmp = out / "metadata.jsonl.partial"
+    with open(tmp, "wb") as f, open(meta_tmp, "w", encoding="utf-8") as meta:
         for did, title, text in nf[:n]:
             line(did, title, text)
             words["nfcorpus"] += len(text.split())
@@ -132,6 +143,7 @@ def write_corpus(out: Path, n: int, data: Path, seed: int, lengths_of: str) -> d
             words["distractor"] += len(text.split())
         f.flush()
         os.fsync(f.fileno())
+    os.replace(meta_tmp, out / "metadata.jsonl")
     os.replace(tmp, out / "corpus.jsonl")
     counts = {"nfcorpus": min(n, len(nf)), "real": take, "distractor": n_distract}
     return {"n": n, "seed": seed, "lengths": lengths_of, "counts": counts,

@@ -1,5 +1,6 @@
-"""``bench/scale_build.py`` at small N: a scale corpus of 3,700 documents built with the hashing
-stand-in, then probed in its own process; the figures it reports are the index's."""
+"""``bench/scale_build.py`` at small N: a scale corpus of 3,700 documents (with its
+``metadata.jsonl``) built with the hashing stand-in, then probed in its own process; the figures
+it reports are the index's."""
 
 from __future__ import annotations
 
@@ -31,5 +32,7 @@ def test_build_then_probe_reports_the_index(benches, nfcorpus_dir, tmp_path, cap
     assert figures["dense_recall10_vs_exact"]["recall"] == 1.0  # flat: the search is exact
     for name in ("bm25", "dense", "hybrid"):
         assert figures[name]["p50_ms"] <= figures[name]["p99_ms"]
+    assert figures["filtered 1%"]["recall10_vs_exact"] == 1.0 and figures["filtered 1%"]["short"] == 0  # 37 documents
+    assert "filtered 0.01%" not in figures  # fewer than 10,000 documents: no bucket holds one in 10,000
     assert 15.0 < figures["bm25"]["ndcg10"] < 60.0  # 20 NFCorpus test queries over NFCorpus and 67 others
     assert "| build_stages |" in capsys.readouterr().out

@@ -41,6 +41,8 @@ def test_nfcorpus_first_then_real_documents_then_distractors(bench, nfcorpus_dir
     nf_sentences = {s for r in rows[:3633] for s in bench.sentences(r["text"])} - pool
     assert not any(s in r["text"] for r in rows[-30:] for s in nf_sentences if len(s.split()) > 8)
     assert (out / "qrels" / "test.tsv").read_bytes() == (nfcorpus_dir / "qrels" / "test.tsv").read_bytes()
+    meta = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
+    assert [m["doc_id"] for m in meta] == ids and meta[101] == {"doc_id": ids[101], "shard": 1, "bucket": 101}
     again = tmp_path / "b"
     bench.main(["--n", "3700", "--out", str(again), "--data", str(data), "--seed", "3"])
     small = _rows(again)
