@@ -271,8 +271,10 @@ def build_index(
     if total == 0:
         raise ValidationError(f"corpus {corpus_file} has no documents")
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_builds(out)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    (tmp / _OWNER_FILE).write_text(str(os.getpid()))
     chunk = max(_READ_BATCH, batch_size * 8)
     corpus_sha = file_sha256(corpus_file)  # once: the checkpoint's name and params.json
     checkpoint = VectorCheckpoint.for_build(out, corpus_sha, encoder, passages, chunk) if encoder is not None else None
@@ -334,6 +336,7 @@ def build_index(
         params["build_seconds"] = round(time.perf_counter() - t0, 3)
         params["build_stages"] = {k: round(v, 3) for k, v in stages.items()}
         (tmp / PARAMS_FILE).write_text(json.dumps(params, indent=2) + "\n")
+        (tmp / _OWNER_FILE).unlink()  # the folder becomes the index
         _replace_dir(tmp, out, overwrite)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -351,6 +354,34 @@ def _lap(stages: dict[str, float], stage: str, since: float) -> float:
     now = time.perf_counter()
     stages[stage] += now - since
     return now
+
+
+_OWNER_FILE = "build.pid"
+"""In a build's temporary folder: the building process's id, so that a later build can tell a
+folder left by a killed build (removed) from one a live build is writing (kept)."""
+
+
+def _remove_dead_builds(out: Path) -> None:
+    """Remove the temporary folders ``.<out name>.tmp-*`` beside ``out`` that builds killed before
+    they finished left behind (their process is gone; one without an owner file predates it). The
+    encoded vectors of a killed build are not in them but in its checkpoint, which is kept."""
+    for folder in out.parent.glob(f".{out.name}.tmp-*"):
+        try:
+            pid = int((folder / _OWNER_FILE).read_text())
+            os.kill(pid, 0)  # raises when no such process
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        except (OSError, ValueError):  # no owner file: a build from before owner files, or one just starting
+            try:
+                if time.time() - folder.stat().st_mtime < 600:
+                    continue
+            except OSError:
+                continue
+        logger.info("removing %s, left by a build that did not finish", folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _load_encoder(embedder: str | None, batch_size: int, query_prefix: str | None,

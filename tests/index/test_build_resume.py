@@ -85,3 +85,25 @@ def test_a_build_without_dense_params_picks_the_index_type_by_size(corpus: Path,
     monkeypatch.setattr(dense_build, "FLAT_MAX", 1000)
     params = build_index(corpus, tmp_path / "big", encoder=HashingEncoder(16), show_progress=False)
     assert params["dense"]["params"]["index_type"] == "ivf" and params["dense"]["params"]["nlist"] == 51
+
+
+def test_a_build_removes_what_killed_builds_left_and_keeps_a_live_ones(corpus: Path, tmp_path: Path) -> None:
+    """A build killed with -9 leaves its temporary folder (``.<name>.tmp-*``, the SQLite store and
+    BM25 half-written); the next build removes it, but never the folder of a build still running."""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / ".ix.tmp-deadbeef"
+    left.mkdir()
+    (left / "build.pid").write_text(dead.stdout.strip())
+    (left / "docs.sqlite").write_bytes(b"half written")
+    live = tmp_path / ".ix.tmp-0a11ce00"
+    live.mkdir()
+    (live / "build.pid").write_text(str(os.getpid()))
+    fresh = tmp_path / ".ix.tmp-5ea15ea1"  # no owner file yet, just made: kept
+    fresh.mkdir()
+    build_index(corpus, tmp_path / "ix", encoder=HashingEncoder(16), show_progress=False)
+    assert not left.exists() and live.is_dir() and fresh.is_dir()
+    assert sorted(p.name for p in tmp_path.glob(".ix.tmp-*")) == [".ix.tmp-0a11ce00", ".ix.tmp-5ea15ea1"]
