@@ -11,6 +11,10 @@ and misses (cached BlockRank). The first ``--warmup`` queries of a setting are n
         [--settings cached-calibrated,cached-signal,cached-learned,icr] [--torch-threads 1]
         [--code NAME=DIR ...] [--rounds 1]
 
+``--rerank-documents N`` also times ``POST /rerank`` (Cohere's shape, no options) per query and setting:
+the query with N short documents (NFCorpus abstracts cut to 300 characters, a different seeded set per
+query, so no text is seen twice), one client; its rows say ``/rerank`` in the candidates column.
+
 ``--code NAME=DIR`` (repeatable) runs each server on another version of the code, side by side
 with this checkout (``NAME=.``): ``DIR`` is made by ``bash bench/other_revision.sh REV DIR`` (a git
 worktree of ``REV`` and ``DIR/.venv``, where it is installed; its server runs on that interpreter). Rounds interleave the
@@ -54,6 +58,17 @@ def test_queries(n: int) -> list[str]:
     queries = load_beir_queries(data)  # {query_id: text}
     qs = [getattr(queries[q], "text", queries[q]) for q in sorted(qrels) if q in queries]
     return qs[:n]
+
+
+def short_documents(n: int) -> list[str]:
+    """``n`` NFCorpus abstracts cut to 300 characters, in a seeded order (``/rerank``'s documents)."""
+    import random
+
+    from heedrank.data import iter_beir_documents
+
+    docs = [d.content[:300] for d in iter_beir_documents(ROOT.parent / "shared" / "data" / "beir-nfcorpus")]
+    random.Random(0).shuffle(docs)
+    return [docs[i % len(docs)] for i in range(n)]
 
 
 def run_setting(name: str, args, queries: list[str], code: str = ".", root: str = ".") -> list[dict]:
@@ -110,6 +125,24 @@ def run_setting(name: str, args, queries: list[str], code: str = ".", root: str 
                              "hits": hits, "misses": misses})
                 print(json.dumps(rows[-1]), flush=True)
                 rows[-1].update(_lat=lat, _stage=stage)
+            if args.rerank_documents:
+                lat, stage = [], []
+                docs = short_documents(len(queries) * args.rerank_documents)
+                for i, q in enumerate(queries):
+                    body = {"query": q, "documents": docs[i * args.rerank_documents:(i + 1) * args.rerank_documents]}
+                    t = time.perf_counter()
+                    r = client.post("/rerank", json=body)
+                    dt = time.perf_counter() - t
+                    if r.status_code != 200:
+                        raise SystemExit(f"{name} /rerank: HTTP {r.status_code}: {r.text[:300]}")
+                    if i >= args.warmup:
+                        lat.append(dt)
+                        stage.append(dt)
+                rows.append({"code": code, "setting": name, "candidates": f"/rerank {args.rerank_documents}",
+                             "queries": len(lat), "p50": pct(lat, 0.5), "p95": pct(lat, 0.95),
+                             "mean": statistics.mean(lat), "rerank_p50": pct(stage, 0.5), "hits": 0, "misses": 0})
+                print(json.dumps(rows[-1]), flush=True)
+                rows[-1].update(_lat=lat, _stage=stage)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -126,6 +159,8 @@ def main() -> None:
     ap.add_argument("--max-doc-tokens", type=int, default=128)
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--port", type=int, default=8771)
+    ap.add_argument("--rerank-documents", type=int, default=0,
+                    help="also time POST /rerank with this many short documents per query (0: not)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
                     help="another version of the code to run side by side (see the module docstring); "

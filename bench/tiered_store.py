@@ -13,11 +13,21 @@ after another with ``--gap`` idle seconds between them (when the fill runs). Rep
   budget applies) against every candidate reranked from an unbounded store (the fully filled
   store's ranking), with a paired randomization test.
 
+Beside them, on the same candidates: the first stage alone, the embedder alone (``dense``) and the
+embedder and first stage fused (the default's scorer without the LM: every candidate cold, recompute
+budget 0, no store), each paired against the served ranking.
+
+``--index DIR`` serves a copy of an existing index (e.g. NFCorpus's, with dense vectors) instead of
+the 30k-passage one, and ``--reference-index`` names one whose store is already full (the reference
+run then reads it instead of encoding every block); ``--retriever`` and ``--candidates`` set the
+first stage of the stream and of the NFCorpus test run.
+
 Steps are cached under ``--out`` (corpus, index, the reference run); the budgeted store starts
 empty each run.
 
     python bench/tiered_store.py [--out runs/tiered] [--stream 600] [--gap 0.3] [--budget-share 0.1]
-        [--cold-budget 4] [--data ../shared/data]
+        [--cold-budget 4] [--data ../shared/data] [--index DIR [--reference-index DIR]]
+        [--retriever bm25] [--candidates 20]
 """
 
 from __future__ import annotations
@@ -82,7 +92,8 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def nf_test_run(pipe, cold_budget: int | None) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+def nf_test_run(pipe, cold_budget: int | None, retriever: str = "bm25", candidates: int = 20,
+                rerank: str = "default") -> tuple[dict[str, dict[str, float]], dict[str, int]]:
     from heedrank.data import load_beir_qrels, load_beir_queries
     from heedrank.pipeline import SearchOptions
     from heedrank.types import Query
@@ -92,8 +103,8 @@ def nf_test_run(pipe, cold_budget: int | None) -> tuple[dict[str, dict[str, floa
     qids = [q for q in sorted(load_beir_qrels(data, "test")) if q in queries]
     run: dict[str, dict[str, float]] = {}
     counts = {"reranked": 0, "skipped": 0}
-    opts = SearchOptions(top_k=10, retriever="bm25", rerank="default", candidates=20, fusion="default",
-                         cold_budget=cold_budget)
+    opts = SearchOptions(top_k=10, retriever=retriever, rerank=rerank, candidates=candidates,
+                         fusion="default", cold_budget=cold_budget)
     for qid in qids:
         res = pipe.search(Query(qid, queries[qid].text), opts)
         run[qid] = {h.doc_id: float(h.score) for h in res.ranking.hits}
@@ -132,6 +143,10 @@ def main() -> None:
     ap.add_argument("--cold-budget", type=int, default=4)
     ap.add_argument("--eviction", default="lru")
     ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--index", type=Path, help="serve a copy of this index (its store left out)")
+    ap.add_argument("--reference-index", type=Path, help="an index with a full store: the reference run reads it")
+    ap.add_argument("--retriever", default="bm25")
+    ap.add_argument("--candidates", type=int, default=20)
     args = ap.parse_args()
     import torch
 
@@ -146,12 +161,16 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = args.out / "corpus.jsonl.gz"
-    if not corpus.exists():
+    ix_dir = args.out / "ix"
+    if args.index is not None:
+        if not (ix_dir / "params.json").exists():
+            shutil.rmtree(ix_dir, ignore_errors=True)
+            shutil.copytree(args.index, ix_dir, ignore=shutil.ignore_patterns("kv"))
+    elif not corpus.exists():
         tmp = args.out / "corpus.tmp.jsonl.gz"
         n = build_corpus(args.data, tmp)
         tmp.rename(corpus)
         print(f"corpus: {n} documents", flush=True)
-    ix_dir = args.out / "ix"
     if not (ix_dir / "params.json").exists():
         shutil.rmtree(ix_dir, ignore_errors=True)
         build_index(corpus, ix_dir, dense=False, show_progress=False)
@@ -186,8 +205,8 @@ def main() -> None:
     rng.shuffle(pool)
     weights = [1.0 / (r + 1) ** args.zipf for r in range(len(pool))]
     stream = rng.choices(pool, weights=weights, k=args.stream)
-    opts = SearchOptions(top_k=10, retriever="bm25", rerank="default", candidates=20, fusion="default",
-                         cold_budget=args.cold_budget)
+    opts = SearchOptions(top_k=10, retriever=args.retriever, rerank="default", candidates=args.candidates,
+                         fusion="default", cold_budget=args.cold_budget)
     rows = []
     t_start = time.monotonic()
     for i, text in enumerate(stream):
@@ -223,26 +242,41 @@ def main() -> None:
     print(f"| all | {statistics.median(lat):.3f} | {pct(lat, 0.95):.3f} | {sum(r['hits'] for r in rows) / cand:.1%} | "
           f"{sum(r['reranked'] for r in rows) / cand:.1%} |")
 
-    served, counts = nf_test_run(pipe, args.cold_budget)
+    first = dict(retriever=args.retriever, candidates=args.candidates)
+    served, counts = nf_test_run(pipe, args.cold_budget, **first)
     pipe.close()
     ref_path = args.out / "nf-test-reference.json"
     if ref_path.exists():
         reference = json.loads(ref_path.read_text())
     else:
-        ref_dir = args.out / "ix-ref"
+        ref_dir = args.reference_index or args.out / "ix-ref"
         if not (ref_dir / "params.json").exists():
             shutil.copytree(ix_dir, ref_dir, ignore=shutil.ignore_patterns("kv"))
         ref = Pipeline.from_config(PipelineConfig(index_dir=str(ref_dir), reranker=RerankerConfig(method="default")))
-        reference, _ = nf_test_run(ref, None)
+        reference, _ = nf_test_run(ref, None, **first)
         ref.close()
         ref_path.write_text(json.dumps(reference))
-    a, b = ndcg(reference), ndcg(served)
-    qids = sorted(set(a) & set(b))
-    xa, xb = [a[q] for q in qids], [b[q] for q in qids]
-    print(f"\nNFCorpus test ({len(qids)} queries, BM25 top 20 over the whole corpus): nDCG@10 every candidate reranked "
-          f"{100 * statistics.fmean(xa):.2f}, as served from the budgeted store {100 * statistics.fmean(xb):.2f} "
-          f"(delta {100 * (statistics.fmean(xb) - statistics.fmean(xa)):+.2f}, paired p {paired_p(xa, xb):.3f}); "
-          f"reranked {counts['reranked']} of {counts['reranked'] + counts['skipped']} candidates")
+    # the same candidates without the LM: the scorer's embedder + first-stage model (every candidate
+    # cold, none encoded, no store), the embedder alone and the first stage alone
+    floor_dir = args.out / "ix-floor"
+    shutil.rmtree(floor_dir, ignore_errors=True)
+    shutil.copytree(ix_dir, floor_dir, ignore=shutil.ignore_patterns("kv"))
+    floor = Pipeline.from_config(PipelineConfig(index_dir=str(floor_dir), reranker=RerankerConfig(method="default")))
+    others = {"embedder + first stage (no LM)": nf_test_run(floor, 0, **first)[0],
+              "embedder alone": nf_test_run(floor, None, rerank="dense", **first)[0],
+              "first stage alone": nf_test_run(floor, None, rerank="none", **first)[0]}
+    floor.close()
+    b = ndcg(served)
+    print(f"\nNFCorpus test ({len(b)} queries, {args.retriever} top {args.candidates}), nDCG@10 x 100; as served "
+          f"from the budgeted store: reranked {counts['reranked']} of {counts['reranked'] + counts['skipped']} "
+          f"candidates\n\n| ranking | nDCG@10 | served - it | paired p |\n|---|---|---|---|")
+    print(f"| as served from the budgeted store | {100 * statistics.fmean(b.values()):.2f} | | |")
+    for name, run in {"every candidate reranked (unbounded store)": reference, **others}.items():
+        a = ndcg(run)
+        qids = sorted(set(a) & set(b))
+        xa, xb = [a[q] for q in qids], [b[q] for q in qids]
+        print(f"| {name} | {100 * statistics.fmean(xa):.2f} | {100 * (statistics.fmean(xb) - statistics.fmean(xa)):+.2f} "
+              f"| {paired_p(xa, xb):.3f} |")
     (args.out / "stream.json").write_text(json.dumps({"rows": rows, "args": {k: str(v) for k, v in vars(args).items()}}))
 
 
