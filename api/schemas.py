@@ -513,7 +513,7 @@ class RerankerInfo(BaseModel):
         None, description="The scorer the loaded reranker uses ('learned' with a card; 'calibrated' for a model "
         "without one); null until loaded or for a method without scorers.")
     signals: list[str] | None = Field(
-        None, description="The signals the default's scorer reads (heedrank.scorer: attention, dense, rank; one "
+        None, description="The signals the default's scorer reads (heedrank.scorer: attention, dense, rank, bm25; one "
         "logistic model per subset, so a candidate missing one is scored from the rest); null when the loaded "
         "reranker is not served by it.")
     model_ids: list[str] = Field(description="Values /rerank accepts as `model`.")

@@ -705,13 +705,22 @@ class Pipeline:
             return None
         docs = [h.document for h in candidates.hits if h.document is not None]
         dense = self.dense.cosines(query.text, docs, stored=use_store)
-        return policy.apply_scorer(candidates, Ranking(candidates.query_id, ()), dense)
+        return policy.apply_scorer(candidates, Ranking(candidates.query_id, ()), dense,
+                                   self._bm25(policy, query, candidates, use_store))
+
+    def _bm25(self, policy: ServePolicy, query: Query, candidates: Ranking, use_store: bool) -> dict[str, float] | None:
+        """The scorer's ``bm25`` signal of the candidates (the index's :meth:`bm25_scores
+        <heedrank.index.store.Index.bm25_scores>`): ``None`` unless the documents are the index's and
+        the scorer reads it."""
+        if not use_store or self.index is None or policy.scorer is None or not policy.scorer.reads("bm25"):
+            return None
+        return self.index.bm25_scores(query.text, [h.doc_id for h in candidates.hits])
 
     def _serve(self, entry: tuple[Reranker, threading.BoundedSemaphore], policy: ServePolicy, query: Query, cands: Ranking,
                options: SearchOptions, *, use_store: bool = True) -> RerankedQuery:
         """Rerank ``cands`` (hydrated, first-stage order) with ``entry`` and serve them by ``policy``.
         With the default's scorer every candidate is scored from the signals it has (the reranker's,
-        the dense cosines of :attr:`dense`, its rank: :meth:`ServePolicy.apply_scorer`); otherwise
+        the dense cosines of :attr:`dense`, its rank, its BM25 score: :meth:`ServePolicy.apply_scorer`); otherwise
         candidates over the cold budget keep their first-stage positions (:func:`place_skipped`)."""
         t0 = time.perf_counter()
         if policy.scorer is not None and policy.signal == "dense" and self.dense is not None:
@@ -731,7 +740,8 @@ class Pipeline:
             dense = {} if self.dense is None else self.dense.cosines(query.text, [h.document for h in cands.hits
                                                                                   if h.document is not None],
                                                                      stored=use_store)
-            served = policy.apply_scorer(cands, reranked.result.ranking, dense)
+            served = policy.apply_scorer(cands, reranked.result.ranking, dense,
+                                         self._bm25(policy, query, cands, use_store))
             return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
         skipped = set(reranked.skipped)

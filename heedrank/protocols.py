@@ -127,6 +127,10 @@ class WritableDocStore(DocStore, Protocol):
         """
         ...
 
+    def vids_of(self, doc_ids: Sequence[str]) -> dict[str, int]:
+        """``{doc_id: vid}`` of the live documents among ``doc_ids`` (the others left out)."""
+        ...
+
     def vid_doc_pairs(self) -> tuple[np.ndarray, list[str]]:
         """``(vids int64 (n,), doc_ids)`` of every live document, ordered by vid."""
         ...

@@ -8,7 +8,10 @@ came in, never of the other candidates:
 - ``dense``: the embedder's cosine of the query and the document (the index's stored vector for
   ``/search``; the text encoded for ``/rerank``, ``rerank-batch`` and ``eval``);
 - ``rank``: :func:`rank_feature` of the candidate's 0-based place in the first stage (or the
-  order ``/rerank`` was given).
+  order ``/rerank`` was given);
+- ``bm25``: BM25's score of the query and the document, read from the index's BM25 for the
+  documents it holds (:meth:`heedrank.index.store.Index.bm25_scores`; ``/search`` and ``eval beir``:
+  a hybrid candidate the dense side found has one too); documents outside an index have none.
 
 The score is a logistic model, ``s = bias + sum_f w_f x_f`` (log-odds of P(relevant)), with one
 fitted model per subset of the signals (:class:`Scorer`), so a candidate missing a signal (cold
@@ -27,7 +30,7 @@ from typing import Any
 
 from heedrank.errors import ValidationError
 
-FEATURES = ("attention", "dense", "rank")
+FEATURES = ("attention", "dense", "rank", "bm25")
 """The signals the scorer reads, in the card's order (module docstring)."""
 
 
@@ -91,8 +94,13 @@ class Scorer:
         model = next((m for m in self.models if set(m.uses) == set(uses)), None)
         return None if model is None else Scorer((model,), self.threshold)
 
+    def reads(self, signal: str) -> bool:
+        """Whether any of the models reads ``signal`` (a path computes ``bm25`` only then)."""
+        return any(signal in m.uses for m in self.models)
+
     def model_for(self, have: Sequence[str]) -> SubsetModel | None:
-        """The model of the largest fitted subset of the signals ``have``; ``None``: none fits."""
+        """The model of the largest fitted subset of the signals ``have`` (among as large ones, the
+        first in the card: the fit orders them by their dev nDCG@10); ``None``: none fits."""
         avail = set(have)
         best = None
         for m in self.models:

@@ -331,7 +331,8 @@ class ServePolicy:
         kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
         return Served(kept, probabilities, threshold, relevance=probabilities)
 
-    def apply_scorer(self, candidates: Ranking, attention: Ranking, dense: Mapping[str, float]) -> Served:
+    def apply_scorer(self, candidates: Ranking, attention: Ranking, dense: Mapping[str, float],
+                     bm25: Mapping[str, float] | None = None) -> Served:
         """Serve one query by the default's scorer (:mod:`heedrank.scorer`): every candidate gets
         the logit of the signals it has, and the served order, the probability and the cut-off
         all read that one number.
@@ -342,6 +343,8 @@ class ServePolicy:
                 (cached BlockRank's list-independent log-odds; the others, cold past the budget or
                 over the request budget, have no ``attention``).
             dense: ``{doc_id: cosine}`` of the candidates with a dense signal.
+            bm25: ``{doc_id: BM25 score}`` of the candidates the index's BM25 holds
+                (:meth:`heedrank.index.store.Index.bm25_scores`); ``None``: no ``bm25`` signal.
 
         Returns:
             The :class:`Served` query; its ``without_lm`` counts the candidates scored without
@@ -355,7 +358,8 @@ class ServePolicy:
         without = 0
         for i, h in enumerate(candidates.hits):
             x: dict[str, float | None] = {"attention": None, "dense": dense.get(h.doc_id),
-                                          "rank": rank_feature(i) if self.rank else None}
+                                          "rank": rank_feature(i) if self.rank else None,
+                                          "bm25": None if bm25 is None else bm25.get(h.doc_id)}
             x[self.signal] = att.get(h.doc_id, x.get(self.signal))
             got = self.scorer.logit(x)
             if got is None:
@@ -369,7 +373,7 @@ class ServePolicy:
         ranking = Ranking.from_hits(candidates.query_id, hits)
         probabilities = {h.doc_id: sigmoid(s) for h, s in scored}
         warnings = ((f"{without} of {len(candidates)} candidates were scored without the reranker's attention "
-                     "(cold past the budget or over the request budget): from the dense and first-stage signals",)
+                     "(cold past the budget or over the request budget): from the dense, BM25 and first-stage signals",)
                     if without else ())
         if self.cutoff is None:
             return Served(ranking, probabilities, warnings=warnings, relevance=probabilities, without_lm=without)

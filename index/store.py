@@ -333,6 +333,29 @@ class Index:
             allowed = self.filter_vids(filter)
             return [(self.doc_ids_of(v), s) for v, s in self.bm25.search(texts, k, allowed=allowed)]
 
+    def bm25_scores(self, query: str, doc_ids: Sequence[str]) -> dict[str, float]:
+        """BM25's score of ``query`` with each of ``doc_ids`` that this index holds: the ``bm25``
+        signal of the default's scorer (:mod:`heedrank.scorer`), read for every candidate whichever
+        first stage found it (a hybrid candidate only the dense side retrieved gets its score too).
+
+        The score :meth:`search_bm25` ranks by (:meth:`heedrank.index.bm25.BM25Index.doc_scores`:
+        Robertson BM25 with the index's analyzer and parameters), a number of the query and the
+        document alone, never of the other candidates. One pass over the query terms' postings.
+
+        Returns:
+            ``{doc_id: score >= 0}`` (0: no query term), float; ids not in the index (unknown or
+            deleted) are left out: the scorer then uses its models without ``bm25``.
+        """
+        if not len(doc_ids):
+            return {}
+        with self.rw.read():
+            vids = self.docstore.vids_of(list(doc_ids))
+            if not vids:
+                return {}
+            ids = list(vids)
+            got = self.bm25.doc_scores(query, np.asarray([vids[d] for d in ids], dtype=np.int64))
+        return {d: float(s) for d, s in zip(ids, got) if np.isfinite(s)}
+
     def search_dense(
         self, vectors: np.ndarray, k: int, *, filter: Any = None, strategy: str = "auto"
     ) -> tuple[list[tuple[list[str], np.ndarray]], Any]:

@@ -20,6 +20,7 @@ from heedrank import registry
 from heedrank.jsonable import jsonable
 from heedrank.seam import serving_of
 from heedrank.settings import Settings
+from heedrank.scorer import FEATURES
 
 router = APIRouter(tags=["info"])
 
@@ -207,7 +208,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
             model = without_paths(jsonable(dict(loaded.describe())))
             card, scoring = served_card(loaded)
             scorer = serving_of(loaded).scorer
-            signals = list(scorer.models[0].uses) if scorer is not None else None
+            signals = [f for f in FEATURES if scorer.reads(f)] if scorer is not None else None
         limits = method_limits(built, settings, methods, runtime.costs)
     return InfoResponse(
         version=__version__,

@@ -9,8 +9,14 @@ The dense cosine of each candidate is computed here once per dump and kept besid
 (:func:`heedrank.index.cosines.stored_cosines`, as ``/search`` reads them), else encoded by the
 packaged embedder (as ``/rerank`` and ``eval trec-dl`` encode texts).
 
+The ``bm25`` signal (BM25's score of the query and the candidate) is read from the index's BM25 for
+a BEIR dump made with ``--index`` (as ``/search`` reads it: :meth:`heedrank.index.store.Index.bm25_scores`);
+a TREC DL dump has none (its passages are not in an index of ours), so ``bm25`` is missing there.
+
 Every subset of :data:`heedrank.scorer.FEATURES` that holds ``dense`` or ``attention`` gets its own
-model (a missing signal is missing, not fatal); each is a logistic regression (scikit-learn, L2,
+model (a missing signal is missing, not fatal), fitted on the training candidates that hold every
+signal of the subset; a model reading ``bm25`` is kept only where it ranks NFCorpus dev higher than
+the same model without it, by at least :data:`BM25_MARGIN`. Each is a logistic regression (scikit-learn, L2,
 pointwise: relevant = grade >= each dump's lowest relevant grade) on the features standardised by
 their training means and deviations (fixed numbers, never a list's), its log-odds Platt-scaled on
 the training pairs (the L2 shrinks them), and the statistics folded into the weights so that
@@ -35,12 +41,16 @@ import numpy as np
 from heedrank.fusion import Standardizer, sigmoid
 from heedrank.lab.study import QueryItem, load_items, ndcg10
 from heedrank.lab.train.independent_fit import THRESHOLDS, auc, ece, mean_f1
-from heedrank.scorer import FEATURES, rank_feature
+from heedrank.scorer import FEATURES, Scorer, SubsetModel, rank_feature
 
 logger = logging.getLogger(__name__)
 
 Rows = list[tuple[QueryItem, dict[str, np.ndarray]]]
 """One dump's queries with their signals (:func:`signals`)."""
+
+BM25_MARGIN = 0.3
+"""nDCG@10 x 100 on dev a model reading ``bm25`` must gain over the same model without it to be kept
+(a chance gain of a noise score on 150 dev queries stays under it)."""
 
 CS = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.1, 1.0)
 """Inverse L2 strengths tried (chosen on dev)."""
@@ -97,10 +107,29 @@ def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndar
     return out
 
 
+def bm25_of(dump: Path, index: Path) -> dict[str, np.ndarray]:
+    """``{query_id: (N,) float64 BM25 score}`` of a BEIR dump's candidates from ``index``'s BM25
+    (:meth:`heedrank.index.store.Index.bm25_scores`, as ``/search`` reads them; NaN: not in its BM25)."""
+    from heedrank.data import load_beir_queries
+    from heedrank.index.store import Index
+
+    meta, items = load_items(dump)
+    qtext = {q: t.text for q, t in load_beir_queries(meta["data"]).items()}
+    idx = Index.open(index)
+    try:
+        out = {}
+        for it in items:
+            got = idx.bm25_scores(qtext[it.query_id], it.doc_ids)
+            out[it.query_id] = np.asarray([got.get(d, np.nan) for d in it.doc_ids], dtype=np.float64)
+        return out
+    finally:
+        idx.close()
+
+
 def signals(item: QueryItem, dense: np.ndarray, independent: Any,
-            head_weights: Sequence[float] | None = None) -> dict[str, np.ndarray]:
-    """The scorer's raw features of one dump query: ``{name: (N,) float64}`` (:data:`FEATURES`),
-    plus ``learned`` (the card's list-relative head score, z-scores over the query's candidates:
+            head_weights: Sequence[float] | None = None, bm25: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The scorer's raw features of one dump query: ``{name: (N,) float64}`` (:data:`FEATURES`;
+    ``bm25`` NaN where the dump has none), plus ``learned`` (the card's list-relative head score, z-scores over the query's candidates:
     :func:`heedrank.reranker.scoring.linear_head_scores`) when ``head_weights`` are given, for the
     study of whether a list-relative signal earns its place."""
     from heedrank.reranker.cached.independent import GROUPS
@@ -110,7 +139,8 @@ def signals(item: QueryItem, dense: np.ndarray, independent: Any,
     w = np.asarray(independent.weights, dtype=np.float64).reshape(F.shape[1], F.shape[2], len(GROUPS))
     n = len(item.doc_ids)
     out = {"attention": np.einsum("nlhg,lhg->n", F, w) + independent.bias, "dense": dense,
-           "rank": np.asarray([rank_feature(i) for i in range(n)], dtype=np.float64)}
+           "rank": np.asarray([rank_feature(i) for i in range(n)], dtype=np.float64),
+           "bm25": np.full(n, np.nan) if bm25 is None else np.asarray(bm25, dtype=np.float64)}
     if head_weights is not None and "calibrated" in item.features:
         out["learned"] = linear_head_scores(item.features["calibrated"].astype(np.float64),
                                             np.asarray(head_weights, dtype=np.float64))
@@ -181,7 +211,9 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
     def load(path: Path) -> tuple[dict[str, Any], list[tuple[QueryItem, dict[str, np.ndarray]]]]:
         meta, items = load_items(path)
         dense = dense_cosines(path, index=index if not meta.get("run") else None)
-        return meta, [(it, signals(it, dense[it.query_id], iw, card.get("weights"))) for it in items]
+        lexical = bm25_of(path, index) if index is not None and not meta.get("run") and "bm25" in features else {}
+        return meta, [(it, signals(it, dense[it.query_id], iw, card.get("weights"), lexical.get(it.query_id)))
+                      for it in items]
 
     sets: dict[str, tuple[Rows, Mapping[str, Any], int]] = {}
     sources: list[tuple[Rows, int]] = [(load(p)[1], grade) for p, grade in train]
@@ -192,11 +224,9 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         name = f"held-out {Path(p).name.removesuffix('.npz')}"
         sets[name] = ([r for r in all_rows if held_out(r[0].query_id)], meta["qrels"], grade)
         choose.append(name)
-    rows = [(it, f, grade, 1.0 / max(1, sum(len(i.doc_ids) for i, _ in src)))
-            for src, grade in sources for it, f in src]
+    rows = [(it, f, grade, k) for k, (src, grade) in enumerate(sources) for it, f in src]
     y = np.concatenate([(it.labels >= grade).astype(int) for it, _, grade, _ in rows])
-    weight = np.concatenate([np.full(len(it.doc_ids), w) for it, _, _, w in rows])
-    weight *= len(weight) / weight.sum()
+    source = np.concatenate([np.full(len(it.doc_ids), k) for it, _, _, k in rows])
     if not 0 < int(y.sum()) < len(y):
         raise ValueError("the training dumps need relevant and non-relevant candidates")
     meta, dev_rows = load(dev)
@@ -205,62 +235,92 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         meta, its = load(path)
         sets[name] = (its, meta["qrels"], rel)
 
-    X_all = {u: np.nan_to_num(np.concatenate([f[u] for _, f, _, _ in rows]), nan=0.0) for u in features}
-    st = Standardizer.fit(np.stack([X_all[u] for u in features], axis=1), weight)
-    mu, sd = dict(zip(features, st.mean.tolist())), dict(zip(features, st.std.tolist()))
+    X_all = {u: np.concatenate([f[u] for _, f, _, _ in rows]) for u in features}
 
     def fit(uses: Sequence[str], c: float) -> tuple[np.ndarray, float]:
-        X = np.stack([(X_all[u] - mu[u]) / sd[u] for u in uses], axis=1)
-        m = LogisticRegression(C=c, max_iter=5000).fit(X, y, sample_weight=weight)
+        """One subset's model, on the training candidates that hold its signals (each source
+        weighing the same: its candidates weighted by ``1 / its count``)."""
+        have = np.all([np.isfinite(X_all[u]) for u in uses], axis=0)
+        raw_x = np.stack([X_all[u][have] for u in uses], axis=1)
+        counts = np.bincount(source[have], minlength=len(sources)).astype(np.float64)
+        weight = 1.0 / counts[source[have]]
+        weight *= len(weight) / weight.sum()
+        st = Standardizer.fit(raw_x, weight)
+        X, yy = st(raw_x), y[have]
+        m = LogisticRegression(C=c, max_iter=5000).fit(X, yy, sample_weight=weight)
         # Platt scaling of the fitted score on the training pairs (unregularised): the L2 that
         # ranks best on dev shrinks the log-odds, and the probability must mean what it says
         raw = m.decision_function(X)
-        platt = LogisticRegression(C=1e6, max_iter=5000).fit(raw[:, None], y, sample_weight=weight)
+        platt = LogisticRegression(C=1e6, max_iter=5000).fit(raw[:, None], yy, sample_weight=weight)
         a, b = float(platt.coef_[0][0]), float(platt.intercept_[0])
-        w = a * m.coef_[0] / np.asarray([sd[u] for u in uses])
-        return w, float(a * m.intercept_[0] + b - np.dot(w, [mu[u] for u in uses]))
+        w = a * m.coef_[0] / st.std
+        return w, float(a * m.intercept_[0] + b - np.dot(w, st.mean))
 
-    def scores_of(rows_: Rows, uses: Sequence[str], w: np.ndarray, b: float) -> dict[str, np.ndarray]:
-        return {it.query_id: np.nan_to_num(np.stack([f[u] for u in uses], axis=1), nan=0.0) @ w + b
-                for it, f in rows_}
+    def scores_of(rows_: Rows, models_: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        """Each candidate's logit by the model of the largest subset of ``models_`` whose signals it
+        holds, as the product serves it (:meth:`heedrank.scorer.Scorer.logit`); -inf: none."""
+        scorer = Scorer(tuple(SubsetModel(tuple(m["uses"]), tuple(m["weights"]), float(m["bias"])) for m in models_), 0.5)
+        out = {}
+        for it, f in rows_:
+            got = [scorer.logit({u: f[u][i] for u in features}) for i in range(len(it.doc_ids))]
+            out[it.query_id] = np.asarray([-np.inf if g is None else g[0] for g in got])
+        return out
 
-    def chosen_value(w: np.ndarray, b: float) -> float:
-        return float(np.mean([_ndcg([it for it, _ in sets[n][0]], scores_of(sets[n][0], full, w, b), sets[n][1])
+    def as_model(uses: Sequence[str], c: float) -> dict[str, Any]:
+        w, b = fit(uses, c)
+        return {"uses": list(uses), "weights": [float(v) for v in w], "bias": b}
+
+    def chosen_value(models_: Sequence[Mapping[str, Any]]) -> float:
+        return float(np.mean([_ndcg([it for it, _ in sets[n][0]], scores_of(sets[n][0], models_), sets[n][1])
                               for n in choose]))
 
-    full = tuple(features)
-    best_c = max(cs, key=lambda c: chosen_value(*fit(full, c)))
-    models: list[dict[str, Any]] = []
-    for uses in subsets(features):
-        w, b = fit(uses, best_c)
-        models.append({"uses": list(uses), "weights": [float(v) for v in w], "bias": b})
-    w_full, b_full = np.asarray(models[0]["weights"]), models[0]["bias"]
-    dev_items = [it for it, _ in sets["dev"][0]]
-    threshold = max(THRESHOLDS, key=lambda t: mean_f1(dev_items, scores_of(sets["dev"][0], full, w_full, b_full), t))
+    base = tuple(u for u in features if u != "bm25" and np.isfinite(X_all[u]).any())
+    best_c = max(cs, key=lambda c: chosen_value([as_model(base, c)]))
+    held = {u for u in features if np.isfinite(X_all[u]).any()}  # bm25: only where a dump had an index
+    models: list[dict[str, Any]] = [as_model(uses, best_c) for uses in subsets(features) if set(uses) <= held]
+    # a model reading bm25 stays only where it ranks dev higher than the same signals without it
+    dev_rows, dev_qrels = sets["dev"][0], sets["dev"][1]
+    dev_items = [it for it, _ in dev_rows]
+    dev_value = {}
+    for m in models:
+        rows_m = [(it, f) for it, f in dev_rows if np.all([np.isfinite(f[u]) for u in m["uses"]])]
+        dev_value[tuple(m["uses"])] = _ndcg([it for it, _ in rows_m], scores_of(rows_m, [m]), dev_qrels) \
+            if rows_m else -1.0
+    dropped = [m for m in models if "bm25" in m["uses"] and dev_value[tuple(m["uses"])]
+               < dev_value.get(tuple(u for u in m["uses"] if u != "bm25"), -1.0) + BM25_MARGIN]
+    # served: the largest model whose signals a candidate holds; among as large ones, dev's best
+    models = sorted((m for m in models if m not in dropped), key=lambda m: (-len(m["uses"]), -dev_value[tuple(m["uses"])]))
+    threshold = max(THRESHOLDS, key=lambda t: mean_f1(dev_items, scores_of(dev_rows, models), t))
     figures: dict[str, Any] = {}
     for name, (rows_, qrels, rel) in sets.items():
         listed = [it for it, _ in rows_]
         first = _per_query(listed, {it.query_id: it.first_stage for it in listed}, qrels)
         fig: dict[str, Any] = {"first stage": float(np.mean(list(first.values())))}
         single = {}
-        for u in [f for f in ("attention", "dense", "learned") if f in rows_[0][1]]:
+        for u in [f for f in ("attention", "dense", "bm25", "learned")
+                  if f in rows_[0][1] and np.isfinite(rows_[0][1][f]).any()]:
             single[u] = _per_query(listed, {it.query_id: np.nan_to_num(f[u], nan=-9.0) for it, f in rows_}, qrels)
             fig[u] = float(np.mean(list(single[u].values())))
         for m in models:
-            sc = scores_of(rows_, m["uses"], np.asarray(m["weights"]), m["bias"])
+            if not all(np.isfinite(f[u]).any() for _, f in rows_ for u in m["uses"]):
+                continue  # the set does not hold this model's signals (bm25 on TREC DL)
+            sc = scores_of(rows_, [m])
             per = _per_query(listed, sc, qrels)
             fig["+".join(m["uses"])] = float(np.mean(list(per.values())))
-            if m["uses"] == list(full):
-                fig["p_vs_first_stage"] = _p(per, first)
-                if "dense" in single:
-                    fig["p_vs_dense"] = _p(per, single["dense"])
-                prob = sigmoid(np.concatenate([sc[it.query_id] for it in listed]))
-                labels = np.concatenate([(it.labels >= rel).astype(int) for it in listed])
-                fig.update(auc=auc(prob, labels), ece=ece(prob, labels), mean_p=float(prob.mean()),
-                           base_rate=float(labels.mean()))
+        served = scores_of(rows_, models)  # every candidate by the largest model it holds, as served
+        per = _per_query(listed, served, qrels)
+        fig["served"] = float(np.mean(list(per.values())))
+        fig["p_vs_first_stage"] = _p(per, first)
+        if "dense" in single:
+            fig["p_vs_dense"] = _p(per, single["dense"])
+        prob = sigmoid(np.concatenate([served[it.query_id] for it in listed]))
+        labels = np.concatenate([(it.labels >= rel).astype(int) for it in listed])
+        fig.update(auc=auc(prob, labels), ece=ece(prob, labels), mean_p=float(prob.mean()),
+                   base_rate=float(labels.mean()))
         figures[name] = fig
         logger.info("scorer fit %s: %s", name, {k: round(v, 2) for k, v in fig.items()})
     return {"features": list(features), "models": models, "C": best_c, "threshold": threshold,
+            "dropped": [m["uses"] for m in dropped],
             "train": {"dumps": [str(p) for p, _ in train], "split": [str(p) for p, _ in split],
                       "min_grade": [g for _, g in train] + [g for _, g in split], "pairs": int(len(y)),
                       "relevant": int(y.sum()), "chosen_on": choose},
@@ -276,7 +336,7 @@ def format_fit(entry: Mapping[str, Any]) -> str:
     lines = ["| set | " + " | ".join(cols) + " | p vs first stage | p vs dense | AUC | ECE |",
              "|---|" + "---|" * (len(cols) + 4)]
     for name, f in figures.items():
-        lines.append(f"| {name} | " + " | ".join(f"{f[c]:.2f}" for c in cols)
+        lines.append(f"| {name} | " + " | ".join((f"{f[c]:.2f}" if c in f else "-") for c in cols)
                      + f" | {f.get('p_vs_first_stage', float('nan')):.4f} | {f.get('p_vs_dense', float('nan')):.4f}"
                      + f" | {f.get('auc', float('nan')):.3f} | {f.get('ece', float('nan')):.3f} |")
     return "\n".join(lines) + f"\nC = {entry['C']:g}; threshold {entry.get('threshold')}"

@@ -138,7 +138,7 @@ step_independent() {  # the list-independent scorer, with the adapter: 400 unsee
         --write-card "$W/out/card.independent.json" --out "$W/reports/independent.json"
 }
 
-step_scorer() {  # the default's scorer over attention, dense and rank (one model per subset of them), with the adapter:
+step_scorer() {  # the default's scorer over attention, dense, rank and bm25 (one model per subset), with the adapter:
                  # 150 of the independent step's NFCorpus train queries and half the TREC DL 2021 queries (its dump),
                  # each source weighing the same; C chosen on 150 seeded NFCorpus dev queries and the other half of
                  # DL21, the cut-off on dev (heedrank lab fit-scorer: dumps and the index, no LM)
