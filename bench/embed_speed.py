@@ -56,7 +56,9 @@ def corpus(n: int | None) -> tuple[list[str], list[str]]:
 
 
 def variants() -> dict[str, tuple[str, Callable[[Any], Any]]]:
-    """``{name: (encoder runtime, convert the Hugging Face model in place)}`` of the runtimes compared."""
+    """``{name: (encoder runtime, convert the Hugging Face model in place)}`` of the runtimes compared
+    (the ``bfloat16`` one runs float32 weights under ``torch.autocast``: AMX or AVX-512 BF16 where
+    the CPU has them, else slow emulation)."""
     import torch
 
     def int8(model: Any) -> Any:
@@ -71,7 +73,8 @@ def variants() -> dict[str, tuple[str, Callable[[Any], Any]]]:
 
     return {"float32 (torch)": ("torch", same), "int8 dynamic (torch)": ("torch", int8),
             "float32 (ONNX Runtime, fused: the default)": ("onnx", same),
-            "int8 (ONNX Runtime, fused)": ("onnx-int8", same)}
+            "int8 (ONNX Runtime, fused)": ("onnx-int8", same),
+            "bfloat16 autocast (torch)": ("torch-bf16", same)}
 
 
 def onnx_int8(enc: Any) -> None:
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ndcg", action="store_true", help="Also NFCorpus test dense nDCG@10 per variant (minutes each).")
+    ap.add_argument("--variants", default="", help="Comma-separated substrings: only the variants whose name holds one "
+                    "(the first listed variant is the cosines' reference); default: all.")
     args = ap.parse_args(argv)
     import torch
 
@@ -123,16 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     texts = corpus(args.docs)[1] if args.source == "nfcorpus" else passages(args.docs)
     rows, base = [], None
+    wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
     for name, (runtime, convert) in variants().items():
-        enc = SentenceTransformerEncoder(batch_size=args.batch_size, runtime="onnx" if runtime == "onnx-int8" else runtime)
+        if wanted and not any(w in name for w in wanted):
+            continue
+        enc = SentenceTransformerEncoder(batch_size=args.batch_size,
+                                         runtime={"onnx-int8": "onnx", "torch-bf16": "torch"}.get(runtime, runtime))
         if runtime == "onnx-int8":
             onnx_int8(enc)
         model = enc.model
         convert(model[0].model)  # the Hugging Face model inside sentence-transformers' Transformer module, in place
 
-        def encode(xs: list[str], model: Any = model) -> np.ndarray:
-            return np.asarray(model.encode(xs, batch_size=args.batch_size, normalize_embeddings=True,
-                                           convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+        def encode(xs: list[str], model: Any = model, bf16: bool = runtime == "torch-bf16") -> np.ndarray:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                got = model.encode(xs, batch_size=args.batch_size, normalize_embeddings=True,
+                                   convert_to_tensor=True, show_progress_bar=False)
+            got = got.float()
+            return (got / got.norm(dim=1, keepdim=True)).numpy()
 
         encode(texts[: args.batch_size])  # warm-up
         t0 = time.perf_counter()

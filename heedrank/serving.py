@@ -356,12 +356,14 @@ class ServePolicy:
         scored: list[tuple[Any, float]] = []
         unscored = []
         without = 0
+        # read in part: attention steps from the model without it (one scale, Scorer.logit)
+        step = self.signal == "attention" and 0 < len(att.keys() & {h.doc_id for h in candidates.hits}) < len(candidates)
         for i, h in enumerate(candidates.hits):
             x: dict[str, float | None] = {"attention": None, "dense": dense.get(h.doc_id),
                                           "rank": rank_feature(i) if self.rank else None,
                                           "bm25": None if bm25 is None else bm25.get(h.doc_id)}
             x[self.signal] = att.get(h.doc_id, x.get(self.signal))
-            got = self.scorer.logit(x)
+            got = self.scorer.logit(x, step=step)
             if got is None:
                 unscored.append(h)
                 continue

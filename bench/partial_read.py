@@ -1,0 +1,141 @@
+"""Benchmark: the default's scorer on a list the LM read only in part, from captured signals.
+
+Serves NFCorpus test (hybrid top ``--candidates``) through the product twice, recording what
+:meth:`heedrank.serving.ServePolicy.apply_scorer` receives per query (the candidates, the
+attention log-odds of those the LM read, the dense cosines, BM25's scores): once from ``--index``
+(its store full: every candidate read) and once from ``--budgeted-index`` (a store under a disk
+budget, e.g. ``bench/tiered_store.py``'s ``OUT/ix`` after its stream, read with the service's
+recompute budget of ``--cold-budget`` blocks). Then re-scores the captured signals offline with the
+installed card's scorer, so the combination rules compare on identical inputs, nDCG@10 x 100:
+
+- which candidates carry attention: none, the budgeted store's (as served), the same number drawn
+  at random per query, every one;
+- how: the attention model for those with attention and the model without it for the others
+  (``A`` / ``N``), the step form (``N + A - B``, :meth:`heedrank.scorer.Scorer.logit` with
+  ``step``), and a half blend ``N + 0.5 (A - N)``;
+- and each model's mean predicted probability against the base rate (calibration).
+
+Captures are cached under ``--out``.
+
+    python bench/partial_read.py --index indexes/nfcorpus --budgeted-index runs/tiered/ix [--out runs/partial]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def capture(index: Path, cold_budget: int | None, candidates: int) -> dict[str, Any]:
+    """``{query_id: {"cands", "att", "dense", "bm25"}}`` of one NFCorpus test run through the product."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import tiered_store
+
+    from heedrank.config import PipelineConfig, RerankerConfig
+    from heedrank.pipeline import Pipeline
+    from heedrank.serving import ServePolicy
+
+    got: dict[str, Any] = {}
+    orig = ServePolicy.apply_scorer
+
+    def recording(self, cands, attention, dense, bm25=None):  # type: ignore[no-untyped-def]
+        got[cands.query_id] = {"cands": [h.doc_id for h in cands.hits],
+                               "att": {h.doc_id: float(h.score) for h in attention.hits},
+                               "dense": dict(dense), "bm25": dict(bm25 or {})}
+        return orig(self, cands, attention, dense, bm25)
+
+    ServePolicy.apply_scorer = recording  # type: ignore[method-assign]
+    try:
+        pipe = Pipeline.from_config(PipelineConfig(index_dir=str(index), reranker=RerankerConfig(method="default")))
+        tiered_store.nf_test_run(pipe, cold_budget, retriever="hybrid", candidates=candidates)
+        pipe.close()
+    finally:
+        ServePolicy.apply_scorer = orig  # type: ignore[method-assign]
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True, help="an NFCorpus index with a full store")
+    ap.add_argument("--budgeted-index", type=Path, required=True, help="the same index with a budgeted store")
+    ap.add_argument("--cold-budget", type=int, default=4)
+    ap.add_argument("--candidates", type=int, default=50)
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "partial")
+    args = ap.parse_args()
+    import ir_measures
+    import torch
+
+    torch.set_num_threads(2)
+    from heedrank.data import load_beir_qrels
+    from heedrank.scorer import Scorer, rank_feature
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    caps = {}
+    for name, index, cold in (("full", args.index, None), ("budgeted", args.budgeted_index, args.cold_budget)):
+        path = args.out / f"{name}.json"
+        if not path.exists():
+            path.write_text(json.dumps(capture(index, cold, args.candidates)))
+        caps[name] = json.loads(path.read_text())
+    full, budgeted = caps["full"], caps["budgeted"]
+    card = json.loads((ROOT / "reranker" / "data" / "smollm2-135m-instruct.blockrank-cached.json").read_text())
+    scorer = Scorer.from_card(card)
+    assert scorer is not None
+    qrels = load_beir_qrels(ROOT.parent / "shared" / "data" / "beir-nfcorpus", "test")
+
+    def features(r: dict[str, Any], i: int, d: str) -> dict[str, float]:
+        x = {"dense": r["dense"].get(d), "rank": rank_feature(i), "bm25": r["bm25"].get(d)}
+        return {k: v for k, v in x.items() if v is not None}
+
+    def rescored(mask: Any, rule: str) -> float:
+        run: dict[str, dict[str, float]] = {}
+        for q, r in full.items():
+            have, out = mask(q, r), {}
+            for i, d in enumerate(r["cands"]):
+                x = features(r, i, d)
+                n = scorer.logit(x)[0]  # type: ignore[index]
+                if d not in have or d not in r["att"]:
+                    out[d] = n
+                    continue
+                xa = {**x, "attention": r["att"][d]}
+                a = scorer.model_for(list(xa)).logit(xa)  # type: ignore[union-attr]
+                out[d] = {"A": a, "step": scorer.logit(xa, step=True)[0],  # type: ignore[index]
+                          "half": n + 0.5 * (a - n)}[rule]
+            run[q] = out
+        return 100 * statistics.fmean(m.value for m in ir_measures.iter_calc([ir_measures.nDCG @ 10], qrels, run))
+
+    masks = {"none": lambda q, r: set(),
+             "as served (the budgeted store's)": lambda q, r: set(budgeted[q]["att"]),
+             "as many, at random": lambda q, r: set(random.Random(q).sample(r["cands"], len(budgeted[q]["att"]))),
+             "every one": lambda q, r: set(r["att"])}
+    share = sum(len(r["att"]) for r in budgeted.values()) / sum(len(r["cands"]) for r in budgeted.values())
+    print(f"NFCorpus test ({len(full)} queries, hybrid top {args.candidates}); the budgeted store read {share:.1%} "
+          "of the candidates; nDCG@10 x 100\n")
+    print("| candidates with attention | A / N | step N + A - B | half N + 0.5 (A - N) |\n|---|---|---|---|")
+    for name, mask in masks.items():
+        print(f"| {name} | " + " | ".join(f"{rescored(mask, rule):.2f}" for rule in ("A", "step", "half")) + " |")
+    sig = lambda v: 1 / (1 + 2.718281828459045 ** -v)  # noqa: E731
+    rows = [(q, d, i) for q, r in full.items() for i, d in enumerate(r["cands"])
+            if d in r["att"] and d in r["dense"] and d in r["bm25"]]
+    rate = statistics.fmean(1.0 if qrels.get(q, {}).get(d, 0) >= 1 else 0.0 for q, d, _ in rows)
+    print(f"\ncalibration on {len(rows)} candidates with every signal (base rate {rate:.3f}):\n\n"
+          "| model | mean probability |\n|---|---|")
+    for with_att in (True, False):
+        ps = []
+        for q, d, i in rows:
+            x = features(full[q], i, d)
+            if with_att:
+                x["attention"] = full[q]["att"][d]
+            ps.append(sig(scorer.logit(x)[0]))  # type: ignore[index]
+        model = scorer.model_for(list(x))
+        print(f"| {' + '.join(model.uses)} | {statistics.fmean(ps):.3f} |")  # type: ignore[union-attr]
+
+
+if __name__ == "__main__":
+    main()
