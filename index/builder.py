@@ -227,8 +227,9 @@ def build_index(
             ``embedder`` (e.g. :class:`heedrank.index.hashing.HashingEncoder` in tests); open the
             index with the same encoder (``Index.open(path, encoder=...)``).
         embedder_runtime: ``"auto"`` (ONNX Runtime for a BERT-family embedder when
-            ``onnxruntime`` is installed, else PyTorch), ``"torch"`` or ``"onnx"``
-            (:mod:`heedrank.index.onnx_runtime`: the same vectors, faster); recorded in
+            ``onnxruntime`` is installed, else PyTorch), ``"torch"``, ``"onnx"``
+            (:mod:`heedrank.index.onnx_runtime`: the same vectors, faster) or ``"bf16"``
+            (bfloat16 autocast where the CPU has AMX: about 3x faster, cosine 1.0000); recorded in
             ``dense.embedder.runtime``, and queries are encoded with it.
 
     Returns:

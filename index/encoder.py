@@ -158,9 +158,11 @@ class SentenceTransformerEncoder:
         query_prefix: Prepended to every query (e.g. ``"query: "`` for E5 models).
         document_prefix: Prepended to every document.
         runtime: ``"torch"`` (PyTorch), ``"onnx"`` (the fused graph on ONNX Runtime, same vectors:
-            :mod:`heedrank.index.onnx_runtime`) or ``"auto"`` (``onnx`` for a BERT-family model
-            when ``onnxruntime`` is installed, else ``torch``); resolved at construction, and
-            ``auto`` falls back to ``torch`` when the conversion fails at load.
+            :mod:`heedrank.index.onnx_runtime`), ``"bf16"`` (PyTorch under bfloat16 autocast,
+            where the CPU has AMX or AVX-512 BF16; else resolved as ``auto``) or ``"auto"``
+            (``onnx`` for a BERT-family model when ``onnxruntime`` is installed, else ``torch``);
+            resolved at construction, and ``auto`` falls back to ``torch`` when the conversion
+            fails at load.
 
     Raises:
         ModelLoadError: the directory or its weights are missing (at construction), or
@@ -216,7 +218,7 @@ class SentenceTransformerEncoder:
             model = st.SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - any loader failure means the model is unusable
             raise ModelLoadError(f"could not load embedder from {self.model_dir}: {exc}") from exc
-        if self.runtime != "torch":
+        if self.runtime == "onnx":
             from heedrank.index.onnx_runtime import onnx_model, run_on_onnx
 
             try:
@@ -252,13 +254,21 @@ class SentenceTransformerEncoder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        emb = self.model.encode(
-            texts,
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        if self.runtime == "bf16":  # bfloat16 out of autocast: to float32, normalised again in float32
+            import torch
+
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got = self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                        convert_to_tensor=True, show_progress_bar=False).float()
+            emb = (got / got.norm(dim=1, keepdim=True)).numpy()
+        else:
+            emb = self.model.encode(
+                texts,
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
     def _encode_stream(

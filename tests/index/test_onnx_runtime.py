@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from heedrank.errors import ValidationError
-from heedrank.index.onnx_runtime import ONNX, TORCH, onnx_model, resolve_runtime
+from heedrank.index.onnx_runtime import BF16, ONNX, TORCH, cpu_has_bf16, onnx_model, resolve_runtime
 
 pytest.importorskip("onnxruntime")
 
@@ -104,3 +104,40 @@ def test_an_auto_encoder_whose_conversion_fails_runs_on_torch(monkeypatch) -> No
     assert enc.describe()["runtime"] == TORCH
     with pytest.raises(ModelLoadError, match="test"):
         _ = SentenceTransformerEncoder(runtime="onnx").model
+
+
+def test_bf16_only_where_the_cpu_has_native_bfloat16(tmp_path: Path, monkeypatch, caplog) -> None:
+    """``bf16`` is taken where ``/proc/cpuinfo`` names AMX or AVX-512 BF16; elsewhere it resolves
+    as ``auto`` does, with a warning (an index built on AMX still serves on another CPU)."""
+    from heedrank.index import onnx_runtime
+
+    amx, avx2 = tmp_path / "amx", tmp_path / "avx2"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 amx_tile amx_int8\n")
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert cpu_has_bf16(amx) and not cpu_has_bf16(avx2) and not cpu_has_bf16(tmp_path / "missing")
+    monkeypatch.setattr(onnx_runtime, "cpu_has_bf16", lambda: True)
+    assert resolve_runtime("bf16", "bert") == BF16 and resolve_runtime("auto", "bert") == ONNX  # auto stays
+    monkeypatch.setattr(onnx_runtime, "cpu_has_bf16", lambda: False)
+    with caplog.at_level("WARNING", logger="heedrank.index.onnx_runtime"):
+        assert resolve_runtime("bf16", "bert") == ONNX
+        assert resolve_runtime("bf16", "mpnet") == TORCH
+    assert "without native bfloat16" in caplog.text
+
+
+def test_bf16_vectors_are_float32_unit_rows_at_float32_cosine(monkeypatch) -> None:
+    """Oracle: under bfloat16 autocast the packaged MiniLM's vectors stay float32, unit length,
+    at cosine >= 0.995 to float32 PyTorch's, and rank the same documents first (emulated, slow,
+    on a CPU without AMX: four texts)."""
+    from heedrank.index import onnx_runtime
+    from heedrank.index.encoder import SentenceTransformerEncoder
+
+    monkeypatch.setattr(onnx_runtime, "cpu_has_bf16", lambda: True)
+    f32, bf16 = SentenceTransformerEncoder(runtime="torch"), SentenceTransformerEncoder(runtime="bf16")
+    assert bf16.runtime == BF16 and bf16.describe()["runtime"] == BF16
+    a, b = f32.encode_documents(TEXTS), bf16.encode_documents(TEXTS)
+    assert b.shape == (4, 384) and b.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    cos = np.sum(a * b, axis=1)
+    assert cos.min() >= 0.995, cos
+    qb = bf16.encode_queries(["does vitamin d help bones", "cholesterol drugs"])
+    assert (np.argmax(qb @ b.T, axis=1) == [0, 1]).all()
