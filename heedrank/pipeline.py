@@ -10,6 +10,10 @@ and rerank method names, reranker options, ``explain``, and the metadata filter,
 parses once into the options it returns (the stages below pass the parsed filter on). The
 API route, :meth:`Pipeline.search_batch`, the evaluation harness and ``rerank-batch`` all go
 through it, so a bad value gets the same message everywhere.
+
+The rerank step (reranker looked up, candidates reranked and served, the rules of its
+options) is :mod:`heedrank.stage`; the pipeline opens one :class:`~heedrank.stage.RerankStage`
+per request.
 """
 
 from __future__ import annotations
@@ -27,15 +31,7 @@ from typing import Any
 from heedrank.blocks import BlockSync, block_store_for
 from heedrank.config import PipelineConfig, SearchLimits
 from heedrank.errors import UnknownNameError, ValidationError
-from heedrank.protocols import (
-    DocStore,
-    ExplainingReranker,
-    Reranked,
-    Reranker,
-    RerankResult,
-    Retriever,
-    SupportsClose,
-)
+from heedrank.protocols import DocStore, Reranked, Reranker, RerankResult, Retriever, SupportsClose
 from heedrank.results import (
     NO_RERANK,
     FirstStageRow,
@@ -46,7 +42,8 @@ from heedrank.results import (
     merge_served,
 )
 from heedrank.seam import serving_of
-from heedrank.serving import BY, Served, ServePolicy, place_skipped, share_identical
+from heedrank.serving import BY, Served, share_identical
+from heedrank.stage import RerankStage, check_explainer, check_rerank_options
 from heedrank.types import Document, Query, Ranking
 
 __all__ = [
@@ -55,13 +52,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-HEAD_OPTIONS = ("heads", "reattn")
-"""Options that only some rerankers take (their options classes say which)."""
-
-DEFAULT_FUSION = "default"
-"""``SearchOptions.fusion`` value: the reranker's recorded fusion weight
-(``default_fusion``, e.g. cached BlockRank's weights card), none when it records none."""
 
 RerankerFactory = Callable[..., Reranker]
 """Builds a reranker: ``factory(method)`` for the default configuration, and
@@ -87,13 +77,6 @@ def _takes_options(factory: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
         return False
     return "options" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def check_explainer(reranker: Reranker, method: str) -> ExplainingReranker:
-    """``reranker`` if it can explain (``rerank_with_evidence``). Raises ValidationError."""
-    if not isinstance(reranker, ExplainingReranker):
-        raise ValidationError(f"explain is not supported by the {method!r} reranker; use method 'icr'")
-    return reranker
 
 
 def _within_budget(candidates: Sequence[Document], cold: Sequence[bool],
@@ -409,6 +392,12 @@ class Pipeline:
             raise ValidationError("reranking is disabled in this pipeline; use rerank='none'")
         return self.rerankers
 
+    def _stage(self, options: SearchOptions, *, max_doc_tokens: int | None = None, by: str = "score",
+               scale: float | None = None, check_explain: bool = True) -> RerankStage:
+        """:meth:`RerankStage.open` over this pipeline's reranker cache, index and dense signal."""
+        return RerankStage.open(self._cache(), options, index=self.index, dense=self.dense,
+                                max_doc_tokens=max_doc_tokens, by=by, scale=scale, check_explain=check_explain)
+
     def loaded_rerankers(self) -> dict[str, Reranker]:
         return self.rerankers.loaded() if self.rerankers is not None else {}
 
@@ -456,7 +445,8 @@ class Pipeline:
                      ) -> SearchOptions:
         """The reranking part of :meth:`validate` (``/rerank`` and :meth:`rerank_documents`
         check only this): the method, ``heads``/``reattn``, ``explain``, ``fusion``
-        (``fusion_name`` in its message), ``cutoff`` (resolved) and ``cold_budget``.
+        (``fusion_name`` in its message), ``cutoff`` (resolved) and ``cold_budget``, by the
+        rules of :func:`heedrank.stage.check_rerank_options` against this pipeline's methods.
 
         Returns:
             ``options`` with ``cutoff`` resolved, marked checked (``"rerank"``, unless validated already).
@@ -464,49 +454,7 @@ class Pipeline:
         Raises:
             ValidationError, UnknownNameError: as :meth:`validate`.
         """
-        from heedrank import registry
-
-        if options.checked:
-            return options
-        method = options.rerank
-        aliases = registry.reranker_aliases()
-        if method != NO_RERANK:
-            known = self._cache().known_methods()
-            if known is not None and aliases.get(method, method) not in known:
-                raise UnknownNameError(f"unknown rerank method {method!r}; choose one of "
-                                       f"{[NO_RERANK, *sorted(aliases), *known]}")
-        head_options = [k for k in HEAD_OPTIONS if k in (options.rerank_options or {})]
-        takers = registry.methods_with_options(HEAD_OPTIONS)
-        if head_options and aliases.get(method, method) not in takers:
-            named = " and ".join(m for m in ("icr", "blockrank") if m in takers)
-            more = [m for m in takers if m not in ("icr", "blockrank")]
-            raise ValidationError(
-                f"rerank.{'/'.join(head_options)} are options of the {named} rerankers"
-                f"{' (also ' + ', '.join(more) + ')' if more else ''}, not of {method!r}"
-            )
-        if options.explain and method == NO_RERANK:
-            raise ValidationError(
-                "explain needs reranking (evidence comes from the reranker's attention); add rerank"
-            )
-        if options.fusion is not None and options.fusion != DEFAULT_FUSION:
-            if method == NO_RERANK:
-                raise ValidationError("fusion needs reranking (it mixes first-stage and reranker scores); add rerank")
-            from heedrank.fusion import resolve_weight
-
-            resolve_weight(options.fusion, name=fusion_name)  # raises for a bad value
-        if options.cutoff is not None:
-            from heedrank.calibration import resolve_cutoff
-
-            cutoff = resolve_cutoff(options.cutoff)  # raises for a bad value
-            if cutoff is not None and method == NO_RERANK:
-                raise ValidationError("cutoff needs reranking (it thresholds the reranker's calibrated scores); add "
-                                      "rerank, or use top_k")
-            options = replace(options, cutoff=cutoff)
-        if options.cold_budget is not None and (isinstance(options.cold_budget, bool)
-                                                or not isinstance(options.cold_budget, int) or options.cold_budget < 0):
-            raise ValidationError(f"cold_budget must be an integer >= 0 (blocks encoded inline) or null (no budget), "
-                                  f"got {options.cold_budget!r}")
-        return replace(options, checked="rerank")
+        return check_rerank_options(options, lambda: self._cache().known_methods(), fusion_name=fusion_name)
 
     # -- documents -------------------------------------------------------------------
     @property
@@ -603,14 +551,9 @@ class Pipeline:
         """
         options = self.validate(options)
         check_query_texts(queries)
-        entry = policy = None
-        if options.rerank != NO_RERANK:  # the reranker, looked up once (built, and failing, before retrieval)
-            entry = self._cache().get(options.rerank, options.rerank_options)
-            if options.explain:
-                check_explainer(entry[0], options.rerank)
-            policy = ServePolicy.of(entry[0], fusion=options.fusion, cutoff=options.cutoff, by="score",
-                                    method=options.rerank)
-        doc_tokens = serving_of(entry[0]).max_doc_tokens if entry else None
+        # the reranker, looked up once (built, and failing, before retrieval)
+        stage = self._stage(options) if options.rerank != NO_RERANK else None
+        doc_tokens = serving_of(stage.reranker).max_doc_tokens if stage is not None else None
         results = []
         iterator: Any = self.first_stage_rows(queries, options)
         if show_progress:
@@ -619,8 +562,8 @@ class Pipeline:
             iterator = track(iterator, total=len(queries), desc=f"search ({options.rerank})", unit="query", log=logger)
         for row in iterator:
             hydrated, done = row.hydrated, None
-            if entry is not None and policy is not None and len(hydrated):
-                done = self._serve(entry, policy, row.query, hydrated.top(options.candidates), options)
+            if stage is not None and len(hydrated):
+                done = stage.serve(row.query, hydrated.top(options.candidates))
             t_rerank = done.seconds if done is not None else 0.0
             timings = {"retrieve": row.retrieve_seconds, "hydrate": row.hydrate_seconds, "rerank": t_rerank,
                        "total": row.retrieve_seconds + row.hydrate_seconds + t_rerank}
@@ -652,7 +595,7 @@ class Pipeline:
             max_doc_tokens: The reranker's document budget (``None``: the configured one).
             by: :data:`heedrank.serving.BY`: how the given order counts (``"prior"``: ``/rerank``'s
                 position prior, :class:`heedrank.serving.PositionPrior`).
-            scale: Override of the reranker's ``score_scale`` (:meth:`ServePolicy.of`).
+            scale: Override of the reranker's ``score_scale`` (:meth:`heedrank.serving.ServePolicy.of`).
             use_store: Read (and fill) this pipeline's index's document KV store; ``/rerank``'s
                 documents are not the collection's, so it passes ``False``.
             share_texts: Identical texts share one served score and relevance
@@ -663,18 +606,14 @@ class Pipeline:
             non-increasing down ``served.ranking``.
 
         Raises:
-            ValidationError, UnknownNameError: see :meth:`check_rerank`, :meth:`ServePolicy.of`.
+            ValidationError, UnknownNameError: see :meth:`check_rerank`, :meth:`heedrank.serving.ServePolicy.of`.
             ContextOverflowError: the candidates do not fit the model's context.
         """
         if by not in BY:
             raise ValidationError(f"by must be one of {BY}, got {by!r}")
         options = self.check_rerank(options)
-        entry = self._cache().get(options.rerank, options.rerank_options, max_doc_tokens)
-        if options.explain:
-            check_explainer(entry[0], options.rerank)
-        policy = ServePolicy.of(entry[0], fusion=None if by == "prior" else options.fusion, cutoff=options.cutoff,
-                                by=by, method=options.rerank, scale=scale)
-        done = self._serve(entry, policy, query, candidates, options, use_store=use_store)
+        stage = self._stage(options, max_doc_tokens=max_doc_tokens, by=by, scale=scale)
+        done = stage.serve(query, candidates, use_store=use_store)
         if not share_texts:
             return done
         texts = {h.doc_id: h.document.content if h.document else h.doc_id for h in candidates.hits}
@@ -698,56 +637,8 @@ class Pipeline:
             or this pipeline no dense signal.
         """
         options = self.check_rerank(options)
-        entry = self._cache().get(options.rerank, options.rerank_options)
-        policy = ServePolicy.of(entry[0], fusion=None if by == "prior" else options.fusion, cutoff=options.cutoff,
-                                by=by, method=options.rerank)
-        if policy.scorer is None or self.dense is None:
-            return None
-        docs = [h.document for h in candidates.hits if h.document is not None]
-        dense = self.dense.cosines(query.text, docs, stored=use_store)
-        return policy.apply_scorer(candidates, Ranking(candidates.query_id, ()), dense,
-                                   self._bm25(policy, query, candidates, use_store))
-
-    def _bm25(self, policy: ServePolicy, query: Query, candidates: Ranking, use_store: bool) -> dict[str, float] | None:
-        """The scorer's ``bm25`` signal of the candidates (the index's :meth:`bm25_scores
-        <heedrank.index.store.Index.bm25_scores>`): ``None`` unless the documents are the index's and
-        the scorer reads it."""
-        if not use_store or self.index is None or policy.scorer is None or not policy.scorer.reads("bm25"):
-            return None
-        return self.index.bm25_scores(query.text, [h.doc_id for h in candidates.hits])
-
-    def _serve(self, entry: tuple[Reranker, threading.BoundedSemaphore], policy: ServePolicy, query: Query, cands: Ranking,
-               options: SearchOptions, *, use_store: bool = True) -> RerankedQuery:
-        """Rerank ``cands`` (hydrated, first-stage order) with ``entry`` and serve them by ``policy``.
-        With the default's scorer every candidate is scored from the signals it has (the reranker's,
-        the dense cosines of :attr:`dense`, its rank, its BM25 score: :meth:`ServePolicy.apply_scorer`); otherwise
-        candidates over the cold budget keep their first-stage positions (:func:`place_skipped`)."""
-        t0 = time.perf_counter()
-        if policy.scorer is not None and policy.signal == "dense" and self.dense is not None:
-            # the embedder alone (method dense): the pipeline holds its signal (the index's stored
-            # vectors, else the texts encoded once): no reranker pass
-            docs = [h.document for h in cands.hits if h.document is not None]
-            cos = self.dense.cosines(query.text, docs, stored=use_store)
-            own = RerankResult(Ranking.from_scores(cands.query_id, cos), seconds=time.perf_counter() - t0)
-            served = policy.apply_scorer(cands, own.ranking, cos)
-            return RerankedQuery(reranked=Reranked(entry[0], own), served=served, policy=policy,
-                                 seconds=time.perf_counter() - t0)
-        reranked = self._cache().rerank(
-            query, [h.document for h in cands.hits if h.document is not None], options.rerank, options.rerank_options,
-            explain=options.explain, evidence_spans=options.evidence_spans, index=self.index if use_store else None,
-            cold_budget=options.cold_budget if options.cutoff is None else None, entry=entry)
-        if policy.scorer is not None:  # the default's scorer: every candidate from the signals it has
-            dense = {} if self.dense is None else self.dense.cosines(query.text, [h.document for h in cands.hits
-                                                                                  if h.document is not None],
-                                                                     stored=use_store)
-            served = policy.apply_scorer(cands, reranked.result.ranking, dense,
-                                         self._bm25(policy, query, cands, use_store))
-            return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=time.perf_counter() - t0)
-        seconds = time.perf_counter() - t0
-        skipped = set(reranked.skipped)
-        kept = Ranking(cands.query_id, tuple(h for h in cands.hits if h.doc_id not in skipped))
-        served = place_skipped(policy.apply(kept, reranked.result.ranking), cands, skipped)
-        return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=seconds)
+        stage = self._stage(options, by=by, check_explain=False)
+        return stage.serve_without_lm(query, candidates, use_store=use_store)
 
 
 @dataclass(frozen=True)

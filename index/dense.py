@@ -34,7 +34,8 @@ padding, so ``-1`` never leaves this module. ``faiss`` is imported when an index
 created or loaded.
 
 :class:`DenseParams` and the construction of each faiss type live in
-:mod:`heedrank.index.dense_build` (re-exported here).
+:mod:`heedrank.index.dense_build` (re-exported here); the searches, the faiss selectors
+they use and the HNSW tombstones in :mod:`heedrank.index.dense_search`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,18 @@ from heedrank.index.dense_build import (
     params_of,
     train_ivf,
 )
+from heedrank.index.dense_search import (
+    FaissSearch,
+    Tombstones,
+    as_labels,
+    as_matrix,
+    inner_index,
+    ivf_labels,
+    ivf_vectors,
+    positions_of,
+    stored_vectors,
+    strip_padding,
+)
 from heedrank.index.rwlock import RWLock
 
 __all__ = ["INDEX_TYPE", "INDEX_TYPES", "VECTORS_FILE", "DenseIndex", "DenseParams", "auto_nlist", "strip_padding"]
@@ -63,29 +76,6 @@ __all__ = ["INDEX_TYPE", "INDEX_TYPES", "VECTORS_FILE", "DenseIndex", "DensePara
 logger = logging.getLogger(__name__)
 
 VECTORS_FILE = "vectors.faiss"
-_BITMAP_MAX_BITS = 1 << 28  # label bitmaps above this size fall back to IDSelectorBatch
-
-
-def _as_matrix(x: np.ndarray, dim: int, what: str) -> np.ndarray:
-    x = np.asarray(x)
-    if x.ndim == 1:
-        x = x[None, :]
-    if x.ndim != 2 or x.shape[1] != dim:
-        raise ValidationError(f"{what} must have shape (n, {dim}), got {x.shape}")
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
-def _as_labels(ids: Any) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
-
-
-def strip_padding(scores: np.ndarray, labels: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per row ``(labels int64 (r,), scores float32 (r,))`` without faiss's ``-1`` padding."""
-    out = []
-    for s, lab in zip(scores, labels):
-        keep = lab >= 0
-        out.append((lab[keep].astype(np.int64, copy=True), s[keep].astype(np.float32, copy=True)))
-    return out
 
 
 class DenseIndex:
@@ -118,9 +108,8 @@ class DenseIndex:
         self.index = index
         self.params = params
         self._lock = RWLock()
-        self._tombstones: set[int] = set()
-        self._tomb_mask: np.ndarray | None = None  # positions of tombstoned vectors (HNSW)
-        self._ivf_labels = self._read_ivf_labels() if params.index_type == "ivf" else None
+        self._tombstones = Tombstones()
+        self._ivf_labels = ivf_labels(self.faiss, index) if params.index_type == "ivf" else None
         labels = self.labels()
         if len(labels) > 1 and not (np.diff(labels) > 0).all():
             raise NotFoundError("vector index labels are not strictly increasing; rebuild the index")
@@ -143,7 +132,7 @@ class DenseIndex:
             ValidationError: shapes, labels, or an IVF index over fewer vectors than ``nlist``.
         """
         d = int(dim if dim is not None else np.asarray(vectors).shape[-1])
-        x = _as_matrix(vectors, d, "vectors")
+        x = as_matrix(vectors, d, "vectors")
         params = (params or DenseParams()).for_size(len(x))
         if params.index_type != "ivf":
             out = cls(d, params)
@@ -159,29 +148,6 @@ class DenseIndex:
     def kind(self) -> str:
         """``"flat"``, ``"hnsw"`` or ``"ivf"``."""
         return self.params.index_type
-
-    def _inner(self) -> Any:
-        return self.faiss.downcast_index(self.index.index) if self.kind != "ivf" else self.index
-
-    def _storage(self) -> np.ndarray:
-        """Zero-copy float32 ``(ntotal, d)`` view of the stored vectors (flat/HNSW), by position."""
-        inner = self._inner()
-        flat = inner if self.kind == "flat" else self.faiss.downcast_index(inner.storage)
-        n = int(flat.ntotal)
-        if n == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return self.faiss.rev_swig_ptr(flat.get_xb(), n * self.dim).reshape(n, self.dim)
-
-    def _read_ivf_labels(self) -> np.ndarray:
-        invl = self.index.invlists
-        parts = []
-        for lst in range(self.index.nlist):
-            size = invl.list_size(lst)
-            if size:
-                ptr = invl.get_ids(lst)
-                parts.append(self.faiss.rev_swig_ptr(ptr, size).copy())
-                invl.release_ids(lst, ptr)
-        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def labels(self) -> np.ndarray:
         """Sorted int64 labels of every stored vector (tombstoned ones included); position
@@ -206,16 +172,11 @@ class DenseIndex:
     @property
     def tombstones(self) -> frozenset[int]:
         """Labels deleted but still in the graph (HNSW only; empty for flat/IVF)."""
-        return frozenset(self._tombstones)
+        return self._tombstones.labels()
 
     def positions(self, labels: np.ndarray) -> np.ndarray:
         """Positions of stored ``labels`` in :meth:`labels` order; absent labels are dropped."""
-        stored = self.labels()
-        labels = _as_labels(labels)
-        pos = np.searchsorted(stored, labels)
-        ok = pos < len(stored)
-        ok[ok] = stored[pos[ok]] == labels[ok]
-        return pos[ok]
+        return positions_of(self.labels(), labels)
 
     # -- writing -------------------------------------------------------------------------
     def add(self, vectors: np.ndarray, ids: np.ndarray) -> None:
@@ -229,8 +190,8 @@ class DenseIndex:
         Raises:
             ValidationError: shape mismatch, a negative, repeated or non-increasing label.
         """
-        x = _as_matrix(vectors, self.dim, "vectors")
-        labels = _as_labels(ids)
+        x = as_matrix(vectors, self.dim, "vectors")
+        labels = as_labels(ids)
         if len(labels) != len(x):
             raise ValidationError(f"got {len(x)} vectors but {len(labels)} ids")
         if not len(labels):
@@ -248,8 +209,7 @@ class DenseIndex:
             self.index.add_with_ids(x, labels)
             if self._ivf_labels is not None:
                 self._ivf_labels = np.concatenate([self._ivf_labels, labels])
-            if self._tomb_mask is not None:
-                self._tomb_mask = np.concatenate([self._tomb_mask, np.zeros(len(labels), dtype=bool)])
+            self._tombstones.grow(len(labels))
 
     def delete(self, ids: np.ndarray) -> int:
         """Delete vectors by label: in place for flat and IVF, as tombstones for HNSW
@@ -258,19 +218,14 @@ class DenseIndex:
         Returns:
             Number of stored vectors deleted or tombstoned.
         """
-        labels = np.unique(_as_labels(ids))
+        labels = np.unique(as_labels(ids))
         with self._lock.write():
             present = self.labels()
             labels = labels[np.isin(labels, present)]
             if not len(labels):
                 return 0
             if self.kind == "hnsw":
-                new = [int(v) for v in labels if int(v) not in self._tombstones]
-                self._tombstones.update(new)
-                mask = self._tomb_mask if self._tomb_mask is not None else np.zeros(len(self), dtype=bool)
-                mask[self.positions(np.asarray(new, dtype=np.int64))] = True
-                self._tomb_mask = mask
-                return len(new)
+                return self._tombstones.add(labels, present)
             if self.kind == "ivf":
                 removed = int(self.index.remove_ids(self.faiss.IDSelectorArray(labels)))
                 self._ivf_labels = np.setdiff1d(self.labels(), labels, assume_unique=True)
@@ -284,9 +239,7 @@ class DenseIndex:
         """
         params = params or self.params
         with self._lock.read():
-            live = self.labels().copy()
-            if self._tombstones:
-                live = live[~np.isin(live, np.fromiter(self._tombstones, dtype=np.int64))]
+            live = self._tombstones.drop(self.labels().copy())
             vectors = self.vectors(live)
         if params.index_type == "ivf" and len(vectors) < (params.nlist or 1):
             from dataclasses import replace
@@ -297,60 +250,17 @@ class DenseIndex:
     # -- reading -------------------------------------------------------------------------
     def vectors(self, labels: np.ndarray) -> np.ndarray:
         """float32 ``(m, d)`` stored vectors of ``labels`` (all present). Raises NotFoundError."""
-        labels = _as_labels(labels)
+        labels = as_labels(labels)
         if self.kind == "ivf":
-            try:
-                return np.asarray(self.index.reconstruct_batch(labels), dtype=np.float32).reshape(len(labels), self.dim)
-            except RuntimeError as exc:
-                raise NotFoundError(f"a vector id is not in the index ({exc})") from None
+            return ivf_vectors(self.index, labels, self.dim)
         pos = self.positions(labels)
         if len(pos) != len(labels):
             raise NotFoundError("a vector id is not in the index")
-        return self._storage()[pos]
+        return stored_vectors(self.faiss, self.index, self.kind, self.dim)[pos]
 
     def reconstruct(self, vid: int) -> np.ndarray:
         """The stored float32 ``(dim,)`` vector of label ``vid``. Raises NotFoundError."""
         return self.vectors(np.array([vid]))[0]
-
-    def _bitmap_selector(self, members: np.ndarray, size: int) -> tuple[Any, np.ndarray]:
-        """``IDSelectorBitmap`` whose members are the ids ``members`` (all ``< size``)."""
-        bits = np.zeros(size, dtype=bool)
-        bits[members] = True
-        packed = np.packbits(bits, bitorder="little")
-        # faiss: id i is a member iff i // 8 < n (bytes) and bit i % 8 of byte i // 8 is set
-        return self.faiss.IDSelectorBitmap(len(packed), self.faiss.swig_ptr(packed)), packed
-
-    def _label_selector(self, allowed: np.ndarray) -> tuple[Any, Any]:
-        """Selector over labels: the ``allowed`` ones minus tombstones (a bitmap when it is
-        small enough, else a hash set). Built in ``O(len(allowed))``, no position lookups."""
-        allowed = _as_labels(allowed)
-        if self._tombstones:
-            allowed = allowed[~np.isin(allowed, self._tomb_labels())]
-        top = int(allowed.max()) + 1 if len(allowed) else 1
-        if top <= _BITMAP_MAX_BITS:
-            return self._bitmap_selector(allowed, top)
-        return self.faiss.IDSelectorBatch(allowed), allowed
-
-    def _tomb_labels(self) -> np.ndarray:
-        return np.fromiter(self._tombstones, dtype=np.int64, count=len(self._tombstones))
-
-    def _position_selector(self, allowed: np.ndarray | None) -> tuple[Any, list[Any]]:
-        """Selector over flat/HNSW storage positions for ``allowed`` labels (``None`` = all
-        live): ``None`` when nothing is excluded, else a translated label bitmap (through
-        the id map) or, without a filter, a bitmap of live positions."""
-        if allowed is None:
-            if self._tomb_mask is None:
-                return None, []
-            sel, buf = self._bitmap_selector(np.flatnonzero(~self._tomb_mask), len(self))
-            return sel, [buf]
-        label_sel, buf = self._label_selector(allowed)
-        sel = self.faiss.IDSelectorTranslated(self.index.id_map, label_sel)
-        return sel, [label_sel, buf]
-
-    def _flat_storage(self) -> Any:
-        """The ``IndexFlat`` holding the vectors by position (flat: the index; HNSW: its storage)."""
-        inner = self._inner()
-        return inner if self.kind == "flat" else self.faiss.downcast_index(inner.storage)
 
     def search_exact(
         self, queries: np.ndarray, k: int, *, allowed: np.ndarray | None = None
@@ -372,64 +282,13 @@ class DenseIndex:
             Per query ``(labels int64 (r,), scores float32 (r,))`` sorted by descending
             score, ``r = min(k, number of allowed live vectors)``.
         """
-        q = _as_matrix(queries, self.dim, "queries")
-        k = int(k)
-        faiss = self.faiss
+        q = as_matrix(queries, self.dim, "queries")
         with self._lock.read():
-            if self.kind == "ivf":
-                return self._exact_ivf(q, k, allowed)
-            keep: list[Any] = []
-            params = None
-            if allowed is not None and len(allowed) <= len(self) // 8:
-                pos = self.positions(allowed)  # few: faiss computes only these products
-                if self._tomb_mask is not None:
-                    pos = pos[~self._tomb_mask[pos]]
-                n_allowed = len(pos)
-                if n_allowed:
-                    sel = faiss.IDSelectorArray(pos)
-                    keep += [sel, pos]
-                    params = faiss.SearchParameters(sel=sel)
-            elif allowed is not None:  # many: scan, skipping what the label bitmap excludes
-                n_allowed = len(allowed)  # an upper bound: absent labels only leave padding, stripped below
-                sel, bufs = self._position_selector(allowed)
-                keep += [sel, *bufs]
-                params = faiss.SearchParameters(sel=sel)
-            else:
-                n_allowed = self.num_live
-                sel, bufs = self._position_selector(None)
-                keep += [sel, *bufs]
-                params = faiss.SearchParameters(sel=sel) if sel is not None else None
-            kk = min(k, n_allowed)
-            if kk <= 0 or not len(q):
-                return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(len(q))]
-            scores, pos_out = self._flat_storage().search(q, kk, params=params)
-            labels = self.labels()
-            return strip_padding(scores, np.where(pos_out >= 0, labels[np.maximum(pos_out, 0)], -1))
+            return self._search().exact(q, int(k), allowed)
 
-    def _exact_ivf(self, q: np.ndarray, k: int, allowed: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
-        stored = self.labels()  # the IVF labels (this path runs for IVF only)
-        if allowed is not None:
-            allowed = _as_labels(allowed)
-            allowed = allowed[np.isin(allowed, stored)]
-        n_allowed = len(stored) if allowed is None else len(allowed)
-        kk = min(k, n_allowed)
-        if kk <= 0 or not len(q):
-            return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(len(q))]
-        faiss = self.faiss
-        if allowed is not None and n_allowed <= max(4096, len(stored) // 16):
-            x = self.vectors(allowed)  # gather through the direct map: O(m d)
-            scores, idx = faiss.knn(q, x, kk, metric=faiss.METRIC_INNER_PRODUCT)
-            return strip_padding(scores, np.where(idx >= 0, allowed[np.maximum(idx, 0)], -1))
-        # every cell visited: exact for IVFFlat
-        keep: list[Any] = []
-        if allowed is not None:
-            sel, buf = self._label_selector(allowed)
-            keep += [sel, buf]
-            params = faiss.SearchParametersIVF(sel=sel, nprobe=int(self.index.nlist))
-        else:
-            params = faiss.SearchParametersIVF(nprobe=int(self.index.nlist))
-        scores, labels = self.index.search(q, kk, params=params)
-        return strip_padding(scores, labels)
+    def _search(self) -> FaissSearch:
+        """The searches over the stored labels and tombstones as they are now (hold the read lock)."""
+        return FaissSearch(self.faiss, self.index, self.params, self.labels(), self._tombstones)
 
     def search_ann(
         self,
@@ -459,31 +318,9 @@ class DenseIndex:
         """
         if self.kind == "flat":
             return self.search_exact(queries, k, allowed=allowed)
-        q = _as_matrix(queries, self.dim, "queries")
-        faiss = self.faiss
+        q = as_matrix(queries, self.dim, "queries")
         with self._lock.read():
-            kk = min(int(k), len(self))
-            if kk <= 0 or not len(q):
-                return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(len(q))]
-            keep: list[Any] = []
-            if self.kind == "hnsw":
-                ef = max(int(ef_search or self.params.ef_search), kk)
-                sel, bufs = self._position_selector(None if allowed is None else _as_labels(allowed))
-                keep += [sel, *bufs]
-                params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef) if sel is not None else \
-                    faiss.SearchParametersHNSW(efSearch=ef)
-                scores, pos = self._inner().search(q, kk, params=params)
-                labels = self.labels()
-                return strip_padding(scores, np.where(pos >= 0, labels[np.maximum(pos, 0)], -1))
-            probe = min(int(nprobe or self.params.nprobe), int(self.index.nlist))
-            if allowed is None:
-                params = faiss.SearchParametersIVF(nprobe=probe)
-            else:
-                sel, buf = self._label_selector(_as_labels(allowed))
-                keep += [sel, buf]
-                params = faiss.SearchParametersIVF(sel=sel, nprobe=probe)
-            scores, labels = self.index.search(q, kk, params=params)
-            return strip_padding(scores, labels)
+            return self._search().ann(q, int(k), allowed, ef_search, nprobe)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Unfiltered top-``k`` as ``(scores float32 (n, k'), labels int64 (n, k'))``,
@@ -530,7 +367,7 @@ class DenseIndex:
             from dataclasses import replace
 
             if out.kind == "hnsw":
-                out._inner().hnsw.efSearch = params.ef_search
+                inner_index(faiss, out.index, out.kind).hnsw.efSearch = params.ef_search
                 out.params = replace(out.params, ef_search=params.ef_search)
             if out.kind == "ivf":
                 out.index.nprobe = params.nprobe

@@ -33,15 +33,18 @@ compaction, flushing and the recovery of an interrupted swap live in
 :mod:`heedrank.index.maintenance` (one recovery path, :func:`~heedrank.index.maintenance.reconcile`,
 serves both the catch-up at open and compaction); the methods here delegate to it.
 Opening a directory (its parts checked against ``params.json`` and the recorded embedder)
-and building in memory live in :mod:`heedrank.index.opening`; the in-memory side of an
-update in :mod:`heedrank.index.updates`.
+and building in memory live in :mod:`heedrank.index.opening`; the write path of an update in
+:mod:`heedrank.index.writing`, its in-memory side in :mod:`heedrank.index.updates`; the
+searches in :mod:`heedrank.index.searching`; the vid -> doc id table and the filter cache in
+:mod:`heedrank.index.lookups`; the query encoder and the document KV stores, opened on first
+use, in :mod:`heedrank.index.lazy_parts`; the :meth:`Index.describe` summary in
+:mod:`heedrank.index.summary`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -49,15 +52,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heedrank.errors import IndexMismatchError, NotFoundError, ValidationError
-from heedrank.index import maintenance, opening, updates
+from heedrank.errors import IndexMismatchError, NotFoundError
+from heedrank.index import maintenance, opening, searching, summary, writing
+from heedrank.index.lazy_parts import BlockStores, LazyEncoder
+from heedrank.index.lookups import DocIdTable, FilterCache
 from heedrank.index.rwlock import RWLock
 from heedrank.protocols import Encoder, WritableDocStore
 from heedrank.types import Document
 
 if TYPE_CHECKING:
     from heedrank.blocks import KVHeader
-    from heedrank.index.filters import BoolFilter
     from heedrank.index.kv import KVStore
 
 logger = logging.getLogger(__name__)
@@ -117,24 +121,17 @@ class Index:
         self.planner = planner or PlannerParams.from_dict((self.params.get("dense") or {}).get("planner") or {})
         self.passages = PassageParams.from_dict((self.params.get("dense") or {}).get("passages"))
         self.writable = writable
-        self.kv_cache_bytes = kv_cache_bytes
-        self.kv_tiers = kv_tiers
-        self._encoder = encoder
-        self._embedder_dir = embedder_dir
-        self._lock = threading.Lock()  # lazy encoder / doc ids
+        self._encoder = LazyEncoder(encoder, embedder_dir, self.params)
         self.rw = RWLock()
         """Searches read, updates and the swaps of maintenance write (:mod:`heedrank.index.maintenance`)."""
         self.maintenance_lock = threading.Lock()
         """Held by flush and compaction: one at a time."""
-        self._kv_lock = threading.Lock()  # opening the document KV store
-        self._block_stores: dict[str, KVStore] = {}
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._block_stores = None if path is None else BlockStores(
+            Path(path) / self.KV_DIR, cache_bytes=kv_cache_bytes, kv_tiers=kv_tiers)
+        self._filters = FilterCache(self.docstore.filter_vids, FILTER_CACHE_SIZE)
         self.vectors_dirty = False
         """Whether the vector file lags behind memory (:meth:`flush` writes it)."""
-        self._doc_ids: list[str | None] | None = None
-        if doc_ids is not None:
-            self._doc_ids = list(doc_ids)
+        self._vid_table = DocIdTable(docstore, doc_ids)
 
     @property
     def group_bits(self) -> int:
@@ -224,34 +221,16 @@ class Index:
     def set_doc_ids(self, vids: np.ndarray, ids: Sequence[str]) -> list[str | None]:
         """Replace the vid -> doc id table (:attr:`doc_ids`) with live ``vids`` (int64) and
         their ``ids`` (the document store's :meth:`vid_doc_pairs`); returns the new table."""
-        top = int(vids.max()) + 1 if len(vids) else 0
-        table: list[str | None] = [None] * max(top, int(self.docstore.next_vid))
-        for v, d in zip(vids.tolist(), ids):
-            table[v] = d
-        self._doc_ids = table
-        return table
+        return self._vid_table.replace(vids, ids)
 
     @property
     def doc_ids(self) -> list[str | None]:
         """Doc id of every vid: ``doc_ids[vid]`` (``None`` for deleted or replaced versions)."""
-        table = self._doc_ids
-        if table is None:
-            with self._lock:
-                table = self._doc_ids
-                if table is None:
-                    table = self.set_doc_ids(*self.docstore.vid_doc_pairs())
-        return table
+        return self._vid_table.table
 
     def doc_ids_of(self, vids: Sequence[int] | np.ndarray) -> list[str]:
         """Doc ids of live vids, in order. Raises NotFoundError for a dead vid."""
-        table = self.doc_ids
-        out = []
-        for v in np.asarray(vids).tolist():
-            d = table[v] if 0 <= v < len(table) else None
-            if d is None:
-                raise NotFoundError(f"vid {v} is not a live document")
-            out.append(d)
-        return out
+        return self._vid_table.ids_of(vids)
 
     @property
     def encoder(self) -> Encoder:
@@ -259,14 +238,11 @@ class Index:
 
         Raises:
             NotFoundError: the index has no dense vectors.
+            ModelLoadError: the model cannot be loaded.
         """
-        if self._encoder is None:
-            if self.dense is None:
-                raise NotFoundError("this index was built without dense vectors (--no-dense); it has no encoder")
-            with self._lock:
-                if self._encoder is None:
-                    self._encoder = opening.load_encoder(self._embedder_dir, self.params)
-        return self._encoder
+        if self.dense is None and not self._encoder.ready:
+            raise NotFoundError("this index was built without dense vectors (--no-dense); it has no encoder")
+        return self._encoder.get()
 
     def encode_documents(self, docs: Sequence[Document]) -> list[np.ndarray]:
         """float32 ``(p, d)`` vectors per document: one, or one per passage."""
@@ -299,24 +275,7 @@ class Index:
         Raises:
             FilterError: an invalid filter (HTTP 422; the message names the clause).
         """
-        from heedrank.index.filters import as_filter, cache_key
-
-        parsed: BoolFilter | None = as_filter(flt)
-        if parsed is None:
-            return None
-        key = cache_key(parsed)
-        with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
-        vids = self.docstore.filter_vids(parsed)
-        vids.setflags(write=False)
-        with self._cache_lock:
-            self._cache[key] = vids
-            while len(self._cache) > FILTER_CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return vids
+        return self._filters.vids(flt)
 
     def search_bm25(self, texts: Sequence[str], k: int, *, filter: Any = None) -> list[tuple[list[str], np.ndarray]]:
         """BM25 top-``k`` per query (see :meth:`heedrank.index.bm25.BM25Index.search`) among live
@@ -329,9 +288,7 @@ class Index:
         Raises:
             FilterError: an invalid filter.
         """
-        with self.rw.read():  # ids are resolved under the lock: a concurrent delete cannot race them
-            allowed = self.filter_vids(filter)
-            return [(self.doc_ids_of(v), s) for v, s in self.bm25.search(texts, k, allowed=allowed)]
+        return searching.search_bm25(self, texts, k, filter)
 
     def bm25_scores(self, query: str, doc_ids: Sequence[str]) -> dict[str, float]:
         """BM25's score of ``query`` with each of ``doc_ids`` that this index holds: the ``bm25``
@@ -346,15 +303,7 @@ class Index:
             ``{doc_id: score >= 0}`` (0: no query term), float; ids not in the index (unknown or
             deleted) are left out: the scorer then uses its models without ``bm25``.
         """
-        if not len(doc_ids):
-            return {}
-        with self.rw.read():
-            vids = self.docstore.vids_of(list(doc_ids))
-            if not vids:
-                return {}
-            ids = list(vids)
-            got = self.bm25.doc_scores(query, np.asarray([vids[d] for d in ids], dtype=np.int64))
-        return {d: float(s) for d, s in zip(ids, got) if np.isfinite(s)}
+        return searching.bm25_scores(self, query, doc_ids)
 
     def search_dense(
         self, vectors: np.ndarray, k: int, *, filter: Any = None, strategy: str = "auto"
@@ -375,20 +324,7 @@ class Index:
         Raises:
             NotFoundError: no dense vectors. FilterError: an invalid filter.
         """
-        from heedrank.index.planner import planned_search
-
-        if self.dense is None:
-            raise NotFoundError("this index was built without dense vectors (--no-dense)")
-        with self.rw.read():
-            allowed = self.filter_vids(filter)
-            if allowed is not None and self.group_bits:
-                labels = np.asarray(self.dense.labels())
-                allowed = labels[np.isin(labels >> self.group_bits, allowed)]
-            rows, report = planned_search(
-                self.dense, vectors, k, allowed=allowed, params=self.planner, strategy=strategy,
-                group_bits=self.group_bits, max_group=self.max_group,
-            )
-            return [(self.doc_ids_of(v), s) for v, s in rows], report
+        return searching.search_dense(self, vectors, k, filter, strategy)
 
     # -- updates -----------------------------------------------------------------------
     def check_writable(self) -> None:
@@ -415,26 +351,7 @@ class Index:
                 cannot be updated; nothing is written then.
             IndexMismatchError: a format-1 (read-only) index.
         """
-        self.check_writable()
-        docs = list(docs)
-        if not docs:
-            return {"added": [], "replaced": [], "vids": {}}
-        from heedrank.index.docstore import _check_unique, metadata_json
-
-        _check_unique(docs)
-        for d in docs:
-            metadata_json(d)
-        if self.bm25.avgdl is None:
-            raise ValidationError("this index's BM25 has no build statistics; rebuild it to add documents")
-        vecs = self.encode_documents(docs) if self.dense is not None else None
-        with self.rw.write():
-            result = self.docstore.upsert(docs, vecs)
-            updates.apply_add(self, result, docs, vecs)
-        return {
-            "added": [d for d, _, old in result if old is None],
-            "replaced": [d for d, _, old in result if old is not None],
-            "vids": {d: vid for d, vid, _ in result},
-        }
+        return writing.add_documents(self, docs)
 
     def delete_documents(self, doc_ids: Sequence[str]) -> dict[str, Any]:
         """Delete documents by id, durably (unknown ids are reported, not an error).
@@ -445,20 +362,11 @@ class Index:
         Raises:
             IndexMismatchError: a format-1 (read-only) index.
         """
-        self.check_writable()
-        wanted = list(dict.fromkeys(doc_ids))
-        with self.rw.write():
-            gone = self.docstore.delete(wanted)
-            if gone:
-                updates.drop_vids(self, np.array([v for _, v in gone], dtype=np.int64))
-                self.clear_filter_cache()
-        deleted = {d for d, _ in gone}
-        return {"deleted": [d for d in wanted if d in deleted], "missing": [d for d in wanted if d not in deleted]}
+        return writing.delete_documents(self, doc_ids)
 
     def clear_filter_cache(self) -> None:
         """Forget the cached vid sets of filters (every update changes them)."""
-        with self._cache_lock:
-            self._cache.clear()
+        self._filters.clear()
 
     # -- maintenance (see heedrank.index.maintenance) -----------------------------------
     def stats(self) -> dict[str, Any]:
@@ -500,33 +408,12 @@ class Index:
 
     def live_vids(self) -> np.ndarray:
         """Sorted int64 vids of the live documents (from :attr:`doc_ids`; call it holding :attr:`rw`)."""
-        table = self.doc_ids
-        return np.fromiter((v for v, d in enumerate(table) if d is not None), dtype=np.int64)
+        return self._vid_table.live_vids()
 
     def describe(self) -> dict[str, Any]:
-        """Summary for ``/info`` and reports (no model load)."""
-        dense = self.params.get("dense") or None
-        emb = (dense or {}).get("embedder") or {}
-        return {
-            "path": str(self.path) if self.path is not None else None,
-            "num_docs": len(self.docstore),
-            "retrievers": self.available_retrievers(),
-            "created": self.params.get("created"),
-            "format_version": self.params.get("format_version"),
-            "corpus": self.params.get("corpus"),
-            "bm25": {**(self.params.get("bm25") or {}), "analyzer_version": self.bm25.params.analyzer_version},
-            "dense": (
-                {
-                    "index_type": dense.get("index_type"),
-                    "params": dense.get("params"),
-                    "passages": dense.get("passages"),
-                    "dim": dense.get("dim"),
-                    "embedder": emb.get("name"),
-                    "embedder_sha256": emb.get("sha256"),
-                }
-                if dense else None
-            ),
-        }
+        """Summary for ``/info`` and reports (no model load); the keys are listed in
+        :func:`heedrank.index.summary.describe`."""
+        return summary.describe(self)
 
     KV_DIR = "kv"
     """Folder of the document KV store inside an index directory."""
@@ -543,20 +430,7 @@ class Index:
                 block length, dtype or adapter (the message names the rebuild command).
             KVStoreError: the store cannot be opened (e.g. another process writes it).
         """
-        if self.path is None:
-            return None
-        from heedrank.blocks import as_header
-
-        want = as_header(header)
-        stores = self._block_stores
-        key = want.fingerprint()
-        with self._kv_lock:
-            if key not in stores:
-                path = Path(self.path) / self.KV_DIR
-                if not (path / "header.json").exists() and not create:
-                    return None
-                stores[key] = opening.open_kv_store(path, want, cache_bytes=self.kv_cache_bytes, kv_tiers=self.kv_tiers)
-            return stores[key]
+        return None if self._block_stores is None else self._block_stores.get(header, create=create)
 
     def close(self) -> None:
         """Write the vector index if it lags behind (writable directories), then close
@@ -564,10 +438,8 @@ class Index:
         try:
             self.flush()
         finally:
-            with self._kv_lock:
-                for store in self._block_stores.values():
-                    store.close()
-                self._block_stores.clear()
+            if self._block_stores is not None:
+                self._block_stores.close()
             self.docstore.close()
 
     def __repr__(self) -> str:

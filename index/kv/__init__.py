@@ -3,8 +3,14 @@ once per distinct document text and read by every query.
 
 * :mod:`~heedrank.index.kv.format`: the files, the manifest (the commit point), the shard index.
 * :mod:`~heedrank.index.kv.codec`: one codec per dtype (:class:`Float16Codec`, :class:`Int8Codec`).
+* :mod:`~heedrank.index.kv.shards`: the shard files: writing one, linking another store's in,
+  scanning the committed ones into the live index.
 * :mod:`~heedrank.index.kv.manifest`: :class:`Manifest`, the commit point: the committed
-  manifest, the live index, writing, linking and mapping shards.
+  manifest, the live index, shard ids, mapping shards.
+* :mod:`~heedrank.index.kv.directory`: a store directory: making it, checking its header, the
+  writer lock.
+* :mod:`~heedrank.index.kv.ramcache`: the RAM tier of decoded blocks.
+* :mod:`~heedrank.index.kv.writes`: a put's and a delete's manifest commits.
 * :mod:`~heedrank.index.kv.store`: :class:`KVStore` (open, lock, read, put, delete, refresh),
   over a :class:`Manifest` and a :class:`Budget`.
 * :mod:`~heedrank.index.kv.maintenance`: verify, compact (whole or the most-dead shards), adopt a

@@ -281,9 +281,7 @@ def adopt(store: KVStore, source: str | os.PathLike[str], *, verify: bool = Fals
                     new_metas.append(meta)
                     locs.update(shard_locs)
                 if new_metas:
-                    tomb = {k: s for k, s in manifest.tombstones.items() if k not in locs}
-                    committed = manifest.new(manifest.shards + new_metas, tomb)
-                    manifest.commit(committed)
+                    committed = manifest.commit_shards(new_metas, locs)
             except BaseException as exc:  # nothing committed: drop the new files
                 manifest.unlink(new_metas)
                 if isinstance(exc, OSError):

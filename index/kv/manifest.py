@@ -5,8 +5,9 @@
 files) and what a process serves from it: the live index ``{block key: Loc}``, the
 memory-mapped shards, and the count of entries dropped as corrupt. Every write of a store
 goes through it: a shard is written and fsynced (:meth:`Manifest.write_shard`,
-:meth:`Manifest.link_shard`), a new manifest listing it is committed
-(:meth:`Manifest.commit`, the one atomic step), and only then served
+:meth:`Manifest.link_shard`: the files are :mod:`heedrank.index.kv.shards`'s, the shard ids
+the manifest's), a new manifest listing it is committed (:meth:`Manifest.commit`,
+:meth:`Manifest.commit_shards`: the one atomic step), and only then served
 (:meth:`Manifest.install`, :meth:`Manifest.swap_shards`). So a crash at any point leaves the
 store as it was before or after a write, never in between; files not yet committed are
 orphans that :meth:`Manifest.remove_orphans` deletes at the next writable open.
@@ -18,10 +19,8 @@ changed), of the disk budget (:mod:`heedrank.index.kv.budget`) or of the writer 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import shutil
 import threading
 import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -31,11 +30,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from heedrank.blocks import BlockKey, KVHeader
-from heedrank.errors import KVStoreError
-from heedrank.files import fsync_dir, fsync_file, write_all, write_atomic, write_new
+from heedrank.files import write_all, write_atomic
 from heedrank.index.kv.codec import Codec
 from heedrank.index.kv.format import (
-    ALIGN,
     HEADER_FILE,
     MANIFEST_FILE,
     BadEntry,
@@ -47,12 +44,9 @@ from heedrank.index.kv.format import (
     manifest_bytes,
     new_manifest,
     read_manifest,
-    read_shard_index,
-    shard_index_bytes,
-    shard_meta,
-    shard_names,
     unlink_quiet,
 )
+from heedrank.index.kv.shards import link_shard, scan_shards, write_shard
 from heedrank.index.rwlock import RWLock
 
 logger = logging.getLogger(__name__)
@@ -155,6 +149,28 @@ class Manifest:
             raise io_error(what, self.path, exc) from exc
         return manifest
 
+    def commit_shards(self, metas: Sequence[dict[str, Any]], locs: Mapping[BlockKey, Loc],
+                      evict: Iterable[BlockKey] = ()) -> dict[str, Any]:
+        """Commit the shards ``metas`` just written or linked (holding ``locs``: those keys
+        lose their tombstones) with tombstones for ``evict`` that hide those blocks in every
+        shard so far, ``metas`` included. Not served yet: :meth:`install` it.
+
+        Returns:
+            The new manifest.
+
+        Raises:
+            OSError: unchanged, after removing the files of ``metas`` (nothing committed).
+        """
+        tomb = {k: s for k, s in self.tombstones.items() if k not in locs}
+        tomb.update(dict.fromkeys(evict, self._next_shard))
+        manifest = self.new(self.shards + list(metas), tomb)
+        try:
+            self.commit(manifest)
+        except BaseException:
+            self.unlink(metas)
+            raise
+        return manifest
+
     # ---- load
 
     def load(self) -> dict[BlockKey, Loc]:
@@ -169,37 +185,7 @@ class Manifest:
             KVStoreError: an unreadable manifest, or one of another header or format.
         """
         manifest = read_manifest(self.path, self.header, self._next_shard)
-        index: dict[BlockKey, Loc] = {}
-        tombstones: dict[str, int] = manifest["tombstones"]
-        dropped = 0
-        for meta in sorted(manifest["shards"], key=lambda m: m["id"]):
-            sid = meta["id"]
-            entries = read_shard_index(self.path, meta)
-            if entries is None:  # whole shard unusable: its blocks become misses
-                for row in read_shard_index(self.path, meta, trust=True) or []:
-                    index.pop(row[0], None)
-                dropped += meta["entries"]
-                continue
-            try:
-                size = (self.path / meta["bin"]).stat().st_size
-            except OSError as exc:
-                logger.warning("KV shard %s is missing (%s): its %d blocks will be recomputed", meta["bin"], exc, len(entries))
-                size = 0
-            bad = 0
-            for key, offset, length, tokens, crc in entries:
-                if tombstones.get(key, -1) > sid:
-                    continue
-                if offset + length > size or length != self.codec.nbytes(tokens) or not 1 <= tokens <= self.header.max_doc_tokens:
-                    index.pop(key, None)  # never fall back to an older version
-                    bad += 1
-                    continue
-                index[key] = Loc(sid, offset, length, tokens, crc)
-            if bad:
-                dropped += bad
-                logger.warning(
-                    "KV shard %s is truncated or damaged (%d of %d bytes): %d entries dropped, they will be recomputed",
-                    meta["bin"], size, meta["bin_bytes"], bad,
-                )
+        index, dropped = scan_shards(self.path, self.header, self.codec, manifest)
         with self.lock.write():
             self._committed = manifest
             self._next_shard = max(self._next_shard, int(manifest["next_shard"]))
@@ -359,20 +345,15 @@ class Manifest:
 
     # ---- writing shards (not committed until a manifest lists them)
 
-    def _new_shard(self) -> tuple[int, Path, Path]:
+    def _take_shard_id(self) -> int:
         sid = self._next_shard
         self._next_shard += 1
-        bin_name, idx_name = shard_names(sid)
-        return sid, self.path / bin_name, self.path / idx_name
+        return sid
 
     def write_shard(self, items: Iterable[tuple[BlockKey, int, Sequence[Any]]], expected: int, *,
                     progress: Callable[[int], Any] | None = None) -> tuple[dict[str, Any], dict[BlockKey, Loc]]:
-        """Write one shard from ``(key, T, payload parts)`` and make it durable (not committed).
-
-        Args:
-            items: The entries, in order; each payload part is a bytes-like object.
-            expected: How many entries ``items`` yields (checked).
-            progress: Called with 1 per entry written.
+        """Write ``(key, T, payload parts)`` as the next shard and make it durable (not
+        committed): :func:`heedrank.index.kv.shards.write_shard`, whose arguments these are.
 
         Returns:
             ``(manifest entry, {key: location})``.
@@ -380,44 +361,12 @@ class Manifest:
         Raises:
             OSError: after removing the partial files.
         """
-        sid, bpath, ipath = self._new_shard()
-        locs: dict[BlockKey, Loc] = {}
-        rows: list[list[Any]] = []
-        try:
-            fd = os.open(bpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                offset = 0
-                for key, tokens, parts in items:
-                    crc, length = 0, 0
-                    for part in parts:
-                        crc = zlib.crc32(part, crc)
-                        _write(fd, part)
-                        length += part.nbytes if isinstance(part, np.ndarray) else len(part)
-                    pad = -length % ALIGN
-                    if pad:
-                        _write(fd, b"\0" * pad)
-                    locs[key] = Loc(sid, offset, length, tokens, crc)
-                    rows.append([key, offset, length, tokens, crc])
-                    offset += length + pad
-                    if progress is not None:
-                        progress(1)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if len(rows) != expected:  # pragma: no cover - internal invariant
-                raise KVStoreError(f"internal error: wrote {len(rows)} entries, expected {expected}")
-            idx = shard_index_bytes(self.header, sid, rows)
-            write_new(ipath, idx, write=_write)
-            fsync_dir(self.path)
-        except BaseException:
-            unlink_quiet(bpath, ipath)
-            raise
-        return shard_meta(sid, offset, idx, len(rows)), locs
+        return write_shard(self.path, self.header, self._take_shard_id(), items, expected, write=_write, progress=progress)
 
     def link_shard(self, bin_src: Path, rows: Sequence[tuple[BlockKey, Loc]]) -> tuple[dict[str, Any], dict[BlockKey, Loc]]:
-        """Hard-link (or copy, where the filesystem cannot link) another store's shard
-        ``bin_src`` in as a new shard, write its index listing only ``rows`` (their ``Loc``
-        in the source) and make both durable (not committed).
+        """Hard-link (or copy) another store's shard ``bin_src`` in as the next shard, with an
+        index listing only ``rows`` (their ``Loc`` in the source), durable and not committed:
+        :func:`heedrank.index.kv.shards.link_shard`.
 
         Returns:
             ``(manifest entry, {key: location here})``.
@@ -425,25 +374,7 @@ class Manifest:
         Raises:
             OSError: after removing what it wrote.
         """
-        sid, bpath, ipath = self._new_shard()
-        ordered = sorted(rows, key=lambda r: r[1].offset)
-        try:
-            try:
-                os.link(bin_src, bpath)
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                shutil.copyfile(bin_src, bpath)
-                fsync_file(bpath)
-            size = bpath.stat().st_size
-            table = [[key, loc.offset, loc.length, loc.tokens, loc.crc] for key, loc in ordered]
-            idx = shard_index_bytes(self.header, sid, table)
-            write_new(ipath, idx, write=_write)
-            fsync_dir(self.path)
-        except BaseException:
-            unlink_quiet(bpath, ipath)
-            raise
-        return shard_meta(sid, size, idx, len(table)), {key: loc._replace(shard=sid) for key, loc in ordered}
+        return link_shard(self.path, self.header, self._take_shard_id(), bin_src, rows, write=_write)
 
     def unlink(self, metas: Iterable[Mapping[str, Any]]) -> None:
         """Remove the files of shards (uncommitted ones after a failure, or ones no commit

@@ -11,7 +11,8 @@ Per block the payload is ``keys`` and ``values``, each ``(n_layers, kv_heads, T,
 with ``n_layers = l* + 1`` and ``1 <= T <= max_doc_tokens`` (``T`` varies per block), keyed
 by :data:`heedrank.blocks.BlockKey` (the hash of its token ids). The files and the commit
 rule are :mod:`heedrank.index.kv.format`'s, the payload bytes its dtype's codec's
-(:mod:`heedrank.index.kv.codec`); compaction, verification and the adoption of a
+(:mod:`heedrank.index.kv.codec`); a put's and a delete's commits are
+:mod:`heedrank.index.kv.writes`'s; compaction, verification and the adoption of a
 distributed build's parts are :mod:`heedrank.index.kv.maintenance`'s.
 
 Integrity: every read from disk verifies the entry's crc32 (zlib.crc32, ~6 GB/s on one
@@ -58,13 +59,10 @@ unbounded special case). With a disk budget it behaves as a cache:
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import os
-import threading
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -72,43 +70,20 @@ from typing import Any, Self
 import numpy as np
 
 from heedrank.blocks import BlockKey, KVHeader
-from heedrank.config import KV_CACHE_BUDGET
-from heedrank.errors import KVStoreError, KVStoreMismatchError, ValidationError
-from heedrank.index.kv import maintenance
+from heedrank.errors import KVStoreError, ValidationError
+from heedrank.index.kv import maintenance, writes
 from heedrank.index.kv.budget import Budget, Encoded
 from heedrank.index.kv.codec import codec_for
-from heedrank.index.kv.format import FORMAT_VERSION, HEADER_FILE, PARTS_DIR, Loc, acquire_lock, io_error
+from heedrank.index.kv.directory import WriterLock, make_store_dir, read_header
+from heedrank.index.kv.format import FORMAT_VERSION, HEADER_FILE, PARTS_DIR, io_error
 from heedrank.index.kv.maintenance import DEFAULT_SHARD_MAX_BYTES, CompactReport
 from heedrank.index.kv.manifest import Manifest
-from heedrank.lru import ByteLRU, CacheStats
+from heedrank.index.kv.ramcache import RamCache
+from heedrank.lru import CacheStats
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["FORMAT_VERSION", "KVHeader", "KVStore", "KVStoreStats"]
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 24 else text[:20] + "...'"
-
-
-def _mismatch(path: Path, stored: KVHeader, expected: KVHeader) -> KVStoreMismatchError:
-    a, b = stored.to_dict(), expected.to_dict()
-    fields = stored.diff(expected)
-    diffs = "; ".join(f"{k}: stored {_short(a.get(k))}, expected {_short(b.get(k))}" for k in fields)
-    return KVStoreMismatchError(
-        f"the document KV store at {path} was built with other parameters ({diffs}); it is not "
-        f"served, as its keys/values belong to another model, adapter, prompt, layer or dtype. "
-        f"Rebuild it with `heedrank index kv build --index {path.parent} --layer {expected.layer} "
-        f"--dtype {expected.dtype}` and the reranker's --model and --max-doc-tokens (block length "
-        f"{expected.max_doc_tokens} tokens with its markers), or delete {path}; or serve the reranker "
-        f"with the store's parameters (layer {stored.layer}, dtype {stored.dtype}).",
-        fields, a,
-    )
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)
-    return a
 
 
 @dataclass(frozen=True)
@@ -157,8 +132,10 @@ class KVStore:
     :mod:`heedrank.index.kv.maintenance` uses too: :attr:`manifest`
     (:class:`heedrank.index.kv.manifest.Manifest`: the commit point, the live index, the
     shard files) and :attr:`budget` (:class:`heedrank.index.kv.budget.Budget`: admission,
-    eviction, reclaim). It adds the RAM cache of decoded blocks, the writer lock and the
-    checks of what callers pass.
+    eviction, reclaim). Its own parts: the RAM cache of decoded blocks
+    (:class:`heedrank.index.kv.ramcache.RamCache`) and the writer lock
+    (:class:`heedrank.index.kv.directory.WriterLock`). It checks what callers pass and runs
+    the write transactions (:mod:`heedrank.index.kv.writes`) under that lock.
 
     Args (of the constructors):
         cache_bytes: RAM LRU budget in bytes for decoded blocks (0 disables it; ``None``:
@@ -187,36 +164,31 @@ class KVStore:
     """
 
     def __init__(
-        self, path: Path, header: KVHeader, *, readonly: bool, cache_bytes: int | None, lock_fd: int | None,
-        out_dtype: str = "float32", disk_budget: int | None = None, eviction: str = "lru", admit_after: int = 1,
-        admit_window: int = 100_000, compact_slack: float = 0.25,
+        self, path: Path, header: KVHeader, *, lock: WriterLock, cache_bytes: int | None, out_dtype: str = "float32",
+        disk_budget: int | None = None, eviction: str = "lru", admit_after: int = 1, admit_window: int = 100_000,
+        compact_slack: float = 0.25,
     ) -> None:
         try:
-            if out_dtype not in ("float32", "float16"):
-                raise ValidationError(f"out_dtype must be 'float32' or 'float16', got {out_dtype!r}")
-            cache = ByteLRU(KV_CACHE_BUDGET.from_env() if cache_bytes is None else int(cache_bytes))
             codec = codec_for(header)
-            manifest = Manifest(path, header, codec, invalidate=self._uncache)
+            cache = RamCache(codec, cache_bytes=cache_bytes, out_dtype=out_dtype)
+            manifest = Manifest(path, header, codec, invalidate=cache.invalidate)
             budget = Budget(manifest, disk_budget=disk_budget, eviction=eviction, admit_after=admit_after,
-                            admit_window=admit_window, compact_slack=compact_slack, readonly=readonly)
+                            admit_window=admit_window, compact_slack=compact_slack, readonly=lock.readonly)
         except BaseException:
-            if lock_fd is not None:
-                os.close(lock_fd)
+            lock.release()
             raise
         self.out_dtype = out_dtype
         self.path = path
         self.header = header
         self.codec = codec
         """The payload layout of :attr:`header`'s dtype (:mod:`heedrank.index.kv.codec`)."""
-        self.readonly = readonly
-        self._lock_fd = lock_fd
+        self.readonly = lock.readonly
+        self._lock = lock  # the writer lock: flock, in-process mutex, readonly/closed state
         self._cache = cache
         self.manifest = manifest
         """The committed state: manifest, shards, live index (:class:`heedrank.index.kv.manifest.Manifest`)."""
         self.budget = budget
         """The disk budget, eviction policy and admission rule (:class:`heedrank.index.kv.budget.Budget`)."""
-        self._writer = threading.Lock()  # serialises put/delete/compact/adopt
-        self._closed = False
 
     @property
     def disk_budget(self) -> int | None:
@@ -249,15 +221,9 @@ class KVStore:
             ValidationError: a bad keyword.
         """
         path = Path(path).expanduser().absolute()
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise KVStoreError(f"cannot create a KV store at {path}: it exists and is not an empty directory; open it instead")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise io_error("creating the directory", path, exc) from exc
-        lock_fd = acquire_lock(path)
+        make_store_dir(path)
         store = cls(
-            path, header, readonly=False, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype,
+            path, header, lock=WriterLock(path, readonly=False), cache_bytes=cache_bytes, out_dtype=out_dtype,
             disk_budget=disk_budget, eviction=eviction, admit_after=admit_after, admit_window=admit_window,
             compact_slack=compact_slack,
         )
@@ -292,21 +258,9 @@ class KVStore:
             ValidationError: a bad keyword.
         """
         path = Path(path).expanduser().absolute()
-        header_file = path / HEADER_FILE
-        if not header_file.is_file():
-            raise KVStoreError(
-                f"no document KV store at {path} (no {HEADER_FILE}); build one with "
-                f"`heedrank index kv build --index {path.parent} ...`"
-            )
-        try:
-            stored = KVHeader.from_dict(json.loads(header_file.read_text()))
-        except (OSError, ValueError) as exc:
-            raise KVStoreError(f"unreadable KV store header {header_file}: {exc}; delete {path} and rebuild it") from exc
-        if stored != expected_header:
-            raise _mismatch(path, stored, expected_header)
-        lock_fd = None if readonly else acquire_lock(path)
+        stored = read_header(path, expected_header)
         store = cls(
-            path, stored, readonly=readonly, cache_bytes=cache_bytes, lock_fd=lock_fd, out_dtype=out_dtype,
+            path, stored, lock=WriterLock(path, readonly=readonly), cache_bytes=cache_bytes, out_dtype=out_dtype,
             disk_budget=disk_budget, eviction=eviction, admit_after=admit_after, admit_window=admit_window,
             compact_slack=compact_slack,
         )
@@ -335,30 +289,18 @@ class KVStore:
 
     def close(self) -> None:
         """Release the mmaps, the RAM cache and the writer lock. Idempotent."""
-        if self._closed:
+        if self._lock.closed:
             return
-        self._closed = True
+        self._lock.closed = True  # writes are refused from now on
         self.manifest.close()
         self._cache.clear()
-        if self._lock_fd is not None:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+        self._lock.release()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - depends on GC
-        try:
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-        except (OSError, AttributeError):
-            return
 
     def _load(self) -> None:
         index = self.manifest.load()
@@ -367,22 +309,10 @@ class KVStore:
 
     def refresh(self) -> None:
         """Reload the committed manifest (for ``readonly`` openers; another process writes)."""
-        with self._writer:
+        with self._lock.mutex:
             self._load()
 
     # ---- reads
-
-    def _uncache(self, keys: Iterable[BlockKey]) -> None:
-        for key in keys:
-            self._cache.pop(key)
-
-    def _decode(self, key: BlockKey, loc: Loc, payload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Read-only decoded arrays of a verified payload, kept in the RAM cache (called under
-        the manifest's read lock: no commit can invalidate the key between read and insert)."""
-        k, v = self.codec.decode(payload, loc.tokens, self.out_dtype)
-        kv = (_readonly(k), _readonly(v))
-        self._cache.put(key, kv, k.nbytes + v.nbytes)
-        return kv
 
     def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, tuple[np.ndarray, np.ndarray]], list[BlockKey]]:
         """Keys/values of the stored blocks among ``keys``.
@@ -395,16 +325,9 @@ class KVStore:
             recomputes them), in request order. Duplicate keys are answered once.
         """
         wanted = list(dict.fromkeys(keys))
-        got: dict[BlockKey, tuple[np.ndarray, np.ndarray]] = {}
-        need: list[BlockKey] = []
-        for key in wanted:
-            kv = self._cache.get(key)
-            if kv is None:
-                need.append(key)
-            else:
-                got[key] = kv
+        got, need = self._cache.lookup(wanted)
         if need:
-            read, bad = self.manifest.read_many(need, self._decode)
+            read, bad = self.manifest.read_many(need, self._cache.load)
             got.update(read)
             if bad:
                 self.budget.forget(self.manifest.drop(bad))
@@ -440,23 +363,16 @@ class KVStore:
 
     def check_writable(self) -> None:
         """Raises KVStoreError when the store is closed or was opened readonly."""
-        if self._closed:
-            raise KVStoreError(f"the KV store at {self.path} is closed")
-        if self.readonly:
-            raise KVStoreError(f"the KV store at {self.path} was opened readonly")
+        self._lock.check()
 
-    @contextmanager
-    def writing(self) -> Iterator[None]:
+    def writing(self) -> AbstractContextManager[None]:
         """Hold the store's writer lock (puts, deletes, compaction, adoption and evictions run
         one at a time), checking that the store is writable before and after waiting for it.
 
         Raises:
             KVStoreError: a readonly or closed store.
         """
-        self.check_writable()
-        with self._writer:
-            self.check_writable()
-            yield
+        return self._lock.hold()
 
     def enforce_budget(self) -> int:
         """Evict blocks (in the policy's order) until the live ones fit in ``disk_budget``,
@@ -508,31 +424,8 @@ class KVStore:
             encoded.append((key, T, parts))
         if not encoded:
             return 0
-        manifest = self.manifest
         with self.writing():
-            encoded = self.budget.admit(encoded, admit)
-            encoded, evict = self.budget.make_room(encoded)
-            if not encoded:
-                return 0
-            bin_path = ""
-            try:
-                meta, locs = manifest.write_shard(iter(encoded), len(encoded))
-                bin_path = meta["bin"]
-                tomb = {k: s for k, s in manifest.tombstones.items() if k not in locs}
-                tomb.update(dict.fromkeys(evict, manifest.next_shard))  # hides them in every shard so far, this one included
-                committed = manifest.new(manifest.shards + [meta], tomb)
-                try:
-                    manifest.commit(committed)
-                except BaseException:
-                    manifest.unlink([meta])
-                    raise
-            except OSError as exc:
-                raise io_error(f"writing shard {bin_path or 'of ' + str(len(encoded)) + ' blocks'}", self.path, exc) from exc
-            self.budget.install(committed, locs, evict)
-            self.budget.reclaim()
-        logger.debug("KV store %s: committed %s (%d blocks, %d bytes; %d evicted)", self.path, meta["bin"], meta["entries"],
-                     meta["bin_bytes"], len(evict))
-        return len(encoded)
+            return writes.put(self.manifest, self.budget, encoded, admit=admit)
 
     def delete(self, keys: Iterable[BlockKey]) -> int:
         """Delete blocks (tombstones, committed atomically; bytes come back on :meth:`compact`,
@@ -545,14 +438,7 @@ class KVStore:
             KVStoreError: I/O error (nothing deleted) or a readonly/closed store.
         """
         with self.writing():
-            live = [key for key, _ in self.manifest.items(keys=keys)]
-            if not live:
-                return 0
-            committed = self.manifest.tombstone(live, "committing a deletion")
-            self.manifest.install(committed, {}, live)
-            self.budget.forget(live)
-            self.budget.reclaim()
-        return len(live)
+            return writes.delete(self.manifest, self.budget, keys)
 
     # ---- maintenance (heedrank.index.kv.maintenance)
 

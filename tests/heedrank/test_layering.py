@@ -124,7 +124,8 @@ def test_the_block_contract_and_the_store_package() -> None:
     assert _layer("heedrank.blocks") == "core"
     assert "heedrank.blocks" in GRAPH["heedrank.index.kv.store"] and "heedrank.blocks" in GRAPH["heedrank.reranker.cached"]
     kv = {m for m in GRAPH if m.startswith("heedrank.index.kv.")}
-    assert kv == {f"heedrank.index.kv.{m}" for m in ("format", "codec", "store", "maintenance", "build", "tiers", "manifest", "budget")}
+    assert kv == {f"heedrank.index.kv.{m}" for m in ("format", "codec", "store", "maintenance", "build", "tiers", "manifest",
+                                                      "budget", "shards", "directory", "ramcache", "writes")}
     # inside the package: the format at the bottom, maintenance below the store that calls it, the build on top
     assert not GRAPH["heedrank.index.kv.format"] & kv
     assert GRAPH["heedrank.index.kv.maintenance"] & kv == {"heedrank.index.kv.format"}

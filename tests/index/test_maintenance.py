@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 
 import heedrank.index.kv.build as kv_build
+import heedrank.index.lookups as lookups
 import heedrank.index.maintenance as maintenance
+import heedrank.index.searching as searching
 import heedrank.index.store as store_module
+import heedrank.index.writing as writing
 from heedrank.index.builder import build_index
 from heedrank.index.dense import DenseParams
 from heedrank.index.docstore import SQLiteDocStore
@@ -38,7 +41,7 @@ def _protocol_members(proto: type) -> set[str]:
 
 def _docstore_calls(module) -> set[str]:
     """Names of the attributes read on ``self.docstore`` / ``index.docstore`` in a module
-    (the index, its maintenance, the KV store build)."""
+    (the index and the modules its methods delegate to, its maintenance, the KV store build)."""
     out = set()
     for node in ast.walk(ast.parse(inspect.getsource(module))):
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
@@ -53,7 +56,7 @@ def _docstore_calls(module) -> set[str]:
 
 def test_the_protocol_declares_every_store_method_the_index_calls():
     declared = _protocol_members(WritableDocStore) | _protocol_members(DocStore)
-    used = _docstore_calls(store_module) | _docstore_calls(maintenance) | _docstore_calls(kv_build)
+    used = set().union(*map(_docstore_calls, (store_module, writing, searching, lookups, maintenance, kv_build)))
     assert used >= {"upsert", "delete", "vid_doc_pairs", "get_by_vids", "filter_vids", "pending_vectors",
                     "discard_vectors", "next_vid", "close", "__len__", "iter_documents"}
     assert used <= declared, sorted(used - declared)
@@ -63,7 +66,7 @@ def test_the_protocol_declares_every_store_method_the_index_calls():
 
 
 def test_index_code_has_no_type_ignores_nor_getattr_probing():
-    for module in (store_module, maintenance):
+    for module in (store_module, writing, searching, lookups, maintenance):
         source = inspect.getsource(module)
         assert "type: ignore" not in source, module.__name__
         assert "getattr(" not in source, module.__name__
