@@ -108,7 +108,8 @@ class KVTiers:
         eviction: ``"lru"``, ``"lfu"`` or ``"fifo"``: which blocks go first when a new one needs room.
         admit_after: A block a search encodes is written on its ``n``-th use (within the
             last 100,000 distinct blocks), so that a one-off candidate does not evict a popular
-            one; the background fill and ``index kv build`` are not subject to it. ``None``:
+            one; while the store has room for it, every block is written (nothing is evicted);
+            the background fill and ``index kv build`` are not subject to it. ``None``:
             2 with a disk budget, 1 (every block) without.
     """
 

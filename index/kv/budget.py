@@ -6,7 +6,9 @@ evict, which offered block to write at all) into commits of a store's
 :mod:`heedrank.index.kv.store` states them for the store's users):
 
 * :meth:`Budget.admit`: with ``admit_after=n > 1`` a block is written only on its n-th offer
-  (:class:`heedrank.index.kv.tiers.Admission`); a block already stored always passes.
+  (:class:`heedrank.index.kv.tiers.Admission`) when writing it would evict; a block already
+  stored always passes, and so does a put that fits in the budget's free room (nothing is
+  displaced, and the LM's work is kept).
 * :meth:`Budget.make_room`: the blocks of a put that fit in the budget by themselves, and the
   victims to tombstone in the SAME manifest commit that adds their shard.
 * :meth:`Budget.enforce`: evict down to the budget in one commit (a store opened with a
@@ -138,10 +140,12 @@ class Budget:
 
     def admit(self, encoded: list[Encoded], admit: bool) -> list[Encoded]:
         """The blocks the admission rule lets through (all with ``admit=False`` or
-        ``admit_after=1``; a block already stored always passes). Counts the others."""
+        ``admit_after=1``, or when the whole put fits in a bounded store's free room: the rule
+        guards against displacing a block asked for again, and with room nothing is displaced; a
+        block already stored always passes). Counts the others."""
         if self.admission.after <= 1:
             return encoded
-        if not admit:
+        if not admit or self.has_room(encoded):
             self.admission.forget(key for key, _, _ in encoded)
             return encoded
         stored = {key for key, _ in self.manifest.items(keys=[key for key, _, _ in encoded])}
@@ -152,6 +156,14 @@ class Budget:
             logger.debug("KV store %s: %d of %d blocks not admitted (admit_after=%d)", self.manifest.path, refused,
                          len(encoded), self.admission.after)
         return kept
+
+    def has_room(self, encoded: list[Encoded]) -> bool:
+        """Whether a bounded store can write every block of ``encoded`` without evicting
+        (False without a budget: an unbounded store with ``admit_after > 1`` keeps its rule)."""
+        if self.policy is None or self.disk_budget is None:
+            return False
+        need = sum(disk_size(self.manifest.codec.nbytes(t)) for _, t, _ in encoded)
+        return self.policy.total_bytes + need <= self.disk_budget
 
     def make_room(self, encoded: list[Encoded]) -> tuple[list[Encoded], list[BlockKey]]:
         """With a budget: ``(blocks to write, victims to evict in the same commit)``. Blocks

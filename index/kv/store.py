@@ -48,7 +48,8 @@ unbounded special case). With a disk budget it behaves as a cache:
 * Admission (``admit_after``): with ``admit_after=n > 1`` a block is written only on its
   n-th offer while it is among the last ``admit_window`` distinct keys offered
   (:class:`heedrank.index.kv.tiers.Admission`), so a one-off candidate never evicts a block
-  that is asked for again; blocks not admitted are not written (``put_many`` does not count
+  that is asked for again. The rule applies only where a write would evict: a put that fits in
+  a bounded store's free room is written whole. Blocks not admitted are not written (``put_many`` does not count
   them; the caller keeps them in RAM). A block already stored is always rewritten, and
   ``put_many(..., admit=False)`` (an explicit fill or prebuild) skips admission, never the
   budget.

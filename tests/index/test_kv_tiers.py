@@ -180,6 +180,21 @@ def test_admission_writes_on_the_second_offer_only(tmp_path):
         assert_exact(s, s.keys())
 
 
+def test_admission_applies_only_where_a_write_would_evict(tmp_path):
+    """A bounded store with free room writes a first offer (nothing is displaced, the computed
+    block is kept); once full, a one-off block waits for its second offer."""
+    with KVStore.create(tmp_path / "kv", H, disk_budget=3 * BLOCK, admit_after=2) as s:
+        assert s.put_many(items(["a", "b"])) == 2 and s.stats().not_admitted == 0
+        assert s.put_many(items(["c", "d"])) == 0  # two blocks do not fit in the room of one: the rule
+        assert s.put_many(items(["c"])) == 1  # its second offer (and it fits)
+        assert s.put_many(items(["e"])) == 0 and sorted(s.keys()) == ["a", "b", "c"]
+        st = s.stats()
+        assert (st.not_admitted, st.evictions) == (3, 0)
+        assert s.put_many(items(["e"])) == 1 and st.live_bytes <= 3 * BLOCK  # second offer: evicts one
+        assert s.stats().evictions == 1
+        assert_exact(s, s.keys())
+
+
 def test_admission_without_budget_and_validation_still_checked(tmp_path):
     with KVStore.create(tmp_path / "kv", H, admit_after=2) as s:
         assert s.put_many(items(["a"])) == 0 and s.put_many(items(["a"])) == 1
