@@ -157,8 +157,9 @@ class Settings(BaseSettings):
     kv_admit_after: int | None = Field(
         None, ge=1,
         description="A block a search encodes is written to the store on its n-th use (among the last 100,000 "
-        "blocks seen), so that a one-off candidate does not evict a popular one; unset = 2 with a disk budget, 1 "
-        "without. The background fill is not subject to it.",
+        "blocks seen) when writing it would evict, so that a one-off candidate does not evict a popular one; "
+        "while the store has room every block is written. Unset = 2 with a disk budget, 1 without. The "
+        "background fill is not subject to it.",
     )
     kv_cache_bytes: int = Field(KV_CACHE_BUDGET.default, ge=0, description=KV_CACHE_BUDGET.description)
     block_cache_bytes: int = Field(BLOCK_CACHE_BUDGET.default, ge=0, description=BLOCK_CACHE_BUDGET.description)
