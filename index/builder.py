@@ -26,6 +26,7 @@ removed when the build succeeds or fails on its input.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -35,7 +36,8 @@ import platform
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import islice
 from pathlib import Path
@@ -169,6 +171,68 @@ class VectorCheckpoint:
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
+    def missing(self, chunks: int) -> list[int]:
+        """The chunk numbers below ``chunks`` not encoded yet, in order."""
+        return [k for k in range(chunks) if not self._path(k).is_file()]
+
+
+def encoder_identity(encoder: Any) -> dict[str, Any]:
+    """What must be equal for two encoders to give the same vectors: ``describe()`` without
+    the local ``path`` (another machine installs the model elsewhere)."""
+    return {k: v for k, v in encoder.describe().items() if k != "path"}
+
+
+@dataclass(frozen=True)
+class VectorJob:
+    """The dense chunks of a build left to encode, as an engine reads them
+    (:meth:`heedrank.engine.Engine.encode_vectors`; the Ray engine encodes them on an actor
+    pool, each actor writing its chunks into the build's :class:`VectorCheckpoint`, which the
+    build then reads back as on a resume).
+
+    Attributes:
+        corpus_file: The BEIR corpus file.
+        chunk: Documents per chunk (chunk ``k`` holds documents ``k * chunk`` to ``(k + 1) * chunk - 1``).
+        todo: Chunk numbers not encoded yet.
+        folder: The checkpoint folder (it must be on a filesystem every worker sees at the same path).
+        make_encoder: Builds the encoder in a worker (shipped by value: a module-level
+            function or a :func:`functools.partial` of one, or a picklable encoder's factory).
+        identity: The driver encoder's :func:`encoder_identity`; a worker's must equal it.
+        passages: :class:`heedrank.index.passages.PassageParams` or ``None``.
+        bits: Passage bits of the vector labels (:func:`heedrank.index.passages.labels_for`).
+    """
+
+    corpus_file: Path
+    chunk: int
+    todo: tuple[int, ...]
+    folder: Path
+    make_encoder: Callable[[], Any]
+    identity: Mapping[str, Any]
+    passages: Any = None
+    bits: int = 0
+
+    def chunks(self) -> Iterator[tuple[int, list[Document]]]:
+        """``(k, documents)`` of every chunk in :attr:`todo`, read from the corpus in one pass."""
+        wanted = set(self.todo)
+        for k, batch in enumerate(_batched(iter_beir_documents(self.corpus_file, batch_size=_READ_BATCH), self.chunk)):
+            if k in wanted:
+                yield k, batch
+
+    def encode(self, encoder: Any, k: int, docs: Sequence[Document]) -> int:
+        """Encode chunk ``k`` (its ``docs``) with ``encoder`` and save it in the checkpoint;
+        returns the vectors written (more than documents with passages)."""
+        from heedrank.index.passages import encode_documents, labels_for
+
+        vecs = encode_documents(encoder, docs, self.passages)
+        start = k * self.chunk
+        labels = np.concatenate([labels_for(start + i, len(v), self.bits) for i, v in enumerate(vecs)])
+        VectorCheckpoint(self.folder).save(k, np.concatenate(vecs), labels)
+        return int(len(labels))
+
+
+def _given_encoder(encoder: Any) -> Any:
+    """A worker's copy of an encoder object passed to :func:`build_index` (shipped by value)."""
+    return encoder
+
 
 def _check_target(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
@@ -195,6 +259,7 @@ def build_index(
     planner: Any = None,
     encoder: Any = None,
     embedder_runtime: str = "auto",
+    engine: Any = None,
 ) -> dict[str, Any]:
     """Build an index directory over a BEIR corpus.
 
@@ -231,6 +296,10 @@ def build_index(
             (:mod:`heedrank.index.onnx_runtime`: the same vectors, faster) or ``"bf16"``
             (bfloat16 autocast where the CPU has AMX: about 3x faster, cosine 1.0000); recorded in
             ``dense.embedder.runtime``, and queries are encoded with it.
+        engine: A :class:`heedrank.engine.Engine` that encodes the dense chunks before the
+            build reads the corpus (:class:`VectorJob`; the Ray engine on an actor pool, each
+            actor loading the embedder once); ``None`` or the local engine: encoded here as the
+            build reads. The vectors and the index are the same either way.
 
     Returns:
         The content of ``params.json``: ``format_version``, ``created`` (UTC ISO 8601),
@@ -263,6 +332,7 @@ def build_index(
     corpus_file = find_beir_corpus(corpus)
     extra = load_metadata_file(Path(metadata)) if metadata is not None else {}
 
+    given_encoder = encoder
     if not dense:
         encoder = None
     elif encoder is None:
@@ -282,6 +352,15 @@ def build_index(
     if checkpoint is not None and checkpoint.done():
         logger.info("resuming: the vectors of %d chunks of %d documents are already encoded (%s)", checkpoint.done(),
                     chunk, checkpoint.folder)
+    if engine is not None and not engine.in_process and checkpoint is not None:
+        factory = (functools.partial(_load_encoder, embedder, batch_size, query_prefix, document_prefix,
+                                     embedder_runtime) if given_encoder is None else functools.partial(_given_encoder, encoder))
+        job = VectorJob(corpus_file, chunk, tuple(checkpoint.missing(-(-total // chunk))), checkpoint.folder, factory,
+                        encoder_identity(encoder), passages, passages.bits if passages is not None else 0)
+        if job.todo:
+            with Progress(total=len(job.todo) * chunk, desc=f"encode documents {engine.label}".strip(), unit="doc",
+                          show_progress=show_progress, log=logger) as bar:
+                engine.encode_vectors(job, progress=bar.update)
     logger.info("building index of %d documents from %s into %s", total, corpus_file, out)
     stages = dict.fromkeys(("read", "docstore", "bm25", "encode", "faiss"), 0.0)
     try:

@@ -13,7 +13,7 @@ if [ ! -f "$INDEX/params.json" ]; then
   echo "indexed BEIR NFCorpus into $INDEX"
 fi
 # No wait for the document KV store: the service serves as soon as the models are loaded and fills the
-# store in the background while it is idle (7-8 min for NFCorpus on 2 cores; it resumes after a restart).
+# store in the background while it is idle (about 10 min for NFCorpus on 2 cores; it resumes after a restart).
 # Until a candidate's block is stored, a search encodes at most HEEDRANK_COLD_BUDGET (4) cold ones inline
 # and leaves the others at their first-stage positions, saying so ("skipped_cold"); docs/results/store.md,
 # "Bounded tiers". `heedrank index kv build --index "$INDEX"` fills it up front instead.
@@ -37,7 +37,7 @@ fi
 cat <<MSG
 
 heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Its document KV store fills
-in the background (7-8 minutes on 2 cores; in GET /info, collections.default.kv_store.blocks counts up to
+in the background (about 10 minutes on 2 cores; in GET /info, collections.default.kv_store.blocks counts up to
 the number of distinct document texts, a little below num_docs, and "filling" turns false): until then a search reranks the candidates
 whose blocks are stored plus 4 more, and says how many it skipped ("skipped_cold"). Try:
 

@@ -9,12 +9,16 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
+from heedrank.cli.options import VECTORS_ENGINE_HELP, engine_flags
+from heedrank.engine import Engine, LocalEngine
+
 EXAMPLES = """\
 Examples:
 
   heedrank index build --corpus data/beir-nfcorpus --out indexes/nfcorpus
   heedrank index build --corpus corpus.jsonl --out ix --no-dense --metadata meta.jsonl
   heedrank index build --corpus data/beir-scifact --out ix --index-type hnsw --passages
+  heedrank index build --corpus big/corpus.jsonl --out /shared/ix --engine ray --actors 4 --actor-cpus 4
   heedrank index stats indexes/nfcorpus
   heedrank index compact indexes/nfcorpus
   heedrank index info indexes/nfcorpus
@@ -24,6 +28,7 @@ app = typer.Typer(help="Build and inspect index directories.", epilog=EXAMPLES, 
 
 
 @app.command("build")
+@engine_flags(VECTORS_ENGINE_HELP)
 def index_build(
     corpus: Annotated[Path, typer.Option("--corpus", help="BEIR-layout folder (corpus.jsonl[.gz]) or a corpus file.")],
     out: Annotated[Path, typer.Option("--out", help="Index directory to write.")],
@@ -60,6 +65,7 @@ def index_build(
     document_prefix: Annotated[
         Optional[str], typer.Option("--document-prefix", help="Document instruction; default: the model's known one.")
     ] = None,
+    engine: Engine = LocalEngine(),
 ) -> None:
     """Write an index directory: SQLite document store, BM25 (bm25s), faiss vectors, params.json (with
     the seconds per stage). A build killed during its dense encoding resumes when run again with the
@@ -76,7 +82,7 @@ def index_build(
         corpus, out, embedder=embedder, metadata=metadata, dense=not no_dense,
         batch_size=batch_size, overwrite=overwrite, show_progress=True, dense_params=dense_params,
         passages=chunking, query_prefix=query_prefix, document_prefix=document_prefix,
-        embedder_runtime=embedder_runtime,
+        embedder_runtime=embedder_runtime, engine=engine,
     )
     typer.echo(json.dumps(params, indent=2))
 

@@ -83,6 +83,9 @@ QUERIES_ENGINE_HELP = ("Where the queries run: local (this process) or ray (a Ra
                        "needs pip install -e '.\\[ray]' in the heedrank checkout). Same output either way.")
 BLOCKS_ENGINE_HELP = ("Where the blocks are encoded: local (this process) or ray (a Ray actor pool; the index must "
                       "be on a filesystem every node sees at the same path). Same store either way.")
+VECTORS_ENGINE_HELP = ("Where the dense vectors are encoded: local (this process, as the build reads) or ray (a Ray "
+                       "actor pool, each actor loading the embedder once; the output folder must be on a filesystem "
+                       "every node sees at the same path). Same index either way.")
 RayAddressOpt = Annotated[
     Optional[str], typer.Option("--ray-address", help="With --engine ray: the cluster to join (auto, HEAD:6379, "
                                 "ray://HEAD:10001); default $RAY_ADDRESS, else a local Ray started for the run.")

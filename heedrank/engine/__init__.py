@@ -8,6 +8,10 @@ either engine:
 * **Batch reranking** (``rerank-batch``): :func:`heedrank.eval.batch.rerank_batch` plans,
   resumes and commits; :meth:`Engine.map_queries` runs one query's work per query and
   hands each record back in order.
+* **Dense encoding of an index build** (``index build``): :func:`heedrank.index.builder.build_index`
+  names the chunks left to encode (:class:`heedrank.index.builder.VectorJob`);
+  :meth:`Engine.encode_vectors` writes them into the build's checkpoint, which the build then
+  reads back as on a resume.
 * **Document KV store builds** (``index kv build``): :func:`heedrank.index.kv.build_index_blocks`
   plans the build (:func:`heedrank.index.kv.plan_build`: open the store, adopt parts,
   key the texts, skip stored blocks) and prunes; :meth:`Engine.build_blocks` encodes and
@@ -28,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
@@ -191,6 +195,29 @@ class BlockPlan(Protocol):
         ...
 
 
+class VectorPlan(Protocol):
+    """The dense chunks an index build has left, as :meth:`Engine.encode_vectors` reads them
+    (:class:`heedrank.index.builder.VectorJob`)."""
+
+    @property
+    def todo(self) -> Sequence[int]:
+        """Chunk numbers not encoded yet."""
+        ...
+
+    @property
+    def folder(self) -> Path:
+        """The build's checkpoint folder (where the chunks go)."""
+        ...
+
+    def chunks(self) -> Iterator[tuple[int, list[Any]]]:
+        """``(k, documents)`` of every chunk left, read from the corpus."""
+        ...
+
+    def encode(self, encoder: Any, k: int, docs: Sequence[Any]) -> int:
+        """Encode chunk ``k`` and save it in the checkpoint; the vectors written."""
+        ...
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Runs the model passes of a job, here or elsewhere; the job's driver is the same
@@ -231,6 +258,11 @@ class Engine(Protocol):
         """Encode and commit the blocks ``plan.todo``; ``config`` is the encoder's
         configuration (workers elsewhere build their encoder from it). ``progress(n)`` counts
         blocks committed. Returns the shards committed."""
+        ...
+
+    def encode_vectors(self, job: VectorPlan, *, progress: Callable[[int], Any]) -> int:
+        """Encode the chunks ``job.todo`` into the build's checkpoint before the build reads
+        them; ``progress(n)`` counts documents. Returns the chunks encoded."""
         ...
 
 
@@ -284,6 +316,10 @@ class LocalEngine:
         """The plan's encoder encodes here (``config`` is not needed)."""
         return plan.encode_here(batch_size=batch_size, progress=progress)
 
+    def encode_vectors(self, job: VectorPlan, *, progress: Callable[[int], Any]) -> int:
+        """Nothing ahead: the build encodes each chunk here as it reads it. Returns 0."""
+        return 0
+
 
 def make_engine(options: EngineOptions | None = None) -> Engine:
     """The engine ``options.engine`` names (default: :class:`LocalEngine`).
@@ -309,6 +345,7 @@ __all__ = [
     "LocalEngine",
     "QueryWork",
     "RecordSink",
+    "VectorPlan",
     "check_engine_name",
     "make_engine",
     "preload",

@@ -402,6 +402,59 @@ class _BlockEncoder(_ActorUDF):
         return {"report": build_part(part, self.header, list(keys), compute, batch_size=self.batch_size)}
 
 
+class _VectorEncoder(_ActorUDF):
+    """An actor of a distributed index build's dense encoding: builds the embedder once
+    (``job.make_encoder``, with the actor's torch threads set first, so an ONNX Runtime
+    session gets the same count), checks that it gives the driver's vectors (its
+    :func:`heedrank.index.builder.encoder_identity`), then encodes each row's chunk into the
+    build's checkpoint.
+
+    Args:
+        job: The build's :class:`heedrank.index.builder.VectorJob`, without its chunks' texts
+            (they come in the rows).
+        setup, threads: See :class:`_ActorUDF`.
+    """
+
+    def __init__(self, job: Any, setup: Callable[[], Any] | None = None, threads: int = 1) -> None:
+        self.job, self.threads = job, threads
+        self.encoder: Any = None
+        super().__init__(setup, threads)
+
+    def build(self) -> Any:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        self.encoder = self.job.make_encoder()
+        return self.encoder
+
+    def ready(self, model: Any) -> None:
+        from heedrank.index.builder import encoder_identity
+
+        mine, driver = encoder_identity(model), dict(self.job.identity)
+        if mine != driver:
+            diff = sorted(k for k in set(mine) | set(driver) if mine.get(k) != driver.get(k))
+            raise ValidationError(f"the Ray worker on {_node()} encodes with another embedder than the driver "
+                                  f"(fields {diff}); install the same heedrank version, extras and model files "
+                                  "on every node")
+
+    def process(self, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for p in payloads:
+            try:
+                if not self.job.folder.is_dir():
+                    raise ValidationError(
+                        f"the Ray worker on {_node()} cannot see {self.job.folder}: a distributed index build writes "
+                        "its vectors beside the index directory, so it must be on a filesystem every Ray node "
+                        "mounts at the same path")
+                docs = [Document(d["id"], d["text"], d["title"]) for d in p["docs"]]
+                record: dict[str, Any] = {"vectors": self.job.encode(self.encoder, int(p["chunk"]), docs),
+                                          "docs": len(docs)}
+            except Exception as exc:  # noqa: BLE001 - raised on the driver
+                record = {"error": _error_record(exc)}
+            out.append({**record, "pid": os.getpid()})
+        return out
+
+
 _Key = TypeVar("_Key", bound=str)
 
 
@@ -572,6 +625,38 @@ class RayEngine:
                     shards += int(record["report"]["shards"])
                     progress(int(record["report"]["requested"]))
         return shards
+
+    def encode_vectors(self, job: Any, *, progress: Callable[[int], Any]) -> int:
+        """Encode the chunks ``job.todo`` of an index build on the actor pool, one chunk per
+        row, each actor writing its chunks into the build's checkpoint (whole files, renamed
+        into place: a chunk is done or absent, so a stopped build resumes with either engine).
+
+        Args:
+            job: The build's :class:`heedrank.index.builder.VectorJob` (shipped to the actors
+                by value, its encoder as the factory it names).
+            progress: Called with the documents of each chunk encoded.
+
+        Returns:
+            The chunks encoded.
+
+        Raises:
+            ValidationError: a worker that cannot see the checkpoint folder, or encodes with
+                another embedder than the driver.
+            RayExecutionError: Ray gave up (the chunks written stay; rerun to resume).
+            Any typed error a worker raised (e.g. ModelLoadError), raised here.
+        """
+        rows = [{"seq": i, "payload": json.dumps({"chunk": k, "docs": [{"id": d.doc_id, "title": d.title,
+                                                                       "text": d.text} for d in docs]})}
+                for i, (k, docs) in enumerate(job.chunks())]
+        if not rows:
+            return 0
+        o = self.options
+        kwargs = {"job": job, "setup": o.worker_setup, "threads": max(1, int(o.num_cpus))}
+        with ray_session(o), closing(self._stream(rows, _VectorEncoder, kwargs, batch_size=1, ordered=False,
+                                                  what="chunks of the dense encoding")) as results:
+            for _, record in results:
+                progress(int(record["docs"]))
+        return len(rows)
 
     # -- the Ray Data jobs ---------------------------------------------------------------
     def _run_queries(self, rows: list[dict[str, Any]], work: QueryWork, factory: Any, limits: Any,
