@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from heedrank.calibration import resolve_cutoff
 from heedrank.errors import UnknownNameError, ValidationError
@@ -29,12 +29,23 @@ from heedrank.fusion import resolve_weight
 from heedrank.protocols import ExplainingReranker, Reranked, Reranker, RerankResult
 from heedrank.results import NO_RERANK, RerankedQuery, SearchOptions
 from heedrank.serving import Served, ServePolicy, place_skipped
-from heedrank.types import Query, Ranking
+from heedrank.types import Document, Query, Ranking
 
-if TYPE_CHECKING:  # type-only: the pipeline module imports this one
-    from heedrank.pipeline import RerankerCache
 
-__all__ = ["DEFAULT_FUSION", "HEAD_OPTIONS", "RerankStage", "check_explainer", "check_rerank_options"]
+
+class RerankerSource(Protocol):
+    """What the stage reads from :class:`heedrank.pipeline.RerankerCache` (declared here, so that
+    the stage does not import the pipeline module that opens it)."""
+
+    def get(self, method: str, options: Mapping[str, Any] | None = None,
+            max_doc_tokens: int | None = None) -> tuple[Reranker, threading.BoundedSemaphore]: ...
+
+    def rerank(self, query: Query, candidates: Sequence[Document], method: str,
+               options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None, *,
+               explain: bool = False, evidence_spans: int = 3, index: Any = None, cold_budget: int | None = None,
+               entry: tuple[Reranker, threading.BoundedSemaphore] | None = None) -> Reranked: ...
+
+__all__ = ["DEFAULT_FUSION", "HEAD_OPTIONS", "RerankStage", "RerankerSource", "check_explainer", "check_rerank_options"]
 
 
 def check_explainer(reranker: Reranker, method: str) -> ExplainingReranker:
@@ -132,7 +143,7 @@ class RerankStage:
             stored=...)`` -> ``{doc_id: cosine}``), or ``None``: the scorer works without it.
     """
 
-    cache: RerankerCache
+    cache: RerankerSource
     entry: tuple[Reranker, threading.BoundedSemaphore]
     policy: ServePolicy
     options: SearchOptions
@@ -140,7 +151,7 @@ class RerankStage:
     dense: Any = None
 
     @classmethod
-    def open(cls, cache: RerankerCache, options: SearchOptions, *, index: Any = None, dense: Any = None,
+    def open(cls, cache: RerankerSource, options: SearchOptions, *, index: Any = None, dense: Any = None,
              max_doc_tokens: int | None = None, by: str = "score", scale: float | None = None,
              check_explain: bool = True) -> RerankStage:
         """Look up (build, on first use) the reranker of ``options`` and resolve its policy.
