@@ -24,6 +24,28 @@ TEXTS = [
 ]
 
 
+QUERIES = ["does vitamin d help bones", "cholesterol drugs"]
+
+
+def _against_float32(other, runtime: str, min_cos: float):  # type: ignore[no-untyped-def]
+    """Oracle of an encoder against float32 PyTorch on :data:`TEXTS`: its runtime recorded,
+    float32 unit rows of 384, cosine >= ``min_cos`` each, and the same first document per query.
+    Returns the two document matrices ``(float32, other)``."""
+    from heedrank.index.encoder import SentenceTransformerEncoder
+
+    f32 = SentenceTransformerEncoder(runtime="torch")
+    assert other.runtime == runtime and other.describe()["runtime"] == runtime
+    a, b = f32.encode_documents(TEXTS), other.encode_documents(TEXTS)
+    assert b.shape == (4, 384) and b.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    cos = np.sum(a * b, axis=1)
+    assert cos.min() >= min_cos, cos
+    qa, qb = f32.encode_queries(QUERIES), other.encode_queries(QUERIES)
+    assert (np.argmax(qa @ a.T, axis=1) == np.argmax(qb @ b.T, axis=1)).all()
+    assert (np.argmax(qb @ b.T, axis=1) == [0, 1]).all()
+    return a, b
+
+
 def test_runtime_by_model_type() -> None:
     assert resolve_runtime("auto", "bert") == ONNX
     assert resolve_runtime("auto", "xlm-roberta") == TORCH  # not fused here: float32 PyTorch
@@ -52,19 +74,9 @@ def test_onnx_vectors_equal_torch_and_the_conversion_is_cached(tmp_path: Path) -
     >= 0.9999 each, elements within 1e-3) and so ranks the same documents first."""
     from heedrank.index.encoder import SentenceTransformerEncoder
 
-    f32 = SentenceTransformerEncoder(runtime="torch")
     ort = SentenceTransformerEncoder(runtime="onnx")
-    assert ort.runtime == ONNX and ort.describe()["runtime"] == ONNX
-    a, b = f32.encode_documents(TEXTS), ort.encode_documents(TEXTS)
-    assert b.shape == (4, 384) and b.dtype == np.float32
-    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
-    cos = np.sum(a * b, axis=1)
-    assert cos.min() >= 0.9999, cos
+    a, b = _against_float32(ort, ONNX, 0.9999)
     np.testing.assert_allclose(a, b, atol=1e-3)
-    qa = f32.encode_queries(["does vitamin d help bones", "cholesterol drugs"])
-    qb = ort.encode_queries(["does vitamin d help bones", "cholesterol drugs"])
-    assert (np.argmax(qa @ a.T, axis=1) == np.argmax(qb @ b.T, axis=1)).all()
-    assert (np.argmax(qb @ b.T, axis=1) == [0, 1]).all()
     path = onnx_model(ort.model_dir, ort.sha256)
     stamp = path.stat().st_mtime_ns
     assert onnx_model(ort.model_dir, ort.sha256) == path and path.stat().st_mtime_ns == stamp  # not converted again
@@ -132,12 +144,4 @@ def test_bf16_vectors_are_float32_unit_rows_at_float32_cosine(monkeypatch) -> No
     from heedrank.index.encoder import SentenceTransformerEncoder
 
     monkeypatch.setattr(onnx_runtime, "cpu_has_bf16", lambda: True)
-    f32, bf16 = SentenceTransformerEncoder(runtime="torch"), SentenceTransformerEncoder(runtime="bf16")
-    assert bf16.runtime == BF16 and bf16.describe()["runtime"] == BF16
-    a, b = f32.encode_documents(TEXTS), bf16.encode_documents(TEXTS)
-    assert b.shape == (4, 384) and b.dtype == np.float32
-    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
-    cos = np.sum(a * b, axis=1)
-    assert cos.min() >= 0.995, cos
-    qb = bf16.encode_queries(["does vitamin d help bones", "cholesterol drugs"])
-    assert (np.argmax(qb @ b.T, axis=1) == [0, 1]).all()
+    _against_float32(SentenceTransformerEncoder(runtime="bf16"), BF16, 0.995)
