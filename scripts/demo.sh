@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 DATA=${HEEDRANK_DATA:-../shared/data}
 INDEX=${HEEDRANK_INDEX:-indexes/nfcorpus}
 PORT=${PORT:-8000}
+if [ ! -f "$INDEX/params.json" ] && [ ! -d "$DATA/beir-nfcorpus" ]; then
+  echo "demo: no BEIR NFCorpus at $DATA/beir-nfcorpus; put the shared data folder beside this checkout" \
+       "(../shared/data) or set HEEDRANK_DATA=/path/to/shared/data" >&2
+  exit 2
+fi
 bash scripts/setup.sh
 if [ ! -f "$INDEX/params.json" ]; then
   # its parameters go to $INDEX/params.json, not to the terminal
