@@ -203,14 +203,17 @@ class Hit(BaseModel):
     doc_id: str
     score: float | None = Field(
         description="The score to read. A reranked hit: in [0, 1], its calibrated probability of relevance where "
-        "the method has a calibration for the scores served (rerank.calibrated; the default method: Platt scaling "
-        "fitted on held-out NFCorpus train queries, independent of where the first stage had the document), else "
-        "sigmoid of its served score. A hit the reranker did not score (skipped as cold, or below the candidates): "
-        "null. Without reranking: the first-stage score. Results are in `rank` order, which `raw_score` gives."
+        "the method has a calibration for the scores served (rerank.calibrated; the default method: the sigmoid of "
+        "its learned scorer's logit over the signals the hit has, the LM's attention, the embedder's cosine, the "
+        "first stage's rank and BM25 score, fitted on training queries; a hit the LM did not read is scored from "
+        "the others), else sigmoid of its served score. A hit with no signal to score (below the candidates, or "
+        "skipped as cold by another method): null. Without reranking: the first-stage score. Results are in `rank` "
+        "order, which `raw_score` gives."
     )
     raw_score: float = Field(
         description="What orders the results (descending, ties by doc_id): the served score of a reranked hit "
-        "(alpha z(first stage) + (1 - alpha) z(reranker), or the reranker's own with fusion 'none'), the "
+        "(the default method: its scorer's logit; other methods: alpha z(first stage) + (1 - alpha) z(reranker), "
+        "or the reranker's own with fusion 'none'), the "
         "first-stage score otherwise (placed between or below the reranked ones); unitless, may be negative, "
         "comparable only within one response."
     )
