@@ -18,7 +18,8 @@ Two phases, each in its own process so that each peak RSS is its own:
 :class:`heedrank.index.hashing.HashingEncoder` (384-d): the structure of a large index (BM25, the
 SQLite store, faiss at 384 dimensions, their disk, RAM and latency) in minutes rather than the
 hours the real embedder needs on 2 cores; its dense and hybrid nDCG@10 mean nothing (BM25's does).
-``--encoder default`` uses the packaged all-MiniLM-L6-v2 (the index's default runtime).
+``--encoder default`` uses the packaged all-MiniLM-L6-v2, on ``--embedder-runtime`` (``auto`` unless
+given; ``bf16`` on a CPU with AMX or AVX-512 BF16).
 
     python bench/scale_build.py --corpus runs/scale/1m --out runs/scale/1m-hashing --encoder hashing
         [--queries 323] [--phase build|probe|both]
@@ -72,7 +73,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     metadata = args.corpus / "metadata.jsonl"
     params = build_index(args.corpus, args.out, encoder=encoder_of(args.encoder), show_progress=True,
-                         overwrite=False, metadata=metadata if metadata.is_file() else None)
+                         overwrite=False, metadata=metadata if metadata.is_file() else None,
+                         embedder_runtime=args.embedder_runtime)
     return {"build_s": round(time.perf_counter() - t0, 1), "build_stages": params.get("build_stages"),
             "num_docs": params["num_docs"], "dense_index": (params.get("dense") or {}).get("index_type"),
             "build_peak_rss_gb": round(peak_rss_gb(), 2), "disk_mb": disk(args.out)}
@@ -138,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", type=Path, required=True, help="A bench/scale_corpus.py folder (BEIR layout).")
     ap.add_argument("--out", type=Path, required=True, help="Index directory (built when not finished).")
     ap.add_argument("--encoder", choices=("hashing", "default"), default="hashing")
+    ap.add_argument("--embedder-runtime", default="auto", choices=("auto", "torch", "onnx", "bf16"),
+                    help="The real embedder's runtime for the build (--encoder default); see index build --help.")
     ap.add_argument("--queries", type=int, default=323, help="NFCorpus test queries probed.")
     ap.add_argument("--phase", choices=("build", "probe", "both"), default="both")
     args = ap.parse_args(argv)
@@ -145,13 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         result = build(args) if args.phase == "build" else probe(args)
         print("RESULT " + json.dumps(result))
         return 0
-    figures: dict[str, Any] = {"corpus": str(args.corpus), "encoder": args.encoder}
+    figures: dict[str, Any] = {"corpus": str(args.corpus), "encoder": args.encoder,
+                               "embedder_runtime": args.embedder_runtime}
     for phase in ("build", "probe"):
         if phase == "build" and (args.out / "params.json").is_file():
             figures["build"] = "already built"
             continue
         cmd = [sys.executable, __file__, "--corpus", str(args.corpus), "--out", str(args.out),
-               "--encoder", args.encoder, "--queries", str(args.queries), "--phase", phase]
+               "--encoder", args.encoder, "--embedder-runtime", args.embedder_runtime,
+               "--queries", str(args.queries), "--phase", phase]
         done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         figures.update(json.loads(line[len("RESULT "):]))

@@ -13,7 +13,9 @@ type       faiss index                                          delete
 ``hnsw``   ``IndexIDMap2(IndexHNSWFlat(M, IP))``: graph ANN     tombstones, until a rebuild
            (``efConstruction``, ``efSearch``)                   (:meth:`DenseIndex.rebuilt`)
 ``ivf``    ``IndexIVFFlat(IndexFlatIP quantizer, nlist, IP)``   in place (``remove_ids``)
-           (``nprobe``), direct map for reconstruction
+           (``nprobe``), direct map for reconstruction; with
+           ``ivf_storage="sq8"`` ``IndexIVFScalarQuantizer``
+           (``QT_8bit``: one byte a dimension)
 =========  ===================================================  ===========================
 
 With L2-normalised vectors the score is the cosine similarity in ``[-1, 1]``.
@@ -22,7 +24,7 @@ Two searches (the planner in :mod:`heedrank.index.planner` picks one):
 
 * :meth:`DenseIndex.search_exact`: brute force over the allowed labels only (faiss
   ``IDSelectorArray`` on the flat storage: ``O(m d)`` for ``m`` allowed vectors). Exact
-  for every index type.
+  for every index type (over the decoded vectors for IVF's ``sq8`` storage).
 * :meth:`DenseIndex.search_ann`: the index's own search with an ``IDSelector`` passed
   through faiss ``SearchParameters`` (bitmap over positions for flat/HNSW, over labels
   for IVF), with ``efSearch`` / ``nprobe`` per call. Under a selective filter HNSW and IVF
@@ -360,7 +362,7 @@ class DenseIndex:
             index = faiss.read_index(str(path))
         except RuntimeError as exc:
             raise NotFoundError(f"vector index {path} is unreadable ({exc})") from exc
-        if isinstance(index, faiss.IndexIVFFlat) and index.direct_map.type != faiss.DirectMap.Hashtable:
+        if isinstance(index, faiss.IndexIVF) and index.direct_map.type != faiss.DirectMap.Hashtable:
             index.set_direct_map_type(faiss.DirectMap.Hashtable)
         out = cls(index.d, params, index=index)
         if params is not None:  # search-time defaults come from the saved params
@@ -377,7 +379,7 @@ class DenseIndex:
     def memory_bytes(self) -> int:
         """Approximate in-memory size: vectors, graph links / inverted lists, labels."""
         n, d = len(self), self.dim
-        size: float = n * d * 4 + n * 8
+        size: float = n * d * (1 if self.params.ivf_storage == "sq8" else 4) + n * 8
         if self.kind == "hnsw":
             size += n * self.params.hnsw_m * 2 * 4 * 1.05 + n * 8
         if self.kind == "ivf":
@@ -386,6 +388,8 @@ class DenseIndex:
 
     def describe(self) -> dict[str, Any]:
         faiss_type = {"flat": INDEX_TYPE, "hnsw": "IndexIDMap2(IndexHNSWFlat)", "ivf": "IndexIVFFlat"}[self.kind]
+        if self.params.ivf_storage == "sq8":
+            faiss_type = "IndexIVFScalarQuantizer(QT_8bit)"
         return {
             "index_type": faiss_type,
             "kind": self.kind,

@@ -24,6 +24,13 @@ AUTO = "auto"
 FLAT_MAX = 100_000
 """Largest ``auto`` index kept exact (flat): 100k x 384 float32 inner products per query take a few
 ms on 2 cores; above it ``auto`` builds IVF (trained in seconds, unlike HNSW's graph)."""
+IVF_STORAGES = ("float32", "sq8")
+"""How an IVF index stores its vectors: ``float32`` (``IndexIVFFlat``, 4 bytes a dimension) or
+``sq8`` (``IndexIVFScalarQuantizer`` with faiss's ``QT_8bit``: one byte a dimension, each
+dimension's range learnt at training; 4x less disk and RAM, scores from the decoded vectors)."""
+SQ8_MIN = 1_000_000
+"""``auto`` stores an IVF index of more than this many vectors as ``sq8``: at 384 dimensions
+float32 vectors take 1.5 GB a million (``docs/results/scale.md``)."""
 INDEX_TYPE = "IndexIDMap2(IndexFlatIP)"
 """faiss class of the default (flat) index, as recorded in version-1 index directories."""
 
@@ -40,6 +47,9 @@ class DenseParams:
         ef_search: HNSW candidate list size while searching (default per query).
         nlist: IVF cells; ``None`` = ``round(sqrt(n))`` at build (at most ``n / 39``).
         nprobe: IVF cells visited per query (default).
+        ivf_storage: how IVF stores its vectors: ``"float32"`` or ``"sq8"`` (:data:`IVF_STORAGES`);
+            ``"auto"`` until built (:meth:`for_size`: ``sq8`` above :data:`SQ8_MIN` vectors).
+            Flat and HNSW indexes store float32.
     """
 
     index_type: str = "flat"
@@ -48,10 +58,15 @@ class DenseParams:
     ef_search: int = 128
     nlist: int | None = None
     nprobe: int = 32
+    ivf_storage: str = AUTO
 
     def __post_init__(self) -> None:
         if self.index_type not in INDEX_TYPES + (AUTO,):
             raise ValidationError(f"unknown index type {self.index_type!r}; choose one of {list(INDEX_TYPES + (AUTO,))}")
+        if self.ivf_storage not in IVF_STORAGES + (AUTO,):
+            raise ValidationError(f"unknown IVF storage {self.ivf_storage!r}; choose one of {list(IVF_STORAGES + (AUTO,))}")
+        if self.ivf_storage == "sq8" and self.index_type not in ("ivf", AUTO):
+            raise ValidationError(f"ivf_storage 'sq8' needs an IVF index, not {self.index_type!r}: pass index_type 'ivf' or 'auto'")
         for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
@@ -65,13 +80,19 @@ class DenseParams:
     def for_size(self, n: int) -> DenseParams:
         """These parameters with ``"auto"`` resolved for ``n`` vectors: flat up to
         :data:`FLAT_MAX`, else IVF with ``nlist`` :func:`auto_nlist` ``(n)`` and ``nprobe`` at least
-        ``nlist / 16`` (about 6% of the cells per query); other types unchanged."""
-        if self.index_type != AUTO:
-            return self
-        if n <= FLAT_MAX:
-            return replace(self, index_type="flat")
-        nlist = self.nlist or auto_nlist(n)
-        return replace(self, index_type="ivf", nlist=nlist, nprobe=max(self.nprobe, nlist // 16))
+        ``nlist / 16`` (about 6% of the cells per query); other types unchanged. An ``auto``
+        ``ivf_storage`` becomes ``sq8`` for an IVF index over more than :data:`SQ8_MIN` vectors,
+        else ``float32``."""
+        params = self
+        if self.index_type == AUTO:
+            if n <= FLAT_MAX:
+                params = replace(self, index_type="flat")
+            else:
+                nlist = self.nlist or auto_nlist(n)
+                params = replace(self, index_type="ivf", nlist=nlist, nprobe=max(self.nprobe, nlist // 16))
+        if params.ivf_storage == AUTO:
+            params = replace(params, ivf_storage="sq8" if params.index_type == "ivf" and n > SQ8_MIN else "float32")
+        return params
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DenseParams:
@@ -112,22 +133,25 @@ def params_of(faiss: Any, index: Any, given: DenseParams | None) -> DenseParams:
     inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
     base = asdict(given) if given is not None else {}
     if isinstance(inner, faiss.IndexHNSWFlat):
-        base.update(index_type="hnsw", hnsw_m=int(inner.hnsw.nb_neighbors(1)),
+        base.update(index_type="hnsw", ivf_storage="float32", hnsw_m=int(inner.hnsw.nb_neighbors(1)),
                     ef_construction=int(inner.hnsw.efConstruction), ef_search=int(inner.hnsw.efSearch))
         return DenseParams.from_dict(base)
-    if isinstance(inner, faiss.IndexIVFFlat):
-        base.update(index_type="ivf", nlist=int(inner.nlist), nprobe=int(inner.nprobe))
+    if isinstance(inner, (faiss.IndexIVFFlat, faiss.IndexIVFScalarQuantizer)):
+        storage = "sq8" if isinstance(inner, faiss.IndexIVFScalarQuantizer) else "float32"
+        base.update(index_type="ivf", nlist=int(inner.nlist), nprobe=int(inner.nprobe), ivf_storage=storage)
         return DenseParams.from_dict(base)
     if isinstance(inner, faiss.IndexFlat) and isinstance(index, faiss.IndexIDMap2):
-        base.update(index_type="flat")
+        base.update(index_type="flat", ivf_storage="float32")
         return DenseParams.from_dict(base)
     raise NotFoundError(f"unsupported faiss index {type(inner).__name__}; rebuild the index")
 
 
 def train_ivf(faiss: Any, x: np.ndarray, params: DenseParams) -> tuple[Any, DenseParams]:
-    """An empty ``IndexIVFFlat`` (inner product, seed 1234, hash-table direct map for
-    reconstruction) trained on ``x`` (float32 ``(n, d)``), and ``params`` with its ``nlist``
-    (``params.nlist``, else :func:`auto_nlist`).
+    """An empty IVF index (inner product, seed 1234, hash-table direct map for reconstruction)
+    trained on ``x`` (float32 ``(n, d)``), and ``params`` with its ``nlist`` (``params.nlist``,
+    else :func:`auto_nlist`) and storage resolved. ``ivf_storage`` ``float32``: ``IndexIVFFlat``;
+    ``sq8``: ``IndexIVFScalarQuantizer`` (``QT_8bit``, one byte a dimension; Jégou et al.,
+    "Product quantization for nearest neighbor search", TPAMI 2011, for the inverted file).
 
     Raises:
         ValidationError: fewer vectors than ``nlist``.
@@ -136,8 +160,13 @@ def train_ivf(faiss: Any, x: np.ndarray, params: DenseParams) -> tuple[Any, Dens
     nlist = params.nlist or auto_nlist(len(x))
     if len(x) < nlist:
         raise ValidationError(f"an IVF index with nlist={nlist} needs at least {nlist} vectors, got {len(x)}")
+    params = params.for_size(len(x)) if params.ivf_storage == AUTO else params
     quantizer = faiss.IndexFlatIP(d)
-    ivf = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    if params.ivf_storage == "sq8":
+        ivf = faiss.IndexIVFScalarQuantizer(quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                            faiss.METRIC_INNER_PRODUCT)
+    else:
+        ivf = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
     ivf.cp.seed = 1234
     ivf.train(x)
     ivf.nprobe = params.nprobe

@@ -80,7 +80,7 @@ def _hits_at(scores: np.ndarray, pos: np.ndarray, labels: np.ndarray) -> Hits:
 
 
 def inner_index(faiss: Any, index: Any, kind: str) -> Any:
-    """The faiss index under the ``IndexIDMap2`` (flat, HNSW); the ``IndexIVFFlat`` itself for IVF."""
+    """The faiss index under the ``IndexIDMap2`` (flat, HNSW); the IVF index itself for IVF."""
     return faiss.downcast_index(index.index) if kind != "ivf" else index
 
 
@@ -100,7 +100,7 @@ def stored_vectors(faiss: Any, index: Any, kind: str, dim: int) -> np.ndarray:
 
 
 def ivf_labels(faiss: Any, index: Any) -> np.ndarray:
-    """Sorted int64 labels of every vector in the inverted lists of an ``IndexIVFFlat``."""
+    """Sorted int64 labels of every vector in the inverted lists of an IVF index."""
     invl = index.invlists
     parts = []
     for lst in range(index.nlist):
@@ -113,8 +113,8 @@ def ivf_labels(faiss: Any, index: Any) -> np.ndarray:
 
 
 def ivf_vectors(index: Any, labels: np.ndarray, dim: int) -> np.ndarray:
-    """float32 ``(m, dim)`` vectors of ``labels`` (int64) from an ``IndexIVFFlat`` (through its
-    direct map). Raises NotFoundError for a label not in the index."""
+    """float32 ``(m, dim)`` vectors of ``labels`` (int64) from an IVF index (through its direct
+    map; ``sq8``: the decoded vectors). Raises NotFoundError for a label not in the index."""
     try:
         return np.asarray(index.reconstruct_batch(labels), dtype=np.float32).reshape(len(labels), dim)
     except RuntimeError as exc:
@@ -167,7 +167,7 @@ class FaissSearch:
 
     Args:
         faiss: The ``faiss`` module.
-        index: The faiss index: ``IndexIDMap2`` over flat or HNSW storage, or ``IndexIVFFlat``.
+        index: The faiss index: ``IndexIDMap2`` over flat or HNSW storage, or an IVF index.
         params: Its :class:`heedrank.index.dense_build.DenseParams` (type, ``ef_search``, ``nprobe``).
         labels: Sorted int64 labels of every stored vector; position ``i`` of flat/HNSW
             storage holds ``labels[i]``.
@@ -229,7 +229,7 @@ class FaissSearch:
             x = ivf_vectors(self.index, allowed, self.index.d)  # gather through the direct map: O(m d)
             scores, idx = faiss.knn(q, x, kk, metric=faiss.METRIC_INNER_PRODUCT)
             return strip_padding(scores, np.where(idx >= 0, allowed[np.maximum(idx, 0)], -1))
-        # every cell visited: exact for IVFFlat
+        # every cell visited: exact for float32 storage, over the decoded vectors for sq8
         keep: list[Any] = []
         if allowed is not None:
             sel, buf = self._label_selector(allowed)

@@ -53,6 +53,10 @@ def index_build(
     ef_search: Annotated[int, typer.Option("--ef-search", help="HNSW default efSearch.")] = 64,
     nlist: Annotated[Optional[int], typer.Option("--nlist", help="IVF cells; default round(sqrt(n)).")] = None,
     nprobe: Annotated[int, typer.Option("--nprobe", help="IVF default cells probed.")] = 16,
+    ivf_storage: Annotated[str, typer.Option(
+        "--ivf-storage", help="How IVF stores the vectors: auto (sq8 above 1,000,000 vectors, else float32), "
+        "float32, or sq8 (8-bit scalar quantiser: a quarter of the disk and RAM, scores from the decoded "
+        "vectors; measured in docs/results/scale.md).")] = "auto",
     passages: Annotated[
         bool, typer.Option("--passages/--no-passages", help="Encode long documents as passages, scored by their best (MaxP).")
     ] = False,
@@ -76,7 +80,7 @@ def index_build(
     from heedrank.index.passages import PassageParams
 
     dense_params = DenseParams(index_type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction,
-                               ef_search=ef_search, nlist=nlist, nprobe=nprobe)
+                               ef_search=ef_search, nlist=nlist, nprobe=nprobe, ivf_storage=ivf_storage)
     chunking = PassageParams(passage_words, passage_stride, max_passages) if passages else None
     params = build_index(
         corpus, out, embedder=embedder, metadata=metadata, dense=not no_dense,

@@ -239,3 +239,48 @@ def test_auto_index_type_by_size() -> None:
     assert DenseIndex(8, auto).kind == "flat"
     with pytest.raises(ValidationError, match="auto"):
         DenseParams(index_type="annoy")
+
+
+def test_ivf_sq8_storage(tmp_path: Path) -> None:
+    """``ivf_storage="sq8"``: one byte a dimension, decoded vectors within 8-bit rounding, search
+    close to float32 IVF over the same cells, persisted and read back as sq8; ``auto`` picks it
+    above SQ8_MIN vectors only."""
+    import faiss
+
+    from heedrank.index.dense_build import SQ8_MIN
+
+    rng = np.random.default_rng(5)
+    x, q = _clustered(rng, 2000, 32), _clustered(rng, 20, 32)
+    labels = np.arange(2000, dtype=np.int64) * 3
+    sq8 = DenseIndex.build(x, labels, DenseParams("ivf", nlist=16, nprobe=16, ivf_storage="sq8"))
+    f32 = DenseIndex.build(x, labels, DenseParams("ivf", nlist=16, nprobe=16))
+    assert isinstance(sq8.index, faiss.IndexIVFScalarQuantizer) and isinstance(f32.index, faiss.IndexIVFFlat)
+    assert (sq8.kind, sq8.params.ivf_storage, f32.params.ivf_storage) == ("ivf", "sq8", "float32")
+    assert sq8.describe()["index_type"] == "IndexIVFScalarQuantizer(QT_8bit)"
+    assert sq8.memory_bytes() < f32.memory_bytes() / 2
+    decoded = sq8.vectors(labels[[0, 7, 1999]])
+    cos = (decoded * x[[0, 7, 1999]]).sum(1) / np.linalg.norm(decoded, axis=1)
+    assert decoded.dtype == np.float32 and cos.min() > 0.999
+    want = [r[0].tolist() for r in f32.search_ann(q, 10)]  # every cell probed: exact for float32
+    got = [r[0].tolist() for r in sq8.search_ann(q, 10)]
+    recall = np.mean([len(set(g) & set(w)) / 10 for g, w in zip(got, want)])
+    assert recall >= 0.95
+    exact = [r[0].tolist() for r in sq8.search_exact(q, 5, allowed=labels[:50])]  # over the decoded vectors
+    brute = _brute(x, labels, q, 5, labels[:50])
+    assert all(set(e) <= set(labels[:50].tolist()) for e in exact)
+    assert np.mean([len(set(e) & set(b)) / 5 for e, b in zip(exact, brute)]) >= 0.9
+    assert sq8.delete(labels[:10]) == 10 and len(sq8) == 1990
+    sq8.save(tmp_path / "v.faiss")
+    again = DenseIndex.load(tmp_path / "v.faiss", DenseParams("ivf", nprobe=4))
+    assert (again.params.ivf_storage, again.params.nlist, again.params.nprobe) == ("sq8", 16, 4)
+    assert [r[0].tolist() for r in again.search_ann(q, 10, nprobe=16)] == [
+        r[0].tolist() for r in sq8.search_ann(q, 10)]
+    auto = DenseParams(index_type="auto")
+    assert auto.for_size(SQ8_MIN).ivf_storage == "float32"
+    assert auto.for_size(SQ8_MIN + 1).ivf_storage == "sq8"
+    assert auto.for_size(1000).ivf_storage == "float32"  # flat
+    assert DenseParams("ivf", ivf_storage="float32").for_size(10**7).ivf_storage == "float32"  # explicit: kept
+    with pytest.raises(ValidationError, match="needs an IVF index"):
+        DenseParams("hnsw", ivf_storage="sq8")
+    with pytest.raises(ValidationError, match="unknown IVF storage"):
+        DenseParams("ivf", ivf_storage="pq")
