@@ -17,6 +17,10 @@ Beside them, on the same candidates: the first stage alone, the embedder alone (
 embedder and first stage fused (the default's scorer without the LM: every candidate cold, recompute
 budget 0, no store), each paired against the served ranking.
 
+``--minutes M`` runs the stream for ``M`` minutes of wall time instead of ``--stream`` queries, and
+the report adds a row per minute: queries, p50 / p99, hit rate, share reranked, and the store's
+blocks and GB at the minute's end (its fill rate).
+
 ``--disk-bytes`` sets the budget in bytes instead (no pass over every document to size the full
 store: at 1M documents that pass alone tokenises the corpus), and ``--no-reference`` leaves out
 the every-candidate-reranked run (at 1M its 6,460 cold blocks take about 20 minutes).
@@ -31,7 +35,7 @@ empty each run.
 
     python bench/tiered_store.py [--out runs/tiered] [--stream 600] [--gap 0.3] [--budget-share 0.1]
         [--cold-budget 4] [--data ../shared/data] [--index DIR [--reference-index DIR]]
-        [--retriever bm25] [--candidates 20] [--disk-bytes N] [--no-reference]
+        [--retriever bm25] [--candidates 20] [--disk-bytes N] [--no-reference] [--minutes M]
 """
 
 from __future__ import annotations
@@ -153,6 +157,7 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=20)
     ap.add_argument("--disk-bytes", type=int, help="disk budget in bytes (instead of --budget-share)")
     ap.add_argument("--no-reference", action="store_true", help="leave out the every-candidate-reranked run")
+    ap.add_argument("--minutes", type=float, help="run the stream this many minutes (instead of --stream queries)")
     args = ap.parse_args()
     import torch
 
@@ -215,12 +220,20 @@ def main() -> None:
     rng = random.Random(7)
     rng.shuffle(pool)
     weights = [1.0 / (r + 1) ** args.zipf for r in range(len(pool))]
-    stream = rng.choices(pool, weights=weights, k=args.stream)
+    limit = args.stream if args.minutes is None else 10**9
+    stream = (rng.choices(pool, weights=weights)[0] for _ in range(limit))
     opts = SearchOptions(top_k=10, retriever=args.retriever, rerank="default", candidates=args.candidates,
                          fusion="default", cold_budget=args.cold_budget)
     rows = []
+    minutes: list[dict[str, float]] = []  # the store at the end of each minute
     t_start = time.monotonic()
     for i, text in enumerate(stream):
+        elapsed = time.monotonic() - t_start
+        while elapsed >= 60 * (len(minutes) + 1):  # a minute ended: read the store's fill
+            st = filler.store.stats()
+            minutes.append({"blocks": st.blocks, "gb": st.live_bytes / 1e9})
+        if args.minutes is not None and elapsed >= 60 * args.minutes:
+            break
         t0 = time.perf_counter()
         res = pipe.search(Query(f"s{i}", text), opts)
         seconds = time.perf_counter() - t0
@@ -230,13 +243,14 @@ def main() -> None:
         skipped = len(res.skipped)
         cache_counts = (rr.cache or {"hits": 0, "misses": 0})
         n = len(rr.ranking) + skipped
-        rows.append({"seconds": seconds, "candidates": n, "hits": cache_counts["hits"], "reranked": len(rr.ranking)})
+        rows.append({"seconds": seconds, "candidates": n, "hits": cache_counts["hits"], "reranked": len(rr.ranking),
+                     "minute": int((time.monotonic() - t_start) // 60)})
         time.sleep(args.gap)
     stream_minutes = (time.monotonic() - t_start) / 60
     store = filler.store
     filler.stop()
     stats = store.stats()
-    print(f"\nstream of {args.stream} queries from {len(pool)} (Zipf s={args.zipf}), gap {args.gap} s, cold budget "
+    print(f"\nstream of {len(rows)} queries from {len(pool)} (Zipf s={args.zipf}), gap {args.gap} s, cold budget "
           f"{args.cold_budget}, eviction {args.eviction}: {stream_minutes:.1f} min; store after: {stats.blocks} blocks, "
           f"{stats.live_bytes / 1e9:.2f} GB live, {stats.bytes_on_disk / 1e9:.2f} GB on disk, {stats.evictions} "
           f"evictions, {stats.not_admitted} not admitted; the fill encoded {filler.filled} blocks\n")
@@ -254,6 +268,18 @@ def main() -> None:
     print(f"| all | {statistics.median(lat):.3f} | {pct(lat, 0.95):.3f} | {pct(lat, 0.99):.3f} | "
           f"{sum(r['hits'] for r in rows) / cand:.1%} | "
           f"{sum(r['reranked'] for r in rows) / cand:.1%} |")
+
+    if minutes:
+        print("\n| minute | queries | p50 s | p99 s | hit rate | reranked | store blocks | store GB |\n"
+              "|---|---|---|---|---|---|---|---|")
+        for m, fill in enumerate(minutes):
+            rs = [r for r in rows if r["minute"] == m]
+            if not rs:
+                continue
+            lat, cand = [r["seconds"] for r in rs], sum(r["candidates"] for r in rs)
+            print(f"| {m + 1} | {len(rs)} | {statistics.median(lat):.3f} | {pct(lat, 0.99):.3f} | "
+                  f"{sum(r['hits'] for r in rs) / cand:.1%} | {sum(r['reranked'] for r in rs) / cand:.1%} | "
+                  f"{fill['blocks']} | {fill['gb']:.2f} |")
 
     first = dict(retriever=args.retriever, candidates=args.candidates)
     served, counts = nf_test_run(pipe, args.cold_budget, **first)
@@ -293,7 +319,7 @@ def main() -> None:
         xa, xb = [a[q] for q in qids], [b[q] for q in qids]
         print(f"| {name} | {100 * statistics.fmean(xa):.2f} | {100 * (statistics.fmean(xb) - statistics.fmean(xa)):+.2f} "
               f"| {paired_p(xa, xb):.3f} |")
-    (args.out / "stream.json").write_text(json.dumps({"rows": rows, "args": {k: str(v) for k, v in vars(args).items()}}))
+    (args.out / "stream.json").write_text(json.dumps({"rows": rows, "minutes": minutes, "args": {k: str(v) for k, v in vars(args).items()}}))
 
 
 if __name__ == "__main__":
