@@ -15,8 +15,10 @@ HNSW, ``ef = max(ef_search / s ** ef_power,         exact when ``ef > max_ef``, 
 ef_factor * k' / s)``                               with a bitmap ``IDSelector`` and
                                                     that ``efSearch``
 IVF, ``p = nprobe / s ** nprobe_power``             exact when ``p > max_probe_fraction *
-                                                    nlist``, else ANN with the selector
-                                                    and ``nprobe = p``
+                                                    nlist`` or when the ``p`` cells hold
+                                                    about as many vectors as are allowed
+                                                    (``allowed <= p / nlist * live``), else
+                                                    ANN with the selector and ``nprobe = p``
 ==================================================  =====================================
 
 Why these forms: the selector only hides non-matching vectors from the results, so a
@@ -161,6 +163,9 @@ def make_plan(
         probe = min(max(probe, 1), nl)
         if strategy == "auto" and filtered and probe > params.max_probe_fraction * nl:
             return SearchPlan("exact", allowed, s, reason=f"nprobe {probe} > {params.max_probe_fraction} * nlist {nl}")
+        scanned = probe / nl * live  # vectors in the cells the ANN search reads (cells of equal size)
+        if strategy == "auto" and filtered and allowed <= scanned:
+            return SearchPlan("exact", allowed, s, reason=f"{allowed} allowed <= {scanned:.0f} in {probe} of {nl} cells")
         return SearchPlan("ann", allowed, s, nprobe=probe, reason="selector ANN")
     raise ValidationError(f"unknown index kind {kind!r}")
 

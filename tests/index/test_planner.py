@@ -104,6 +104,10 @@ def test_plans() -> None:
     ivf = make_plan("ivf", 64, 16, 1000, 10, 25_000, 100_000, p)  # 16 / sqrt(0.25) = 32 probes
     assert (ivf.strategy, ivf.nprobe) == ("ann", 32)
     assert make_plan("ivf", 64, 16, 100, 10, 1_000, 100_000, p).strategy == "exact"  # 160 > 25 probes
+    # 1 % of 1M under nlist 1000, nprobe 62: 197 probes read ~197k vectors, more than the 10k allowed
+    one_pct = make_plan("ivf", 64, 62, 1000, 10, 10_000, 1_000_000)
+    assert (one_pct.strategy, one_pct.reason) == ("exact", "10000 allowed <= 197000 in 197 of 1000 cells")
+    assert make_plan("ivf", 64, 62, 1000, 10, 300_000, 1_000_000).strategy == "ann"  # 84 probes, 84k read
     assert make_plan("hnsw", 64, 16, None, 10, 0, 100_000, p).strategy == "exact"
     assert make_plan("hnsw", 64, 16, None, 10, 50, 100_000, p, strategy="ann").strategy == "ann"
     with pytest.raises(ValidationError, match="unknown search strategy"):
