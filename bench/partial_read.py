@@ -3,7 +3,7 @@
 Serves NFCorpus test (hybrid top ``--candidates``) through the product twice, recording what
 :meth:`heedrank.serving.ServePolicy.apply_scorer` receives per query (the candidates, the
 attention log-odds of those the LM read, the dense cosines, BM25's scores): once from ``--index``
-(its store full: every candidate read) and once from ``--budgeted-index`` (a store under a disk
+(every candidate read; its store full, or filled by this run) and once from ``--budgeted-index`` (a store under a disk
 budget, e.g. ``bench/tiered_store.py``'s ``OUT/ix`` after its stream, read with the service's
 recompute budget of ``--cold-budget`` blocks). Then re-scores the captured signals offline with the
 installed card's scorer, so the combination rules compare on identical inputs, nDCG@10 x 100:
@@ -13,11 +13,17 @@ installed card's scorer, so the combination rules compare on identical inputs, n
 - how: the attention model for those with attention and the model without it for the others
   (``A`` / ``N``), the step form (``N + A - B``, :meth:`heedrank.scorer.Scorer.logit` with
   ``step``), and a half blend ``N + 0.5 (A - N)``;
+- and the product's own rule (:meth:`heedrank.serving.ServePolicy.apply_scorer`: the step form
+  in a list read in part, ``A`` in a list read whole), paired against no attention;
 - and each model's mean predicted probability against the base rate (calibration).
 
-Captures are cached under ``--out``.
+Captures are cached under ``--out``. With ``--drop-prefix x`` (a ``bench/scale_corpus.py`` index,
+whose distractors' ids start with ``x``) the table is printed a second time with those documents
+removed from every ranking before nDCG@10 (a condensed list: what the ranking does with the real
+documents alone), with the mean number of them in each top 10.
 
     python bench/partial_read.py --index indexes/nfcorpus --budgeted-index runs/tiered/ix [--out runs/partial]
+        [--drop-prefix x]
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ def main() -> None:
     ap.add_argument("--cold-budget", type=int, default=4)
     ap.add_argument("--candidates", type=int, default=50)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "partial")
+    ap.add_argument("--drop-prefix", help="also score each ranking with the documents of this id prefix removed")
     args = ap.parse_args()
     import ir_measures
     import torch
@@ -78,7 +85,9 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     caps = {}
-    for name, index, cold in (("full", args.index, None), ("budgeted", args.budgeted_index, args.cold_budget)):
+    # the budgeted capture first: with one index for both (its store after a stream), the full
+    # capture's cold blocks would otherwise be read by the budgeted one
+    for name, index, cold in (("budgeted", args.budgeted_index, args.cold_budget), ("full", args.index, None)):
         path = args.out / f"{name}.json"
         if not path.exists():
             path.write_text(json.dumps(capture(index, cold, args.candidates)))
@@ -93,22 +102,43 @@ def main() -> None:
         x = {"dense": r["dense"].get(d), "rank": rank_feature(i), "bm25": r["bm25"].get(d)}
         return {k: v for k, v in x.items() if v is not None}
 
-    def rescored(mask: Any, rule: str) -> float:
+    def rescored(mask: Any, rule: str) -> dict[str, dict[str, float]]:
         run: dict[str, dict[str, float]] = {}
         for q, r in full.items():
-            have, out = mask(q, r), {}
+            have, out = mask(q, r) & set(r["att"]), {}
+            # the product's rule: the step form in a list read in part, A in one read whole
+            form = ("step" if len(have) < len(r["cands"]) else "A") if rule == "product" else rule
             for i, d in enumerate(r["cands"]):
                 x = features(r, i, d)
                 n = scorer.logit(x)[0]  # type: ignore[index]
-                if d not in have or d not in r["att"]:
+                if d not in have:
                     out[d] = n
                     continue
                 xa = {**x, "attention": r["att"][d]}
                 a = scorer.model_for(list(xa)).logit(xa)  # type: ignore[union-attr]
                 out[d] = {"A": a, "step": scorer.logit(xa, step=True)[0],  # type: ignore[index]
-                          "half": n + 0.5 * (a - n)}[rule]
+                          "half": n + 0.5 * (a - n)}[form]
             run[q] = out
-        return 100 * statistics.fmean(m.value for m in ir_measures.iter_calc([ir_measures.nDCG @ 10], qrels, run))
+        return run
+
+    def per_query(run: dict[str, dict[str, float]], drop: str | None) -> dict[str, float]:
+        if drop:
+            run = {q: {d: s for d, s in r.items() if not d.startswith(drop)} for q, r in run.items()}
+        return {m.query_id: 100 * m.value for m in ir_measures.iter_calc([ir_measures.nDCG @ 10], qrels, run)}
+
+    def ndcg(run: dict[str, dict[str, float]], drop: str | None) -> float:
+        return statistics.fmean(per_query(run, drop).values())
+
+    def paired_p(run: dict[str, dict[str, float]], base: dict[str, dict[str, float]], drop: str | None) -> float:
+        a, b = per_query(run, drop), per_query(base, drop)
+        diffs = [a[q] - b[q] for q in sorted(a.keys() & b.keys())]
+        rng, observed = random.Random(0), abs(sum(diffs))
+        hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) >= observed - 1e-9 for _ in range(5000))
+        return (hits + 1) / 5001
+
+    def dropped_in_top10(run: dict[str, dict[str, float]], drop: str) -> float:
+        return statistics.fmean(sum(d.startswith(drop) for d, _ in sorted(r.items(), key=lambda kv: (-kv[1], kv[0]))[:10])
+                                for r in run.values())
 
     masks = {"none": lambda q, r: set(),
              "as served (the budgeted store's)": lambda q, r: set(budgeted[q]["att"]),
@@ -117,9 +147,20 @@ def main() -> None:
     share = sum(len(r["att"]) for r in budgeted.values()) / sum(len(r["cands"]) for r in budgeted.values())
     print(f"NFCorpus test ({len(full)} queries, hybrid top {args.candidates}); the budgeted store read {share:.1%} "
           "of the candidates; nDCG@10 x 100\n")
-    print("| candidates with attention | A / N | step N + A - B | half N + 0.5 (A - N) |\n|---|---|---|---|")
-    for name, mask in masks.items():
-        print(f"| {name} | " + " | ".join(f"{rescored(mask, rule):.2f}" for rule in ("A", "step", "half")) + " |")
+    rules = ("A", "step", "half", "product")
+    runs = {(name, rule): rescored(mask, rule) for name, mask in masks.items() for rule in rules}
+    head = ("| candidates with attention | A / N | step N + A - B | half N + 0.5 (A - N) | the product's rule | "
+            "its paired p against none |\n|---|---|---|---|---|---|")
+    for drop in (None, args.drop_prefix) if args.drop_prefix else (None,):
+        if drop:
+            print(f"\nthe same rankings with the documents of id prefix {drop!r} removed (in brackets: how many of "
+                  "them each top 10 held, mean)\n")
+        print(head)
+        for name in masks:
+            cells = [f"{ndcg(runs[name, rule], drop):.2f}" + (f" ({dropped_in_top10(runs[name, rule], drop):.2f})"
+                                                              if drop else "") for rule in rules]
+            p = paired_p(runs[name, "product"], runs["none", "A"], drop) if name != "none" else float("nan")
+            print(f"| {name} | " + " | ".join(cells) + f" | {p:.3f} |")
     sig = lambda v: 1 / (1 + 2.718281828459045 ** -v)  # noqa: E731
     rows = [(q, d, i) for q, r in full.items() for i, d in enumerate(r["cands"])
             if d in r["att"] and d in r["dense"] and d in r["bm25"]]
