@@ -168,6 +168,25 @@ class VectorCheckpoint:
             os.fsync(f.fileno())
         os.replace(part, self._path(k))
 
+    def parts(self, chunks: int, rows: int = 65_536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(vectors, labels)`` of chunks ``0 .. chunks - 1`` in order, consecutive chunks joined
+        into parts of about ``rows`` vectors (fewer, larger adds to faiss).
+
+        Raises:
+            NotFoundError: a chunk is missing (the folder was changed during the build).
+        """
+        vecs: list[np.ndarray] = []
+        labels: list[np.ndarray] = []
+        for k in range(chunks):
+            got = self.load(k)
+            if got is None:
+                raise NotFoundError(f"chunk {k} of the build's vectors is missing from {self.folder}: build again")
+            vecs.append(got[0])
+            labels.append(got[1])
+            if sum(len(x) for x in labels) >= rows or k == chunks - 1:
+                yield np.concatenate(vecs), np.concatenate(labels)
+                vecs, labels = [], []
+
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -367,8 +386,7 @@ def build_index(
         store = SQLiteDocStore(tmp / DOCS_FILE, create=True)
         bm25_builder = BM25Builder(bm25_params or BM25Params())
         bits = passages.bits if passages is not None else 0
-        vec_parts: list[np.ndarray] = []
-        label_parts: list[np.ndarray] = []
+        chunks = n_vectors = 0  # the checkpoint's chunks and the vectors they hold
         n = 0
         matched = 0
         with Progress(total=total, desc="index documents", unit="doc", show_progress=show_progress, log=logger) as bar:
@@ -389,8 +407,8 @@ def build_index(
                         got = (np.concatenate(vecs), np.concatenate([labels_for(n + i, len(v), bits)
                                                                      for i, v in enumerate(vecs)]))
                         checkpoint.save(k, *got)
-                    vec_parts.append(got[0])
-                    label_parts.append(got[1])
+                    chunks, n_vectors = k + 1, n_vectors + len(got[1])
+                    del got
                     tick = _lap(stages, "encode", tick)
                 n += len(batch)
                 bar.update(len(batch))
@@ -399,13 +417,15 @@ def build_index(
 
         tick = time.perf_counter()
         bm25 = bm25_builder.build(show_progress=False)
+        del bm25_builder  # its token lists
         bm25.save(tmp / BM25_DIR)
         tick = _lap(stages, "bm25", tick)
         vectors = None
-        if encoder is not None:
-            vectors = DenseIndex.build(
-                np.concatenate(vec_parts), np.concatenate(label_parts), dense_params, dim=encoder.dim
-            )
+        if encoder is not None and checkpoint is not None:
+            # read back from the checkpoint part by part: the vectors are never held whole
+            # beside the index they go into (at 1M, 384-d float32: 1.5 GB)
+            vectors = DenseIndex.build_streamed(functools.partial(checkpoint.parts, chunks), n_vectors, dense_params,
+                                                dim=encoder.dim)
             vectors.save(tmp / VECTORS_FILE)
             tick = _lap(stages, "faiss", tick)
             logger.info("%s vector index of %d vectors built in %.1f s", vectors.kind, len(vectors), stages["faiss"])

@@ -43,6 +43,7 @@ they use and the HNSW tombstones in :mod:`heedrank.index.dense_search`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,13 @@ from heedrank.files import write_atomic
 from heedrank.index.dense_build import (
     INDEX_TYPE,
     INDEX_TYPES,
+    TRAIN_POINTS_PER_CELL,
     DenseParams,
     auto_nlist,
     create_index,
     params_of,
     train_ivf,
+    training_sample,
 )
 from heedrank.index.dense_search import (
     FaissSearch,
@@ -143,6 +146,37 @@ class DenseIndex:
         ivf, params = train_ivf(require("faiss", "index"), x, params)
         out = cls(d, params, index=ivf)
         out.add(x, labels)
+        return out
+
+    @classmethod
+    def build_streamed(
+        cls, parts: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]], n: int, params: DenseParams | None = None,
+        *, dim: int,
+    ) -> DenseIndex:
+        """:meth:`build` over vectors that come in parts, never all held at once: each call of
+        ``parts`` yields the same ``(vectors, labels)`` pairs in the same order (e.g. read back
+        from a build's checkpoint files), ``n`` vectors in all, labels strictly increasing across
+        them. An IVF index is trained on a seeded uniform sample of at most
+        :data:`~heedrank.index.dense_build.TRAIN_POINTS_PER_CELL` vectors a cell (one pass; all
+        of them when they are fewer, so the result is :meth:`build`'s), then every part is added
+        (a second pass). Peak memory: the index, the sample and one part.
+
+        Raises:
+            ValidationError: as :meth:`build`; the parts hold other than ``n`` vectors.
+        """
+        params = (params or DenseParams()).for_size(n)
+        if params.index_type != "ivf":
+            out = cls(dim, params)
+        else:
+            size = TRAIN_POINTS_PER_CELL * (params.nlist or auto_nlist(n))
+            ivf, params = train_ivf(require("faiss", "index"), training_sample(parts(), n, size), params)
+            out = cls(dim, params, index=ivf)
+        added = 0
+        for x, labels in parts():
+            out.add(as_matrix(x, out.dim, "vectors"), labels)
+            added += len(labels)
+        if added != n:
+            raise ValidationError(f"expected {n} vectors, the parts held {added}")
         return out
 
     # -- parts ---------------------------------------------------------------------------

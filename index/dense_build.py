@@ -9,7 +9,7 @@ passed in by the caller (imported when an index is created or loaded).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -31,6 +31,9 @@ dimension's range learnt at training; 4x less disk and RAM, scores from the deco
 SQ8_MIN = 1_000_000
 """``auto`` stores an IVF index of more than this many vectors as ``sq8``: at 384 dimensions
 float32 vectors take 1.5 GB a million (``docs/results/scale.md``)."""
+TRAIN_POINTS_PER_CELL = 256
+"""Training vectors per IVF cell that :func:`training_sample` keeps: faiss's k-means default
+(``ClusteringParameters.max_points_per_centroid``), past which faiss itself subsamples."""
 INDEX_TYPE = "IndexIDMap2(IndexFlatIP)"
 """faiss class of the default (flat) index, as recorded in version-1 index directories."""
 
@@ -172,3 +175,26 @@ def train_ivf(faiss: Any, x: np.ndarray, params: DenseParams) -> tuple[Any, Dens
     ivf.nprobe = params.nprobe
     ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
     return ivf, replace(params, nlist=nlist)
+
+
+def training_sample(parts: Iterable[tuple[np.ndarray, np.ndarray]], n: int, size: int, seed: int = 1234) -> np.ndarray:
+    """A uniform sample, without replacement and seeded, of ``size`` of the ``n`` vectors that
+    ``parts`` yields in order (``(vectors, labels)`` pairs, float32 ``(p, d)``); every vector when
+    ``n <= size``. Only the sample is held: float32 ``(min(n, size), d)``, in the parts' order.
+
+    Raises:
+        ValidationError: ``parts`` yields other than ``n`` vectors, or none.
+    """
+    take = None if n <= size else np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
+    out, start = [], 0
+    for x, _ in parts:
+        x = np.asarray(x, dtype=np.float32)
+        if take is None:
+            out.append(x)
+        else:
+            lo, hi = np.searchsorted(take, [start, start + len(x)])
+            out.append(x[take[lo:hi] - start])
+        start += len(x)
+    if start != n or not out:
+        raise ValidationError(f"expected {n} vectors to train on, the parts held {start}")
+    return np.concatenate(out)

@@ -284,3 +284,57 @@ def test_ivf_sq8_storage(tmp_path: Path) -> None:
         DenseParams("hnsw", ivf_storage="sq8")
     with pytest.raises(ValidationError, match="unknown IVF storage"):
         DenseParams("ivf", ivf_storage="pq")
+
+
+def test_build_streamed_equals_build() -> None:
+    """:meth:`DenseIndex.build_streamed` over parts gives :meth:`build`'s index when every vector
+    fits in the training sample (flat and IVF: same lists, same scores), and a short or long count
+    is refused."""
+    rng = np.random.default_rng(11)
+    x, q = _clustered(rng, 900, 16), _clustered(rng, 8, 16)
+    labels = np.arange(900, dtype=np.int64) * 2 + 5
+    cuts = [0, 100, 101, 500, 900]
+
+    def parts() -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(x[a:b], labels[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+    for params in (DenseParams("flat"), DenseParams("ivf", nlist=8, nprobe=3), DenseParams("ivf", nlist=8, nprobe=3,
+                                                                                            ivf_storage="sq8")):
+        whole, streamed = DenseIndex.build(x, labels, params), DenseIndex.build_streamed(parts, 900, params, dim=16)
+        assert streamed.params == whole.params and len(streamed) == 900
+        np.testing.assert_array_equal(streamed.labels(), whole.labels())
+        for (la, sa), (lb, sb) in zip(whole.search_ann(q, 10), streamed.search_ann(q, 10)):
+            assert la.tolist() == lb.tolist()
+            np.testing.assert_allclose(sa, sb, rtol=1e-6)
+    with pytest.raises(ValidationError, match="899"):
+        DenseIndex.build_streamed(parts, 899, DenseParams("flat"), dim=16)
+
+
+def test_build_streamed_trains_ivf_on_a_sample() -> None:
+    """Above ``TRAIN_POINTS_PER_CELL`` vectors a cell the IVF index trains on a seeded uniform
+    sample of that many (drawn across every part, deterministic), and searches as well as the index
+    trained on all of them."""
+    from heedrank.index.dense_build import TRAIN_POINTS_PER_CELL, training_sample
+
+    rng = np.random.default_rng(12)
+    n, nlist = 3000, 4
+    x, q = _clustered(rng, n, 16), _clustered(rng, 200, 16)
+    labels = np.arange(n, dtype=np.int64)
+
+    def parts() -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(x[a:a + 700], labels[a:a + 700]) for a in range(0, n, 700)]
+
+    sample = training_sample(parts(), n, TRAIN_POINTS_PER_CELL * nlist)
+    assert sample.shape == (1024, 16) and sample.dtype == np.float32
+    rows = {tuple(r) for r in x.tolist()}
+    assert all(tuple(r) in rows for r in sample.tolist())
+    np.testing.assert_array_equal(sample, training_sample(parts(), n, 1024))
+    assert (sample[:, None, :] == x[2800:][None]).all(-1).any()  # the last part is sampled too
+    streamed = DenseIndex.build_streamed(parts, n, DenseParams("ivf", nlist=nlist, nprobe=2), dim=16)
+    whole = DenseIndex.build(x, labels, DenseParams("ivf", nlist=nlist, nprobe=2))
+    brute = _brute(x, labels, q, 10, labels)
+    recall = [np.mean([len(set(r[0].tolist()) & set(b)) / 10 for r, b in zip(ix.search_ann(q, 10), brute)])
+              for ix in (whole, streamed)]
+    assert abs(recall[1] - recall[0]) <= 0.05 and recall[1] >= 0.8, recall  # 0.887 and 0.887
+    with pytest.raises(ValidationError, match="held 3000"):
+        training_sample(parts(), n + 1, 10)
