@@ -21,8 +21,11 @@ hours the real embedder needs on 2 cores; its dense and hybrid nDCG@10 mean noth
 ``--encoder default`` uses the packaged all-MiniLM-L6-v2, on ``--embedder-runtime`` (``auto`` unless
 given; ``bf16`` on a CPU with AMX or AVX-512 BF16).
 
+``--sort-group G`` sets how many of the embedder's batches it sorts by length at once
+(``SentenceTransformerEncoder.SORT_GROUP``), to compare builds that differ only in it.
+
     python bench/scale_build.py --corpus runs/scale/1m --out runs/scale/1m-hashing --encoder hashing
-        [--queries 323] [--phase build|probe|both]
+        [--queries 323] [--phase build|probe|both] [--sort-group G]
 
 Prints one markdown table of the figures and writes them as JSON to ``--out``/../<name>.scale.json.
 """
@@ -69,6 +72,10 @@ def disk(out: Path) -> dict[str, float]:
 
 def build(args: argparse.Namespace) -> dict[str, Any]:
     from heedrank.index.builder import build_index
+    from heedrank.index.encoder import SentenceTransformerEncoder
+
+    if args.sort_group is not None:
+        SentenceTransformerEncoder.SORT_GROUP = args.sort_group
 
     t0 = time.perf_counter()
     metadata = args.corpus / "metadata.jsonl"
@@ -143,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--embedder-runtime", default="auto", choices=("auto", "torch", "onnx", "bf16"),
                     help="The real embedder's runtime for the build (--encoder default); see index build --help.")
     ap.add_argument("--queries", type=int, default=323, help="NFCorpus test queries probed.")
+    ap.add_argument("--sort-group", type=int, help="Batches the embedder sorts by length at once "
+                    "(SentenceTransformerEncoder.SORT_GROUP; default: the encoder's), to compare builds.")
     ap.add_argument("--phase", choices=("build", "probe", "both"), default="both")
     args = ap.parse_args(argv)
     if args.phase != "both":
@@ -150,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(result))
         return 0
     figures: dict[str, Any] = {"corpus": str(args.corpus), "encoder": args.encoder,
-                               "embedder_runtime": args.embedder_runtime}
+                               "embedder_runtime": args.embedder_runtime, "sort_group": args.sort_group}
     for phase in ("build", "probe"):
         if phase == "build" and (args.out / "params.json").is_file():
             figures["build"] = "already built"
@@ -158,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--corpus", str(args.corpus), "--out", str(args.out),
                "--encoder", args.encoder, "--embedder-runtime", args.embedder_runtime,
                "--queries", str(args.queries), "--phase", phase]
+        cmd += ["--sort-group", str(args.sort_group)] if args.sort_group is not None else []
         done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         figures.update(json.loads(line[len("RESULT "):]))
