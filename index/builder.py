@@ -177,15 +177,17 @@ class VectorCheckpoint:
         """
         vecs: list[np.ndarray] = []
         labels: list[np.ndarray] = []
+        held = 0
         for k in range(chunks):
             got = self.load(k)
             if got is None:
                 raise NotFoundError(f"chunk {k} of the build's vectors is missing from {self.folder}: build again")
             vecs.append(got[0])
             labels.append(got[1])
-            if sum(len(x) for x in labels) >= rows or k == chunks - 1:
+            held += len(got[1])
+            if held >= rows or k == chunks - 1:
                 yield np.concatenate(vecs), np.concatenate(labels)
-                vecs, labels = [], []
+                vecs, labels, held = [], [], 0
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -43,6 +43,7 @@ they use and the HNSW tombstones in :mod:`heedrank.index.dense_search`.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,9 @@ class DenseIndex:
     def build(
         cls, vectors: np.ndarray, labels: np.ndarray, params: DenseParams | None = None, *, dim: int | None = None
     ) -> DenseIndex:
-        """Create an index of ``params.index_type`` over ``vectors`` (IVF: trained on them).
+        """Create an index of ``params.index_type`` over ``vectors`` (IVF: trained on them, or on a
+        sample of them past :data:`~heedrank.index.dense_build.TRAIN_POINTS_PER_CELL` a cell):
+        :meth:`build_streamed` with one part.
 
         Args:
             vectors: float32 ``(n, d)``.
@@ -138,15 +141,7 @@ class DenseIndex:
         """
         d = int(dim if dim is not None else np.asarray(vectors).shape[-1])
         x = as_matrix(vectors, d, "vectors")
-        params = (params or DenseParams()).for_size(len(x))
-        if params.index_type != "ivf":
-            out = cls(d, params)
-            out.add(x, labels)
-            return out
-        ivf, params = train_ivf(require("faiss", "index"), x, params)
-        out = cls(d, params, index=ivf)
-        out.add(x, labels)
-        return out
+        return cls.build_streamed(lambda: ((x, labels),), len(x), params, dim=d)
 
     @classmethod
     def build_streamed(
@@ -167,13 +162,15 @@ class DenseIndex:
         params = (params or DenseParams()).for_size(n)
         if params.index_type != "ivf":
             out = cls(dim, params)
-        else:
-            size = TRAIN_POINTS_PER_CELL * (params.nlist or auto_nlist(n))
-            ivf, params = train_ivf(require("faiss", "index"), training_sample(parts(), n, size), params)
+        else:  # nlist resolved for all n vectors, not for the sample
+            params = replace(params, nlist=params.nlist or auto_nlist(n))
+            sample = training_sample(parts(), n, TRAIN_POINTS_PER_CELL * params.nlist)
+            ivf, params = train_ivf(require("faiss", "index"), sample, params)
+            del sample
             out = cls(dim, params, index=ivf)
         added = 0
         for x, labels in parts():
-            out.add(as_matrix(x, out.dim, "vectors"), labels)
+            out.add(x, labels)
             added += len(labels)
         if added != n:
             raise ValidationError(f"expected {n} vectors, the parts held {added}")
@@ -278,8 +275,6 @@ class DenseIndex:
             live = self._tombstones.drop(self.labels().copy())
             vectors = self.vectors(live)
         if params.index_type == "ivf" and len(vectors) < (params.nlist or 1):
-            from dataclasses import replace
-
             params = replace(params, nlist=auto_nlist(len(vectors)))
         return DenseIndex.build(vectors, live, params, dim=self.dim)
 
@@ -400,8 +395,6 @@ class DenseIndex:
             index.set_direct_map_type(faiss.DirectMap.Hashtable)
         out = cls(index.d, params, index=index)
         if params is not None:  # search-time defaults come from the saved params
-            from dataclasses import replace
-
             if out.kind == "hnsw":
                 inner_index(faiss, out.index, out.kind).hnsw.efSearch = params.ef_search
                 out.params = replace(out.params, ef_search=params.ef_search)

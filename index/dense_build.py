@@ -197,4 +197,4 @@ def training_sample(parts: Iterable[tuple[np.ndarray, np.ndarray]], n: int, size
         start += len(x)
     if start != n or not out:
         raise ValidationError(f"expected {n} vectors to train on, the parts held {start}")
-    return np.concatenate(out)
+    return out[0] if len(out) == 1 else np.concatenate(out)

@@ -338,3 +338,14 @@ def test_build_streamed_trains_ivf_on_a_sample() -> None:
     assert abs(recall[1] - recall[0]) <= 0.05 and recall[1] >= 0.8, recall  # 0.887 and 0.887
     with pytest.raises(ValidationError, match="held 3000"):
         training_sample(parts(), n + 1, 10)
+
+
+def test_build_streamed_resolves_nlist_for_every_vector() -> None:
+    """An IVF index without ``nlist`` gets ``auto_nlist`` of all ``n`` vectors, not of the
+    training sample's size (20,000 vectors: 141 cells; the sample holds 256 a cell)."""
+    rng = np.random.default_rng(13)
+    x = _clustered(rng, 20000, 8)
+    labels = np.arange(20000, dtype=np.int64)
+    ix = DenseIndex.build_streamed(lambda: [(x[:9000], labels[:9000]), (x[9000:], labels[9000:])], 20000,
+                                   DenseParams("ivf", nprobe=4), dim=8)
+    assert ix.params.nlist == auto_nlist(20000) == 141 and len(ix) == 20000
