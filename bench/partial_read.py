@@ -14,7 +14,8 @@ installed card's scorer, so the combination rules compare on identical inputs, n
   (``A`` / ``N``), the step form (``N + A - B``, :meth:`heedrank.scorer.Scorer.logit` with
   ``step``), and a half blend ``N + 0.5 (A - N)``;
 - and the product's own rule (:meth:`heedrank.serving.ServePolicy.apply_scorer`: the step form
-  in a list read in part, ``A`` in a list read whole), paired against no attention;
+  in a list read in part, ``A`` in a list read whole), paired against no attention, and against the
+  first stage alone and the embedder alone on the same candidates;
 - and each model's mean predicted probability against the base rate (calibration).
 
 Captures are cached under ``--out``. With ``--drop-prefix x`` (a ``bench/scale_corpus.py`` index,
@@ -161,6 +162,18 @@ def main() -> None:
                                                               if drop else "") for rule in rules]
             p = paired_p(runs[name, "product"], runs["none", "A"], drop) if name != "none" else float("nan")
             print(f"| {name} | " + " | ".join(cells) + f" | {p:.3f} |")
+    # the strongest single signals on the same candidates: the first stage's order, the embedder alone
+    alone = {"first stage alone": {q: {d: -float(i) for i, d in enumerate(r["cands"])} for q, r in full.items()},
+             "embedder alone": {q: {d: r["dense"].get(d, -2.0) for d in r["cands"]} for q, r in full.items()}}
+    for drop in (None, args.drop_prefix) if args.drop_prefix else (None,):
+        print(f"\nagainst the single signals{f' (prefix {drop!r} removed)' if drop else ''}: the product's rule as "
+              "served and with every candidate read, paired\n\n| ranking | nDCG@10 | as served - it | p | every one "
+              "read - it | p |\n|---|---|---|---|---|---|")
+        served, every = runs["as served (the budgeted store's)", "product"], runs["every one", "product"]
+        for name, run in alone.items():
+            base = ndcg(run, drop)
+            print(f"| {name} | {base:.2f} | {ndcg(served, drop) - base:+.2f} | {paired_p(served, run, drop):.3f} | "
+                  f"{ndcg(every, drop) - base:+.2f} | {paired_p(every, run, drop):.3f} |")
     sig = lambda v: 1 / (1 + 2.718281828459045 ** -v)  # noqa: E731
     rows = [(q, d, i) for q, r in full.items() for i, d in enumerate(r["cands"])
             if d in r["att"] and d in r["dense"] and d in r["bm25"]]
