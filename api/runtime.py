@@ -24,6 +24,7 @@ from heedrank.api.inference import InferencePool
 from heedrank.api.metrics import Metrics
 from heedrank.errors import NotFoundError, UnhealthyError
 from heedrank.pipeline import NO_RERANK, Pipeline, RerankerCache, reranker_factory
+from heedrank.protocols import Preloadable
 from heedrank.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -170,9 +171,8 @@ class Runtime:
             logger.info("loading reranker %r", method)
             stage[0] = f"reranker {method!r}: its LM and weights"
             reranker = self.rerankers.get(method)[0]  # type: ignore[union-attr]
-            load = getattr(reranker, "load", None)
-            if callable(load):
-                load()
+            if isinstance(reranker, Preloadable):  # a plug-in without load() loads on first use
+                reranker.load()
             stage[0] = "checking the document KV stores"
             self._check_block_stores(reranker)
             if self.settings.warmup:

@@ -1,8 +1,8 @@
 """Benchmark: the default's scorer on a list the LM read only in part, from captured signals.
 
 Serves NFCorpus test (hybrid top ``--candidates``) through the product twice, recording what
-:meth:`heedrank.serving.ServePolicy.apply_scorer` receives per query (the candidates, the
-attention log-odds of those the LM read, the dense cosines, BM25's scores): once from ``--index``
+:meth:`heedrank.serving.ScorerServing.serve` receives per query (the candidates and their signal
+matrix: the attention log-odds of those the LM read, the dense cosines, BM25's scores): once from ``--index``
 (every candidate read; its store full, or filled by this run) and once from ``--budgeted-index`` (a store under a disk
 budget, e.g. ``bench/tiered_store.py``'s ``OUT/ix`` after its stream, read with the service's
 recompute budget of ``--cold-budget`` blocks). Then re-scores the captured signals offline with the
@@ -13,7 +13,7 @@ installed card's scorer, so the combination rules compare on identical inputs, n
 - how: the attention model for those with attention and the model without it for the others
   (``A`` / ``N``), the step form (``N + A - B``, :meth:`heedrank.scorer.Scorer.logit` with
   ``step``), and a half blend ``N + 0.5 (A - N)``;
-- and the product's own rule (:meth:`heedrank.serving.ServePolicy.apply_scorer`: the step form
+- and the product's own rule (:meth:`heedrank.serving.ScorerServing.serve`: the step form
   in a list read in part, ``A`` in a list read whole), paired against no attention, and against the
   first stage alone and the embedder alone on the same candidates;
 - and each model's mean predicted probability against the base rate (calibration).
@@ -47,24 +47,32 @@ def capture(index: Path, cold_budget: int | None, candidates: int) -> dict[str, 
 
     from heedrank.config import PipelineConfig, RerankerConfig
     from heedrank.pipeline import Pipeline
-    from heedrank.serving import ServePolicy
+    from heedrank.serving import ScorerServing
+    from heedrank.signals.attention import NAME as ATTENTION
+    from heedrank.signals.bm25 import NAME as BM25
+    from heedrank.signals.dense import NAME as DENSE
 
     got: dict[str, Any] = {}
-    orig = ServePolicy.apply_scorer
+    orig = ScorerServing.serve
 
-    def recording(self, cands, attention, dense, bm25=None):  # type: ignore[no-untyped-def]
-        got[cands.query_id] = {"cands": [h.doc_id for h in cands.hits],
-                               "att": {h.doc_id: float(h.score) for h in attention.hits},
-                               "dense": dict(dense), "bm25": dict(bm25 or {})}
-        return orig(self, cands, attention, dense, bm25)
+    def recording(self, cands, X, cutoff):  # type: ignore[no-untyped-def]
+        col = {f: X[:, j] for j, f in enumerate(self.features)}
 
-    ServePolicy.apply_scorer = recording  # type: ignore[method-assign]
+        def of(name: str) -> dict[str, float]:
+            values = col.get(name)
+            return {} if values is None else {h.doc_id: float(v) for h, v in zip(cands.hits, values) if v == v}
+
+        got[cands.query_id] = {"cands": [h.doc_id for h in cands.hits], "att": of(ATTENTION), "dense": of(DENSE),
+                               "bm25": of(BM25)}
+        return orig(self, cands, X, cutoff)
+
+    ScorerServing.serve = recording  # type: ignore[method-assign]
     try:
         pipe = Pipeline.from_config(PipelineConfig(index_dir=str(index), reranker=RerankerConfig(method="default")))
         tiered_store.nf_test_run(pipe, cold_budget, retriever="hybrid", candidates=candidates)
         pipe.close()
     finally:
-        ServePolicy.apply_scorer = orig  # type: ignore[method-assign]
+        ScorerServing.serve = orig  # type: ignore[method-assign]
     return got
 
 
@@ -82,7 +90,8 @@ def main() -> None:
 
     torch.set_num_threads(2)
     from heedrank.data import load_beir_qrels
-    from heedrank.scorer import Scorer, rank_feature
+    from heedrank.scorer import Scorer
+    from heedrank.signals.rank import feature as rank_feature
 
     args.out.mkdir(parents=True, exist_ok=True)
     caps = {}

@@ -622,7 +622,7 @@ class Pipeline:
     def serve_without_lm(self, query: Query, candidates: Ranking, options: SearchOptions = SearchOptions(), *,
                          by: str = "score", use_store: bool = True) -> Served | None:
         """The candidates served by the default's scorer from the signals at hand, without an LM
-        pass (:meth:`heedrank.serving.ServePolicy.apply_scorer` with no attention): for a request
+        pass (:class:`heedrank.serving.ScorerServing` with no attention): for a request
         the deadline or the per-request budget stopped. Real probabilities, not invented ones.
 
         Args:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 from heedrank.blocks import BlockCachingReranker, BlockStore, BlockStoreOwner
+from heedrank.seam import RerankerServing
 from heedrank.types import Document, EvidenceSpan, Query, Ranking
 
 if TYPE_CHECKING:  # type-only: the core never imports the index layer
@@ -220,8 +221,13 @@ class Reranker(Protocol):
         """Identity for reports: model name and file hash, prompt template version, options."""
         ...
 
-    # optional: ``serving() -> heedrank.seam.RerankerServing``, what the server reads
-    # (:func:`heedrank.seam.serving_of`; without it, the record's defaults)
+    def serving(self) -> RerankerServing:
+        """What the server reads of this reranker (:class:`heedrank.seam.RerankerServing`: its
+        scorer, calibration, fusion weight, admission). This default, inherited by a class that
+        subclasses the protocol, declares none of them: its own scores, served as they are, one
+        call at a time. The server reads it through :func:`heedrank.seam.serving_of`, which gives
+        the same defaults to a plug-in that implements the protocol without subclassing it."""
+        return RerankerServing()
 
 
 @dataclass(frozen=True)

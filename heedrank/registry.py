@@ -125,9 +125,9 @@ def methods_with_options(names: Any) -> list[str]:
 
 
 def recorded_fusion(config: Any) -> float | None:
-    """The fusion weight ``config``'s reranker records (``heedrank.reranker.options.recorded_fusion``),
+    """The fusion weight ``config``'s reranker records (``heedrank.reranker.cached.state.recorded_fusion``),
     read without loading a model; ``None`` when it records none."""
-    return _resolve("heedrank.reranker.options:recorded_fusion")(config)
+    return _resolve("heedrank.reranker.cached.state:recorded_fusion")(config)
 
 
 def default_max_doc_tokens(method: str) -> int:
@@ -193,8 +193,10 @@ def build_reranker(config: Any, *, block_cache_bytes: int | None = None, passes:
         passes: Query passes the reranker may run at once for concurrent calls (the service's
             rerank ``workers``; default 1).
     """
+    from heedrank.capabilities import TakesResources
+
     cls = reranker_class(config.method)
-    takes = getattr(cls, "build_resources", ())
+    takes = cls.build_resources if isinstance(cls, TakesResources) else ()
     given = {"block_cache_bytes": block_cache_bytes, "passes": passes}
     resources = {k: v for k, v in given.items() if v is not None and k in takes}
     return cls.from_config(config, **resources) if resources else cls.from_config(config)

@@ -1,13 +1,14 @@
 """The default's scorer: one logit per candidate from every signal a path holds.
 
-Signals (:data:`FEATURES`), each a number of the (query, document) pair and of where the document
-came in, never of the other candidates:
+Signals (:mod:`heedrank.signals`, one module each: the card names the ones it reads), each a
+number of the (query, document) pair and of where the document came in, never of the other
+candidates; the built-in ones:
 
 - ``attention``: the reranker's list-independent log-odds of relevance (cached BlockRank,
   ``scoring='independent'``: :mod:`heedrank.reranker.cached.independent`);
 - ``dense``: the embedder's cosine of the query and the document (the index's stored vector for
   ``/search``; the text encoded for ``/rerank``, ``rerank-batch`` and ``eval``);
-- ``rank``: :func:`rank_feature` of the candidate's 0-based place in the first stage (or the
+- ``rank``: :func:`heedrank.signals.rank.feature` of the candidate's 0-based place in the first stage (or the
   order ``/rerank`` was given);
 - ``bm25``: BM25's score of the query and the document, read from the index's BM25 for the
   documents it holds (:meth:`heedrank.index.store.Index.bm25_scores`; ``/search`` and ``eval beir``:
@@ -21,6 +22,10 @@ enters as a step from where the model without it puts the candidate (:meth:`Scor
 candidates with and without it share one scale. Fitted by ``heedrank lab fit-scorer``
 (:mod:`heedrank.lab.train.scorer_fit`; ``recipes/default``'s ``scorer`` step); the weights live in
 the weights card's ``scorer`` entry, read by :meth:`Scorer.from_card`.
+
+Arrays in, arrays out: :meth:`Scorer.logits` takes one query's ``(N, F)`` float64 signal matrix
+(NaN where a candidate has no value) and returns ``(N,)`` logits; the models are those of
+Platt-style logistic regression over fixed signals (docs/design/algorithms.md, "The learned scorer").
 """
 
 from __future__ import annotations
@@ -30,15 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from heedrank.errors import ValidationError
-
-FEATURES = ("attention", "dense", "rank", "bm25")
-"""The signals the scorer reads, in the card's order (module docstring)."""
-
-
-def rank_feature(position: int) -> float:
-    """``log(1 + i)`` of a 0-based first-stage (or given) position ``i``."""
-    return math.log1p(position)
+from heedrank.signals import attention, names
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,16 @@ class SubsetModel:
     weights: tuple[float, ...]
     bias: float
 
+    def logits(self, X: np.ndarray, column: Mapping[str, int]) -> np.ndarray:
+        """``(n,)`` float64 log-odds of the rows of ``X`` (``(n, F)``; ``column``: signal -> its column),
+        summed in the model's order (as a Python ``bias + sum(...)`` would: the same float64 number)."""
+        acc = np.zeros(X.shape[0], dtype=np.float64)
+        for u, w in zip(self.uses, self.weights):
+            acc = acc + w * X[:, column[u]]
+        return self.bias + acc
+
     def logit(self, x: Mapping[str, float]) -> float:
+        """The log-odds of one candidate's signals ``x`` (every one of :attr:`uses` present)."""
         return self.bias + sum(w * x[u] for u, w in zip(self.uses, self.weights))
 
 
@@ -58,47 +67,58 @@ class Scorer:
     """The card's ``scorer`` entry, as read (:meth:`from_card`).
 
     Attributes:
-        models: One model per subset of :data:`FEATURES` that holds ``attention`` or ``dense``,
+        models: One model per subset of the signals that holds ``attention`` or ``dense``,
             the full set first.
         threshold: The ``"auto"`` cut-off's probability (chosen on dev by mean F1).
+        stepped: The signal that enters as a step in a list read only in part (:meth:`logits`):
+            the reranker's ``attention``.
     """
 
     models: tuple[SubsetModel, ...]
     threshold: float
+    stepped: str = attention.NAME
 
     @classmethod
     def from_card(cls, data: Mapping[str, Any]) -> Scorer | None:
         """Read a card's ``scorer`` entry; ``None`` when the card has none.
 
         Raises:
-            ValidationError: a signal the code does not know, a model whose weights do not
-                match its signals (a card fitted by another version), or no cut-off: refit it.
+            ValidationError: a signal no module registers (:func:`heedrank.signals.names`), a model
+                whose weights do not match its signals (a card fitted by another version), or no
+                cut-off: refit it.
         """
         entry = data.get("scorer")
         if entry is None:
             return None
         if "threshold" not in entry:
             raise ValidationError("the card's scorer entry has no threshold: refit it (heedrank lab fit-scorer)")
+        known = names()
         models = []
         for m in entry.get("models", ()):
             uses, weights = tuple(m["uses"]), tuple(float(w) for w in m["weights"])
-            if not set(uses) <= set(FEATURES) or len(uses) != len(weights):
+            if not set(uses) <= set(known) or len(uses) != len(weights):
                 raise ValidationError(f"the card's scorer model {list(uses)} does not match the signals "
-                                      f"{list(FEATURES)}: refit it (heedrank lab fit-scorer, recipes/default)")
+                                      f"{list(known)}: refit it (heedrank lab fit-scorer, recipes/default)")
             models.append(SubsetModel(uses, weights, float(m["bias"])))
         if not models:
             raise ValidationError("the card's scorer entry has no models: refit it (heedrank lab fit-scorer)")
         return cls(tuple(models), float(entry["threshold"]))
 
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The signals any model reads, in the registered order (the columns :meth:`logits` wants)."""
+        used = {u for m in self.models for u in m.uses}
+        return tuple(n for n in names() if n in used)
+
     def only(self, uses: Sequence[str]) -> Scorer | None:
         """This scorer restricted to the model of exactly the signals ``uses`` (the embedder alone,
         method ``dense``), with the same cut-off; ``None`` when no such model was fitted."""
         model = self.exact(uses)
-        return None if model is None else Scorer((model,), self.threshold)
+        return None if model is None else Scorer((model,), self.threshold, self.stepped)
 
     def reads(self, signal: str) -> bool:
-        """Whether any of the models reads ``signal`` (a path computes ``bm25`` only then)."""
-        return any(signal in m.uses for m in self.models)
+        """Whether any of the models reads ``signal``."""
+        return signal in self.features
 
     def model_for(self, have: Sequence[str]) -> SubsetModel | None:
         """The model of the largest fitted subset of the signals ``have`` (among as large ones, the
@@ -114,31 +134,61 @@ class Scorer:
         """The model of exactly the signals ``uses``; ``None`` when none was fitted."""
         return next((m for m in self.models if set(m.uses) == set(uses)), None)
 
-    def logit(self, x: Mapping[str, float | None], *, step: bool = False) -> tuple[float, SubsetModel] | None:
-        """Log-odds of one candidate from the signals it has (``None`` or NaN values are missing),
-        with the model used; ``None`` when it has no signal a model reads.
+    def logits(self, X: np.ndarray, features: Sequence[str], *, step: bool = False) -> np.ndarray:
+        """Log-odds of one query's candidates from the signals each has.
 
-        A candidate gets the model of the signals it has. With ``step`` (a list the LM read only in
-        part), a candidate without ``attention`` gets ``N(x)``, the model of its signals, and one with
-        it ``N(x) + A(x) - B(x)``: ``N`` the model it would get without attention, ``A`` the
-        model of its signals with attention, ``B`` the model of ``A``'s signals less attention (``A``
-        and ``B`` fitted on the same training rows). So the attention moves a candidate from where
-        the candidates without it stand, and a list the LM read only in part is on one scale; where
-        ``N`` is ``B`` (no signal ``A`` leaves out, as on ``/rerank``) this is ``A(x)``. Measured in
-        ``docs/results/default.md`` ("At a 10 % store budget"): ``A(x)`` beside ``N(x)`` put the
-        models' calibration gap between the candidates with and without attention. Without
-        ``step`` (every candidate read, or none) the candidate gets ``A(x)``: the fit's choice on
-        dev (NFCorpus dev 33.33 against 32.55 for the step form on every list).
+        A candidate gets the model of the signals it has (:meth:`model_for`). With ``step`` (a
+        list the reranker read only in part), a candidate without :attr:`stepped` gets ``N(x)``,
+        the model of its signals, and one with it ``N(x) + A(x) - B(x)``: ``N`` the model it would
+        get without it, ``A`` the model of its signals with it, ``B`` the model of ``A``'s signals
+        less it (``A`` and ``B`` fitted on the same training rows). So the attention moves a
+        candidate from where the candidates without it stand, and a list the LM read only in
+        part is on one scale; where ``N`` is ``B`` (no signal ``A`` leaves out, as on ``/rerank``)
+        this is ``A(x)``. Measured in ``docs/results/default.md`` ("At a 10 % store budget"):
+        ``A(x)`` beside ``N(x)`` put the models' calibration gap between the candidates with and
+        without attention. Without ``step`` (every candidate read, or none) the candidate gets
+        ``A(x)``: the fit's choice on dev (NFCorpus dev 33.33 against 32.55 for the step form on
+        every list).
+
+        Args:
+            X: ``(N, F)`` float64 signal values, NaN (or inf) where a candidate has none.
+            features: ``F`` signal names, the columns of ``X``.
+            step: The step form above.
+
+        Returns:
+            ``(N,)`` float64 log-odds; NaN for a candidate with no signal a model reads.
         """
+        X = np.asarray(X, dtype=np.float64)
+        n = X.shape[0]
+        out = np.full(n, np.nan, dtype=np.float64)
+        if n == 0:
+            return out
+        column = {f: j for j, f in enumerate(features)}
+        have = np.isfinite(X)
+        patterns, inverse = np.unique(have, axis=0, return_inverse=True)
+        for p, pattern in enumerate(patterns):
+            rows = np.flatnonzero(inverse.reshape(-1) == p)
+            present = [f for f, j in column.items() if pattern[j]]
+            model = self.model_for(present)
+            if model is None:
+                continue
+            s = model.logits(X[rows], column)
+            if step and self.stepped in model.uses:
+                base = self.model_for([f for f in present if f != self.stepped])
+                inner = self.exact([u for u in model.uses if u != self.stepped])
+                if base is not None and inner is not None and base is not inner:
+                    s = s + (base.logits(X[rows], column) - inner.logits(X[rows], column))
+            out[rows] = s
+        return out
+
+    def logit(self, x: Mapping[str, float | None], *, step: bool = False) -> tuple[float, SubsetModel] | None:
+        """:meth:`logits` of one candidate given as ``{signal: value}`` (``None`` or NaN: missing),
+        with the model used; ``None`` when it has no signal a model reads."""
         have = {k: float(v) for k, v in x.items() if v is not None and math.isfinite(float(v))}
         model = self.model_for(list(have))
         if model is None:
             return None
-        s = model.logit(have)
-        if step and "attention" in model.uses:
-            base = self.model_for([k for k in have if k != "attention"])
-            inner = self.exact([u for u in model.uses if u != "attention"])
-            if base is not None and inner is not None and base is not inner:
-                s += base.logit(have) - inner.logit(have)
-        return s, model
-
+        features = list(x)
+        row = np.asarray([[np.nan if x[f] is None else float(x[f]) for f in features]],  # type: ignore[arg-type]
+                         dtype=np.float64)
+        return float(self.logits(row, features, step=step)[0]), model

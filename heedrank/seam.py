@@ -8,8 +8,17 @@ defaults (its own scores, no calibration, one call at a time).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from heedrank.calibration import Calibration
+from heedrank.scorer import Scorer
+from heedrank.signals import attention
+from heedrank.types import Document
+
+ColdCandidates = Callable[[Sequence[Document], Any], list[bool]]
+"""``(candidates, block_store) -> [bool]``: which candidates' blocks would be computed, not read."""
 
 
 @dataclass(frozen=True)
@@ -36,10 +45,10 @@ class RerankerServing:
 
     Attributes:
         scorer: The default's scorer (:class:`heedrank.scorer.Scorer`, the weights card's
-            ``scorer`` entry) when the reranker's scores are its ``attention`` signal, else ``None``.
+            ``scorer`` entry), else ``None``.
         scorer_threshold: The ``"auto"`` cut-off's probability of :attr:`scorer` (chosen on dev).
-        signal: Which of the scorer's signals the reranker's scores are (``"attention"``; the
-            embedder alone, method ``dense``: ``"dense"``).
+        signal: Which signal (:mod:`heedrank.signals`) the reranker's own scores are: ``attention``
+            (its pass); the embedder alone, method ``dense``: ``dense``, so no pass runs.
         independent: How each pair's own log-odds are served (:class:`IndependentServing`), for
             a reranker whose scores are that without a scorer; else ``None``.
         default_fusion: The fusion weight with the first stage its card records
@@ -52,24 +61,27 @@ class RerankerServing:
             computed, not read (the cold budget), or ``None`` for a method that stores none.
         max_doc_tokens: Its per-document budget in LM tokens, or ``None``.
         scoring: The scorer in use (``/info``), or ``None`` for a method without scorers.
-        card: Its weights card (``/info``), or ``None``.
+        card: Its weights card as ``/info`` shows it (``heedrank.reranker.cards.describe_card``),
+            or ``None``.
     """
 
-    scorer: Any = None
+    scorer: Scorer | None = None
     scorer_threshold: float = 0.5
-    signal: str = "attention"
+    signal: str = attention.NAME
     independent: IndependentServing | None = None
     default_fusion: float | None = None
-    calibration: Any = None
+    calibration: Calibration | None = None
     score_scale: float | None = None
     concurrent_calls: int = 1
-    cold_candidates: Any = None
+    cold_candidates: ColdCandidates | None = None
     max_doc_tokens: int | None = None
     scoring: str | None = None
-    card: Any = None
+    card: Mapping[str, Any] | None = None
 
 
-def serving_of(reranker: Any) -> RerankerServing:
-    """The reranker's :class:`RerankerServing`: its ``serving()``, else the defaults (a plug-in)."""
+def serving_of(reranker: object) -> RerankerServing:
+    """The reranker's :class:`RerankerServing`: its ``serving()`` (:meth:`heedrank.protocols.Reranker.serving`),
+    else the defaults (a plug-in that implements the protocol without subclassing it). The one
+    place the server asks what a reranker has."""
     serving = getattr(reranker, "serving", None)
     return serving() if callable(serving) else RerankerServing()

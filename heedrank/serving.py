@@ -1,43 +1,31 @@
-"""What is served after reranking, in one place: fusion with the first stage, the calibrated
-probability of relevance, the cut-off, and the [0, 1] relevance score of ``/rerank``.
+"""What is served after reranking, in one place: one query's signals become its served order,
+its probability of relevance (``relevance``), and its cut-off.
 
 One record, :class:`ServePolicy`, is resolved once per request (or batch) from the built
-reranker and the request (:meth:`ServePolicy.of`), and one method applies it to one query
-(:meth:`ServePolicy.apply`). ``/search`` and every caller of
-:meth:`heedrank.pipeline.Pipeline.search_batch` (``rerank-batch``, ``eval beir``/``trec-dl``,
-the Ray engine's actors), ``/rerank``, and the calibration fit
-(:func:`heedrank.lab.cutoff_eval.served`, through :meth:`ServePolicy.served_scores`) all go
-through it, so a probability, a threshold or a fused score means the same number everywhere.
+reranker and the request (:meth:`ServePolicy.of`): it picks one **strategy** and serves each
+query with it (:meth:`ServePolicy.serve`). Every strategy takes the query's candidates and their
+``(N, F)`` signal matrix (:func:`heedrank.signals.gather` of the strategy's ``features``, NaN
+where a candidate has no value) and returns a :class:`Served`:
 
-Served scores (unitless), for one query's ``N`` reranked candidates:
+- :class:`ScorerServing`, the default: the weights card's learned scorer (:mod:`heedrank.scorer`)
+  gives every candidate one logit from the signals it has; the order, ``relevance``
+  (``sigmoid`` of the logit) and the cut-off all read it, the same number for a document
+  whatever else the list holds (docs/design/algorithms.md, "The learned scorer").
+- :class:`SigmoidServing`: a reranker whose scores are each pair's own log-odds (cached
+  BlockRank's ``scoring='independent'`` without a scorer, or with an explicit fusion weight):
+  ``sigmoid(score)``, or with fusion the fused score's own Platt map (``fused_map``).
+- :class:`ZFusion`: list-relative scores (ICR, BlockRank, ``scoring='learned'``): fused with the
+  first stage as ``alpha z(first stage) + (1 - alpha) z(reranker)`` (:func:`heedrank.fusion.combine`;
+  the first-stage value is its score, ``by="score"``, or the reciprocal rank of the given
+  order, ``by="rank"``), or the reranker's own scores, or ``/rerank``'s given order as a
+  :class:`PositionPrior`; the probability is the reranker's Platt map for that way of serving
+  (:meth:`heedrank.calibration.Calibration.map_for`), non-increasing down the served order.
 
-- with a fusion weight ``alpha``: ``alpha z(first stage) + (1 - alpha) z(reranker)``
-  (:func:`heedrank.fusion.fuse`; the first-stage value is its score, ``by="score"``, or the
-  reciprocal rank of the order the documents came in, ``by="rank"``, for ``/rerank``);
-- without (``alpha = None``): the reranker's own scores, ranked as they are; the calibration
-  map then reads them z-scored over the candidates.
-
-The probability is the reranker's Platt map for that way of serving
-(:class:`heedrank.calibration.Calibration`, :meth:`~heedrank.calibration.Calibration.map_for`),
-non-increasing down the served order, so a cut-off keeps a prefix.
-
-The default (cached BlockRank with ``scoring='independent'`` and a card holding the default's
-scorer) is served by that scorer (:meth:`ServePolicy.apply_scorer`, :mod:`heedrank.scorer`): every
-candidate gets one logit from the signals it has (the reranker's list-independent log-odds, the
-embedder's cosine, its first-stage place; ``/rerank``'s given order is a client's and is not read),
-and the order, ``relevance`` (``sigmoid`` of the logit) and the cut-off all read that number, the
-same for a document whatever else the list holds.
-
-Without that scorer, a reranker whose scores are log-odds of P(relevant) of each (query, document) pair on their own
-(its record's ``independent``: cached BlockRank's ``scoring='independent'``,
-:mod:`heedrank.reranker.cached.independent`) is served differently: the probability is
-``sigmoid(score)`` of the reranker's own score, the same whatever else the list holds; without
-fusion (and for ``/rerank``, whose given order is then not used: a position prior would make the
-probability depend on the list) the results are in that order, so ``relevance`` is non-increasing
-down them. With fusion (``/search``) the order is the fused one and the probability is the
-reranker's Platt map of the fused score (``independent.fused_map``, fitted on dev), so it too is
-non-increasing down the order; it weighs the first stage's evidence over the query's candidates.
-A cut-off keeps, in served order, the hits at or above the threshold (a prefix).
+The two last strategies read the reranker's own score only; a candidate it did not read (NaN:
+over the cold budget) keeps its first-stage position (:func:`place_skipped`). ``/search`` and
+every caller of :meth:`heedrank.pipeline.Pipeline.search_batch` (``rerank-batch``, ``eval``, the
+Ray engine's actors), ``/rerank`` and the calibration fit (:meth:`ZFusion.served_scores`) all go
+through here, so a probability, a threshold or a served score means the same number everywhere.
 """
 
 from __future__ import annotations
@@ -46,25 +34,31 @@ import math
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Protocol
+
+import numpy as np
 
 from heedrank.calibration import PlattMap, apply_cutoff, resolve_cutoff
 from heedrank.errors import ValidationError
 from heedrank.fusion import EPS, combine, reciprocal_ranks, resolve_weight, sigmoid, standardize_list
-from heedrank.scorer import Scorer, rank_feature
-from heedrank.seam import serving_of
+from heedrank.scorer import Scorer
+from heedrank.seam import RerankerServing, serving_of
+from heedrank.signals import attention, signal
+from heedrank.types import Ranking
 
 FLAT_LIST = ("the reranked documents' scores are all equal (one document, or identical ones): a score "
              "relative to the list, as the default's is, then says nothing of a document (every such list gets "
              "the same number); send it with other candidates to compare them, or serve the reranker with "
              "--opt scoring=independent (HEEDRANK_RERANK_OPTIONS) for each document's own probability of relevance")
 """Served warning for a list-relative scorer over a list whose scores do not differ."""
-from heedrank.types import Ranking
 
 BY = ("score", "rank", "prior")
 """What stands for the first stage: its scores, fused (``/search``); the reciprocal rank of the
 given order, fused (``/rerank`` with a fusion weight); or the given order as a
 :class:`PositionPrior` (``/rerank``'s default: documents come without scores)."""
+
+Cutoff = float | str | None
+"""``None`` (no cut-off), ``"auto"`` (the strategy's dev-chosen threshold) or a probability."""
 
 
 @dataclass(frozen=True)
@@ -129,11 +123,11 @@ class Served:
         order_prior: With ``by="prior"``: the strength the given order got
             (:meth:`PositionPrior.strength`, 0 = none); else ``None``.
         relevance: ``{doc_id: score in [0, 1]}`` of every reranked candidate, the one score a
-            user reads: the probability when there is a calibration, else :meth:`ServePolicy.relevance`
+            user reads: the probability when there is a calibration, else :meth:`ZFusion.relevance`
             of the served scores (with the prior: the reranker's own scores less the prior, in
             their units). Non-increasing down :attr:`ranking`: the order and the score agree.
         without_lm: Candidates the default's scorer scored without the reranker's attention
-            (:meth:`ServePolicy.apply_scorer`); 0 otherwise.
+            (:class:`ScorerServing`); 0 otherwise.
     """
 
     ranking: Ranking
@@ -145,91 +139,178 @@ class Served:
     without_lm: int = 0
 
 
-@dataclass(frozen=True)
-class ServePolicy:
-    """How one request's reranked candidates are served (see the module docstring).
+class ServingStrategy(Protocol):
+    """One way of serving a query's candidates from their signals (module docstring).
 
     Attributes:
-        alpha: Fusion weight of the first stage in [0, 1], or ``None``: the reranker alone.
+        features: The signals it reads, the columns of ``X`` (:func:`heedrank.signals.gather`).
+        alpha: Its fusion weight with the first stage, or ``None`` (reported as ``fusion``).
+        scale: Spread of its served scores behind ``relevance`` when it has no probability
+            (reported as ``score_scale``), or ``None``.
+        without_reranker: It scores candidates the reranker did not read from their other
+            signals (:meth:`heedrank.stage.RerankStage.serve_without_lm`).
+    """
+
+    @property
+    def features(self) -> tuple[str, ...]: ...
+
+    @property
+    def alpha(self) -> float | None: ...
+
+    @property
+    def scale(self) -> float | None: ...
+
+    @property
+    def without_reranker(self) -> bool: ...
+
+    def serve(self, candidates: Ranking, X: np.ndarray, cutoff: Cutoff) -> Served:
+        """Serve one query: ``candidates`` (``N``, first-stage or given order), ``X`` ``(N, F)``
+        float64 signal values (NaN: none), ``cutoff`` resolved (:data:`Cutoff`)."""
+        ...
+
+
+def _present(candidates: Ranking, column: np.ndarray) -> tuple[Ranking, Ranking, set[str]]:
+    """``(read, scores, skipped)`` of one signal column: the candidates with a value in their
+    order, those values as a ranking (best first), and the ids without one."""
+    finite = np.isfinite(column)
+    read = Ranking(candidates.query_id, tuple(h for h, ok in zip(candidates.hits, finite) if ok))
+    scores = Ranking.from_hits(candidates.query_id,
+                               (replace(h, score=float(v)) for h, v, ok in zip(candidates.hits, column, finite) if ok))
+    return read, scores, {h.doc_id for h, ok in zip(candidates.hits, finite) if not ok}
+
+
+def _fused(first_stage: Ranking, reranked: Ranking, alpha: float, by: str) -> Ranking:
+    """The reranked candidates with fused scores, ``alpha z(first) + (1 - alpha) z(reranker)``
+    (``by="rank"``: the first stage's reciprocal ranks; a candidate missing from ``first_stage``
+    gets its lowest z-score)."""
+    ids = {h.doc_id for h in reranked.hits}
+    present = [h for h in first_stage.hits if h.doc_id in ids]
+    values = reciprocal_ranks(len(present)) if by == "rank" else [float(h.score) for h in present]
+    z_first = dict(zip((h.doc_id for h in present), standardize_list(values)))
+    low = min(z_first.values(), default=0.0)
+    z_reranker = standardize_list([float(h.score) for h in reranked.hits])
+    return Ranking.from_hits(reranked.query_id, (
+        replace(h, score=float(combine(z_first.get(h.doc_id, low), z, alpha)))
+        for h, z in zip(reranked.hits, z_reranker)))
+
+
+def _cut(ranking: Ranking, probabilities: Mapping[str, float], threshold: float) -> Ranking:
+    """The hits at or above ``threshold``, in served order (a prefix when the probability
+    does not rise down it); a hit without a probability is dropped."""
+    return Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities.get(h.doc_id, 0.0) >= threshold))
+
+
+@dataclass(frozen=True)
+class ScorerServing:
+    """The default's learned scorer (:class:`heedrank.scorer.Scorer`): every candidate gets the
+    logit of the signals it has; the served order, the probability and the cut-off all read it.
+
+    A candidate with no signal a model reads keeps its place below the scored ones, with no
+    probability. In a list the reranker read only in part, the attention enters as a step
+    (:meth:`heedrank.scorer.Scorer.logits`); ``without_lm`` counts the candidates scored
+    without it.
+    """
+
+    scorer: Scorer
+    features: tuple[str, ...]
+    threshold: float = 0.5
+    alpha: float | None = None
+    scale: float | None = None
+    without_reranker: bool = True
+
+    def serve(self, candidates: Ranking, X: np.ndarray, cutoff: Cutoff) -> Served:
+        stepped = self.features.index(self.scorer.stepped) if self.scorer.stepped in self.features else None
+        read = np.isfinite(X[:, stepped]) if stepped is not None else np.zeros(len(candidates), dtype=bool)
+        step = stepped is not None and 0 < int(read.sum()) < len(candidates)
+        logits = self.scorer.logits(X, self.features, step=step)
+        scored = np.isfinite(logits)
+        without = int((scored & ~read).sum()) if stepped is not None else 0
+        low = float(logits[scored].min()) if scored.any() else 0.0
+        hits = [replace(h, score=float(s)) for h, s, ok in zip(candidates.hits, logits, scored) if ok]
+        hits += [replace(h, score=low - 1.0 - i) for i, h in enumerate(h for h, ok in zip(candidates.hits, scored)
+                                                                         if not ok)]
+        ranking = Ranking.from_hits(candidates.query_id, hits)
+        probabilities = {h.doc_id: sigmoid(float(s)) for h, s, ok in zip(candidates.hits, logits, scored) if ok}
+        warnings = ((f"{without} of {len(candidates)} candidates were scored without the reranker's attention "
+                     "(cold past the budget or over the request budget): from the dense, BM25 and first-stage signals",)
+                    if without else ())
+        if cutoff is None:
+            return Served(ranking, probabilities, warnings=warnings, relevance=probabilities, without_lm=without)
+        threshold = float(self.threshold if cutoff == "auto" else cutoff)
+        return Served(_cut(ranking, probabilities, threshold), probabilities, threshold, warnings,
+                      relevance=probabilities, without_lm=without)
+
+
+@dataclass(frozen=True)
+class SigmoidServing:
+    """Scores that are each (query, document) pair's own log-odds, served as ``sigmoid(score)``
+    (the same for a document in any list); fused with the first stage (``alpha``), in the fused
+    order, with the fused score's own map ``sigmoid(a f + b)`` when there is one (``fused_map``,
+    fitted on dev at the reranker's fusion weight). A candidate without a score keeps its
+    first-stage position (:func:`place_skipped`).
+
+    Attributes:
+        features: One signal: the reranker's own.
+        alpha: Fusion weight, or ``None``.
         by: ``"score"`` or ``"rank"`` (:data:`BY`).
+        threshold: The ``"auto"`` cut-off's probability.
+        fused_map: ``(a, b)`` with fusion, or ``None``: each pair's own probability.
+        fused_threshold: The ``"auto"`` cut-off of the fused map, or ``None``.
+    """
+
+    features: tuple[str, ...] = (attention.NAME,)
+    alpha: float | None = None
+    by: str = "score"
+    threshold: float = 0.5
+    fused_map: tuple[float, float] | None = None
+    fused_threshold: float | None = None
+    scale: float | None = None
+    without_reranker: bool = False
+
+    def serve(self, candidates: Ranking, X: np.ndarray, cutoff: Cutoff) -> Served:
+        kept, reranked, skipped = _present(candidates, X[:, 0])
+        ranking = reranked if self.alpha is None else _fused(kept, reranked, self.alpha, self.by)
+        auto = self.threshold
+        if self.fused_map is not None and self.alpha is not None:  # /search: the fused score's own map
+            a, b = self.fused_map
+            probabilities = {h.doc_id: sigmoid(a * float(h.score) + b) for h in ranking.hits}
+            auto = self.fused_threshold if self.fused_threshold is not None else auto
+        else:
+            probabilities = {h.doc_id: sigmoid(float(h.score)) for h in reranked.hits}
+        if cutoff is None:
+            return place_skipped(Served(ranking, probabilities, relevance=probabilities), candidates, skipped)
+        threshold = float(auto if cutoff == "auto" else cutoff)
+        return place_skipped(Served(_cut(ranking, probabilities, threshold), probabilities, threshold,
+                                    relevance=probabilities), candidates, skipped)
+
+
+@dataclass(frozen=True)
+class ZFusion:
+    """List-relative scores served z-scored over the list (module docstring).
+
+    Attributes:
+        features: One signal: the reranker's own.
+        alpha: Fusion weight of the first stage in [0, 1], or ``None``: the reranker alone.
+        by: :data:`BY`.
         plat: The reranker's calibration map for ``(alpha, by)``, or ``None`` when it has none.
-        cutoff: ``None`` (no cut-off), ``"auto"`` (the map's dev-chosen threshold) or a
-            probability.
         scale: Spread of the served scores for :meth:`relevance` (``sigmoid(score / scale)``),
             or ``None`` when they are probabilities already. With ``by="prior"``: the reranker's
             own ``score_scale``, for its own scores less the prior in their units
             (``sd(r) * strength * log(1 + i)``), so that relevance follows the served order.
         prior: The position prior of ``by="prior"`` (``alpha`` is then ``None``).
-        absolute: For a reranker serving each pair's own log-odds (its record's ``independent``,
-            module docstring), the ``"auto"`` cut-off's probability; ``None`` for any other.
-        fused_map: With ``absolute`` and fusion: ``(a, b)``, the probability of a fused score
-            ``f`` is ``sigmoid(a f + b)`` (the record's ``independent.fused_map``, fitted on dev at
-            its fusion weight), and ``fused_threshold`` its ``"auto"`` cut-off; ``None``: each
-            pair's own probability.
     """
 
+    features: tuple[str, ...] = (attention.NAME,)
     alpha: float | None = None
     by: str = "score"
     plat: PlattMap | None = None
-    cutoff: float | str | None = None
     scale: float | None = None
     prior: PositionPrior = PositionPrior()
-    absolute: float | None = None
-    fused_map: tuple[float, float] | None = None
-    fused_threshold: float | None = None
-    scorer: Scorer | None = None
-    scorer_threshold: float = 0.5
-    rank: bool = True
-    signal: str = "attention"
+    without_reranker: bool = False
 
     def __post_init__(self) -> None:
         if self.by not in BY:
             raise ValidationError(f"by must be one of {BY}, got {self.by!r}")
-        if self.cutoff is not None and self.plat is None and self.absolute is None and self.scorer is None:
-            raise ValidationError("a cutoff needs a calibration map (ServePolicy.of refuses it with a message)")
-
-    @classmethod
-    def of(cls, reranker: Any, *, fusion: float | str | None, cutoff: float | str | None = None,
-           by: str = "score", method: str = "", scale: float | None = None) -> ServePolicy:
-        """The policy of one request, resolved once.
-
-        Args:
-            reranker: The built reranker; read through its :class:`heedrank.seam.RerankerServing`
-                (:func:`heedrank.seam.serving_of`): the default's ``scorer`` (served by it when
-                ``fusion`` is ``"default"``, and for ``/rerank``), ``default_fusion`` (the weight its
-                card records, for ``fusion="default"``), ``independent``, ``calibration`` (its Platt
-                maps) and ``score_scale``; a plug-in without the record: none of them.
-            fusion: ``"default"`` (the reranker's recorded weight; none when it records none),
-                ``None``/``"none"`` (no fusion) or a number in [0, 1].
-            cutoff: ``None``/``"none"``, ``"auto"`` or a probability.
-            by: :data:`BY`.
-            method: The method's name, for messages.
-            scale: Override of the reranker's ``score_scale`` (``HEEDRANK_RERANK_SCORE_SCALE``).
-
-        Raises:
-            ValidationError: a bad fusion or cutoff value; a cutoff the reranker has no map
-                for (the message says what to do).
-        """
-        cut = resolve_cutoff(cutoff)
-        traits = serving_of(reranker)
-        if traits.scorer is not None and (fusion in (None, "default") or by == "prior"):  # the default's scorer
-            # /rerank's given order is a client's: its position is not a signal (module docstring)
-            return cls(None, "score", None, cut, None, scorer=traits.scorer,
-                       scorer_threshold=traits.scorer_threshold, rank=by != "prior", signal=traits.signal)
-        alpha = None if by == "prior" else resolve_weight(fusion, traits.default_fusion)
-        if traits.independent is not None:  # log-odds of each pair: sigmoid, no prior
-            ind = traits.independent
-            fused_map = ind.fused_map if alpha is not None else None
-            return cls(alpha, "score" if by == "prior" else by, None, cut, None, absolute=ind.threshold,
-                       fused_map=fused_map, fused_threshold=ind.fused_threshold if fused_map else None)
-        plat = _map(traits.calibration, method, alpha, by=by, required=cut is not None)
-        if alpha is not None:
-            spread: float | None = 1.0  # z-scores
-        elif traits.score_scale is None:
-            spread = None
-        else:
-            spread = scale if scale is not None else float(traits.score_scale)
-        return cls(alpha, by, plat, cut, spread)
 
     def served_scores(self, first_stage: Sequence[float], reranker: Sequence[float]) -> list[float]:
         """Served scores of one query's candidates (same order in, same order out).
@@ -247,19 +328,24 @@ class ServePolicy:
         z_first, z_reranker = standardize_list(first), standardize_list([float(s) for s in reranker])
         return [float(combine(f, r, self.alpha)) for f, r in zip(z_first, z_reranker)]
 
-    def apply(self, first_stage: Ranking, reranked: Ranking) -> Served:
-        """Serve one query.
+    def serve(self, candidates: Ranking, X: np.ndarray, cutoff: Cutoff) -> Served:
+        kept, reranked, skipped = _present(candidates, X[:, 0])
+        return place_skipped(self.apply(kept, reranked, cutoff), candidates, skipped)
+
+    def apply(self, first_stage: Ranking, reranked: Ranking, cutoff: Cutoff = None) -> Served:
+        """Serve one query's reranked candidates (all of them read).
 
         Args:
             first_stage: The candidates in first-stage (or given) order, with their scores;
                 a reranked candidate missing from it gets its lowest z-score.
             reranked: The reranker's result over those candidates.
+            cutoff: :data:`Cutoff`.
 
-        Returns:
-            The :class:`Served` query.
+        Raises:
+            ValidationError: a cut-off without a calibration map.
         """
-        if self.absolute is not None:
-            return self._apply_absolute(first_stage, reranked)
+        if cutoff is not None and self.plat is None:
+            raise ValidationError("a cutoff needs a calibration map (ServePolicy.of refuses it with a message)")
         strength = None
         if self.by == "prior":
             own = {h.doc_id: h for h in reranked.hits}
@@ -280,7 +366,7 @@ class ServePolicy:
         elif self.alpha is None:
             ranking = scored = reranked
         else:
-            ranking = scored = self._fused(first_stage, reranked)
+            ranking = scored = _fused(first_stage, reranked, self.alpha, self.by)
         scores = [float(h.score) for h in scored.hits]
         flat = (FLAT_LIST,) if scores and max(scores) - min(scores) <= EPS else ()
         if self.plat is None:
@@ -290,98 +376,13 @@ class ServePolicy:
             mapped = [z_served[d] for d in scored.doc_ids]
         else:
             mapped = standardize_list(scores) if self.alpha is None else scores
-        probs, threshold, _ = apply_cutoff(mapped, 1.0 if self.cutoff is None else self.cutoff, self.plat)
+        probs, threshold, _ = apply_cutoff(mapped, 1.0 if cutoff is None else cutoff, self.plat)
         probabilities = dict(zip(scored.doc_ids, probs))
-        if self.cutoff is None:
+        if cutoff is None:
             return Served(ranking, probabilities, warnings=flat, order_prior=strength, relevance=probabilities)
-        # the documents at or above the threshold, in served order (a prefix)
-        kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
         far = self.plat.extrapolation(len(scores))
-        return Served(kept, probabilities, threshold, ((far,) if far is not None else ()) + flat, strength,
-                      probabilities)
-
-    def _fused(self, first_stage: Ranking, reranked: Ranking) -> Ranking:
-        """The reranked candidates with fused scores (:meth:`served_scores`'s formula; a candidate
-        missing from ``first_stage`` gets its lowest z-score)."""
-        assert self.alpha is not None
-        ids = {h.doc_id for h in reranked.hits}
-        present = [h for h in first_stage.hits if h.doc_id in ids]
-        values = reciprocal_ranks(len(present)) if self.by == "rank" else [float(h.score) for h in present]
-        z_first = dict(zip((h.doc_id for h in present), standardize_list(values)))
-        low = min(z_first.values(), default=0.0)
-        z_reranker = standardize_list([float(h.score) for h in reranked.hits])
-        return Ranking.from_hits(reranked.query_id, (
-            replace(h, score=float(combine(z_first.get(h.doc_id, low), z, self.alpha)))
-            for h, z in zip(reranked.hits, z_reranker)))
-
-    def _apply_absolute(self, first_stage: Ranking, reranked: Ranking) -> Served:
-        """:meth:`apply` for a reranker whose scores are each pair's log-odds (module docstring)."""
-        assert self.absolute is not None
-        ranking = reranked if self.alpha is None else self._fused(first_stage, reranked)
-        auto = self.absolute
-        if self.fused_map is not None and self.alpha is not None:  # /search: the fused score's own map
-            a, b = self.fused_map
-            probabilities = {h.doc_id: sigmoid(a * float(h.score) + b) for h in ranking.hits}
-            auto = self.fused_threshold if self.fused_threshold is not None else auto
-        else:
-            probabilities = {h.doc_id: sigmoid(float(h.score)) for h in reranked.hits}
-        if self.cutoff is None:
-            return Served(ranking, probabilities, relevance=probabilities)
-        threshold = float(auto if self.cutoff == "auto" else self.cutoff)
-        kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities[h.doc_id] >= threshold))
-        return Served(kept, probabilities, threshold, relevance=probabilities)
-
-    def apply_scorer(self, candidates: Ranking, attention: Ranking, dense: Mapping[str, float],
-                     bm25: Mapping[str, float] | None = None) -> Served:
-        """Serve one query by the default's scorer (:mod:`heedrank.scorer`): every candidate gets
-        the logit of the signals it has, and the served order, the probability and the cut-off
-        all read that one number.
-
-        Args:
-            candidates: Every candidate, in first-stage (or given) order.
-            attention: The reranker's scores of the candidates it read, the scorer's :attr:`signal`
-                (cached BlockRank's list-independent log-odds; the others, cold past the budget or
-                over the request budget, have no ``attention``).
-            dense: ``{doc_id: cosine}`` of the candidates with a dense signal.
-            bm25: ``{doc_id: BM25 score}`` of the candidates the index's BM25 holds
-                (:meth:`heedrank.index.store.Index.bm25_scores`); ``None``: no ``bm25`` signal.
-
-        Returns:
-            The :class:`Served` query; its ``without_lm`` counts the candidates scored without
-            the attention signal. A candidate with no signal a model reads (no attention and no
-            dense vector) keeps its place below the scored ones, with no probability.
-        """
-        assert self.scorer is not None
-        att = {h.doc_id: float(h.score) for h in attention.hits}
-        scored: list[tuple[Any, float]] = []
-        unscored = []
-        without = 0
-        # read in part: attention steps from the model without it (one scale, Scorer.logit)
-        step = self.signal == "attention" and 0 < len(att.keys() & {h.doc_id for h in candidates.hits}) < len(candidates)
-        for i, h in enumerate(candidates.hits):
-            x: dict[str, float | None] = {"attention": None, "dense": dense.get(h.doc_id),
-                                          "rank": rank_feature(i) if self.rank else None,
-                                          "bm25": None if bm25 is None else bm25.get(h.doc_id)}
-            x[self.signal] = att.get(h.doc_id, x.get(self.signal))
-            got = self.scorer.logit(x, step=step)
-            if got is None:
-                unscored.append(h)
-                continue
-            without += self.signal == "attention" and h.doc_id not in att
-            scored.append((h, got[0]))
-        low = min((s for _, s in scored), default=0.0)
-        hits = [replace(h, score=s) for h, s in scored]
-        hits += [replace(h, score=low - 1.0 - i) for i, h in enumerate(unscored)]
-        ranking = Ranking.from_hits(candidates.query_id, hits)
-        probabilities = {h.doc_id: sigmoid(s) for h, s in scored}
-        warnings = ((f"{without} of {len(candidates)} candidates were scored without the reranker's attention "
-                     "(cold past the budget or over the request budget): from the dense, BM25 and first-stage signals",)
-                    if without else ())
-        if self.cutoff is None:
-            return Served(ranking, probabilities, warnings=warnings, relevance=probabilities, without_lm=without)
-        threshold = float(self.scorer_threshold if self.cutoff == "auto" else self.cutoff)
-        kept = Ranking(ranking.query_id, tuple(h for h in ranking.hits if probabilities.get(h.doc_id, 0.0) >= threshold))
-        return Served(kept, probabilities, threshold, warnings, relevance=probabilities, without_lm=without)
+        return Served(_cut(ranking, probabilities, threshold), probabilities, threshold,
+                      ((far,) if far is not None else ()) + flat, strength, probabilities)
 
     def relevance(self, scores: Sequence[float]) -> list[float]:
         """Scores in [0, 1], each from its own served score: ``sigmoid(score / scale)``
@@ -391,6 +392,99 @@ class ServePolicy:
         if self.scale is None:
             return [float(s) for s in scores]
         return [sigmoid(float(s) / self.scale) for s in scores]
+
+
+@dataclass(frozen=True)
+class ServePolicy:
+    """How one request's reranked candidates are served: the strategy picked once
+    (:meth:`of`), the request's cut-off, and what the signals read of the candidates.
+
+    Attributes:
+        strategy: :class:`ScorerServing`, :class:`SigmoidServing` or :class:`ZFusion`.
+        cutoff: :data:`Cutoff`, resolved.
+        own: The signal the reranker's own scores are (:attr:`heedrank.seam.RerankerServing.signal`):
+            its result when no reranker pass ran.
+        ranked: The candidates' order is a first stage's (the ``rank`` signal reads it);
+            ``False`` for ``/rerank``'s given order.
+    """
+
+    strategy: ServingStrategy
+    cutoff: Cutoff = None
+    own: str = ""
+    ranked: bool = True
+
+    @classmethod
+    def of(cls, reranker: object, *, fusion: float | str | None, cutoff: float | str | None = None,
+           by: str = "score", method: str = "", scale: float | None = None) -> ServePolicy:
+        """The policy of one request, resolved once.
+
+        The strategy: the reranker's scorer (:attr:`heedrank.seam.RerankerServing.scorer`) for
+        ``fusion="default"`` or none, and for ``/rerank`` (``by="prior"``); else
+        :class:`SigmoidServing` for a reranker whose scores are each pair's log-odds (its
+        record's ``independent``); else :class:`ZFusion` with the reranker's Platt map.
+
+        Args:
+            reranker: The built reranker, read through its :class:`heedrank.seam.RerankerServing`
+                (:func:`heedrank.seam.serving_of`).
+            fusion: ``"default"`` (the reranker's recorded weight; none when it records none),
+                ``None``/``"none"`` (no fusion) or a number in [0, 1].
+            cutoff: ``None``/``"none"``, ``"auto"`` or a probability.
+            by: :data:`BY`.
+            method: The method's name, for messages.
+            scale: Override of the reranker's ``score_scale`` (``HEEDRANK_RERANK_SCORE_SCALE``).
+
+        Raises:
+            ValidationError: a bad fusion, cutoff or ``by`` value; a cutoff the reranker has no
+                map for (the message says what to do).
+        """
+        if by not in BY:
+            raise ValidationError(f"by must be one of {BY}, got {by!r}")
+        cut, traits = resolve_cutoff(cutoff), serving_of(reranker)
+        own = (traits.signal,)
+        strategy: ServingStrategy
+        if traits.scorer is not None and (fusion in (None, "default") or by == "prior"):
+            # the signals the reranker's pass would give, only when its own scores are one of them
+            features = tuple(f for f in traits.scorer.features if f == traits.signal or not signal(f).reads_reranker)
+            strategy = ScorerServing(traits.scorer, features, traits.scorer_threshold)
+            # only a first stage's order is a signal: /rerank's given order (by "prior" or "rank") is a client's
+            return cls(strategy, cut, traits.signal, ranked=by == "score")
+        alpha = None if by == "prior" else resolve_weight(fusion, traits.default_fusion)
+        if traits.independent is not None:  # log-odds of each pair: sigmoid, no prior
+            ind = traits.independent
+            fused_map = ind.fused_map if alpha is not None else None
+            strategy = SigmoidServing(own, alpha, "score" if by == "prior" else by, ind.threshold, fused_map,
+                                      ind.fused_threshold if fused_map else None)
+        else:
+            spread: float | None = 1.0  # fused: z-scores
+            if alpha is None:
+                spread = None if traits.score_scale is None else (scale if scale is not None else traits.score_scale)
+            strategy = ZFusion(own, alpha, by, _map(traits, method, alpha, by=by, required=cut is not None), spread)
+        return cls(strategy, cut, traits.signal, ranked=by == "score")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The signals the strategy reads (:func:`heedrank.signals.gather`'s columns)."""
+        return self.strategy.features
+
+    @property
+    def reads_reranker(self) -> bool:
+        """A reranker pass must run: one of :attr:`features` is the reranker's output."""
+        return any(signal(f).reads_reranker for f in self.features)
+
+    @property
+    def alpha(self) -> float | None:
+        """The fusion weight with the first stage the strategy uses, or ``None``."""
+        return self.strategy.alpha
+
+    @property
+    def scale(self) -> float | None:
+        """The spread behind ``relevance`` when it is no probability, or ``None``."""
+        return self.strategy.scale
+
+    def serve(self, candidates: Ranking, X: np.ndarray) -> Served:
+        """Serve one query: its candidates (first-stage or given order) and their ``(N, F)``
+        signal matrix over :attr:`features` (:func:`heedrank.signals.gather`)."""
+        return self.strategy.serve(candidates, X, self.cutoff)
 
 
 def place_skipped(served: Served, first_stage: Ranking, skipped: Collection[str]) -> Served:
@@ -488,22 +582,21 @@ def _group_best(values: dict[str, float] | None, key: Mapping[str, str]) -> dict
     return {d: best[key.get(d, d)] for d in values}
 
 
-def _map(calibration: Any, method: str, alpha: float | None, *, by: str, required: bool) -> PlattMap | None:
-    """The map of a reranker's ``calibration`` for scores served with fusion weight ``alpha`` and
+def _map(traits: RerankerServing, method: str, alpha: float | None, *, by: str, required: bool) -> PlattMap | None:
+    """The map of a reranker's calibration for scores served with fusion weight ``alpha`` and
     ``by``, or ``None``.
 
     Raises:
         ValidationError: ``required`` (a cut-off was asked for) and there is no map.
     """
-    if calibration is None:
+    if traits.calibration is None:
         if required:
             raise ValidationError(f"rerank method {method!r} has no calibrated scores, so it cannot apply a cutoff; "
                                   "use the default configuration (blockrank-cached with its weights card), or top_k")
         return None
     try:
-        plat: PlattMap = calibration.map_for(alpha, by="score" if by == "prior" else by)
+        return traits.calibration.map_for(alpha, by="score" if by == "prior" else by)
     except ValidationError:
         if required:
             raise
         return None
-    return plat

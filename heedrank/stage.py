@@ -1,7 +1,9 @@
 """The rerank stage of a search: one request's candidates reranked and served.
 
-    hydrated candidates (first-stage order) -> reranker (:class:`heedrank.pipeline.RerankerCache`)
-    -> serving policy (:class:`heedrank.serving.ServePolicy`) -> :class:`heedrank.results.RerankedQuery`
+    hydrated candidates (first-stage order) -> reranker, when the policy reads it
+    (:class:`heedrank.pipeline.RerankerCache`) -> the policy's signals, an ``(N, F)`` matrix
+    (:func:`heedrank.signals.gather`) -> serving policy (:class:`heedrank.serving.ServePolicy`)
+    -> :class:`heedrank.results.RerankedQuery`
 
 The step :class:`heedrank.pipeline.Pipeline` takes after its first stage, in one place for
 every path: :meth:`~heedrank.pipeline.Pipeline.search_batch` (``/search``, ``eval``),
@@ -23,12 +25,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from heedrank.calibration import resolve_cutoff
 from heedrank.errors import UnknownNameError, ValidationError
 from heedrank.fusion import resolve_weight
 from heedrank.protocols import ExplainingReranker, Reranked, Reranker, RerankResult
 from heedrank.results import NO_RERANK, RerankedQuery, SearchOptions
-from heedrank.serving import Served, ServePolicy, place_skipped
+from heedrank.serving import Served, ServePolicy
+from heedrank.signals import SignalInputs, gather
+from heedrank.signals.base import CosineSource
 from heedrank.types import Document, Query, Ranking
 
 
@@ -139,8 +145,8 @@ class RerankStage:
             ``evidence_spans``, ``cutoff``, ``cold_budget``).
         index: The collection's index (its document KV store and :meth:`bm25_scores
             <heedrank.index.store.Index.bm25_scores>`), or ``None``.
-        dense: The ``dense`` signal of the default's scorer (``cosines(query, documents,
-            stored=...)`` -> ``{doc_id: cosine}``), or ``None``: the scorer works without it.
+        dense: The embedder's cosines (:class:`heedrank.signals.base.CosineSource`), or ``None``:
+            the scorer works without them.
     """
 
     cache: RerankerSource
@@ -148,7 +154,7 @@ class RerankStage:
     policy: ServePolicy
     options: SearchOptions
     index: Any = None
-    dense: Any = None
+    dense: CosineSource | None = None
 
     @classmethod
     def open(cls, cache: RerankerSource, options: SearchOptions, *, index: Any = None, dense: Any = None,
@@ -187,11 +193,11 @@ class RerankStage:
     def serve(self, query: Query, cands: Ranking, *, use_store: bool = True) -> RerankedQuery:
         """Rerank ``cands`` and serve them by :attr:`policy`.
 
-        With the default's scorer every candidate is scored from the signals it has (the
-        reranker's, the dense cosines of :attr:`dense`, its rank, its BM25 score:
-        :meth:`ServePolicy.apply_scorer`); with the embedder alone (method ``dense``) no
-        reranker pass runs. Otherwise candidates over the cold budget keep their first-stage
-        positions (:func:`place_skipped`).
+        The reranker runs only when the policy reads its output (:attr:`ServePolicy.reads_reranker`:
+        the embedder alone, method ``dense``, runs none); then the signals the policy reads are
+        gathered (:func:`heedrank.signals.gather`, NaN where a candidate has none: a block over
+        the cold budget, a document without a vector) and served in one call
+        (:meth:`ServePolicy.serve`).
 
         Args:
             query: The query (with text).
@@ -205,55 +211,46 @@ class RerankStage:
             ContextOverflowError: the candidates do not fit the model's context.
         """
         t0 = time.perf_counter()
-        policy, options = self.policy, self.options
-        if policy.scorer is not None and policy.signal == "dense" and self.dense is not None:
-            # the embedder alone (method dense): the pipeline holds its signal (the index's stored
-            # vectors, else the texts encoded once): no reranker pass
-            cos = self._cosines(query, cands, use_store)
-            own = RerankResult(Ranking.from_scores(cands.query_id, cos), seconds=time.perf_counter() - t0)
-            served = policy.apply_scorer(cands, own.ranking, cos)
-            return RerankedQuery(reranked=Reranked(self.reranker, own), served=served, policy=policy,
-                                 seconds=time.perf_counter() - t0)
-        reranked = self.cache.rerank(
+        policy = self.policy
+        reranked = self._rerank(query, cands, use_store) if policy.reads_reranker else None
+        inputs = self._inputs(query, cands, use_store, reranked)
+        X = gather(policy.features, inputs)
+        if reranked is None:  # no pass: the reranker's own scores are one of the signals gathered
+            j = policy.features.index(policy.own) if policy.own in policy.features else None
+            own = X[:, j] if j is not None else np.full(len(cands), np.nan)
+            if j is not None and len(cands) and not np.isfinite(own).any():
+                # the path lacks that signal's source (an index without vectors): the reranker computes it
+                reranked = self._rerank(query, cands, use_store)
+                X[:, j] = own = inputs.column(reranked.result.ranking.to_dict())
+            else:
+                scores = {h.doc_id: float(v) for h, v in zip(cands.hits, own) if np.isfinite(v)}
+                reranked = Reranked(self.reranker, RerankResult(Ranking.from_scores(cands.query_id, scores),
+                                                                seconds=time.perf_counter() - t0))
+        served = policy.serve(cands, X)
+        return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=time.perf_counter() - t0)
+
+    def _rerank(self, query: Query, cands: Ranking, use_store: bool) -> Reranked:
+        """The reranker's pass over the candidates (:meth:`RerankerSource.rerank`: its lock, the
+        cold budget, the document KV store when ``use_store``)."""
+        options = self.options
+        return self.cache.rerank(
             query, [h.document for h in cands.hits if h.document is not None], options.rerank, options.rerank_options,
             explain=options.explain, evidence_spans=options.evidence_spans, index=self.index if use_store else None,
             cold_budget=options.cold_budget if options.cutoff is None else None, entry=self.entry)
-        if policy.scorer is not None:  # the default's scorer: every candidate from the signals it has
-            dense = {} if self.dense is None else self._cosines(query, cands, use_store)
-            served = policy.apply_scorer(cands, reranked.result.ranking, dense,
-                                         self._bm25(query, cands, use_store))
-            return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=time.perf_counter() - t0)
-        seconds = time.perf_counter() - t0
-        skipped = set(reranked.skipped)
-        kept = Ranking(cands.query_id, tuple(h for h in cands.hits if h.doc_id not in skipped))
-        served = place_skipped(policy.apply(kept, reranked.result.ranking), cands, skipped)
-        return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=seconds)
 
     def serve_without_lm(self, query: Query, cands: Ranking, *, use_store: bool = True) -> Served | None:
-        """``cands`` served by the default's scorer from the signals at hand, no LM pass
-        (:meth:`ServePolicy.apply_scorer` with no attention).
+        """``cands`` served from the signals at hand, no reranker pass: the default's scorer
+        with no attention.
 
         Returns:
-            The :class:`~heedrank.serving.Served` query, or ``None`` when the policy has no
-            scorer or the stage no :attr:`dense` signal.
+            The :class:`~heedrank.serving.Served` query, or ``None`` when the policy's strategy
+            cannot score without the reranker or the stage has no :attr:`dense` signal.
         """
-        if self.policy.scorer is None or self.dense is None:
+        if not self.policy.strategy.without_reranker or self.dense is None:
             return None
-        return self.policy.apply_scorer(cands, Ranking(cands.query_id, ()), self._cosines(query, cands, use_store),
-                                        self._bm25(query, cands, use_store))
+        return self.policy.serve(cands, gather(self.policy.features, self._inputs(query, cands, use_store, None)))
 
-    def _cosines(self, query: Query, cands: Ranking, use_store: bool) -> Mapping[str, float]:
-        """``{doc_id: cosine}`` of the hydrated candidates (:attr:`dense`, which must be set)."""
-        docs = [h.document for h in cands.hits if h.document is not None]
-        cosines: Mapping[str, float] = self.dense.cosines(query.text, docs, stored=use_store)
-        return cosines
-
-    def _bm25(self, query: Query, cands: Ranking, use_store: bool) -> dict[str, float] | None:
-        """The scorer's ``bm25`` signal of the candidates (the index's :meth:`bm25_scores
-        <heedrank.index.store.Index.bm25_scores>`): ``None`` unless the documents are the index's and
-        the scorer reads it."""
-        scorer = self.policy.scorer
-        if not use_store or self.index is None or scorer is None or not scorer.reads("bm25"):
-            return None
-        scores: dict[str, float] = self.index.bm25_scores(query.text, [h.doc_id for h in cands.hits])
-        return scores
+    def _inputs(self, query: Query, cands: Ranking, use_store: bool, reranked: Reranked | None) -> SignalInputs:
+        """What the signals read of this query's candidates."""
+        return SignalInputs(query, cands, None if reranked is None else reranked.result.ranking, dense=self.dense,
+                            index=self.index if use_store else None, stored=use_store, ranked=self.policy.ranked)

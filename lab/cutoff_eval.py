@@ -27,7 +27,7 @@ from heedrank.errors import ValidationError
 from heedrank.fusion import standardize
 from heedrank.lab.study import QueryItem, variant_scores
 from heedrank.reranker.cards import WeightsCard
-from heedrank.serving import ServePolicy
+from heedrank.serving import ZFusion
 
 logger = logging.getLogger(__name__)
 
@@ -82,10 +82,10 @@ def served(items: Sequence[QueryItem], qrels: Mapping[str, Mapping[str, int]], v
     for it in items:
         sub = subset(it, n) if n is not None else it
         r = variant_scores(sub, variant)
-        policy = ServePolicy(None if mode == "none" else alpha, by="rank" if mode == "rank" else "score")
+        policy = ZFusion(alpha=None if mode == "none" else alpha, by="rank" if mode == "rank" else "score")
         s = policy.served_scores(sub.first_stage, r)
         order = sorted(range(len(s)), key=lambda i: (-float(s[i]), sub.doc_ids[i]))  # Ranking's order
-        if mode == "none":  # the map reads the reranker's own scores z-scored (ServePolicy.apply)
+        if mode == "none":  # the map reads the reranker's own scores z-scored (ZFusion.apply)
             s = list(standardize(np.asarray(s, dtype=np.float64)))
         rel = {d for d, g in qrels.get(it.query_id, {}).items() if g >= min_grade}
         ss = np.asarray([float(s[i]) for i in order])

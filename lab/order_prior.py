@@ -5,7 +5,7 @@ order-prior``; docs/results/default.md, "/rerank's default: a position prior").
 The cached reranker's scores do not depend on the order of its candidates (each block sees only
 the instruction and itself), so one pure run (``eval ... --fusion none``) gives its scores for any
 order; the forms are then applied to the candidates in the given order or in a seeded shuffle,
-exactly as :class:`heedrank.serving.ServePolicy` applies them.
+exactly as :class:`heedrank.serving.ZFusion` applies them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from heedrank.serving import PositionPrior, ServePolicy
+from heedrank.serving import PositionPrior, ZFusion
 
 Form = Callable[[Sequence[float]], list[float]]
 """Served scores of one list from the reranker's scores in the given order (same order)."""
@@ -23,7 +23,7 @@ Form = Callable[[Sequence[float]], list[float]]
 def forms() -> dict[str, Form]:
     """The candidate forms, by name: the reranker alone, today's fusion by rank, a log-rank prior
     at several strengths, and the agreement-gated prior (the default) at several settings."""
-    pure, by_rank = ServePolicy(None), ServePolicy(0.6, by="rank")
+    pure, by_rank = ZFusion(alpha=None), ZFusion(alpha=0.6, by="rank")
     out: dict[str, Form] = {
         "reranker alone (fusion none)": lambda r: pure.served_scores((), r),
         "fused with the order by rank, alpha 0.6": lambda r: by_rank.served_scores((), r),

@@ -350,3 +350,26 @@ def describe_card(card: WeightsCard | None) -> dict[str, Any] | None:
     packaged = path.parent.resolve() == packaged_data_dir().resolve()
     return {"path": path.name if packaged else card.path, "packaged": packaged, "model": card.data.get("model"),
             "model_sha256": card.model_sha256, "layer": card.layer}
+
+
+def fusion_weight(card: WeightsCard | None, scoring: str) -> float | None:
+    """The fusion weight ``alpha`` with the first stage that ``card`` records for the scorer
+    ``scoring`` (``alpha z(first stage) + (1 - alpha) z(reranker)``, chosen on dev), or ``None``:
+    no card, a card whose default's scorer serves ``'independent'`` (:mod:`heedrank.scorer`: no
+    fusion weight), or a scorer other than ``learned`` and ``independent``. The one rule read by
+    the loaded reranker (:attr:`heedrank.reranker.cached.CachedBlockRankReranker.default_fusion`)
+    and by ``/info`` without loading one (:func:`heedrank.reranker.cached.state.recorded_fusion`)."""
+    if card is None or (scoring == "independent" and card.serves_scorer):
+        return None
+    if scoring == "independent":
+        return None if card.independent is None else card.independent.fusion_alpha
+    return card.fusion_alpha if scoring == "learned" else None
+
+
+def signal_scorer(signal: str, model: str | None = None) -> Scorer | None:
+    """The packaged card's model of the signal ``signal`` alone (the embedder's cosine, for the
+    method ``dense``), with the card's cut-off, or ``None`` when the card (of the LM ``model``;
+    ``None``: the default LM) holds none."""
+    card = packaged_card(model)
+    return None if card is None or card.scorer is None else card.scorer.only([signal])
+

@@ -1,12 +1,16 @@
 """The embedder alone as a reranker (method ``dense``): candidates ordered by the cosine of their
-embedding with the query's, no LM. It is the default's ``dense`` signal on its own
-(:mod:`heedrank.scorer`), so that what the LM adds is one product command away
-(``--rerank dense`` beside ``--rerank default``).
+embedding with the query's, no LM. It is the default's ``dense`` signal
+(:mod:`heedrank.signals.dense`) served by itself, so that what the LM adds is one product command
+away (``--rerank dense`` beside ``--rerank default``).
 
 Embeddings: the packaged embedder (all-MiniLM-L6-v2, the default index's), through
 :func:`heedrank.registry.dense_signal` (texts encoded once and cached by their hash). Its
 ``relevance`` is the default card's calibrated probability of the cosine alone (the card's
-``scorer`` model over ``dense``); without that card, the cosine itself (uncalibrated).
+``scorer`` model over ``dense``, :func:`heedrank.reranker.cards.signal_scorer`); without that
+card, the cosine itself (uncalibrated). Served through the pipeline, the rerank stage gathers the
+signal itself (the index's stored vectors on ``/search``) and runs no pass of this class
+(:attr:`heedrank.seam.RerankerServing.signal`); :meth:`DenseReranker.rerank` is the same signal
+for a caller without a stage, or an index without vectors.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from typing import Any
 
 from heedrank import registry
 from heedrank.config import RerankerConfig
-from heedrank.protocols import RerankResult
+from heedrank.protocols import Reranker, RerankResult
+from heedrank.reranker.cards import signal_scorer
 from heedrank.seam import RerankerServing
-from heedrank.types import Document, Query, Ranking
+from heedrank.signals import SignalInputs, dense
+from heedrank.types import Document, Query, Ranking, ScoredDoc
 
 
-class DenseReranker:
+class DenseReranker(Reranker):
     """Cosine of the embedder's query and document vectors (unitless, in [-1, 1]); see the module docstring."""
 
     name = "dense"
@@ -35,9 +41,12 @@ class DenseReranker:
         return cls(config)
 
     def rerank(self, query: Query, candidates: Sequence[Document], *, block_store: Any = None) -> RerankResult:
+        """The candidates by the ``dense`` signal of their texts (the packaged embedder, no stored vectors)."""
         t0 = time.perf_counter()
-        cos = registry.dense_signal().cosines(query.text, list(candidates), stored=False)
-        return RerankResult(Ranking.from_scores(query.query_id, cos), seconds=time.perf_counter() - t0)
+        given = Ranking(query.query_id, tuple(ScoredDoc(d.doc_id, 0.0, d) for d in candidates))
+        cosines = dense.SIGNAL.values(SignalInputs(query, given, dense=registry.dense_signal(), stored=False))
+        ranking = Ranking.from_scores(query.query_id, {d.doc_id: float(c) for d, c in zip(candidates, cosines)})
+        return RerankResult(ranking, seconds=time.perf_counter() - t0)
 
     def rerank_batch(self, queries: Sequence[Query], candidates: Sequence[Sequence[Document]]) -> list[RerankResult]:
         return [self.rerank(q, c) for q, c in zip(queries, candidates)]
@@ -46,12 +55,9 @@ class DenseReranker:
         return {"method": self.name, "embedder": registry.dense_signal().describe().get("embedder")}
 
     def serving(self) -> RerankerServing:
-        """Served by the default card's model of the cosine alone (a calibrated probability), when
-        the card holds one; else ``relevance`` is the cosine."""
-        from heedrank.reranker.cards import packaged_card
-
-        card = packaged_card(None)
-        alone = card.scorer.only(["dense"]) if card is not None and card.scorer is not None else None
+        """Its own scores are the ``dense`` signal, served by the default card's model of the cosine
+        alone (a calibrated probability) when the card holds one; else ``relevance`` is the cosine."""
+        alone = signal_scorer(dense.NAME)
         if alone is None:
-            return RerankerServing(score_scale=None)
-        return RerankerServing(alone, alone.threshold, signal="dense")
+            return RerankerServing(signal=dense.NAME)
+        return RerankerServing(alone, alone.threshold, signal=dense.NAME)

@@ -299,7 +299,7 @@ class BlockRankOptions(RerankerOptions):
         "signal", "'signal' | 'calibrated'",
         "'signal': signal tokens' document-restricted attention at l* (probabilities summing to 1); "
         "'calibrated': ICR's calibrated query attention over layers 0..l* through the block structure "
-        "(the learned scorer is method 'blockrank-cached')",
+        "(the 'learned' and 'independent' scorers and the default's are method 'blockrank-cached')",
         _choice("signal", "calibrated"),
     )
     query_offset: int | None = _option(
@@ -357,9 +357,11 @@ class CachedBlockRankOptions(RerankerOptions):
     section 3.1, this project's extension): block 0 is the fixed instruction only and
     a candidate block carries no id, so each block's keys and values depend on the document
     alone and come from the index's document KV store. Defaults are the best measured
-    configuration (docs/results/default.md): with the packaged files of the
-    default LM, learned head weights at ``l* = 15`` over 128-token blocks, the packaged
-    query adapter, and (in ``/search``) fusion with the first stage at the card's weight."""
+    configuration (docs/results/default.md): with the packaged files of the default LM,
+    ``scoring='independent'`` (each pair's list-independent log-odds) at ``l* = 15`` over
+    128-token blocks and the packaged query adapter, served by the card's learned scorer with the
+    embedder's cosine, the first-stage rank and BM25 (docs/design/algorithms.md, "The learned
+    scorer"); no fusion weight."""
 
     method: ClassVar[str] = "blockrank-cached"
     default_max_doc_tokens: ClassVar[int] = 128
@@ -368,7 +370,7 @@ class CachedBlockRankOptions(RerankerOptions):
     layer: int | None = _option(
         None, "int >= 0 | null",
         "scoring layer l* and depth of the stored blocks (0-based); null = the weights card's layer with "
-        "learned scoring (15 for the packaged SmolLM2 card), else round(0.6 * layers)",
+        "learned or independent scoring (15 for the packaged SmolLM2 card), else round(0.6 * layers)",
         _int(0, optional=True),
     )
     scoring: str = _option(
@@ -386,7 +388,8 @@ class CachedBlockRankOptions(RerankerOptions):
     )
     scorer_weights: str | None = _option(
         None, "path | null",
-        "weights card (JSON) of scoring='learned', written by `heedrank lab fit --export`; null = the "
+        "weights card (JSON) of scoring='learned' and 'independent' and of the default's scorer (its "
+        "'scorer' entry), written by recipes/default (`heedrank lab fit --export`, `lab fit-scorer`); null = the "
         "card shipped for the model (reranker/data/<model>.blockrank-cached.json)",
         _path_or(),
     )
@@ -476,32 +479,3 @@ def parse_options(method: str, mapping: Mapping[str, Any] | None) -> RerankerOpt
 def describe_options(methods: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """``{method: [{name, type, default, doc}, ...]}`` for the built-in methods (or ``methods``)."""
     return {m: OPTION_CLASSES[m].describe() for m in (methods or sorted(OPTION_CLASSES)) if m in OPTION_CLASSES}
-
-
-def recorded_fusion(config: Any) -> float | None:
-    """The fusion weight with the first stage that ``config``'s reranker records, read
-    without loading a model: cached BlockRank with learned scoring, its weights card's
-    ``fusion.alpha``; ``None`` for other methods or scorers (the reranker's
-    :attr:`default_fusion` says the same once built).
-
-    """
-    from pathlib import Path
-
-    from heedrank.reranker.cards import packaged_card, read_card
-
-    opts = config.options
-    if not isinstance(opts, CachedBlockRankOptions):
-        return None
-    if opts.scoring not in (AUTO, "learned", "independent"):
-        return None
-    if opts.scorer_weights is not None:
-        card = read_card(opts.scorer_weights) if Path(opts.scorer_weights).is_file() else None
-    else:
-        card = packaged_card(config.model)
-    if card is None:
-        return None
-    if opts.scoring in (AUTO, "independent") and card.serves_scorer:
-        return None  # served by the card's default scorer (heedrank.scorer): no fusion weight
-    if opts.scoring == "independent":
-        return None if card.independent is None else card.independent.fusion_alpha
-    return card.fusion_alpha

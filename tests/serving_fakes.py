@@ -19,4 +19,12 @@ class AttributeServing:
             score_scale=getattr(self, "score_scale", None), concurrent_calls=getattr(self, "concurrent_calls", 1),
             cold_candidates=getattr(self, "cold_candidates", None),
             max_doc_tokens=getattr(config, "max_doc_tokens", None), scoring=getattr(self, "scoring", None),
-            card=getattr(self, "card", None))
+            card=_described(getattr(self, "card", None)))
+
+
+def _described(card: object) -> object:
+    """A fake's ``card`` as the record holds it: a :class:`~heedrank.reranker.cards.WeightsCard` described
+    (:func:`~heedrank.reranker.cards.describe_card`, as a reranker's ``serving()`` does), anything else as it is."""
+    from heedrank.reranker.cards import WeightsCard, describe_card
+
+    return describe_card(card) if isinstance(card, WeightsCard) else card

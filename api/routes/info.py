@@ -15,19 +15,20 @@ from heedrank import __version__
 from heedrank.api.deps import RuntimeDep, SettingsDep
 from heedrank.api.runtime import Runtime, served_model_ids
 from heedrank.api.schemas import InfoResponse, RerankerInfo
+from heedrank.capabilities import LimitedReranker
 from heedrank.errors import HeedrankError
 from heedrank import registry
 from heedrank.jsonable import jsonable
+from heedrank.protocols import ExplainingReranker
 from heedrank.seam import serving_of
 from heedrank.settings import Settings
-from heedrank.scorer import FEATURES
 
 router = APIRouter(tags=["info"])
 
 
 def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str],
                   costs: Any = None) -> dict[str, dict[str, Any]]:
-    """Per method, what the loaded LM holds (:meth:`AttentionReranker.limits`), with
+    """Per method, what the loaded LM holds (:meth:`heedrank.capabilities.LimitedReranker.limits`), with
     ``max_candidates``/``max_documents`` set to the service limits the method can take, and,
     once the method was measured on this service (``costs``, :class:`heedrank.api.costs.MethodCosts`),
     ``seconds_per_candidate`` and ``max_candidates_in_budget``: the most candidates ``/search``
@@ -37,20 +38,22 @@ def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]
     its name or an alias, e.g. ``blockrank-cached`` as ``default``) answers itself; another gets
     a reranker built around that LM once, its limits kept for the LM's life
     (:func:`_built_limits`: building one can cost a second, e.g. cached BlockRank's query
-    adapter copies the LM, so ``/info`` must not do it per call). Empty before any LM is loaded.
+    adapter copies the LM, so ``/info`` must not do it per call). Empty before any LM is loaded,
+    or when the served reranker does not state limits (a plug-in that is no
+    :class:`~heedrank.capabilities.LimitedReranker`).
     """
     base = loaded.get(settings.rerank_method) or next(iter(loaded.values()), None)
-    lm = getattr(base, "loaded_lm", None)
-    if base is None or lm is None:
+    if not isinstance(base, LimitedReranker) or base.loaded_lm is None:
         return {}
+    lm = base.loaded_lm
     out: dict[str, dict[str, Any]] = {}
     for method in methods:
         reranker = loaded.get(method) or _loaded_as(loaded, method)
-        if reranker is not None and hasattr(reranker, "limits"):
+        if isinstance(reranker, LimitedReranker):
             try:
                 limits = dict(reranker.limits())
             except (HeedrankError, TypeError, AttributeError):
-                continue  # a plugin without limits()
+                continue  # limits the LM cannot give (a plug-in's)
         else:
             built = _built_limits(method, base, lm)
             if built is None:
@@ -92,8 +95,8 @@ _LIMITS: weakref.WeakKeyDictionary[Any, dict[tuple[str, Any], dict[str, Any] | N
 _LIMITS_LOCK = threading.Lock()
 
 
-def _built_limits(method: str, base: Any, lm: Any) -> dict[str, Any] | None:
-    """:meth:`AttentionReranker.limits` of ``method`` built around ``lm`` with ``base``'s
+def _built_limits(method: str, base: LimitedReranker, lm: Any) -> dict[str, Any] | None:
+    """:meth:`~heedrank.capabilities.LimitedReranker.limits` of ``method`` built around ``lm`` with ``base``'s
     config (default options), computed on the first call per LM and method and kept while the
     LM lives; ``None`` for a method without limits (a plugin) or that cannot be built here."""
     from dataclasses import replace
@@ -133,14 +136,13 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
 
 
 def explain_methods(methods: list[str]) -> list[str]:
-    """The methods among ``methods`` (and the aliases naming them) whose reranker can explain
-    (``rerank_with_evidence``), sorted; classes are imported, no model is loaded."""
-    from heedrank.errors import HeedrankError
-
+    """The methods among ``methods`` (and the aliases naming them) whose reranker class can
+    explain (:class:`heedrank.protocols.ExplainingReranker`), sorted; classes are imported, no
+    model is loaded."""
     able = set()
     for m in methods:
         try:
-            if hasattr(registry.reranker_class(m), "rerank_with_evidence"):
+            if issubclass(registry.reranker_class(m), ExplainingReranker):
                 able.add(m)
         except (HeedrankError, ImportError):
             continue
@@ -180,17 +182,13 @@ def without_paths(value: Any) -> Any:
 
 def served_card(reranker: Any) -> tuple[dict[str, Any] | None, str | None]:
     """``(card, scoring)`` of a built reranker: which weights card answered for its model
-    (:func:`heedrank.reranker.cards.describe_card`, paths cut to their last part) and the
+    (:attr:`heedrank.seam.RerankerServing.card`, paths cut to their last part) and the
     scorer in use; ``(None, scoring)`` without a card, ``(None, None)`` for a method without
-    scorers (no ``scoring`` attribute)."""
-    from heedrank.reranker.cards import WeightsCard, describe_card
-
+    scorers."""
     traits = serving_of(reranker)
-    scoring, card = traits.scoring, traits.card
-    if not isinstance(scoring, str):
+    if traits.scoring is None:
         return None, None
-    described = describe_card(card) if isinstance(card, WeightsCard) else None
-    return (None if described is None else without_paths(jsonable(described))), scoring
+    return (None if traits.card is None else without_paths(jsonable(dict(traits.card)))), traits.scoring
 
 
 def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
@@ -208,7 +206,7 @@ def _info(runtime: Runtime, settings: Settings) -> InfoResponse:
             model = without_paths(jsonable(dict(loaded.describe())))
             card, scoring = served_card(loaded)
             scorer = serving_of(loaded).scorer
-            signals = [f for f in FEATURES if scorer.reads(f)] if scorer is not None else None
+            signals = list(scorer.features) if scorer is not None else None
         limits = method_limits(built, settings, methods, runtime.costs)
     return InfoResponse(
         version=__version__,

@@ -12,7 +12,7 @@ LlamaIndex Cohere rerankers can be pointed at this service with ``base_url``. Th
 required ``model`` is served by the service's one method whatever it names: the ids clients send
 (``rerank-v3.5``, ``rerank-english-v3.0``, ... :data:`heedrank.api.runtime.CLIENT_MODEL_IDS`)
 silently, any other id with a warning; ``meta.method`` and ``meta.model`` say what answered. ``relevance_score`` lies in [0, 1],
-where Cohere's does and where users set thresholds (:meth:`heedrank.serving.ServePolicy.relevance`); the
+where Cohere's does and where users set thresholds (:meth:`heedrank.serving.ZFusion.relevance`, or a probability); the
 reranker's own score is ``raw_score``.
 
 With ``deadline_ms``, a request whose reranking would finish too late (estimated from
@@ -33,10 +33,11 @@ import asyncio
 import functools
 import time
 import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
 from heedrank import registry
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
@@ -52,6 +53,7 @@ from heedrank.api.schemas import (
     TokenCounts,
 )
 from heedrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
+from heedrank.fusion import reciprocal_ranks
 from heedrank.pipeline import NO_RERANK, Pipeline, RerankedQuery, SearchOptions
 from heedrank.serving import Served
 from heedrank.settings import Settings
@@ -132,14 +134,20 @@ def _doc_ids(n: int) -> list[str]:
 
 async def _rerank(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ranking, options: SearchOptions,
                   call: dict[str, Any], deadline: float | None, t0: float,
-                  is_disconnected: Any = None) -> tuple[RerankedQuery | None, str | None]:
-    """:meth:`heedrank.pipeline.Pipeline.rerank_documents` in the ``rerank`` pool, or
-    ``(None, reason)`` when the deadline stops it."""
+                  is_disconnected: Any = None) -> RerankedQuery | str:
+    """:meth:`heedrank.pipeline.Pipeline.rerank_documents` in the ``rerank`` pool, or, when the
+    deadline or the per-request budget stops it, why: ``"estimate"`` (it would finish too late),
+    ``"overloaded"`` (the queue is full), ``"timeout"`` (``deadline_ms`` passed) or ``"budget"``.
+
+    Raises:
+        OverloadedError: the queue is full and the request has no ``deadline_ms``.
+        ClientGoneError: the client went away.
+    """
     pool = runtime.pools["rerank"]
     if deadline is not None:
         estimate = pool.estimate_seconds(len(given))
         if estimate is not None and estimate > deadline:
-            return None, "estimate"
+            return "estimate"
     remaining = None if deadline is None else max(0.0, deadline - (time.perf_counter() - t0))
     budget = runtime.settings.request_budget_s  # the service's per-request budget, below a larger deadline_ms
     by_budget = budget is not None and (remaining is None or budget < remaining)
@@ -151,10 +159,10 @@ async def _rerank(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ran
     except OverloadedError:
         if deadline is None:
             raise
-        return None, "overloaded"
+        return "overloaded"
     except (TimeoutError, asyncio.TimeoutError):
-        return None, "budget" if by_budget else "timeout"
-    return done, None
+        return "budget" if by_budget else "timeout"
+    return done
 
 
 def _cut_warning(cut: list[int], budget: int) -> str:
@@ -163,61 +171,190 @@ def _cut_warning(cut: list[int], budget: int) -> str:
             f"first {budget} LM tokens (max_tokens_per_doc)")
 
 
-def to_response(body: CohereRerankRequest, done: RerankedQuery | None, reason: str | None, *, cutoff: Any,
-                texts: list[str],
-                cut: list[int], budget: int, warnings: list[str], settings: Settings, runtime: Runtime,
-                version: str, t0: float, fallback: Served | None = None) -> CohereRerankResponse:
-    """The Cohere response of a reranking (``done``), or of the given order when the deadline
-    stopped it (``done is None``, ``reason`` says why). Results are sorted by
-    ``relevance_score``, best first (ties in served order), then cut to ``top_n``."""
-    total = time.perf_counter() - t0
-    method = registry.resolve_method(settings.rerank_method)
-    if done is None:
-        runtime.metrics.deadline_fallbacks.labels(reason).inc()
-        warnings.append(f"the service's per-request budget of {settings.request_budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) "
-                        "ran out; documents are in the given order" if reason == "budget" else
-                        f"deadline_ms {body.deadline_ms} would be exceeded ({reason}); documents are in the given order")
-        timings, tokens, truncated, probs, alpha, scale = {"queue": 0.0, "rerank": 0.0, "total": total}, 0, [], None, None, None
-        if fallback is not None and fallback.relevance:  # scored without the LM, from the embedder's cosine
-            warnings[-1] = warnings[-1].replace("documents are in the given order", "documents were scored without "
-                                                "the LM, by the default's scorer from the embedder's cosine alone")
-            relevance = fallback.relevance
-            rows = [(int(h.doc_id), relevance[h.doc_id], float(h.score)) for h in fallback.ranking.hits
-                    if h.doc_id in relevance]
-            probs = fallback.probabilities
-        else:
-            if cutoff is not None:
-                warnings.append("cutoff was not applied: the documents are in the given order (deadline)")
-            rows = [(i, 1.0 / (1 + i), 1.0 / (1 + i)) for i in range(len(texts))]  # (index, relevance, raw)
-    else:
-        result, served = done.reranked.result, done.served
-        position = {h.doc_id: int(h.doc_id) for h in result.ranking.hits}
-        raw = {h.doc_id: float(h.score) for h in result.ranking.hits}
-        relevance = served.relevance or {}
-        rows = sorted(((position[h.doc_id], relevance[h.doc_id], raw[h.doc_id]) for h in served.ranking.hits),
-                      key=lambda row: -row[1])  # stable: the served order breaks ties
-        runtime.metrics.stage_seconds.labels("rerank").observe(float(result.seconds))
-        runtime.metrics.observe_block_cache(result.cache)
-        timings = {"queue": max(0.0, total - float(result.seconds)), "rerank": float(result.seconds), "total": total}
-        tokens, truncated = int(result.prompt_tokens), sorted({int(d) for d in result.truncated} | set(cut))
-        warnings.extend(result.warnings)  # how the reranker ranked (query cut, windows, shared scores)
-        warnings.extend(served.warnings)
-        if cut:
-            warnings.append(_cut_warning(cut, budget))
-        probs, alpha, scale = served.probabilities, done.policy.alpha, done.policy.scale
-    rows = rows[: body.top_n] if body.top_n is not None else rows
-    results = [CohereRerankResult(index=i, relevance_score=rel,
-                                  document=RerankedDocument(text=texts[i]) if body.return_documents else None)
-               for i, rel, _ in rows]
+@dataclass(frozen=True, slots=True)
+class RerankRow:
+    """One result of ``/rerank``.
+
+    Attributes:
+        index: Position of the document in the request's ``documents``.
+        relevance: ``relevance_score``, in [0, 1].
+        raw: The reranker's own score (``meta.raw_scores``), or the score it was served
+            without the LM, or the given order's ``1 / (1 + index)`` when nothing scored it.
+    """
+
+    index: int
+    relevance: float
+    raw: float
+
+
+@dataclass(frozen=True)
+class RerankOutcome:
+    """What one ``/rerank`` request came to: the one input of its response (:func:`to_response`),
+    made by :func:`reranked_outcome` (the reranking finished) or :func:`stopped_outcome` (the
+    deadline or the per-request budget stopped it).
+
+    Attributes:
+        rows: The results best first (ties in served order), before ``top_n``.
+        timings: Seconds: ``queue``, ``rerank``, ``total``.
+        warnings: ``meta.warnings``, in order.
+        reranked: Whether the reranker ranked the documents (``False``: the deadline or the
+            budget stopped it, :attr:`deadline_exceeded`).
+        probabilities: ``{doc_id: P(relevant)}`` when ``relevance`` is the calibrated
+            probability, else ``None``.
+        tokens: LM tokens processed (0 when nothing was reranked).
+        truncated: How many documents were ranked on their beginning (cut to the token budget).
+        doc_tokens: LM tokens of each document the reranker read; ``None`` when not reranked.
+        fusion: Weight alpha of the given order in the results' order, or ``None``.
+        score_scale: The ``s`` of ``relevance = sigmoid(raw / s)``, or ``None`` (calibrated, or
+            the raw score served as it is).
+        order_prior: How much the given order counted as a position prior, or ``None``.
+        cutoff: The probability threshold applied, or ``None``.
+
+    Raises:
+        ValueError: a calibrated outcome with a ``score_scale``, or a stopped one that says how
+            it was reranked (tokens, doc_tokens, fusion, order prior, cut-off).
+    """
+
+    rows: tuple[RerankRow, ...]
+    timings: dict[str, float]
+    warnings: tuple[str, ...]
+    reranked: bool
+    probabilities: Mapping[str, float] | None = None
+    tokens: int = 0
+    truncated: int = 0
+    doc_tokens: int | None = None
+    fusion: float | None = None
+    score_scale: float | None = None
+    order_prior: float | None = None
+    cutoff: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.probabilities is not None and self.score_scale is not None:
+            raise ValueError("a calibrated outcome has no score_scale: relevance_score is the probability")
+        if not self.reranked and (self.tokens or self.doc_tokens is not None or self.fusion is not None
+                                  or self.order_prior is not None or self.cutoff is not None):
+            raise ValueError("an outcome that was not reranked has no tokens, doc_tokens, fusion, order prior or cutoff")
+
+    @property
+    def deadline_exceeded(self) -> bool:
+        """Whether the deadline or the budget stopped the reranking (``meta.deadline_exceeded``)."""
+        return not self.reranked
+
+
+def reranked_outcome(done: RerankedQuery, *, warnings: Sequence[str], cut: Sequence[int], doc_tokens: int,
+                     total: float) -> RerankOutcome:
+    """The outcome of a finished reranking: rows sorted by relevance, best first (stable: the
+    served order breaks ties).
+
+    Args:
+        done: :meth:`heedrank.pipeline.Pipeline.rerank_documents`'s answer; its doc ids are
+            the documents' indices (zero-padded).
+        warnings: The request's own warnings (:func:`check_request`); the reranker's, the
+            serving's and the cut documents' follow them.
+        cut: Indices of the documents cut before tokenizing (:func:`cut_long_documents`).
+        doc_tokens: The per-document LM token budget used.
+        total: Seconds since the request arrived.
+    """
+    result, served, policy = done.reranked.result, done.served, done.policy
+    raw = {h.doc_id: float(h.score) for h in result.ranking.hits}
+    relevance = served.relevance or {}
+    rows = sorted((RerankRow(int(h.doc_id), relevance[h.doc_id], raw[h.doc_id]) for h in served.ranking.hits),
+                  key=lambda row: -row.relevance)
+    seconds = float(result.seconds)
+    notes = [*warnings, *result.warnings, *served.warnings]  # how the reranker ranked (query cut, windows, ...)
+    if cut:
+        notes.append(_cut_warning(list(cut), doc_tokens))
+    probabilities = served.probabilities
+    return RerankOutcome(
+        rows=tuple(rows), timings={"queue": max(0.0, total - seconds), "rerank": seconds, "total": total},
+        warnings=tuple(notes), reranked=True, probabilities=probabilities, tokens=int(result.prompt_tokens),
+        truncated=len({int(d) for d in result.truncated} | set(cut)), doc_tokens=doc_tokens, fusion=policy.alpha,
+        score_scale=None if probabilities is not None else policy.scale, order_prior=served.order_prior,
+        cutoff=served.threshold,
+    )
+
+
+def stopped_outcome(served: Served | None, n: int, *, why: str, cutoff: float | str | None,
+                    warnings: Sequence[str], total: float) -> RerankOutcome:
+    """The outcome of a reranking the deadline or the per-request budget stopped: the documents
+    as the default's scorer served them without the LM (``served``, in served order), or, when
+    it scored none (``None`` or no relevance), in the given order with the given order's score
+    ``1 / (1 + index)`` (:func:`heedrank.fusion.reciprocal_ranks`) as both scores.
+
+    Args:
+        served: :meth:`heedrank.pipeline.Pipeline.serve_without_lm`'s answer, or ``None``.
+        n: How many documents the request has.
+        why: What stopped it (:func:`_why_stopped`); the warning goes on to say how the
+            documents were then ordered.
+        cutoff: The request's cut-off; in the given order it is not applied (a warning says so).
+        warnings: The request's own warnings (:func:`check_request`).
+        total: Seconds since the request arrived.
+    """
+    timings = {"queue": 0.0, "rerank": 0.0, "total": total}
+    relevance = served.relevance if served is not None else None
+    if served is not None and relevance:
+        rows = tuple(RerankRow(int(h.doc_id), relevance[h.doc_id], float(h.score)) for h in served.ranking.hits
+                     if h.doc_id in relevance)
+        stopped = f"{why}; documents were scored without the LM, by the default's scorer from the embedder's cosine alone"
+        return RerankOutcome(rows=rows, timings=timings, warnings=(*warnings, stopped), reranked=False,
+                             probabilities=served.probabilities)
+    notes = [*warnings, f"{why}; documents are in the given order"]
+    if cutoff is not None:
+        notes.append("cutoff was not applied: the documents are in the given order (deadline)")
+    rows = tuple(RerankRow(i, score, score) for i, score in enumerate(reciprocal_ranks(n)))
+    return RerankOutcome(rows=rows, timings=timings, warnings=tuple(notes), reranked=False)
+
+
+def _why_stopped(reason: str, deadline_ms: int | None, budget_s: float | None) -> str:
+    """What stopped a reranking, for its warning: the per-request budget (``reason ==
+    "budget"``), else ``deadline_ms`` and how it was found to be exceeded (``estimate``,
+    ``timeout``, ``overloaded``: :func:`_rerank`)."""
+    if reason == "budget":
+        return f"the service's per-request budget of {budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) ran out"
+    return f"deadline_ms {deadline_ms} would be exceeded ({reason})"
+
+
+def to_response(body: CohereRerankRequest, outcome: RerankOutcome, *, texts: list[str], method: str, model: str,
+                version: str) -> CohereRerankResponse:
+    """The Cohere response of a request's :class:`RerankOutcome`: its rows cut to ``top_n``.
+
+    Args:
+        body: The request (``top_n``, ``return_documents``).
+        outcome: What the request came to.
+        texts: The request's document texts, as given (not cut).
+        method: The registered method that answered (:func:`heedrank.registry.resolve_method`).
+        model: ``<lm>/<method>``.
+        version: The Cohere API version of the path posted to (``"1"`` or ``"2"``).
+    """
+    rows = outcome.rows[: body.top_n] if body.top_n is not None else outcome.rows
+    results = [CohereRerankResult(index=row.index, relevance_score=row.relevance,
+                                  document=RerankedDocument(text=texts[row.index]) if body.return_documents else None)
+               for row in rows]
     meta = CohereRerankMeta(
-        api_version=ApiVersion(version=version), tokens=TokenCounts(input_tokens=tokens), warnings=warnings,
-        model=f"{lm_name(settings.model)}/{method}", method=method, reranked=done is not None,
-        deadline_exceeded=done is None, truncated=len(truncated), doc_tokens=budget if done is not None else None,
-        timings=timings, score_scale=None if probs is not None else scale, calibrated=probs is not None,
-        order_prior=done.served.order_prior if done is not None else None, raw_scores=[r for _, _, r in rows],
-        fusion=alpha, cutoff=done.served.threshold if done is not None else None,
+        api_version=ApiVersion(version=version), tokens=TokenCounts(input_tokens=outcome.tokens),
+        warnings=list(outcome.warnings), model=model, method=method, reranked=outcome.reranked,
+        deadline_exceeded=outcome.deadline_exceeded, truncated=outcome.truncated, doc_tokens=outcome.doc_tokens,
+        timings=dict(outcome.timings), score_scale=outcome.score_scale, calibrated=outcome.probabilities is not None,
+        order_prior=outcome.order_prior, raw_scores=[row.raw for row in rows], fusion=outcome.fusion,
+        cutoff=outcome.cutoff,
     )
     return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
+
+
+async def _serve_without_lm(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ranking,
+                            options: SearchOptions, by: str, is_disconnected: Any) -> Served | None:
+    """:meth:`heedrank.pipeline.Pipeline.serve_without_lm` of a stopped reranking in the bounded
+    ``search`` pool (one unit, as ``/search``'s fallback), or ``None`` when that pool's queue is
+    full: the given order then, never a 429 for a request whose answer is already late.
+
+    Raises:
+        ClientGoneError: the client went away.
+    """
+    try:
+        return await runtime.pools["search"].run(functools.partial(pipeline.serve_without_lm, by=by, use_store=False),
+                                                 query, given, options, units=1, is_disconnected=is_disconnected)
+    except OverloadedError:
+        return None
 
 
 # decorators register bottom-up: /rerank first, then the paths of Cohere's SDK
@@ -242,23 +379,29 @@ async def rerank(
     texts, max_doc_tokens, warnings = check_request(body, settings)
     if runtime.rerankers is None:
         raise ModelLoadError("this service has no reranker")
+    method = registry.resolve_method(settings.rerank_method)  # once per request
     pipeline = runtime.pipeline(None)
     prior = body.fusion == "default"  # (when omitted) the given order as a position prior (PositionPrior)
     options = pipeline.check_rerank(SearchOptions(rerank=settings.rerank_method, fusion=None if prior else body.fusion,
                                                   cutoff=body.cutoff), fusion_name="fusion")  # 422 before any work
     budget = max_doc_tokens or settings.max_doc_tokens
     ranked_texts, cut = cut_long_documents(texts, budget)
-    given = Ranking("rerank", tuple(ScoredDoc(d, 1.0 / (1 + i), Document(d, t))
-                                    for i, (d, t) in enumerate(zip(_doc_ids(len(texts)), ranked_texts))))
-    call = {"max_doc_tokens": max_doc_tokens, "by": "prior" if prior else "rank",
-            "scale": settings.rerank_score_scale, "use_store": False, "share_texts": True}
+    given = Ranking("rerank", tuple(ScoredDoc(d, score, Document(d, t)) for d, t, score
+                                    in zip(_doc_ids(len(texts)), ranked_texts, reciprocal_ranks(len(texts)))))
+    by = "prior" if prior else "rank"
+    call = {"max_doc_tokens": max_doc_tokens, "by": by, "scale": settings.rerank_score_scale, "use_store": False,
+            "share_texts": True}
     deadline = body.deadline_ms / 1000.0 if body.deadline_ms is not None else None
     query = Query("rerank", body.query)
-    done, reason = await _rerank(runtime, pipeline, query, given, options, call, deadline, t0, request.is_disconnected)
-    fallback = None
-    if done is None:  # the default's scorer from the embedder alone (no LM pass): real probabilities, not 1/(1+i)
-        fallback = await run_in_threadpool(pipeline.serve_without_lm, query, given, options, by=call["by"],
-                                           use_store=False)
-    return to_response(body, done, reason, cutoff=options.cutoff, texts=texts, cut=cut, budget=budget, warnings=warnings, settings=settings,
-                       runtime=runtime, version="1" if request.url.path.endswith("/v1/rerank") else "2", t0=t0,
-                       fallback=fallback)
+    done = await _rerank(runtime, pipeline, query, given, options, call, deadline, t0, request.is_disconnected)
+    if isinstance(done, str):  # stopped (why): the default's scorer from the embedder alone (no LM pass), or the given order
+        served = await _serve_without_lm(runtime, pipeline, query, given, options, by, request.is_disconnected)
+        runtime.metrics.deadline_fallbacks.labels(done).inc()
+        outcome = stopped_outcome(served, len(texts), why=_why_stopped(done, body.deadline_ms, settings.request_budget_s),
+                                  cutoff=options.cutoff, warnings=warnings, total=time.perf_counter() - t0)
+    else:
+        runtime.metrics.stage_seconds.labels("rerank").observe(float(done.reranked.result.seconds))
+        runtime.metrics.observe_block_cache(done.reranked.result.cache)
+        outcome = reranked_outcome(done, warnings=warnings, cut=cut, doc_tokens=budget, total=time.perf_counter() - t0)
+    return to_response(body, outcome, texts=texts, method=method, model=f"{lm_name(settings.model)}/{method}",
+                       version="1" if request.url.path.endswith("/v1/rerank") else "2")

@@ -21,6 +21,7 @@ from heedrank.api.schemas import (
     SearchResponse,
     Timings,
 )
+from heedrank.capabilities import reads_stored_blocks
 from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
 from heedrank.protocols import RerankResult
 from heedrank.results import merge_served
@@ -88,9 +89,15 @@ def _fusion(value: float | str | None) -> float | str | None:
 
 
 def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -> SearchResponse:
-    """The response body of a pipeline result; ``rerank.method`` is the registered method that
-    ``method`` names (an alias such as ``"default"`` resolved, as ``POST /rerank``'s
-    ``meta.method``)."""
+    """The response body of a pipeline result.
+
+    Args:
+        result: The pipeline's result.
+        method: ``rerank.method``: the registered method that reranked, an alias such as
+            ``"default"`` already resolved (:func:`heedrank.registry.resolve_method`, once per
+            request by the route; as ``POST /rerank``'s ``meta.method``).
+        queue_seconds: Seconds the request waited for a worker (``timings.queue``).
+    """
     rr = result.rerank
     evidence = rr.evidence if rr is not None else None
     first_rank = {h.doc_id: i for i, h in enumerate(result.first_stage.hits, 1)}
@@ -118,7 +125,7 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
     info = None
     if rr is not None:
         skipped = len(result.skipped)
-        info = RerankInfo(method=registry.resolve_method(method), candidates=len(rr.ranking) + skipped,
+        info = RerankInfo(method=method, candidates=len(rr.ranking) + skipped,
                           reranked=len(rr.ranking),
                           skipped_cold=skipped, truncated=len(rr.truncated), doc_tokens=result.doc_tokens,
                           prompt_tokens=int(rr.prompt_tokens), warnings=list(rr.warnings),
@@ -129,11 +136,12 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
     return SearchResponse(results=hits, timings=timings, rerank=info)
 
 
-async def first_stage_fallback(runtime: Any, pipeline: Pipeline, text: str, options: SearchOptions,
+async def first_stage_fallback(runtime: Any, pipeline: Pipeline, text: str, options: SearchOptions, method: str,
                                budget: float | None, t0: float, is_disconnected: Any) -> SearchResponse:
     """The answer of a reranking search stopped by the per-request budget
     (``Settings.request_budget_s``): the same search without reranking (``search`` pool), its
-    ``rerank`` saying that no candidate was reranked and why."""
+    ``rerank`` saying that no candidate was reranked (by ``method``, the registered method the
+    request asked for) and why."""
     plain = dataclasses.replace(options, rerank=NO_RERANK, explain=False, fusion=None, cutoff=None,
                                 rerank_options=None)
     result = await runtime.pools["search"].run(pipeline.search, Query("api", text), plain, units=1,
@@ -154,9 +162,9 @@ async def first_stage_fallback(runtime: Any, pipeline: Pipeline, text: str, opti
         result = dataclasses.replace(result, ranking=merge_served(result.ranking, served, options.top_k),
                                      rerank=RerankResult(Ranking(result.ranking.query_id, ())),
                                      probabilities=served.probabilities, relevance=served.relevance)
-    response = to_response(result, NO_RERANK, max(0.0, waited - float(result.timings.get("total", 0.0))))
+    response = to_response(result, method, max(0.0, waited - float(result.timings.get("total", 0.0))))
     n = min(options.candidates, len(result.first_stage))
-    response.rerank = RerankInfo(method=registry.resolve_method(options.rerank), candidates=n, reranked=0, truncated=0,
+    response.rerank = RerankInfo(method=method, candidates=n, reranked=0, truncated=0,
                                  prompt_tokens=0, warnings=[message])
     return response
 
@@ -178,35 +186,37 @@ async def search(
     pipeline = runtime.pipeline(body.collection)
     options = search_options(body, settings, pipeline)
     reranking = options.rerank != NO_RERANK
+    method = registry.resolve_method(options.rerank)  # once per request (an alias such as "default" resolved)
     pool = runtime.pools["rerank" if reranking else "search"]
     t0 = time.perf_counter()
     budget = settings.request_budget_s if reranking else None
-    cost_key = method_cost_key(options) if reranking else ""
+    cost_key = method_cost_key(method, options) if reranking else ""
     if reranking:
         refuse_over_budget(runtime.costs, cost_key, options, budget)
     try:
         result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
                                 reranking else 1, timeout=budget, is_disconnected=request.is_disconnected)
     except (TimeoutError, asyncio.TimeoutError):  # the reranking was stopped: the first stage's order
-        if budget is not None and not getattr(registry.reranker_class(options.rerank), "cached", False):
+        if budget is not None and not reads_stored_blocks(registry.reranker_class(method)):
             # a method reading stored blocks may have spent the budget encoding cold ones: no lower bound
             runtime.costs.stopped(cost_key, budget, options.candidates)
-        return await first_stage_fallback(runtime, pipeline, body.query, options, budget, t0, request.is_disconnected)
+        return await first_stage_fallback(runtime, pipeline, body.query, options, method, budget, t0,
+                                          request.is_disconnected)
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
     runtime.metrics.observe_timings(result.timings)
     if result.rerank is not None:
         runtime.metrics.observe_block_cache(result.rerank.cache)
         if not (result.rerank.cache or {}).get("misses"):  # cold blocks encoded now cost the fill, not the method
             runtime.costs.observe(cost_key, float(result.timings.get("rerank", 0.0)), len(result.rerank.ranking))
-    return to_response(result, options.rerank, queue_seconds)
+    return to_response(result, method, queue_seconds)
 
 
-def method_cost_key(options: SearchOptions) -> str:
-    """The name a reranking's cost is learned under: the registered method, with its request
-    options when it has some (another ``windows`` or ``heads`` costs differently)."""
+def method_cost_key(method: str, options: SearchOptions) -> str:
+    """The name a reranking's cost is learned under: ``method`` (the registered method, resolved
+    by the route), with the request's ``options.rerank_options`` when it has some (another
+    ``windows`` or ``heads`` costs differently)."""
     import json
 
-    method = registry.resolve_method(options.rerank)
     return method if not options.rerank_options else f"{method} {json.dumps(options.rerank_options, sort_keys=True)}"
 
 

@@ -13,7 +13,7 @@ The ``bm25`` signal (BM25's score of the query and the candidate) is read from t
 a BEIR dump made with ``--index`` (as ``/search`` reads it: :meth:`heedrank.index.store.Index.bm25_scores`);
 a TREC DL dump has none (its passages are not in an index of ours), so ``bm25`` is missing there.
 
-Every subset of :data:`heedrank.scorer.FEATURES` that holds ``dense`` or ``attention`` gets its own
+Every subset of :data:`FEATURES` that holds ``dense`` or ``attention`` gets its own
 model (a missing signal is missing, not fatal), fitted on the training candidates that hold every
 signal of the subset; a model reading ``bm25`` is kept only where it ranks NFCorpus dev higher than
 the same model without it, by at least :data:`BM25_MARGIN`. Each is a logistic regression (scikit-learn, L2,
@@ -41,7 +41,16 @@ import numpy as np
 from heedrank.fusion import Standardizer, sigmoid
 from heedrank.lab.study import QueryItem, load_items, ndcg10
 from heedrank.lab.train.independent_fit import THRESHOLDS, auc, ece, mean_f1
-from heedrank.scorer import FEATURES, Scorer, SubsetModel, rank_feature
+from heedrank.scorer import Scorer, SubsetModel
+from heedrank.signals import BUILT_IN
+from heedrank.signals.attention import NAME as ATTENTION
+from heedrank.signals.bm25 import NAME as BM25
+from heedrank.signals.dense import NAME as DENSE
+from heedrank.signals.rank import NAME as RANK
+from heedrank.signals.rank import feature as rank_feature
+
+FEATURES = tuple(s.name for s in BUILT_IN)
+"""The signals a dump holds, in the card's order (:mod:`heedrank.signals`)."""
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +135,8 @@ def bm25_of(dump: Path, index: Path) -> dict[str, np.ndarray]:
         idx.close()
 
 
-def signals(item: QueryItem, dense: np.ndarray, independent: Any,
-            head_weights: Sequence[float] | None = None, bm25: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def signals(item: QueryItem, dense_values: np.ndarray, independent: Any,
+            head_weights: Sequence[float] | None = None, bm25_values: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The scorer's raw features of one dump query: ``{name: (N,) float64}`` (:data:`FEATURES`;
     ``bm25`` NaN where the dump has none), plus ``learned`` (the card's list-relative head score, z-scores over the query's candidates:
     :func:`heedrank.reranker.scoring.linear_head_scores`) when ``head_weights`` are given, for the
@@ -138,9 +147,9 @@ def signals(item: QueryItem, dense: np.ndarray, independent: Any,
     F = item.features["independent"].astype(np.float64)
     w = np.asarray(independent.weights, dtype=np.float64).reshape(F.shape[1], F.shape[2], len(GROUPS))
     n = len(item.doc_ids)
-    out = {"attention": np.einsum("nlhg,lhg->n", F, w) + independent.bias, "dense": dense,
-           "rank": np.asarray([rank_feature(i) for i in range(n)], dtype=np.float64),
-           "bm25": np.full(n, np.nan) if bm25 is None else np.asarray(bm25, dtype=np.float64)}
+    out = {ATTENTION: np.einsum("nlhg,lhg->n", F, w) + independent.bias, DENSE: dense_values,
+           RANK: np.asarray([rank_feature(i) for i in range(n)], dtype=np.float64),
+           BM25: np.full(n, np.nan) if bm25_values is None else np.asarray(bm25_values, dtype=np.float64)}
     if head_weights is not None and "calibrated" in item.features:
         out["learned"] = linear_head_scores(item.features["calibrated"].astype(np.float64),
                                             np.asarray(head_weights, dtype=np.float64))
@@ -168,7 +177,7 @@ def _p(a: Mapping[str, float], b: Mapping[str, float]) -> float:
 def subsets(features: Sequence[str] = FEATURES) -> list[tuple[str, ...]]:
     """Every subset of ``features`` that holds ``dense`` or ``attention`` (a model each), largest first."""
     out = [s for r in range(len(features), 0, -1) for s in itertools.combinations(features, r)
-           if "dense" in s or "attention" in s]
+           if DENSE in s or ATTENTION in s]
     return out
 
 
@@ -195,7 +204,7 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         card: The weights card (its ``independent`` entry makes the attention signal).
         index: The index of the BEIR dumps (stored vectors).
         cs: Inverse L2 strengths tried.
-        features: The signals (:data:`heedrank.scorer.FEATURES`).
+        features: The signals (:data:`FEATURES`).
         split: Training sources of which half the queries (:func:`held_out`) are held out: ``C``
             is chosen by the mean nDCG@10 of the dev dump and these held-out halves.
 
@@ -211,7 +220,7 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
     def load(path: Path) -> tuple[dict[str, Any], list[tuple[QueryItem, dict[str, np.ndarray]]]]:
         meta, items = load_items(path)
         dense = dense_cosines(path, index=index if not meta.get("run") else None)
-        lexical = bm25_of(path, index) if index is not None and not meta.get("run") and "bm25" in features else {}
+        lexical = bm25_of(path, index) if index is not None and not meta.get("run") and BM25 in features else {}
         return meta, [(it, signals(it, dense[it.query_id], iw, card.get("weights"), lexical.get(it.query_id)))
                       for it in items]
 
@@ -274,7 +283,7 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         return float(np.mean([_ndcg([it for it, _ in sets[n][0]], scores_of(sets[n][0], models_), sets[n][1])
                               for n in choose]))
 
-    base = tuple(u for u in features if u != "bm25" and np.isfinite(X_all[u]).any())
+    base = tuple(u for u in features if u != BM25 and np.isfinite(X_all[u]).any())
     best_c = max(cs, key=lambda c: chosen_value([as_model(base, c)]))
     held = {u for u in features if np.isfinite(X_all[u]).any()}  # bm25: only where a dump had an index
     models: list[dict[str, Any]] = [as_model(uses, best_c) for uses in subsets(features) if set(uses) <= held]
@@ -286,8 +295,8 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         rows_m = [(it, f) for it, f in dev_rows if np.all([np.isfinite(f[u]) for u in m["uses"]])]
         dev_value[tuple(m["uses"])] = _ndcg([it for it, _ in rows_m], scores_of(rows_m, [m]), dev_qrels) \
             if rows_m else -1.0
-    dropped = [m for m in models if "bm25" in m["uses"] and dev_value[tuple(m["uses"])]
-               < dev_value.get(tuple(u for u in m["uses"] if u != "bm25"), -1.0) + BM25_MARGIN]
+    dropped = [m for m in models if BM25 in m["uses"] and dev_value[tuple(m["uses"])]
+               < dev_value.get(tuple(u for u in m["uses"] if u != BM25), -1.0) + BM25_MARGIN]
     # served: the largest model whose signals a candidate holds; among as large ones, dev's best
     models = sorted((m for m in models if m not in dropped), key=lambda m: (-len(m["uses"]), -dev_value[tuple(m["uses"])]))
     threshold = max(THRESHOLDS, key=lambda t: mean_f1(dev_items, scores_of(dev_rows, models), t))
@@ -297,7 +306,7 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         first = _per_query(listed, {it.query_id: it.first_stage for it in listed}, qrels)
         fig: dict[str, Any] = {"first stage": float(np.mean(list(first.values())))}
         single = {}
-        for u in [f for f in ("attention", "dense", "bm25", "learned")
+        for u in [f for f in (ATTENTION, DENSE, BM25, "learned")
                   if f in rows_[0][1] and np.isfinite(rows_[0][1][f]).any()]:
             single[u] = _per_query(listed, {it.query_id: np.nan_to_num(f[u], nan=-9.0) for it, f in rows_}, qrels)
             fig[u] = float(np.mean(list(single[u].values())))
@@ -311,8 +320,8 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         per = _per_query(listed, served, qrels)
         fig["served"] = float(np.mean(list(per.values())))
         fig["p_vs_first_stage"] = _p(per, first)
-        if "dense" in single:
-            fig["p_vs_dense"] = _p(per, single["dense"])
+        if DENSE in single:
+            fig[f"p_vs_{DENSE}"] = _p(per, single[DENSE])
         prob = sigmoid(np.concatenate([served[it.query_id] for it in listed]))
         labels = np.concatenate([(it.labels >= rel).astype(int) for it in listed])
         fig.update(auc=auc(prob, labels), ece=ece(prob, labels), mean_p=float(prob.mean()),

@@ -9,16 +9,22 @@ only its query block (about 40 tokens) against them
 (:mod:`heedrank.reranker.doccache`: layout, encoding, context assembly, the RAM tier;
 :mod:`~heedrank.reranker.cached.blocks`: the store's header, block arrays, a query's context).
 
-Scorers (option ``scoring``, :mod:`~heedrank.reranker.cached.scorers`): ``learned`` (learned
+Scorers (option ``scoring``, :mod:`~heedrank.reranker.cached.scorers`): ``independent`` (each
+(query, document) pair's log-odds of relevance, the same in any list: the weights card's
+``independent`` entry, :mod:`~heedrank.reranker.cached.independent`), ``learned`` (learned
 weights over the calibrated attention of every (layer, head) of ``0..l*``, each z-scored
 over the query's candidates: a weights card, ``reranker/data/<model>.blockrank-cached.json``,
 :mod:`~heedrank.reranker.cards`), ``calibrated`` (ICR's calibrated query attention
-with the mean - 2 std token mask), ``signal`` (BlockRank's signal tokens). A query-side LoRA
+with the mean - 2 std token mask), ``signal`` (BlockRank's signal tokens); ``auto`` resolves to
+``independent`` when the card holds the default's scorer, else ``learned`` when a card fits,
+else ``calibrated`` (:func:`~heedrank.reranker.cached.state.auto_scoring`). A query-side LoRA
 adapter (option ``query_adapter``, :mod:`~heedrank.reranker.cached.adapter`) changes the
 query and ``N/A`` passes only, so stored blocks stay valid. The defaults (``scoring='auto'``,
 ``query_adapter='auto'``, ``layer=null``, 128-token blocks) are the best measured
-configuration when its files ship for the model (docs/results/default.md); the
-card also records the fusion weight with the first stage (:attr:`CachedBlockRankReranker.default_fusion`).
+configuration when its files ship for the model (docs/results/default.md): the ``independent``
+scores served by the card's learned scorer (:meth:`CachedBlockRankReranker.serving`,
+:class:`heedrank.serving.ScorerServing`); for ``learned`` the card records a fusion weight with the
+first stage (:attr:`CachedBlockRankReranker.default_fusion`).
 
 Evidence (:meth:`CachedBlockRankReranker.rerank_with_evidence`,
 :mod:`~heedrank.reranker.cached.evidence`): each candidate token's share of the document
@@ -34,6 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from heedrank.blocks import BlockKey, KVHeader
@@ -54,7 +61,7 @@ from heedrank.reranker.cached.blocks import (
     fetch_blocks,
     store_header,
 )
-from heedrank.reranker.cards import WeightsCard
+from heedrank.reranker.cards import WeightsCard, describe_card, fusion_weight
 from heedrank.reranker.cached.evidence import rerank_with_evidence
 from heedrank.reranker.cached.scorers import QueryPass, SignalScorer
 from heedrank.reranker.cached.state import CachedState, learned_weights, load_state
@@ -84,8 +91,8 @@ class CachedBlockRankReranker(BlockRankReranker):
     Options: :class:`heedrank.reranker.options.CachedBlockRankOptions`. :meth:`rerank`
     takes the collection's document KV store as ``block_store``; blocks it lacks are
     computed and written back, and without a store they come from the RAM cache
-    (``block_cache_bytes``) or are computed. Scores: ``learned`` a weighted sum of z-scores
-    (unitless), ``calibrated`` attention-mass differences (unitless), ``signal``
+    (``block_cache_bytes``) or are computed. Scores: ``independent`` log-odds of P(relevant)
+    of each pair, ``learned`` a weighted sum of z-scores (unitless), ``calibrated`` attention-mass differences (unitless), ``signal``
     probabilities summing to 1 over the distinct candidate texts. ``RerankResult.cache`` counts
     block ``hits`` and ``misses``. :meth:`load` loads the model and resolves the rest once;
     what needs it before then (``rerank``, :attr:`lm`, :attr:`scoring`, ...) runs it first.
@@ -205,33 +212,29 @@ class CachedBlockRankReranker(BlockRankReranker):
     @property
     def default_fusion(self) -> float | None:
         """Fusion weight ``alpha`` with the first stage recorded in the weights card
-        (``alpha z(first stage) + (1 - alpha) z(reranker)``, chosen on dev), or ``None``
-        (no card, a card serving the default's scorer, or another scorer than ``learned`` or
-        ``independent``)."""
-        card, scoring = self.card, self.scoring
-        if card is None or (scoring == "independent" and card.serves_scorer):
-            return None  # served by the card's default scorer (heedrank.scorer)
-        if scoring == "independent":
-            return None if card.independent is None else card.independent.fusion_alpha
-        return card.fusion_alpha if scoring == "learned" else None
+        (``alpha z(first stage) + (1 - alpha) z(reranker)``, chosen on dev), or ``None``:
+        :func:`heedrank.reranker.cards.fusion_weight` of the card and the scorer in use (the rule
+        ``/info`` reads without loading a model)."""
+        return fusion_weight(self.card, self.scoring)
 
     def serving(self) -> RerankerServing:
         """What the server reads (:class:`heedrank.seam.RerankerServing`): with
         ``scoring='independent'``, these scores are each pair's log-odds, served by the card's
-        default scorer (its ``scorer`` entry: :mod:`heedrank.scorer`) when it holds one, else as
+        default scorer (its ``scorer`` entry: :mod:`heedrank.scorer`) when it holds one (an explicit
+        fusion weight serves them fused instead, :class:`heedrank.serving.SigmoidServing`), else as
         :class:`heedrank.seam.IndependentServing` (the ``independent`` entry's cut-offs and fused map)."""
         card = self.card
-        common = {"default_fusion": self.default_fusion, "calibration": self.loaded().calibration,
-                  "score_scale": self.score_scale, "concurrent_calls": self.concurrent_calls,
-                  "cold_candidates": self.cold_candidates, "max_doc_tokens": self.config.max_doc_tokens,
-                  "scoring": self.scoring, "card": card}
+        common = RerankerServing(default_fusion=self.default_fusion, calibration=self.loaded().calibration,
+                                 score_scale=self.score_scale, concurrent_calls=self.concurrent_calls,
+                                 cold_candidates=self.cold_candidates, max_doc_tokens=self.config.max_doc_tokens,
+                                 scoring=self.scoring, card=describe_card(card))
         if self.scoring != "independent" or card is None or card.independent is None:
-            return RerankerServing(**common)
+            return common
         entry = card.independent
         independent = IndependentServing(entry.threshold, entry.fused_map, entry.fused_threshold)
-        if card.scorer is not None:  # an explicit fusion weight still serves the attention alone, fused
-            return RerankerServing(card.scorer, card.scorer.threshold, independent=independent, **common)
-        return RerankerServing(independent=independent, **common)
+        if card.scorer is not None:
+            return replace(common, scorer=card.scorer, scorer_threshold=card.scorer.threshold, independent=independent)
+        return replace(common, independent=independent)
 
     # -- the document KV store's side --------------------------------------------------------
     @property

@@ -1,4 +1,10 @@
-"""The three scorers of cached BlockRank, one strategy object each, chosen once at load.
+"""Three of the four scorers of cached BlockRank (option ``scoring``), one strategy object each,
+chosen once at load (:func:`heedrank.reranker.cached.state.load_state`). The fourth,
+``'independent'`` (each (query, document) pair's own log-odds of relevance, the same in any list),
+is :class:`heedrank.reranker.cached.independent.IndependentScorer`. ``'auto'`` (the default) picks
+one: ``'independent'`` when the weights card fits and holds the default's scorer (then served by it:
+:mod:`heedrank.scorer`), else ``'learned'`` when a card fits, else ``'calibrated'``
+(:func:`heedrank.reranker.cached.state.auto_scoring`).
 
 Each reads the query pass's context (:class:`QueryPass`: the prompt, the keys/values of
 block 0 and the candidates, the LM the query passes run on) and returns the candidates'

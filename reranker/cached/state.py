@@ -7,7 +7,8 @@ for the model (packaged, or installed in the user card folder, matched by name a
 :func:`heedrank.reranker.cards.find_card`) fits the ``l*`` and block length asked for,
 else ``'calibrated'``, with a warning when there is no card), ``l*``, the cached layout, the query
 adapter (:mod:`heedrank.reranker.cached.adapter`), the scorer object
-(:mod:`heedrank.reranker.cached.scorers`) and the relevance cut-off's maps.
+(:mod:`heedrank.reranker.cached.scorers`; ``'independent'``'s in
+:mod:`heedrank.reranker.cached.independent`) and the relevance cut-off's maps (``'learned'`` only).
 """
 
 from __future__ import annotations
@@ -146,6 +147,12 @@ def _fits(card: WeightsCard | None, options: CachedBlockRankOptions, config: Rer
     return layer_ok and config.max_doc_tokens == int(card.data.get("max_doc_tokens", config.max_doc_tokens))
 
 
+def resolved_scoring(card: WeightsCard | None, options: CachedBlockRankOptions, config: RerankerConfig) -> str:
+    """The scorer a reranker of ``options`` scores with over ``card``: option ``scoring``, with
+    ``'auto'`` resolved (:func:`auto_scoring` of whether the card fits, :func:`_fits`)."""
+    return options.scoring if options.scoring != AUTO else auto_scoring(card, _fits(card, options, config))
+
+
 def auto_scoring(card: WeightsCard | None, fits: bool) -> str:
     """What ``scoring='auto'`` scores with: ``independent`` when a card fits and holds the
     default's scorer (its ``scorer`` entry, over the ``independent`` entry's attention log-odds:
@@ -166,7 +173,7 @@ def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: An
             ``l*``, block length or layout.
     """
     card = find_card(base.identity, options.scorer_weights)
-    scoring = options.scoring if options.scoring != AUTO else auto_scoring(card, _fits(card, options, config))
+    scoring = resolved_scoring(card, options, config)
     if card is None and options.scoring == AUTO:
         logger.warning("no weights card for model %s (sha256 %s) in %s: scoring with the %s scorer; fit one with "
                        "recipes/default (RECIPE_MODEL=...)", base.identity.get("name"), base.identity.get("sha256"),
@@ -185,3 +192,25 @@ def load_state(config: RerankerConfig, options: CachedBlockRankOptions, base: An
         scorer = CalibratedScorer(options.mask_std)
     calibration = _calibration(card, adapter) if scoring == "learned" else None
     return CachedState(base, lm, layout, card, scoring, layer, adapter, scorer, calibration)
+
+
+def recorded_fusion(config: RerankerConfig) -> float | None:
+    """The fusion weight with the first stage that ``config``'s reranker records, read
+    without loading a model: cached BlockRank's, by the same rule as the loaded reranker's
+    :attr:`~heedrank.reranker.cached.CachedBlockRankReranker.default_fusion`
+    (:func:`heedrank.reranker.cards.fusion_weight` of its card and :func:`resolved_scoring`);
+    ``None`` for other methods. The card is the packaged one for ``config.model``, or option
+    ``scorer_weights`` (``None`` when that file is missing: the build would refuse it)."""
+    from pathlib import Path
+
+    from heedrank.reranker.cards import fusion_weight, packaged_card, read_card
+
+    opts = config.options
+    if not isinstance(opts, CachedBlockRankOptions):
+        return None
+    if opts.scorer_weights is not None:
+        card = read_card(opts.scorer_weights) if Path(opts.scorer_weights).is_file() else None
+    else:
+        card = packaged_card(config.model)
+    return fusion_weight(card, resolved_scoring(card, opts, config))
+

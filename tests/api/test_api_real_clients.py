@@ -326,7 +326,7 @@ def test_cohere_sdk_against_the_real_icr_reranker(tmp_path):
     assert all(0.0 < s < 1.0 for s in scores) and scores == sorted(scores, reverse=True)
     assert raw == sorted(raw, reverse=True) and not all(0.0 <= r <= 1.0 for r in raw)
     # relevance reads the served score: the reranker's own r less the position prior in r's units,
-    # r - sd(r) * strength * log(1 + position) (heedrank.serving.ServePolicy), so it follows the order
+    # r - sd(r) * strength * log(1 + position) (heedrank.serving.ZFusion), so it follows the order
     strength = res.meta.model_extra["order_prior"]
     sd = statistics.pstdev(raw)
     served = [r - sd * strength * math.log1p(res.results[k].index) for k, r in enumerate(raw)]
@@ -359,14 +359,14 @@ def test_the_score_scale_is_the_rerankers(method, options, scale):
 
 
 def test_relevance_scores_are_in_0_1_monotone_and_per_document():
-    from heedrank.serving import ServePolicy
+    from heedrank.serving import ZFusion
 
     raw = [1e6, 3.1, 1.36, 0.2, 0.0, -0.91, -1e6]
-    rel = ServePolicy(scale=0.3).relevance(raw)
+    rel = ZFusion(scale=0.3).relevance(raw)
     assert all(0.0 <= r <= 1.0 for r in rel) and rel == sorted(rel, reverse=True)
     assert rel[4] == 0.5 and rel[0] == 1.0 and rel[-1] == 0.0
-    assert ServePolicy(scale=0.3).relevance([1.36]) == [rel[2]]  # a document's score does not depend on the others
-    assert ServePolicy().relevance([0.7, 0.2]) == [0.7, 0.2]
+    assert ZFusion(scale=0.3).relevance([1.36]) == [rel[2]]  # a document's score does not depend on the others
+    assert ZFusion().relevance([0.7, 0.2]) == [0.7, 0.2]
 
 
 def test_a_client_that_hangs_up_while_sending_its_body_is_499(client, caplog):

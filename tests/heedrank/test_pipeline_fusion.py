@@ -8,7 +8,7 @@ import pytest
 
 from heedrank.errors import ValidationError
 from heedrank.pipeline import Pipeline, SearchOptions
-from heedrank.serving import ServePolicy
+from heedrank.serving import ZFusion
 from heedrank.types import Document, Query, Ranking, ScoredDoc
 
 
@@ -19,7 +19,7 @@ def _ranking(scores: dict[str, float]) -> Ranking:
 def test_the_policy_fuses_z_scores() -> None:
     first = _ranking({"a": 3.0, "b": 2.0, "c": 1.0})
     rer = _ranking({"a": 0.1, "b": 0.1, "c": 0.7})
-    fused = ServePolicy(0.5).apply(first, rer).ranking
+    fused = ZFusion(alpha=0.5).apply(first, rer).ranking
 
     def z(xs):
         mu, sd = statistics.fmean(xs), statistics.pstdev(xs)
@@ -29,8 +29,8 @@ def test_the_policy_fuses_z_scores() -> None:
     want = {d: 0.5 * f + 0.5 * r for d, f, r in zip("abc", zf, zr)}
     assert {h.doc_id: h.score for h in fused.hits} == pytest.approx(want)
     assert [h.doc_id for h in fused.hits] == sorted(want, key=lambda d: (-want[d], d))
-    assert [h.doc_id for h in ServePolicy(1.0).apply(first, rer).ranking.hits] == ["a", "b", "c"]  # first stage only
-    assert [h.doc_id for h in ServePolicy(0.0).apply(first, rer).ranking.hits][0] == "c"  # reranker only
+    assert [h.doc_id for h in ZFusion(alpha=1.0).apply(first, rer).ranking.hits] == ["a", "b", "c"]  # first stage only
+    assert [h.doc_id for h in ZFusion(alpha=0.0).apply(first, rer).ranking.hits][0] == "c"  # reranker only
 
 
 class _Reverse:

@@ -1,4 +1,4 @@
-"""The default's scorer (:mod:`heedrank.scorer`) and its serving (:meth:`heedrank.serving.ServePolicy.apply_scorer`):
+"""The default's scorer (:mod:`heedrank.scorer`) and its serving (:class:`heedrank.serving.ScorerServing`):
 one model per subset of the signals, a candidate missing one scored from the rest, a lone
 document's probability the same as in a list, and the order, probability and cut-off one number."""
 
@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from heedrank.errors import ValidationError
-from heedrank.scorer import Scorer, rank_feature
+from heedrank.scorer import Scorer
 from heedrank.seam import RerankerServing, serving_of
-from heedrank.serving import ServePolicy
-from heedrank.types import Ranking, ScoredDoc
+from heedrank.serving import ScorerServing, Served, ServePolicy
+from heedrank.signals import SignalInputs, gather
+from heedrank.signals.rank import feature as rank_feature
+from heedrank.types import Query, Ranking, ScoredDoc
 
 ENTRY = {"scorer": {"features": ["attention", "dense", "rank"], "threshold": 0.4, "models": [
     {"uses": ["attention", "dense", "rank"], "weights": [0.5, 8.0, -0.3], "bias": -4.0},
@@ -73,36 +76,65 @@ def _ranking(ids: list[str], scores: list[float] | None = None) -> Ranking:
     return Ranking.from_hits("q", (ScoredDoc(d, s) for d, s in zip(ids, scores)))
 
 
+class _Cosines:
+    """The embedder's side of a path, as given cosines (``{doc_id: cosine}``)."""
+
+    def __init__(self, cosines: dict[str, float]) -> None:
+        self.given = cosines
+
+    def cosines(self, query, documents, *, stored=True):  # type: ignore[no-untyped-def]
+        return self.given
+
+
+def _serve(policy: ServePolicy, cands: Ranking, attention: Ranking, dense: dict[str, float]) -> Served:
+    """``cands`` served by ``policy`` from the real signals over the reranker's ``attention`` and the cosines ``dense``."""
+    inputs = SignalInputs(Query("q", "text"), cands, attention, dense=_Cosines(dense), ranked=policy.ranked)
+    return policy.serve(cands, gather(policy.features, inputs))
+
+
+def test_the_matrix_form_is_the_one_candidate_form() -> None:
+    """``Scorer.logits`` over an ``(N, F)`` matrix with NaN gives each row what ``logit`` gives it alone."""
+    scorer = Scorer.from_card(ENTRY)
+    assert scorer is not None and scorer.features == ("attention", "dense", "rank")
+    X = np.asarray([[2.0, 0.5, 0.0], [np.nan, 0.5, 1.0], [1.0, np.nan, np.nan], [np.nan, np.nan, 0.3]])
+    for step in (False, True):
+        got = scorer.logits(X, scorer.features, step=step)
+        for row, value in zip(X, got):
+            one = scorer.logit(dict(zip(scorer.features, row)), step=step)
+            assert (one is None and np.isnan(value)) or (one is not None and one[0] == value)
+    assert scorer.logits(np.empty((0, 3)), scorer.features).shape == (0,)
+
+
 def test_served_by_one_number_with_missing_signals() -> None:
     policy = ServePolicy.of(Fake(), fusion="default", by="score")
-    assert policy.scorer is not None and policy.rank
+    assert isinstance(policy.strategy, ScorerServing) and policy.ranked
     cands = _ranking(["a", "b", "c", "d"])
     attention = _ranking(["a", "c"], [0.0, 3.0])  # b and d were not read (cold past the budget)
     dense = {"a": 0.2, "b": 0.6, "c": 0.4}  # d has no vector either
-    served = policy.apply_scorer(cands, attention, dense)
+    served = _serve(policy, cands, attention, dense)
     expect = {"a": -4.0 + 1.6, "b": -5.0 + 6.0 - 0.4 * math.log(2), "c": -4.0 + 1.5 + 3.2 - 0.3 * math.log(3)}
     assert [h.doc_id for h in served.ranking.hits] == ["b", "c", "a", "d"]  # d: no signal, last
     assert {h.doc_id: h.score for h in served.ranking.hits[:3]} == pytest.approx(expect)
     assert served.probabilities == pytest.approx({d: sig(v) for d, v in expect.items()})
     assert served.relevance == served.probabilities and served.without_lm == 1
     assert "1 of 4 candidates" in served.warnings[0]
-    cut = ServePolicy.of(Fake(), fusion="default", cutoff="auto").apply_scorer(cands, attention, dense)
+    cut = _serve(ServePolicy.of(Fake(), fusion="default", cutoff="auto"), cands, attention, dense)
     assert cut.threshold == 0.4 and [h.doc_id for h in cut.ranking.hits] == [d for d in "bca" if sig(expect[d]) >= 0.4]
 
 
 def test_a_lone_document_gets_its_probability_in_any_list() -> None:
     """/rerank (by='prior'): the given order is not a signal, so a document's probability is its own."""
     policy = ServePolicy.of(Fake(), fusion="default", by="prior")
-    assert policy.scorer is not None and not policy.rank
+    assert isinstance(policy.strategy, ScorerServing) and not policy.ranked
     dense = {"x": 0.3, "y": 0.1, "z": 0.5}
     att = {"x": 1.0, "y": -2.0, "z": 0.5}
-    alone = policy.apply_scorer(_ranking(["x"]), _ranking(["x"], [att["x"]]), dense).probabilities
-    listed = policy.apply_scorer(_ranking(["z", "y", "x"]), _ranking(["z", "y", "x"], [att[d] for d in "zyx"]),
-                                 dense).probabilities
+    alone = _serve(policy, _ranking(["x"]), _ranking(["x"], [att["x"]]), dense).probabilities
+    listed = _serve(policy, _ranking(["z", "y", "x"]), _ranking(["z", "y", "x"], [att[d] for d in "zyx"]),
+                    dense).probabilities
     assert alone is not None and listed is not None
     assert alone["x"] == listed["x"] == pytest.approx(sig(-4.5 + 0.5 + 2.7))
     # an explicit fusion weight serves the reranker's own way instead of the scorer
-    assert ServePolicy.of(Fake(), fusion=0.3).scorer is None
+    assert not isinstance(ServePolicy.of(Fake(), fusion=0.3).strategy, ScorerServing)
 
 
 def _scored_pipeline(signal: str = "attention"):  # type: ignore[no-untyped-def]

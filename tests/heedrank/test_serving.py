@@ -1,15 +1,18 @@
-"""The serving policy's position prior (``/rerank``'s default): the formula, the gate, and that a
-confident reranker wins wherever its answer was sent."""
+"""The serving strategies (:mod:`heedrank.serving`): the position prior (``/rerank``'s default for a
+list-relative reranker): the formula, the gate, and that a confident reranker wins wherever its
+answer was sent; relevance that follows the served order; each pair's own log-odds served as its
+probability; and one signal matrix in, one :class:`~heedrank.serving.Served` out."""
 
 from __future__ import annotations
 
 import math
 import random
 
+import numpy as np
 import pytest
 
 from heedrank.fusion import standardize_list
-from heedrank.serving import PositionPrior, ServePolicy
+from heedrank.serving import PositionPrior, ServePolicy, SigmoidServing, ZFusion
 from heedrank.types import Ranking, ScoredDoc
 
 
@@ -38,7 +41,7 @@ def test_an_order_that_disagrees_or_carries_nothing_is_ignored() -> None:
 
 @pytest.mark.parametrize("n", [2, 3, 5, 11])
 def test_a_confident_reranker_wins_in_every_position(n: int) -> None:
-    policy = ServePolicy(by="prior")
+    policy = ZFusion(by="prior")
     for position in range(n):
         ids = [f"d{i:02d}" for i in range(n)]
         scores = {d: (5.0 if i == position else 0.1 * ((i * 7) % 5)) for i, d in enumerate(ids)}
@@ -71,9 +74,8 @@ def test_relevance_agrees_with_the_served_order(own, first, by, alpha, calibrate
     given_order = Ranking.from_hits("q", (ScoredDoc(d, s) for d, s in zip(ids, sorted(first, reverse=True))))
     reranked = Ranking.from_scores("q", dict(zip(ids, own)))
     plat = PlattMap((2.0, -0.5, 0.3, 0.0), 0.1, 0.5) if calibrated else None
-    policy = ServePolicy(alpha=None if by == "prior" else alpha, by=by, plat=plat,
-                         cutoff=cutoff if calibrated else None, scale=scale)
-    served = policy.apply(given_order, reranked)
+    policy = ZFusion(alpha=None if by == "prior" else alpha, by=by, plat=plat, scale=scale)
+    served = policy.apply(given_order, reranked, cutoff if calibrated else None)
     relevance = [served.relevance[h.doc_id] for h in served.ranking.hits]
     assert all(a >= b for a, b in zip(relevance, relevance[1:])), (relevance, served.ranking)
     if served.probabilities is not None:
@@ -92,21 +94,27 @@ class _Absolute(AttributeServing):
     score_scale = 1.0
 
 
+def _column(given: Ranking, scores: dict[str, float]) -> np.ndarray:
+    """``(N, 1)``: the reranker's scores of ``given``'s candidates, NaN where it has none."""
+    return np.asarray([[scores.get(d, np.nan)] for d in given.doc_ids], dtype=np.float64)
+
+
 def test_absolute_scores_are_served_as_their_own_probability_in_any_list() -> None:
     logits = {"a": 2.0, "b": -1.0, "c": 0.3, "d": -3.0}
     given = Ranking("q", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(["d", "c", "b", "a"])))
     rerank = ServePolicy.of(_Absolute(), fusion=None, by="prior")  # /rerank: no prior, its own order
-    assert rerank.alpha is None and rerank.absolute == 0.4
-    served = rerank.apply(given, Ranking.from_scores("q", logits))
+    assert isinstance(rerank.strategy, SigmoidServing) and rerank.alpha is None and rerank.strategy.threshold == 0.4
+    served = rerank.serve(given, _column(given, logits))
     assert served.ranking.doc_ids == ["a", "c", "b", "d"]
     relevance = [served.relevance[d] for d in served.ranking.doc_ids]
     assert relevance == sorted(relevance, reverse=True)
     assert served.probabilities == pytest.approx({d: 1 / (1 + math.exp(-s)) for d, s in logits.items()})
-    alone = rerank.apply(Ranking("q", (ScoredDoc("b", 1.0),)), Ranking.from_scores("q", {"b": -1.0}))
+    one = Ranking("q", (ScoredDoc("b", 1.0),))
+    alone = rerank.serve(one, _column(one, {"b": -1.0}))
     assert alone.probabilities == pytest.approx({"b": served.probabilities["b"]})
     # /search without a fused map: the fused order, each pair's own probability
     search = ServePolicy.of(_Absolute(), fusion="default", cutoff="auto")
-    fused = search.apply(given, Ranking.from_scores("q", logits))
+    fused = search.serve(given, _column(given, logits))
     assert fused.probabilities == served.probabilities and fused.threshold == 0.4
     assert set(fused.ranking.doc_ids) == {"a", "c"}
 
@@ -117,11 +125,11 @@ def test_a_fused_map_gives_search_a_probability_in_its_order() -> None:
 
     logits = {"a": 2.0, "b": -1.0, "c": 0.3, "d": -3.0}
     given = Ranking("q", tuple(ScoredDoc(d, 1.0 / (1 + i)) for i, d in enumerate(["d", "c", "b", "a"])))
-    served = ServePolicy.of(Mapped(), fusion="default", cutoff="auto").apply(given, Ranking.from_scores("q", logits))
+    served = ServePolicy.of(Mapped(), fusion="default", cutoff="auto").serve(given, _column(given, logits))
     probs = [served.probabilities[h.doc_id] for h in served.ranking.hits]
     assert probs == sorted(probs, reverse=True) and served.threshold == 0.3
     assert probs == pytest.approx([1 / (1 + math.exp(-(2.0 * h.score - 1.0))) for h in served.ranking.hits])
-    rerank = ServePolicy.of(Mapped(), fusion=None, by="prior").apply(given, Ranking.from_scores("q", logits))
+    rerank = ServePolicy.of(Mapped(), fusion=None, by="prior").serve(given, _column(given, logits))
     assert rerank.probabilities == pytest.approx({d: 1 / (1 + math.exp(-s)) for d, s in logits.items()})
 
 
@@ -134,7 +142,7 @@ def test_a_list_whose_scores_do_not_differ_says_its_number_is_the_lists(by) -> N
     from heedrank.serving import FLAT_LIST
 
     plat = PlattMap((2.0, -0.5, 0.3, 0.0), 0.1, 0.5)
-    policy = ServePolicy(alpha=None, by=by, plat=plat, cutoff=None, scale=None)
+    policy = ZFusion(alpha=None, by=by, plat=plat, scale=None)
     one = Ranking("q", (ScoredDoc("a", 1.0),))
     alone = policy.apply(one, Ranking.from_scores("q", {"a": 3.7}))
     assert FLAT_LIST in alone.warnings
@@ -142,5 +150,5 @@ def test_a_list_whose_scores_do_not_differ_says_its_number_is_the_lists(by) -> N
     assert other.probabilities == alone.probabilities  # the same number, whatever the document
     two = Ranking("q", (ScoredDoc("a", 1.0), ScoredDoc("b", 0.5)))
     assert FLAT_LIST not in policy.apply(two, Ranking.from_scores("q", {"a": 3.7, "b": 0.2})).warnings
-    absolute = ServePolicy.of(_Absolute(), fusion=None, by="prior")
-    assert FLAT_LIST not in absolute.apply(one, Ranking.from_scores("q", {"a": 3.7})).warnings
+    own_log_odds = ServePolicy.of(_Absolute(), fusion=None, by="prior")
+    assert FLAT_LIST not in own_log_odds.serve(one, _column(one, {"a": 3.7})).warnings

@@ -10,7 +10,7 @@ import pytest
 from heedrank.calibration import Calibration, PlattMap
 from heedrank.lab.cutoff_eval import evaluate_cutoff, prf, served, subset
 from heedrank.lab.study import variant_scores
-from heedrank.serving import ServePolicy
+from heedrank.serving import ZFusion
 from heedrank.types import Ranking, ScoredDoc
 from study_items import CUTOFF_H as H, CUTOFF_L as L, cutoff_items as _items
 
@@ -21,15 +21,15 @@ def test_served_scores_are_the_services() -> None:
     rows = served([it], qrels, variant, 0.6, "score", None)
     reranked = Ranking.from_hits("q", (ScoredDoc(d, float(s)) for d, s in zip(it.doc_ids, variant_scores(it, variant))))
     first = Ranking.from_hits("q", (ScoredDoc(d, float(s)) for d, s in zip(it.doc_ids, it.first_stage)))
-    fused = ServePolicy(0.6).apply(first, reranked).ranking
+    fused = ZFusion(alpha=0.6).apply(first, reranked).ranking
     assert rows[0].scores == pytest.approx([h.score for h in fused.hits])
     assert list(rows[0].labels) == [float(it.labels[it.doc_ids.index(h.doc_id)]) for h in fused.hits]
     assert rows[0].n_relevant == int(it.labels.sum()) + 1  # the unretrieved relevant document counts for recall
     plat = PlattMap((1.0, -0.2, 0.1, 0.0), 0.0, 0.4)
-    probs = ServePolicy(0.6, plat=plat).apply(first, reranked).probabilities
+    probs = ZFusion(alpha=0.6, plat=plat).apply(first, reranked).probabilities
     assert probs is not None and [probs[h.doc_id] for h in fused.hits] == pytest.approx(plat.probabilities(list(rows[0].scores)))
     pure = served([it], qrels, variant, 0.6, "none", None)[0]
-    probs = ServePolicy(None, plat=plat).apply(first, reranked).probabilities
+    probs = ZFusion(alpha=None, plat=plat).apply(first, reranked).probabilities
     assert probs is not None and [probs[h.doc_id] for h in reranked.hits] == pytest.approx(plat.probabilities(list(pure.scores)))
     # a count re-scores the first stage's top n as the service would (features z-scored over those n)
     top = subset(it, 5)

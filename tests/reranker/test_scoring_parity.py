@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from heedrank.config import RerankerConfig  # noqa: E402
 from heedrank.lab.study import QueryItem, block_features, load_items, save_items, variant_scores  # noqa: E402
 from heedrank.fusion import fuse, standardize  # noqa: E402
-from heedrank.serving import ServePolicy  # noqa: E402
+from heedrank.serving import ZFusion  # noqa: E402
 from heedrank.reranker.cached import CachedBlockRankReranker  # noqa: E402
 from heedrank.reranker.doccache import CACHE_TEMPLATE_VERSION  # noqa: E402
 from heedrank.reranker.scoring import linear_head_scores  # noqa: E402
@@ -67,7 +67,7 @@ def test_served_training_and_study_scorers_agree_on_a_saved_dump(default_lm, car
                                         "of": {"kind": "linear", "spec": "heads", "weights": w.tolist()}})
     first = Ranking.from_hits("q1", (ScoredDoc(d, float(s)) for d, s in zip(item.doc_ids, item.first_stage)))
     reranked = Ranking.from_hits("q1", (ScoredDoc(d, float(s)) for d, s in zip(item.doc_ids, served)))
-    fused_served = ServePolicy(0.6).apply(first, reranked).ranking
+    fused_served = ZFusion(alpha=0.6).apply(first, reranked).ranking
     assert np.allclose([{h.doc_id: h.score for h in fused_served.hits}[d] for d in item.doc_ids], fused_study, atol=1e-6)
     assert np.allclose(fuse(item.first_stage, study, 0.6), fused_study, atol=1e-12)
     order = [item.doc_ids[i] for i in sorted(range(len(docs)), key=lambda i: (-fused_study[i], item.doc_ids[i]))]

@@ -12,7 +12,8 @@ import pytest
 from heedrank.lab.study import QueryItem, save_items
 from heedrank.lab.train.scorer_fit import fit_scorer, format_fit, signals, subsets
 from heedrank.reranker.cached.independent import GROUPS, IndependentWeights
-from heedrank.scorer import Scorer, rank_feature
+from heedrank.scorer import Scorer
+from heedrank.signals.rank import feature as rank_feature
 
 CARD = {"independent": {"layers": 1, "heads": 1, "groups": list(GROUPS), "bias": -1.0, "threshold": 0.5,
                         "weights": [1.0] + [0.0] * (len(GROUPS) - 1)}}
