@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from heedrank.config import RerankerConfig
 
-__all__ = ["LimitedReranker", "StoredBlocksDeclared", "TakesResources", "reads_stored_blocks"]
+__all__ = ["LimitedReranker", "StoredBlocksDeclared", "reads_stored_blocks"]
 
 
 @runtime_checkable
@@ -69,13 +69,3 @@ def reads_stored_blocks(reranker: Any) -> bool:
     answer, or an instance) reads its candidate blocks from a document KV store: its declared
     ``cached`` (:class:`StoredBlocksDeclared`); ``False`` for one that declares nothing."""
     return isinstance(reranker, StoredBlocksDeclared) and bool(reranker.cached)
-
-
-@runtime_checkable
-class TakesResources(Protocol):
-    """A reranker class that takes shared resources at build time: ``build_resources`` names
-    those its ``from_config`` accepts (``"block_cache_bytes"``, ``"passes"``:
-    :func:`heedrank.registry.build_reranker`). Check a class with ``isinstance(cls, TakesResources)``."""
-
-    build_resources: tuple[str, ...]
-

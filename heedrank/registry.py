@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from heedrank.errors import UnknownNameError
 
@@ -34,6 +34,15 @@ _FILTER_PARSER = "heedrank.index.filters:as_filter"
 _KV_CODEC = "heedrank.index.kv.codec:codec_for"
 _DENSE_OF_INDEX = "heedrank.index.cosines:DenseSignal.of_index"
 _DENSE_PACKAGED = "heedrank.index.cosines:DenseSignal.packaged"
+
+
+@runtime_checkable
+class TakesResources(Protocol):
+    """A reranker class that takes shared resources at build time: ``build_resources`` names
+    those its ``from_config`` accepts (``"block_cache_bytes"``, ``"passes"``: :func:`build_reranker`).
+    Checked on the class with ``isinstance(cls, TakesResources)``."""
+
+    build_resources: tuple[str, ...]
 
 
 def _resolve(target: str | Callable[..., Any]) -> Any:
@@ -193,8 +202,6 @@ def build_reranker(config: Any, *, block_cache_bytes: int | None = None, passes:
         passes: Query passes the reranker may run at once for concurrent calls (the service's
             rerank ``workers``; default 1).
     """
-    from heedrank.capabilities import TakesResources
-
     cls = reranker_class(config.method)
     takes = cls.build_resources if isinstance(cls, TakesResources) else ()
     given = {"block_cache_bytes": block_cache_bytes, "passes": passes}
