@@ -45,6 +45,18 @@ TREC_DL_METRICS: tuple[str, ...] = ("nDCG@10", "R(rel=2)@100", "RR(rel=2)@10", "
 """Metrics of TREC DL passage evaluations. Binary measures use grade >= 2 as relevant, as
 in the TREC DL overview papers and Pyserini's regressions (grade 1 = "related" only)."""
 
+MSMARCO_DEV_METRICS: tuple[str, ...] = ("nDCG@10", "RR@10", "R@10")
+"""Metrics of MS MARCO passage dev samples (``msmarco-passage-dev-600``): binary qrels, grade 1
+= the query's MS MARCO positive, so binary measures use grade >= 1 (``RR@10`` is MS MARCO's
+official MRR@10). Its lists hold 20 passages, hence ``R@10`` rather than ``R@100`` (always 1
+over a list that holds the positive)."""
+
+NOVELEVAL_METRICS: tuple[str, ...] = ("nDCG@10", "nDCG@5", "nDCG@1", "RR@10")
+"""Metrics of NovelEval (grades 0 not relevant, 1 partly relevant, 2 relevant): nDCG at the
+cut-offs its source reports (RankGPT's NovelEval README: 1, 5, 10), and ``RR@10`` with grade
+>= 1 as relevant, as ``trec_eval`` counts graded 0-2 sets such as TREC-COVID (and BEIR does):
+a partly relevant passage is relevant. Every candidate is judged, so there is no ``Judged@10``."""
+
 PRIMARY_METRIC = "nDCG@10"
 """The metric reported first and used for headline comparisons."""
 
@@ -101,6 +113,20 @@ def parse_metrics(names: Iterable[str]) -> dict[str, Any]:
     if not out:
         raise ValidationError(f"no metrics given; {_valid_names_message()}")
     return out
+
+
+def relevance_level(name: str) -> int | None:
+    """The lowest grade the binary measure ``name`` counts as relevant (``"RR(rel=2)@10"``: 2,
+    ``"RR@10"``: 1, ``trec_eval``'s default), or ``None`` for a measure that is not binary
+    (``nDCG``, ``Judged``).
+
+    Raises:
+        UnknownNameError: as :func:`parse_metrics`.
+    """
+    measure = parse_metrics([name])[name]
+    if "rel" not in measure.SUPPORTED_PARAMS:
+        return None
+    return int(measure.params.get("rel", 1))
 
 
 def rank_scores(run: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:

@@ -15,7 +15,7 @@ from heedrank.engine import Engine
 from heedrank.errors import ValidationError
 from heedrank.pipeline import NO_RERANK
 
-BEIR_FIELDS = ("split", "retriever", "index_dir", "build_dense", "keep_identical_ids")
+BEIR_FIELDS = ("retriever", "index_dir", "build_dense", "keep_identical_ids")
 """Fields that apply to BEIR only."""
 TREC_DL_FIELDS = ("run_name", "year", "topics", "qrels", "run_file")
 """Fields that apply to TREC DL only."""
@@ -27,10 +27,11 @@ class EvalSpec:
 
     Attributes:
         data_dir: The dataset folder: BEIR layout (``corpus.jsonl[.gz]``,
-            ``queries.jsonl[.gz]``, ``qrels/<split>.tsv``), or one TREC DL year (topics,
-            qrels and ``retrieve_results_<RUN>_<year>_top100.json[.gz]`` under Anserini /
-            rank_llm names). TREC DL: ``None`` when ``topics``, ``qrels`` and ``run_file``
-            are all given.
+            ``queries.jsonl[.gz]``, ``qrels/<split>.tsv``), or a candidate-list set for
+            ``eval trec-dl`` (:func:`heedrank.eval.sets.load_candidate_set`): one TREC DL year
+            (topics, qrels and ``retrieve_results_<RUN>_<year>_top100.json[.gz]`` under
+            Anserini / rank_llm names), the MS MARCO dev sample ``msmarco-passage-dev-600`` or
+            NovelEval. TREC DL: ``None`` when ``topics``, ``qrels`` and ``run_file`` are all given.
         rerank: Reranker name, or ``"none"`` for first-stage order.
         candidates: First-stage hits reranked per query.
         fusion: ``alpha`` in [0, 1]: rank by ``alpha * z(first stage) + (1 - alpha) *
@@ -42,7 +43,8 @@ class EvalSpec:
             (:func:`heedrank.eval.harness.select_queries`); ``None`` = all.
         seed: Seed of the subset.
         metrics: Metric names (:mod:`heedrank.eval.metrics`); ``None`` = the dataset's
-            (``BEIR_METRICS``, ``TREC_DL_METRICS``).
+            (``BEIR_METRICS``; a candidate-list set's :attr:`heedrank.eval.sets.SetKind.metrics`,
+            e.g. ``TREC_DL_METRICS``).
         out_dir: Folder of ``<name>.trec`` (top-100 run) and ``<name>.json`` (report).
         dump_dir: Also save an attention dump of the reranked queries (ICR with option
             ``keep_attention``), for head detection and ablations; needs the local engine.
@@ -50,7 +52,10 @@ class EvalSpec:
             engine; the first stage still runs here); ``None`` = this process. The report is
             the same apart from timings and ``params.engine``.
         show_progress: Progress bars.
-        split: BEIR qrels split (``"test"``, ``"dev"``, ``"train"``).
+        split: The queries evaluated. BEIR: the qrels split (``"test"``, ``"dev"``,
+            ``"train"``). ``eval trec-dl``: a fold of a set with folds (``"test"``,
+            ``"train"``, or ``"all"``; :func:`heedrank.eval.sets.seeded_folds`); the other
+            sets hold test queries only (``"test"`` or ``"all"``).
         retriever: BEIR first stage (``"bm25"``, ``"dense"``, ``"hybrid"``).
         index_dir: BEIR index directory; ``None`` = built once into the cache
             (:func:`heedrank.eval.beir.ensure_index`) and reused.
@@ -59,10 +64,11 @@ class EvalSpec:
         keep_identical_ids: BEIR: keep a retrieved document whose id equals the query id.
             Default ``False`` follows BEIR (``ignore_identical_ids=True``), dropping it
             before reranking (:class:`heedrank.eval.beir.IgnoreIdenticalIds`).
-        run_name: TREC DL first-stage run, e.g. ``"BM25"``, ``"SPLADE_P_P_ENSEMBLE_DISTIL"``;
+        run_name: TREC DL first-stage run, e.g. ``"BM25"``, ``"SPLADE_P_P_ENSEMBLE_DISTIL"``
+            (NovelEval: ``"BM25"`` or ``"web"``, :data:`heedrank.eval.sets.NOVELEVAL_RUNS`);
             ``None`` = ``"BM25"``, or with ``run_file`` the ``<RUN>`` of its name.
-        year: TREC DL track year (``"dl21"``, ``"2021"``); ``None`` = detected from the
-            file names.
+        year: TREC DL track year (``"dl21"``, ``"2021"``) or set tag (``"dev600"``);
+            ``None`` = detected from the file names.
         topics, qrels, run_file: TREC DL file paths (topics TSV, qrels, rank_llm run JSON)
             for files named otherwise; they replace the ones found in ``data_dir``.
     """
@@ -79,8 +85,8 @@ class EvalSpec:
     dump_dir: str | Path | None = None
     engine: Engine | None = None
     show_progress: bool = True
-    # BEIR
     split: str = "test"
+    # BEIR
     retriever: str = "bm25"
     index_dir: str | Path | None = None
     build_dense: bool = True

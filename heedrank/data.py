@@ -23,12 +23,21 @@ raises :class:`~heedrank.errors.ValidationError` naming the file and line (``pat
 and :func:`write_trec_run` refuses such ids too.
 
 TREC DL folders of any year are recognised by their Anserini / rank_llm file names
-(:func:`trec_dl_paths`, :func:`detect_trec_dl_year`).
+(:func:`trec_dl_paths`, :func:`detect_trec_dl_year`), and so are folders of the same layout
+whose set tag is ``dev<N>`` instead of a year (``msmarco-passage-dev-600``: ``topics.dev600.tsv``,
+``qrels.dev600.txt``, ``retrieve_results_BM25_dev600_top20.json.gz``).
+
+NovelEval (RankGPT's layout: ``queries.tsv``, ``corpus.tsv``, ``qrels.txt``) is read by
+:func:`noveleval_paths`, :func:`load_tsv_queries` and :func:`load_tsv_corpus`; its TSV files
+quote fields as CSV does. Which set a folder holds, its first stage and its relevance level
+are :mod:`heedrank.eval.sets`'s.
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 import logging
 import re
@@ -45,6 +54,7 @@ from heedrank.types import Document, Qrels, Query, Run
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "NovelEvalPaths",
     "TrecDLPaths",
     "default_cache_dir",
     "detect_trec_dl_year",
@@ -57,7 +67,11 @@ __all__ = [
     "load_trec_qrels",
     "load_trec_run",
     "load_trec_topics",
+    "load_tsv_corpus",
+    "load_tsv_queries",
     "normalize_trec_dl_year",
+    "noveleval_paths",
+    "run_name_of",
     "trec_dl_paths",
     "write_trec_run",
 ]
@@ -510,7 +524,8 @@ def load_run_json(path: str | Path) -> tuple[Run, dict[str, Document], dict[str,
 @dataclass(frozen=True)
 class TrecDLPaths:
     """Files of one TREC DL first-stage run: topics, NIST qrels, run JSON with text, TREC
-    run, and the track year (``"dl21"``; ``None`` when explicit paths do not say)."""
+    run, and the set tag: the track year (``"dl21"``) or a ``dev<N>`` tag (``"dev600"``);
+    ``None`` when explicit paths do not say."""
 
     topics: Path
     qrels: Path
@@ -519,36 +534,58 @@ class TrecDLPaths:
     year: str | None = None
 
 
+SET_TAG = r"dl\d\d|dev\d+"
+"""Set tags in TREC DL-layout file names: a track year (``dl19``) or an MS MARCO dev sample
+(``dev600``)."""
+
 _TREC_DL_FILE = re.compile(
-    r"^(?:topics|qrels)\.(?P<a>dl\d\d)(?:-passage)?\.txt(?:\.gz)?$"
-    r"|^(?:retrieve_results_.+_(?P<b>dl\d\d)_top100\.json|trec_results_.+_(?P<c>dl\d\d)_top100\.txt)(?:\.gz)?$"
+    rf"^(?:topics\.(?P<a>{SET_TAG})(?:-passage)?\.(?:txt|tsv)|qrels\.(?P<b>{SET_TAG})(?:-passage)?\.txt)(?:\.gz)?$"
+    rf"|^(?:retrieve_results_.+_(?P<c>{SET_TAG})_top\d+\.json|trec_results_.+_(?P<d>{SET_TAG})_top\d+\.txt)(?:\.gz)?$"
 )
 _TREC_DL_NAMES = (
     "topics.dlNN.txt or topics.dlNN-passage.txt, qrels.dlNN-passage.txt and "
-    "retrieve_results_<RUN>_dlNN_top100.json[.gz] (Anserini / rank_llm names, .gz ok)"
+    "retrieve_results_<RUN>_dlNN_top100.json[.gz] (Anserini / rank_llm names, .gz ok; "
+    "a dev<N> tag in place of dlNN, topics .tsv and any top<K> depth are recognised too)"
 )
 
 
 def normalize_trec_dl_year(year: str | int) -> str:
-    """``"dl21"`` from ``"dl21"``, ``"DL21"``, ``"21"``, ``"2021"``, ``2021`` or ``"dl2021"``.
+    """``"dl21"`` from ``"dl21"``, ``"DL21"``, ``"21"``, ``"2021"``, ``2021`` or ``"dl2021"``;
+    a ``dev<N>`` set tag (``"dev600"``) is returned lower-cased.
 
     Raises:
-        ValidationError: not a TREC DL year.
+        ValidationError: neither a TREC DL year nor a ``dev<N>`` tag.
     """
-    m = re.fullmatch(r"(?:dl)?(?:20)?(\d\d)", str(year).strip().lower())
+    text = str(year).strip().lower()
+    if re.fullmatch(r"dev\d+", text):
+        return text
+    m = re.fullmatch(r"(?:dl)?(?:20)?(\d\d)", text)
     if m is None:
-        raise ValidationError(f"TREC DL year {year!r} is not one of the forms dl21, 21 or 2021")
+        raise ValidationError(f"TREC DL year {year!r} is not one of the forms dl21, 21 or 2021 (or a set tag like dev600)")
     return f"dl{m.group(1)}"
 
 
 def _year_of(name: str) -> str | None:
     m = _TREC_DL_FILE.match(name)
-    return None if m is None else (m.group("a") or m.group("b") or m.group("c"))
+    return None if m is None else (m.group("a") or m.group("b") or m.group("c") or m.group("d"))
+
+
+def run_name_of(path: str | Path) -> str:
+    """``<RUN>`` of a rank_llm run file ``retrieve_results_<RUN>_<tag>_top<K>.json[.gz]``
+    (``tag``: :data:`SET_TAG`), else the file's stem.
+
+    Example:
+        >>> run_name_of("retrieve_results_BM25_dev600_top20.json.gz"), run_name_of("my-run.json")
+        ('BM25', 'my-run')
+    """
+    name = Path(path).name.removesuffix(".gz").removesuffix(".json")
+    m = re.fullmatch(rf"retrieve_results_(.+)_(?:{SET_TAG})_top\d+", name)
+    return m.group(1) if m else name
 
 
 def detect_trec_dl_year(data_dir: str | Path) -> str:
-    """The TREC DL year (``"dl19"``, ``"dl20"``, ...) of the files in ``data_dir``, read from
-    their Anserini / rank_llm names.
+    """The set tag of the files in ``data_dir``, read from their Anserini / rank_llm names:
+    the TREC DL year (``"dl19"``, ``"dl20"``, ...) or a ``dev<N>`` tag (``"dev600"``).
 
     Raises:
         NotFoundError: no file of those names.
@@ -566,6 +603,20 @@ def detect_trec_dl_year(data_dir: str | Path) -> str:
     return years[0]
 
 
+def _runs_in(d: Path, prefix: str, tag: str, ext: str) -> dict[str, Path]:
+    """``{RUN: path}`` of ``<prefix><RUN>_<tag>_top<K>.<ext>[.gz]`` in ``d``; of several files of
+    one run, the deepest ``K``, then the one not gzipped."""
+    pattern = re.compile(rf"^{re.escape(prefix)}(.+)_{re.escape(tag)}_top(\d+)\.{ext}(\.gz)?$")
+    found: dict[str, tuple[int, bool, Path]] = {}
+    for p in sorted(d.iterdir()):
+        m = pattern.match(p.name)
+        if m and p.is_file():
+            key = (int(m.group(2)), m.group(3) is None, p)
+            if m.group(1) not in found or key[:2] > found[m.group(1)][:2]:
+                found[m.group(1)] = key
+    return {run: key[2] for run, key in found.items()}
+
+
 def trec_dl_paths(
     data_dir: str | Path | None,
     run_name: str = "BM25",
@@ -581,15 +632,19 @@ def trec_dl_paths(
     topics ``topics.dlNN-passage.txt`` (2019) or ``topics.dlNN.txt`` (2020 on), qrels
     ``qrels.dlNN-passage.txt`` (or ``qrels.dlNN.txt``), the run with passage texts
     ``retrieve_results_<RUN>_dlNN_top100.json`` and (optional) the TREC run
-    ``trec_results_<RUN>_dlNN_top100.txt``, each also ``.gz``. Explicit ``topics``,
-    ``qrels`` and ``run_file`` paths take precedence (any names; ``data_dir`` may then be
-    ``None`` when all three are given).
+    ``trec_results_<RUN>_dlNN_top100.txt``, each also ``.gz``. The same names with a
+    ``dev<N>`` tag for ``dlNN``, topics ending ``.tsv`` and runs of any depth ``top<K>``
+    are recognised too (``topics.dev600.tsv``, ``qrels.dev600.txt``,
+    ``retrieve_results_BM25_dev600_top20.json.gz``); of one run at several depths the
+    deepest is taken. Explicit ``topics``, ``qrels`` and ``run_file`` paths take precedence
+    (any names; ``data_dir`` may then be ``None`` when all three are given).
 
     Args:
         data_dir: The folder of the files, or ``None``.
         run_name: First-stage run of ``retrieve_results_<RUN>_...`` (unused with ``run_file``).
-        year: ``"dl21"``, ``"21"`` or ``"2021"``; default: detected from the names of the
-            files in ``data_dir`` (:func:`detect_trec_dl_year`), or of the explicit files.
+        year: ``"dl21"``, ``"21"``, ``"2021"`` or a tag such as ``"dev600"``; default:
+            detected from the names of the files in ``data_dir`` (:func:`detect_trec_dl_year`),
+            or of the explicit files.
         topics, qrels, run_file: Explicit paths of the topics, qrels and run JSON.
 
     Raises:
@@ -619,25 +674,103 @@ def trec_dl_paths(
                     return cand
         return None
 
-    topics_path = Path(topics) if topics is not None else pick(f"topics.{y}-passage.txt", f"topics.{y}.txt")
+    topics_path = Path(topics) if topics is not None else pick(
+        f"topics.{y}-passage.txt", f"topics.{y}.txt", f"topics.{y}.tsv")
     qrels_path = Path(qrels) if qrels is not None else pick(f"qrels.{y}-passage.txt", f"qrels.{y}.txt")
     if topics_path is None or qrels_path is None:
         missing = " and ".join(w for w, p in (("topics", topics_path), ("qrels", qrels_path)) if p is None)
         raise NotFoundError(
-            f"TREC DL {missing} for {y} not found in {d}: expected {_TREC_DL_NAMES.replace('NN', str(y)[2:])}; "
-            "or pass them with --topics/--qrels"
+            f"TREC DL {missing} for {y} not found in {d}: expected topics.{y}.txt, topics.{y}-passage.txt or "
+            f"topics.{y}.tsv and qrels.{y}-passage.txt or qrels.{y}.txt (.gz ok); or pass them with --topics/--qrels"
         )
     if run_file is not None:
         return TrecDLPaths(topics_path, qrels_path, Path(run_file), None, y)
-    run_json = pick(f"retrieve_results_{run_name}_{y}_top100.json")
-    if run_json is None:
-        prefix, suffix = "retrieve_results_", f"_{y}_top100.json"
-        available = sorted(
-            p.name.removesuffix(".gz")[len(prefix):-len(suffix)]
-            for p in d.glob(f"{prefix}*{suffix}*")  # type: ignore[union-attr]
-        )
+    runs = _runs_in(d, "retrieve_results_", str(y), "json")  # type: ignore[arg-type]
+    if run_name not in runs:
         raise NotFoundError(
-            f"run {run_name!r} not found in {d} for {y}; available runs: {available or 'none'} "
+            f"run {run_name!r} not found in {d} for {y}; available runs: {sorted(runs) or 'none'} "
             "(or pass a run JSON with --run-file)"
         )
-    return TrecDLPaths(topics_path, qrels_path, run_json, pick(f"trec_results_{run_name}_{y}_top100.txt"), y)
+    trec_run = _runs_in(d, "trec_results_", str(y), "txt").get(run_name)  # type: ignore[arg-type]
+    return TrecDLPaths(topics_path, qrels_path, runs[run_name], trec_run, y)
+
+
+# ------------------------------------------------------------------------------ NovelEval
+@dataclass(frozen=True)
+class NovelEvalPaths:
+    """Files of a NovelEval folder (RankGPT's layout): ``queries.tsv`` (``qid<TAB>question``),
+    ``corpus.tsv`` (``docid<TAB>passage``, doc ids ``<qid>-<n>``) and ``qrels.txt`` (TREC qrels)."""
+
+    queries: Path
+    corpus: Path
+    qrels: Path
+
+
+def noveleval_paths(data_dir: str | Path) -> NovelEvalPaths | None:
+    """The NovelEval files of ``data_dir``, or ``None`` when it lacks any of ``queries.tsv``,
+    ``corpus.tsv`` and ``qrels.txt`` (each also ``.gz``)."""
+    d = Path(data_dir)
+    found = []
+    for name in ("queries.tsv", "corpus.tsv", "qrels.txt"):
+        path = next((p for p in (d / name, d / f"{name}.gz") if p.is_file()), None)
+        if path is None:
+            return None
+        found.append(path)
+    return NovelEvalPaths(*found)
+
+
+def _tsv_rows(path: Path, what: str, item: str) -> Iterator[tuple[int, str, str]]:
+    """``(line, id, text)`` of a two-column TSV whose fields are quoted as CSV does (a field
+    holding a tab, a quote or a line break is in double quotes, its quotes doubled; pandas'
+    ``to_csv(sep="\\t")``). Blank lines are skipped.
+
+    Raises:
+        NotFoundError: missing file.
+        ValidationError: not UTF-8, broken quoting, a row without two fields, an id with
+            whitespace or control characters, or text with unpaired surrogates (``path:line:``).
+    """
+    _require_file(path, f"TSV {what} file")
+    text = "".join(line for _, line in _iter_lines(path))
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", strict=True)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise ValidationError(f"{path}:{reader.line_num}: {exc}; expected 'id<TAB>text' quoted as CSV") from None
+        if not row or not any(field.strip() for field in row):
+            continue
+        if len(row) != 2:
+            raise ValidationError(f"{path}:{reader.line_num}: expected 'id<TAB>text', got {len(row)} fields")
+        rid = check_id(row[0].strip(), f"{path}:{reader.line_num}: {item}")
+        yield reader.line_num, rid, check_text(row[1], f"{path}:{reader.line_num}: {item} {rid!r}")
+
+
+def load_tsv_queries(path: str | Path) -> dict[str, Query]:
+    """Queries of a CSV-quoted ``qid<TAB>text`` file (NovelEval's ``queries.tsv``), in file
+    order, texts stripped.
+
+    Raises:
+        NotFoundError, ValidationError: as :func:`load_tsv_corpus`.
+    """
+    return {qid: Query(qid, text.strip()) for _, qid, text in _tsv_rows(Path(path), "queries", "query")}
+
+
+def load_tsv_corpus(path: str | Path) -> dict[str, Document]:
+    """Passages of a CSV-quoted ``docid<TAB>text`` file (NovelEval's ``corpus.tsv``), in file
+    order; no titles. A quoted field is unquoted (NovelEval's passage ``14-17`` holds tabs,
+    80 passages hold quotes), as RankGPT's own ``data.json`` has them.
+
+    Returns:
+        ``{doc_id: Document}``; a repeated id keeps its first text.
+
+    Raises:
+        NotFoundError: missing file.
+        ValidationError: not UTF-8, broken quoting, a row without two fields, an id with
+            whitespace or control characters, or text with unpaired surrogates (``path:line:``).
+    """
+    docs: dict[str, Document] = {}
+    for _, did, text in _tsv_rows(Path(path), "corpus", "document"):
+        docs.setdefault(did, Document(doc_id=did, text=text))
+    return docs

@@ -1,5 +1,6 @@
 """First-stage candidate lists for studies, dumps and training: a seeded query subset of a
-BEIR split searched through the pipeline, or the top of a TREC DL run file with passage text.
+BEIR split searched through the pipeline, or the top of a candidate-list set's run with passage
+text (TREC DL, ``msmarco-passage-dev-600``, NovelEval).
 Shared by the evaluation side (:mod:`heedrank.lab.dumps`, :mod:`heedrank.lab.head_study`) and the
 training side (:mod:`heedrank.lab.train.data`).
 """
@@ -53,19 +54,27 @@ def beir_candidates(
 
 
 def trec_dl_candidates(
-    data_dir: str | Path, *, run_name: str, candidates: int, queries: int | None = None, seed: int = 0,
+    data_dir: str | Path, *, run_name: str | None, candidates: int, queries: int | None = None, seed: int = 0,
+    split: str = "all",
 ) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Qrels]:
-    """Top ``candidates`` of a TREC DL first-stage run JSON (with passage text)."""
-    from heedrank.data import load_run_json, load_trec_qrels, trec_dl_paths
-    from heedrank.eval.harness import select_queries
+    """Top ``candidates`` of a candidate-list set's first-stage run (with passage text): a TREC
+    DL year, ``msmarco-passage-dev-600`` or NovelEval (:func:`heedrank.eval.sets.load_candidate_set`).
 
-    paths = trec_dl_paths(data_dir, run_name)
-    run, docs, topics = load_run_json(paths.run_json)
-    qrels = load_trec_qrels(paths.qrels)
-    selected, _ = select_queries(topics, qrels, queries, seed)
+    Args:
+        run_name: The run (``"BM25"``; NovelEval also ``"web"``); ``None`` = ``"BM25"``.
+        split: ``"all"``, or a fold of a set with folds (``"train"``, ``"test"``; dev-600's
+            :func:`heedrank.eval.sets.seeded_folds`); a set without folds takes ``"test"`` as all.
+        queries, seed: A seeded subset of the split's judged queries
+            (:func:`heedrank.eval.harness.select_queries`).
+    """
+    from heedrank.eval.harness import select_queries
+    from heedrank.eval.sets import load_candidate_set
+
+    cs = load_candidate_set(data_dir, run_name, split=split)
+    selected, _ = select_queries(cs.queries, cs.qrels, queries, seed)
     cands, scores = {}, {}
     for q in selected:
-        ranked = sorted(run.get(q.query_id, {}).items(), key=lambda x: (-x[1], x[0]))[:candidates]
-        cands[q.query_id] = [docs[d] for d, _ in ranked]
+        ranked = sorted(cs.run.get(q.query_id, {}).items(), key=lambda x: (-x[1], x[0]))[:candidates]
+        cands[q.query_id] = [cs.docs[d] for d, _ in ranked]
         scores[q.query_id] = [s for _, s in ranked]
-    return selected, cands, scores, qrels
+    return selected, cands, scores, cs.qrels

@@ -78,23 +78,29 @@ def dump_study(
 ) -> dict[str, Any]:
     """Write the study's feature dump (:func:`heedrank.lab.study.dump_features`, resumable)
     of cached BlockRank ``config`` over the first-stage candidates of a BEIR folder (blocks
-    read from ``index``'s document KV store when it has one) or of the TREC DL run
-    ``trec_run``; blocks no store holds are computed, and kept in ``block_store`` if given.
+    read from ``index``'s document KV store when it has one) or of a candidate-list set's run
+    ``trec_run`` (a TREC DL year, ``msmarco-passage-dev-600``, NovelEval:
+    :func:`heedrank.eval.sets.load_candidate_set`; such a folder is recognised by its file
+    names, and without ``trec_run`` its run is ``BM25``); blocks no store holds are computed,
+    and kept in ``block_store`` if given. ``split`` is the BEIR split, or the candidate set's
+    fold (dev-600: ``train``, ``test`` or ``all``; the other sets: ``test`` = ``all``).
 
     Returns:
         ``{"out": path, "queries": n}``.
     """
     from heedrank.lab.candidates import beir_candidates, trec_dl_candidates
     from heedrank.lab.study import dump_features
+    from heedrank.eval.sets import candidate_set_kind
     from heedrank.index.kv import KVStore
     from heedrank.registry import build_reranker
 
     reranker = build_reranker(config)
     store = None
-    if trec_run:
+    if trec_run or candidate_set_kind(data) is not None:
+        trec_run = trec_run or "BM25"
         queries, cands, scores, qrels = trec_dl_candidates(data, run_name=trec_run, candidates=candidates,
-                                                           queries=max_queries, seed=seed)
-        source: dict[str, Any] = {"data": str(data), "run": trec_run}
+                                                           queries=max_queries, seed=seed, split=split)
+        source: dict[str, Any] = {"data": str(data), "run": trec_run, "split": split}
     else:
         queries, cands, scores, qrels = beir_candidates(data, split, queries=max_queries, candidates=candidates,
                                                         seed=seed, index_dir=index, retriever=retriever)

@@ -12,6 +12,8 @@ from real_data import read_nfcorpus
 SHARED_DATA = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 NFCORPUS = SHARED_DATA / "beir-nfcorpus"
 DL19 = SHARED_DATA / "msmarco-trec-dl-2019-passage"
+DEV600 = SHARED_DATA / "msmarco-passage-dev-600"
+NOVELEVAL = SHARED_DATA / "noveleval"
 
 KEPT_CACHES = ("models", "indexes")
 """Cache subfolders the tests share with the user's cache (created there when missing): the
@@ -61,6 +63,20 @@ def dl19_dir() -> Path:
     if not (DL19 / "qrels.dl19-passage.txt").exists():
         pytest.skip(f"real data not found at {DL19} (set HEEDRANK_SHARED_DATA)")
     return DL19
+
+
+@pytest.fixture(scope="session")
+def dev600_dir() -> Path:
+    if not (DEV600 / "qrels.dev600.txt").exists():
+        pytest.skip(f"real data not found at {DEV600} (set HEEDRANK_SHARED_DATA)")
+    return DEV600
+
+
+@pytest.fixture(scope="session")
+def noveleval_dir() -> Path:
+    if not (NOVELEVAL / "corpus.tsv").exists():
+        pytest.skip(f"real data not found at {NOVELEVAL} (set HEEDRANK_SHARED_DATA)")
+    return NOVELEVAL
 
 
 @pytest.fixture(scope="session")

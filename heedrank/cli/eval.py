@@ -35,6 +35,8 @@ Examples:
   heedrank eval beir --data data/beir-nfcorpus --rerank icr --candidates 20 --max-queries 100
   heedrank eval beir --data data/beir-nfcorpus --retriever hybrid --rerank blockrank --fusion 0.6
   heedrank eval trec-dl --data data/msmarco-trec-dl-2019-passage --rerank icr --engine ray --actors 4
+  heedrank eval trec-dl --data data/msmarco-passage-dev-600 --split test --rerank default
+  heedrank eval trec-dl --data data/noveleval --run web --rerank default
   heedrank eval trec-dl --topics t.tsv --qrels q.txt --run-file run.json.gz --rerank blockrank
   heedrank eval compare runs/A.json runs/B.json
 """
@@ -85,12 +87,18 @@ def eval_trec_dl(
     data: Annotated[Optional[Path], typer.Option(
         "--data", help="TREC DL folder of one year (topics, NIST qrels, run JSON with passage text) under Anserini / "
         "rank_llm names: topics.dl19-passage.txt or topics.dl21.txt, qrels.dl20-passage.txt, "
-        "retrieve_results_<RUN>_dl20_top100.json[.gz].")] = None,
+        "retrieve_results_<RUN>_dl20_top100.json[.gz]; or the same layout with a dev<N> tag (msmarco-passage-dev-600: "
+        "topics.dev600.tsv, qrels.dev600.txt, retrieve_results_BM25_dev600_top20.json.gz); or a NovelEval folder "
+        "(queries.tsv, corpus.tsv, qrels.txt).")] = None,
     run: Annotated[Optional[str], typer.Option(
         "--run", help="First-stage run name, e.g. BM25, SPLADE_P_P_ENSEMBLE_DISTIL; default BM25 (with --run-file: "
-        "read from its name).")] = None,
+        "read from its name). NovelEval: BM25 (over each question's 20 passages) or web (the source's order).")] = None,
     year: Annotated[Optional[str], typer.Option(
-        "--year", help="Track year (dl19, dl20, 2021, ...); default: detected from the folder's file names.")] = None,
+        "--year", help="Track year (dl19, dl20, 2021, ...) or set tag (dev600); default: detected from the folder's "
+        "file names.")] = None,
+    split: Annotated[str, typer.Option(
+        "--split", help="Queries: test, train or all. msmarco-passage-dev-600 has fixed seeded folds (test: 150 judged "
+        "queries, train: the other 450); the other sets are test queries only (test = all).")] = "test",
     topics: Annotated[Optional[Path], typer.Option("--topics", help="Topics file (qid<TAB>text), any name.")] = None,
     qrels: Annotated[Optional[Path], typer.Option("--qrels", help="Qrels file (qid 0 docid rel), any name.")] = None,
     run_file: Annotated[Optional[Path], typer.Option(
@@ -108,10 +116,12 @@ def eval_trec_dl(
     engine: Engine = LocalEngine(),
     fusion: FusionOpt = "default",
 ) -> None:
-    """nDCG@10, Recall@100, MRR@10, Judged@10 of reranking a TREC DL first-stage run (any year).
+    """nDCG@10, Recall@100, MRR@10, Judged@10 of reranking a TREC DL first-stage run (any year), and the
+    metrics of the other candidate-list sets (MS MARCO dev-600, NovelEval).
 
     Give --data (the year is read from the file names, or --year), or all of --topics,
-    --qrels and --run-file; explicit paths replace the files found in --data."""
+    --qrels and --run-file; explicit paths replace the files found in --data. Binary
+    measures count grade >= 2 on TREC DL, >= 1 on dev-600 (MRR@10) and NovelEval."""
     from heedrank.eval.report import format_table
     from heedrank.eval.spec import EvalSpec
     from heedrank.eval.trecdl import evaluate_trec_dl
@@ -119,7 +129,7 @@ def eval_trec_dl(
     config = eval_reranker_config(rerank, model, max_doc_tokens, device, opt, dump)
     spec = EvalSpec(
         data, run_name=run, rerank=rerank, candidates=candidates, max_queries=max_queries, seed=seed, out_dir=out,
-        dump_dir=dump, year=year, topics=topics, qrels=qrels, run_file=run_file, engine=engine,
+        dump_dir=dump, year=year, split=split, topics=topics, qrels=qrels, run_file=run_file, engine=engine,
         fusion=fusion_value(fusion, config), reranker_config=config,
     )
     typer.echo(format_table([evaluate_trec_dl(spec)]))

@@ -36,8 +36,9 @@ def _dump(data: Path, source: str, split: str, queries: Optional[int], candidate
         )
         info: dict[str, Any] = {"dataset": data.resolve().name, "split": split, "first_stage": "bm25"}
     else:
-        qs, cands, scores, qrels = trec_dl_candidates(data, run_name=run, candidates=candidates, queries=queries, seed=seed)
-        info = {"dataset": data.resolve().name, "split": "test", "first_stage": run}
+        qs, cands, scores, qrels = trec_dl_candidates(data, run_name=run, candidates=candidates, queries=queries, seed=seed,
+                                                      split=split)
+        info = {"dataset": data.resolve().name, "split": split, "first_stage": run}
     info.update(candidates=candidates, queries=len(qs))
     return dump_attention(out, qs, cands, scores, qrels, reranker_config=cfg, shuffle=shuffle, seed=seed, info=info)
 
@@ -124,9 +125,10 @@ def lab_ablation(
 
     qrels = None
     if data is not None:
-        from heedrank.data import load_beir_qrels, load_trec_qrels, trec_dl_paths
+        from heedrank.data import load_beir_qrels
+        from heedrank.eval.sets import load_candidate_set
 
-        qrels = load_beir_qrels(data, split) if (data / "qrels").is_dir() else load_trec_qrels(trec_dl_paths(data).qrels)
+        qrels = load_beir_qrels(data, split) if (data / "qrels").is_dir() else load_candidate_set(data, split="all").qrels
     result = ablation(dump, heads, qrels=qrels)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

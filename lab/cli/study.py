@@ -28,11 +28,14 @@ Examples:
 
 def lab_dump(
     out: Annotated[Path, typer.Option("--out", help="Feature dump to write (.npz); a rerun resumes it.")],
-    data: Annotated[Path, typer.Option("--data", help="BEIR folder, or a TREC DL folder with --trec-run.")],
-    split: Annotated[str, typer.Option("--split", help="BEIR split.")] = "test",
+    data: Annotated[Path, typer.Option("--data", help="BEIR folder, or a candidate-list folder (TREC DL, "
+                                       "msmarco-passage-dev-600, NovelEval; recognised by its file names).")],
+    split: Annotated[str, typer.Option("--split", help="BEIR split; of a candidate-list folder, the fold: train, "
+                                       "test or all (dev-600's seeded folds; the other sets: test = all).")] = "test",
     retriever: Annotated[str, typer.Option("--retriever", help="BEIR first stage: bm25, dense or hybrid.")] = "hybrid",
-    trec_run: Annotated[Optional[str], typer.Option("--trec-run", help="TREC DL run name (e.g. BM25): "
-                                                    "candidates from its top-100 JSON.")] = None,
+    trec_run: Annotated[Optional[str], typer.Option("--trec-run", help="Run of a candidate-list folder (e.g. BM25; "
+                                                    "NovelEval: BM25 or web): candidates from its top-K lists; "
+                                                    "default BM25.")] = None,
     candidates: Annotated[int, typer.Option("--candidates")] = 50,
     max_queries: Annotated[Optional[int], typer.Option("--max-queries", help="Seeded subset of queries.")] = None,
     query_ids: Annotated[Optional[Path], typer.Option("--query-ids", help="Only these queries (a text file, one id "

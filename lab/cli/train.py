@@ -73,7 +73,8 @@ def train_blockrank_cmd(
 @app.command("query-adapter")
 def train_query_adapter_cmd(
     train: Annotated[list[str], typer.Option("--train", help="Training source, repeatable: DIR:SPLIT (BEIR) or "
-                                             "DIR@RUN (TREC DL run with passage text).")],
+                                             "DIR@RUN[:SPLIT] (a candidate-list run with passage text; dev-600's train fold: "
+                                             "DIR@BM25:train).")],
     out: Annotated[Path, typer.Option("--out", help="Output directory (checkpoint, best/, final/); resumes.")],
     dev: Annotated[str, typer.Option("--dev", help="Dev source (every choice is made on it).")] = "",
     dev_queries: Annotated[Optional[int], typer.Option("--dev-queries", help="Seeded dev subset.")] = 100,

@@ -104,8 +104,10 @@ def examples_from(queries: Sequence[Query], candidates: Mapping[str, Sequence[Do
 def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: int,
                 retriever: str = "hybrid", index: Path | None = None) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Any, Path | None]:
     """Candidates of one data source, ``DIR:SPLIT`` (BEIR; its cached index is built on first
-    use) or ``DIR@RUN`` (TREC DL run with passage text, e.g.
-    ``../shared/data/msmarco-trec-dl-2021-passage@BM25``). ``index``: a BEIR source's index
+    use) or ``DIR@RUN[:SPLIT]`` (a candidate-list set's run with passage text, e.g.
+    ``../shared/data/msmarco-trec-dl-2021-passage@BM25``, or dev-600's train fold
+    ``../shared/data/msmarco-passage-dev-600@BM25:train``; ``SPLIT`` default ``all``,
+    :func:`heedrank.lab.candidates.trec_dl_candidates`). ``index``: a BEIR source's index
     (``heedrank index build``; its first stage and its document KV store) instead of the
     cached one.
 
@@ -117,7 +119,9 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
 
     if "@" in spec:
         data, run = spec.rsplit("@", 1)
-        return (*trec_dl_candidates(data, run_name=run, candidates=candidates, queries=max_queries, seed=seed), None)
+        run, _, fold = run.partition(":")
+        return (*trec_dl_candidates(data, run_name=run, candidates=candidates, queries=max_queries, seed=seed,
+                                    split=fold or "all"), None)
     data, _, split = spec.partition(":")
     if index is None:
         index = ensure_index(data, dense=retriever != "bm25")

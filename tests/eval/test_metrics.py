@@ -7,7 +7,16 @@ import math
 import pytest
 
 from heedrank.errors import UnknownNameError, ValidationError
-from heedrank.eval.metrics import BEIR_METRICS, TREC_DL_METRICS, evaluate_run, parse_metrics, rank_scores
+from heedrank.eval.metrics import (
+    BEIR_METRICS,
+    MSMARCO_DEV_METRICS,
+    NOVELEVAL_METRICS,
+    TREC_DL_METRICS,
+    evaluate_run,
+    parse_metrics,
+    rank_scores,
+    relevance_level,
+)
 
 QRELS = {
     "q1": {"a": 2, "b": 1, "c": 0},
@@ -88,9 +97,21 @@ def test_no_judged_query_gives_nan():
     assert ev.query_ids == [] and math.isnan(ev.aggregate["nDCG@10"])
 
 
+def test_relevance_level_of_binary_measures():
+    assert [relevance_level(m) for m in TREC_DL_METRICS] == [None, 2, 2, None]
+    assert [relevance_level(m) for m in MSMARCO_DEV_METRICS] == [None, 1, 1]
+    assert [relevance_level(m) for m in NOVELEVAL_METRICS] == [None, None, None, 1]
+    assert relevance_level("P(rel=3)@5") == 3 and relevance_level("AP") == 1
+    # grade 1 counts for RR@10, not for RR(rel=2)@10: the only relevant document is grade 1, second
+    ev = evaluate_run({"q": {"x": 2.0, "y": 1.0}}, {"q": {"x": 0, "y": 1}}, ["RR@10", "RR(rel=2)@10"])
+    assert ev.aggregate == {"RR@10": 0.5, "RR(rel=2)@10": 0.0}
+
+
 def test_default_metric_sets_parse():
     assert list(parse_metrics(BEIR_METRICS)) == list(BEIR_METRICS)
     assert list(parse_metrics(TREC_DL_METRICS)) == list(TREC_DL_METRICS)
+    assert list(parse_metrics(MSMARCO_DEV_METRICS)) == list(MSMARCO_DEV_METRICS)
+    assert list(parse_metrics(NOVELEVAL_METRICS)) == list(NOVELEVAL_METRICS)
 
 
 @pytest.mark.parametrize("name", ["ndcg10", "foo@10", "ERR@10", "nDCG@x"])

@@ -30,8 +30,9 @@ def test_fields_of_the_other_dataset_are_refused():
     EvalSpec("d", split="dev", keep_identical_ids=True).check_for("beir")
     with pytest.raises(ValidationError, match=r"run_name, year apply to eval trec-dl only"):
         EvalSpec("d", run_name="BM25", year="dl19").check_for("beir")
-    with pytest.raises(ValidationError, match=r"split apply to eval beir only"):
-        EvalSpec("d", split="dev").check_for("trec-dl")
+    with pytest.raises(ValidationError, match=r"retriever apply to eval beir only"):
+        EvalSpec("d", retriever="dense").check_for("trec-dl")
+    EvalSpec("d", split="train").check_for("trec-dl")  # a candidate set's fold (eval.sets)
     EvalSpec(None, topics="t", qrels="q", run_file="r").check_for("trec-dl")
 
 

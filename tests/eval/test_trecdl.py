@@ -143,6 +143,52 @@ def test_cli_trec_dl_with_year_and_explicit_files(tmp_path):
     assert missing.exit_code == 2 and "give the TREC DL folder (--data)" in missing.output
 
 
+# ---------------------------------------------------------------------------- the other candidate-list sets
+def test_a_dev_sample_reports_rr_at_grade_1_on_its_test_fold(tmp_path):
+    from set_folders import dev_folder
+
+    d = dev_folder(tmp_path / "msmarco-passage-dev-8")
+    report = evaluate_trec_dl(EvalSpec(d, rerank="none", out_dir=tmp_path / "runs", show_progress=False))
+    assert report.name == "msmarco-passage-dev-8-dev8-test-BM25-none" and report.split == "test"
+    assert list(report.metrics) == ["nDCG@10", "RR@10", "R@10"]
+    assert report.metrics["RR@10"] == pytest.approx(0.5)  # the positive (grade 1) is second in every list
+    assert (report.params["set"], report.params["min_relevant"], report.params["split"]) == ("msmarco-dev", 1, "test")
+    assert len(report.query_ids) == 2 and report.excluded_query_ids == []  # the train fold's are not "missing"
+    train = evaluate_trec_dl(EvalSpec(d, split="train", out_dir=tmp_path / "runs", show_progress=False))
+    assert train.name == "msmarco-passage-dev-8-dev8-train-BM25-none" and len(train.query_ids) == 4
+    assert not set(train.query_ids) & set(report.query_ids)
+    table = format_table([report])
+    assert "RR@10" in table and "50.0" in table
+
+
+def test_noveleval_evaluates_by_its_folder(tmp_path):
+    from set_folders import noveleval_folder
+
+    d = noveleval_folder(tmp_path / "noveleval")
+    report = evaluate_trec_dl(EvalSpec(d, run_name="web", out_dir=tmp_path / "runs", show_progress=False))
+    assert report.name == "noveleval-web-none" and report.first_stage == "run:web"
+    assert list(report.metrics) == ["nDCG@10", "nDCG@5", "nDCG@1", "RR@10"]
+    # q0: grades 0, 2, 1 in web order, so RR@10 = 1/2; q1: the relevant passage first
+    assert report.per_query["0"]["RR@10"] == 0.5 and report.per_query["1"]["RR@10"] == 1.0
+    assert set(report.inputs) == {"queries", "corpus", "qrels", "passages"}
+    assert report.params["min_relevant"] == 1 and report.params["run_file"] is None
+
+
+def test_cli_split_of_a_dev_sample(tmp_path):
+    from typer.testing import CliRunner
+
+    from heedrank.cli import app
+    from set_folders import dev_folder
+
+    d = dev_folder(tmp_path / "dev")
+    runner = CliRunner()
+    ok = runner.invoke(app, ["eval", "trec-dl", "--data", str(d), "--split", "all", "--out", str(tmp_path / "runs")])
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "runs" / "dev-dev8-all-BM25-none.json").is_file() and "RR@10" in ok.output
+    bad = runner.invoke(app, ["eval", "trec-dl", "--data", str(d), "--split", "dev", "--out", str(tmp_path / "runs")])
+    assert bad.exit_code == 2 and "unknown split 'dev'" in bad.output
+
+
 DL21 = Path(os.environ.get("HEEDRANK_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data")
             ) / "msmarco-trec-dl-2021-passage"
 

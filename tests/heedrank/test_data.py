@@ -18,6 +18,11 @@ from heedrank.data import (
     load_trec_qrels,
     load_trec_run,
     load_trec_topics,
+    load_tsv_corpus,
+    load_tsv_queries,
+    normalize_trec_dl_year,
+    noveleval_paths,
+    run_name_of,
     trec_dl_paths,
     write_trec_run,
 )
@@ -326,6 +331,47 @@ def test_trec_dl_explicit_paths(tmp_path: Path) -> None:
     assert (mixed.topics.name, mixed.qrels, mixed.year) == ("topics.dl20.txt", tmp_path / "judgements.txt", "dl20")
     with pytest.raises(NotFoundError, match="TREC DL file not found"):
         trec_dl_paths(d, qrels=tmp_path / "missing.txt")
+
+
+def test_a_dev_tag_folder_is_found_by_its_names(tmp_path: Path) -> None:
+    # msmarco-passage-dev-600's names: a dev<N> tag, topics .tsv, top-20 runs
+    d = _dl_folder(tmp_path / "dev", "topics.dev600.tsv", "qrels.dev600.txt", "retrieve_results_BM25_dev600_top20.json.gz",
+                   "trec_results_BM25_dev600_top20.txt.gz")
+    _write_lines(d / "qrels.dev600-graded-assessors.tsv", ["q1\tp1\t5"])  # not a TREC qrels name: ignored
+    paths = trec_dl_paths(d)
+    assert paths == trec_dl_paths(d, year="DEV600")
+    assert (paths.year, paths.topics.name, paths.qrels.name) == ("dev600", "topics.dev600.tsv", "qrels.dev600.txt")
+    assert paths.run_json.name == "retrieve_results_BM25_dev600_top20.json.gz"
+    assert paths.trec_run is not None and paths.trec_run.name == "trec_results_BM25_dev600_top20.txt.gz"
+    assert run_name_of(paths.run_json) == "BM25" and run_name_of(tmp_path / "mine.json.gz") == "mine"
+    assert normalize_trec_dl_year("dev600") == "dev600" and normalize_trec_dl_year(2019) == "dl19"
+    # of one run at two depths the deepest is taken
+    (d / "retrieve_results_BM25_dev600_top50.json").write_text(json.dumps(RUN_JSON))
+    assert trec_dl_paths(d).run_json.name == "retrieve_results_BM25_dev600_top50.json"
+    with pytest.raises(NotFoundError, match=r"run 'NOPE' not found .* available runs: \['BM25'\]"):
+        trec_dl_paths(d, "NOPE")
+
+
+def test_noveleval_tsv_files_are_read_as_csv(tmp_path: Path) -> None:
+    d = tmp_path / "nov"
+    assert noveleval_paths(tmp_path) is None
+    _write_lines(d / "queries.tsv", ["0\tWho won?", "1\tWhere was it held? "])
+    # pandas' quoting: a field with a tab or a quote is quoted, its quotes doubled
+    _write_lines(d / "corpus.tsv", ['0-0\t"""Quoted"" start"', '0-1\t"a\ttable\trow"', "1-0\tplain text"])
+    _write_lines(d / "qrels.txt", ["0 Q0 0-0 2"])
+    paths = noveleval_paths(d)
+    assert paths is not None and paths.corpus.name == "corpus.tsv"
+    assert load_tsv_queries(paths.queries) == {"0": Query("0", "Who won?"), "1": Query("1", "Where was it held?")}
+    docs = load_tsv_corpus(paths.corpus)
+    assert [docs[k].text for k in ("0-0", "0-1", "1-0")] == ['"Quoted" start', "a\ttable\trow", "plain text"]
+    _write_lines(d / "bad.tsv", ["0-0\ttext\tmore"])
+    with pytest.raises(ValidationError, match=r"bad.tsv:1: expected 'id<TAB>text', got 3 fields"):
+        load_tsv_corpus(d / "bad.tsv")
+    _write_lines(d / "ids.tsv", ["0 0\ttext"])
+    with pytest.raises(ValidationError, match=r"ids.tsv:1: document: id"):
+        load_tsv_corpus(d / "ids.tsv")
+    with pytest.raises(NotFoundError, match="TSV corpus file not found"):
+        load_tsv_corpus(d / "missing.tsv")
 
 
 # ---------------------------------------------------------------------------- real data
