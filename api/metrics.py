@@ -61,8 +61,9 @@ class Metrics:
         self.busy_workers = prom.Gauge("heedrank_queue_busy_workers", "Workers running a job.", ["pool"], registry=r)
         self.rejected = prom.Counter("heedrank_rejected", "Requests refused.", ["pool", "reason"], registry=r)
         self.deadline_fallbacks = prom.Counter(
-            "heedrank_deadline_fallbacks", "Rerank requests answered in first-stage order because of deadline_ms "
-            "or the per-request budget (reason budget: HEEDRANK_REQUEST_BUDGET_S).",
+            "heedrank_deadline_fallbacks", "Rerank requests answered without the LM (scored by the default's scorer "
+            "from the embedder's cosine, or in first-stage order) because of deadline_ms or the per-request budget "
+            "(reason budget: HEEDRANK_REQUEST_BUDGET_S).",
             ["reason"], registry=r,
         )
         self.ready = prom.Gauge("heedrank_ready", "1 once the models are loaded.", registry=r)

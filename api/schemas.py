@@ -400,8 +400,9 @@ class CohereRerankRequest(BaseModel):
     deadline_ms: StrictInt | None = Field(
         None, ge=1,
         description="Answer within this many milliseconds: when reranking would exceed it (estimated from recent "
-        "requests and the queue, or it runs over), the answer gives the documents in their given (first-stage) "
-        "order and says so in meta (reranked=false, deadline_exceeded=true) instead of timing out.",
+        "requests and the queue, or it runs over), the answer comes without the LM and says so in meta "
+        "(reranked=false, deadline_exceeded=true, warnings) instead of timing out: the documents scored by the "
+        "default's scorer from the embedder's cosine alone, or in their given order when it cannot score them.",
     )
 
     @field_validator("query")
@@ -433,7 +434,9 @@ class CohereRerankResult(BaseModel):
         "scoring='signal' scores are attention probabilities (in [0, 1], summing to 1 over the documents) and are "
         "kept, as are a plugin reranker's own scores (unless HEEDRANK_RERANK_SCORE_SCALE is set). With fusion "
         "(meta.fusion, on by default for the default method): 1 / (1 + exp(-f)) of the fused score f (z-score "
-        "units). When meta.reranked is false: 1 / (1 + position) of the given order, in (0, 1]."
+        "units). When meta.reranked is false (the LM stopped by deadline_ms or the per-request budget): the "
+        "probability from the default's scorer reading the embedder's cosine alone, or, when it could not score the "
+        "documents, 1 / (1 + position) of the given order, in (0, 1]."
     )
     document: RerankedDocument | None = Field(None, description="With return_documents: the document's text.")
 
@@ -460,8 +463,11 @@ class CohereRerankMeta(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     model: str = Field(description="The served reranker, '<lm>/<method>'.")
     method: str = Field(description="Reranking method: its name says how to read relevance_score.")
-    reranked: bool = Field(description="False when the deadline made the service answer in the given order.")
-    deadline_exceeded: bool = Field(False, description="True when deadline_ms stopped the reranking.")
+    reranked: bool = Field(description="False when deadline_ms or the per-request budget stopped the LM: the documents "
+                           "were scored without it (the default's scorer from the embedder's cosine), or are in the "
+                           "given order.")
+    deadline_exceeded: bool = Field(False, description="True when deadline_ms or the per-request budget "
+                                    "(HEEDRANK_REQUEST_BUDGET_S) stopped the reranking.")
     truncated: int = Field(0, description="Documents longer than the token budget (doc_tokens): each was ranked on "
                            "its beginning (meta.warnings names them).")
     doc_tokens: int | None = Field(None, description="LM tokens of each document the reranker read.")
@@ -533,7 +539,9 @@ class RerankerInfo(BaseModel):
         description="Per method, what the loaded model holds (empty until loaded): context and window_tokens "
         "(positions), max_query_tokens (longer queries are cut, with a warning), max_doc_tokens, and "
         "max_candidates / max_documents: the most candidates a /search or documents a /rerank request may send "
-        "(the service limits, when the model holds them).",
+        "(the service limits, when the model holds them); icr adds candidates_per_window. Once the service has "
+        "measured the method: seconds_per_candidate and max_candidates_in_budget, the most candidates a /search "
+        "may ask it for within the per-request budget (more get a 422 that says so).",
     )
 
 

@@ -6,6 +6,14 @@ carriage-return frames. :class:`Progress` asks tqdm to disable its bar when its 
 ``total`` instead, through :mod:`logging` (so the CLI's handler formats it like any other
 record). With ``show_progress=False`` there is neither a bar nor log lines.
 
+Other libraries draw bars of their own while heedrank loads through them: ``datasets``
+("Generating train split" when it makes a corpus's Arrow copy) and ``transformers`` ("Loading
+weights" for the LM and the embedder). :func:`library_bars` turns them off around such a load
+unless the caller wants progress: ``show_progress=True`` of the call, or a ``heedrank`` CLI
+command (it declares the wish for the command's thread). A library call that asked for no
+progress (``build_index(..., show_progress=False)``, a :class:`heedrank.pipeline.Pipeline`'s
+searches) prints no bar.
+
 ``tqdm`` is imported when a :class:`Progress` is created.
 
 Example:
@@ -18,8 +26,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -154,3 +165,100 @@ def quiet_progress_bars() -> None:
         import datasets
 
         datasets.disable_progress_bars()
+
+
+_WANTED: ContextVar[bool] = ContextVar("heedrank_progress_wanted", default=False)
+"""Whether the code running in this context wants other libraries' bars; set by
+:func:`library_bars` with ``show`` given (a thread starts with ``False``)."""
+
+_OFF_LOCK = threading.Lock()
+_off_depth = 0
+_restore: list[Callable[[], None]] = []
+
+
+@contextmanager
+def library_bars(*libraries: str, show: bool | None = None) -> Iterator[None]:
+    """Around a load by another library: that library's progress bars off unless progress is
+    wanted, put back as they were on exit.
+
+    Args:
+        *libraries: ``"datasets"`` and/or ``"transformers"`` (with ``huggingface_hub``); each
+            is imported here when it is installed (the load imports it anyway; a missing one is
+            left for the load to report).
+        show: ``True``: leave the bars as they are (a process that turned them off, such as
+            the server or a CLI writing to a log file, keeps them off); ``False``: off;
+            ``None``: what the enclosing ``library_bars(show=...)`` of this thread said, else
+            off. The value holds for nested calls too (an embedder loaded inside
+            ``build_index(show_progress=True)`` shows its bar).
+
+    Bars are switched process-wide (the libraries have no other switch): while one thread
+    holds them off, a load in another thread shows none either. An environment variable
+    that forces bars on (``HF_DATASETS_DISABLE_PROGRESS_BARS=0``,
+    ``HF_HUB_DISABLE_PROGRESS_BARS=0``) is obeyed.
+
+    Example:
+        >>> with library_bars("datasets", show=False):  # doctest: +SKIP
+        ...     corpus = load_beir_corpus(path)  # no "Generating train split" bar
+    """
+    wanted = _WANTED.get() if show is None else show
+    token = _WANTED.set(wanted)
+    try:
+        if wanted:
+            yield
+        else:
+            with _bars_off(libraries):
+                yield
+    finally:
+        _WANTED.reset(token)
+
+
+@contextmanager
+def _bars_off(libraries: tuple[str, ...]) -> Iterator[None]:
+    """The bars of ``libraries`` off while any thread is inside; the states they had before
+    the first entry restored when the last one leaves."""
+    global _off_depth
+    with _OFF_LOCK:
+        _restore.extend(undo for name in libraries if (undo := _turn_off(name)) is not None)
+        _off_depth += 1
+    try:
+        yield
+    finally:
+        with _OFF_LOCK:
+            _off_depth -= 1
+            if _off_depth == 0:
+                for undo in reversed(_restore):
+                    undo()
+                _restore.clear()
+
+
+def _turn_off(library: str) -> Callable[[], None] | None:
+    """Turn ``library``'s bars off; returns what puts them back (``None``: nothing to undo,
+    they were off, forced on by the environment, or the library is not installed)."""
+    if library == "datasets":
+        try:
+            import datasets
+        except ImportError:
+            return None
+        if datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is False or datasets.are_progress_bars_disabled():
+            return None
+        datasets.disable_progress_bars()
+        return datasets.enable_progress_bars
+    if library == "transformers":
+        try:
+            from huggingface_hub import constants as hub_constants
+            from huggingface_hub import utils as hub
+            from transformers.utils import logging as hf_logging
+        except ImportError:
+            return None
+        hub_on = not hub.are_progress_bars_disabled()
+        if hub_constants.HF_HUB_DISABLE_PROGRESS_BARS is False or not hf_logging.is_progress_bar_enabled():
+            return None
+        hf_logging.disable_progress_bar()  # the "Loading weights" bar; also huggingface_hub's
+
+        def undo() -> None:
+            hf_logging.enable_progress_bar()  # turns huggingface_hub's back on too
+            if not hub_on:
+                hub.disable_progress_bars()
+
+        return undo
+    raise ValueError(f"unknown library {library!r}: use 'datasets' or 'transformers'")

@@ -48,7 +48,7 @@ import numpy as np
 from heedrank.data import find_beir_corpus, iter_beir_documents, load_beir_corpus
 from heedrank.errors import NotFoundError, ValidationError
 from heedrank.files import file_sha256
-from heedrank.progress import Progress
+from heedrank.progress import Progress, library_bars
 from heedrank.textrules import json_problem
 from heedrank.types import Document
 
@@ -298,6 +298,8 @@ def build_index(
         batch_size: Encoder batch size (texts per forward pass).
         overwrite: Replace an existing non-empty ``out``.
         show_progress: tqdm bar over documents; log lines every ~10% instead when stderr is not a TTY.
+            ``False`` also keeps the bars of ``datasets`` and ``transformers`` off while the
+            corpus and the embedder load (:func:`heedrank.progress.library_bars`).
         dense_params: :class:`heedrank.index.dense.DenseParams` (index type flat / hnsw / ivf and
             its parameters); default: ``auto`` (flat up to 100,000 vectors, else IVF:
             :meth:`heedrank.index.dense.DenseParams.for_size`).
@@ -359,7 +361,8 @@ def build_index(
     elif encoder is None:
         encoder = _load_encoder(embedder, batch_size, query_prefix, document_prefix, embedder_runtime)
 
-    total = len(load_beir_corpus(corpus_file))
+    with library_bars("datasets", show=show_progress):  # its "Generating train split" bar (the Arrow copy)
+        total = len(load_beir_corpus(corpus_file))
     if total == 0:
         raise ValidationError(f"corpus {corpus_file} has no documents")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -369,7 +372,8 @@ def build_index(
     (tmp / _OWNER_FILE).write_text(str(os.getpid()))
     chunk = max(_READ_BATCH, batch_size * 8)
     corpus_sha = file_sha256(corpus_file)  # once: the checkpoint's name and params.json
-    checkpoint = VectorCheckpoint.for_build(out, corpus_sha, encoder, passages, chunk) if encoder is not None else None
+    with library_bars(show=show_progress):  # describe() loads the embedder (its weights bar)
+        checkpoint = VectorCheckpoint.for_build(out, corpus_sha, encoder, passages, chunk) if encoder is not None else None
     if checkpoint is not None and checkpoint.done():
         logger.info("resuming: the vectors of %d chunks of %d documents are already encoded (%s)", checkpoint.done(),
                     chunk, checkpoint.folder)

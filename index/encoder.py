@@ -27,7 +27,7 @@ import numpy as np
 
 from heedrank.errors import ModelLoadError, require
 from heedrank.files import file_sha256
-from heedrank.progress import Progress
+from heedrank.progress import Progress, library_bars
 
 logger = logging.getLogger(__name__)
 
@@ -215,14 +215,16 @@ class SentenceTransformerEncoder:
         st = require("sentence_transformers", "index")
         logger.info("loading embedder %s on %s", self.model_dir, self.device)
         try:
-            model = st.SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
+            with library_bars("transformers"):  # its weights bar, unless the caller wants progress
+                model = st.SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - any loader failure means the model is unusable
             raise ModelLoadError(f"could not load embedder from {self.model_dir}: {exc}") from exc
         if self.runtime == "onnx":
             from heedrank.index.onnx_runtime import onnx_model, run_on_onnx
 
             try:
-                run_on_onnx(model, onnx_model(self.model_dir, self.sha256))
+                with library_bars("transformers"):  # a first run converts it, loading the weights again
+                    run_on_onnx(model, onnx_model(self.model_dir, self.sha256))
             except ModelLoadError as exc:
                 if self.asked_runtime != "auto":
                     raise

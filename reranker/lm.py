@@ -47,6 +47,7 @@ from heedrank.config import DEFAULT_LM
 from heedrank.errors import ModelLoadError, require
 from heedrank.files import cache_dir as cache_root
 from heedrank.files import file_sha256
+from heedrank.progress import library_bars
 
 logger = logging.getLogger(__name__)
 
@@ -384,10 +385,11 @@ def _convert_gguf(gguf: Path, sha: str, target: Path, expected: str = "about 25 
     torch = require("torch", "rerank")
     logger.info("dequantising %s once (%s); the copy is cached at %s", gguf.name, expected, target)
     t0 = time.perf_counter()
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
+    with library_bars("transformers"):  # its bars, unless the caller wants progress
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
@@ -420,10 +422,11 @@ def _load_dir(path: Path, device: str, dtype: str) -> tuple[Any, Any]:
     from heedrank.reranker.attention import ensure_registered
 
     ensure_registered()
-    tok = transformers.AutoTokenizer.from_pretrained(str(path))
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=_torch_dtype(dtype), attn_implementation="heedrank"
-    )
+    with library_bars("transformers"):  # its "Loading weights" bar, unless the caller wants progress
+        tok = transformers.AutoTokenizer.from_pretrained(str(path))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=_torch_dtype(dtype), attn_implementation="heedrank"
+        )
     model.to(device)
     model.eval()
     for p in model.parameters():
@@ -472,6 +475,9 @@ def load_lm(
     model: str | None = None, *, device: str = "cpu", dtype: str = "float32", cache_dir: str | None = None
 ) -> LoadedLM:
     """Load (once per process) the LM ``model`` for attention reranking.
+
+    transformers' bars ("Loading weights") show only where the caller wants progress
+    (:func:`heedrank.progress.library_bars`: a ``heedrank`` CLI command on a terminal).
 
     Args:
         model: ``None``/``"smollm2-135m-instruct"`` for the packaged default, another

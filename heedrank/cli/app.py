@@ -83,16 +83,20 @@ app.add_typer(typer.Typer(cls=_LazyLab, no_args_is_help=True), name="lab", help=
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     import sys
 
     from tqdm.contrib.logging import _TqdmLoggingHandler  # keeps bars intact under logging
 
-    if not sys.stderr.isatty():  # a log file: other libraries' bars off too (heedrank.progress logs lines)
-        from heedrank.progress import quiet_progress_bars
+    from heedrank.progress import library_bars, quiet_progress_bars
 
+    if not sys.stderr.isatty():  # a log file: other libraries' bars off too (heedrank.progress logs lines)
         quiet_progress_bars()
+    # a command shows progress: the bars of the models and corpora it loads stay as they are
+    # (on a terminal; off in a log file, above), where a library call has them off
+    ctx.with_resource(library_bars(show=True))
 
     handler = _TqdmLoggingHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
