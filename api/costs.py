@@ -5,9 +5,9 @@ One :class:`MethodCosts` per service (:attr:`heedrank.api.runtime.Runtime.costs`
 reranking ``/search`` it learns the method's seconds per candidate (a running mean of the
 reranking time over the candidates reranked; a request whose reranking encoded cold candidate
 blocks is not counted: its cost is the fill's, not the method's). A request stopped by the
-budget (``HEEDRANK_REQUEST_BUDGET_S``) teaches a lower bound, at least ``budget / candidates``,
-for a method that reads no stored blocks (cached BlockRank's time depends on how many candidates
-were cold, which a stopped request does not say).
+budget (``HEEDRANK_REQUEST_BUDGET_S``) teaches a lower bound, at least the seconds it ran over its
+candidates (its wait for a worker not counted), for a method that reads no stored blocks (cached
+BlockRank's time depends on how many candidates were cold, which a stopped request does not say).
 From the mean, :meth:`MethodCosts.max_candidates` is the most candidates that fit the budget;
 ``/search`` refuses more with a 422 that names it, and ``GET /info`` shows it per method
 (``max_candidates_in_budget``, ``seconds_per_candidate``). A method not measured yet has no
@@ -45,13 +45,14 @@ class MethodCosts:
             old = self._spc.get(method)
             self._spc[method] = value if old is None else (1 - self.alpha) * old + self.alpha * value
 
-    def stopped(self, method: str, budget: float, candidates: int) -> None:
-        """A reranking of ``candidates`` by ``method`` was stopped by the ``budget`` (seconds):
-        it costs at least ``budget / candidates`` per candidate."""
-        if candidates < 1:
+    def stopped(self, method: str, seconds: float, candidates: int) -> None:
+        """A reranking of ``candidates`` by ``method`` was stopped by the budget after it ran
+        ``seconds`` (its wait for a worker not included): it costs at least
+        ``seconds / candidates`` per candidate."""
+        if candidates < 1 or seconds <= 0:
             return
         with self._lock:
-            self._spc[method] = max(self._spc.get(method, 0.0), budget / candidates)
+            self._spc[method] = max(self._spc.get(method, 0.0), seconds / candidates)
 
     def seconds_per_candidate(self, method: str) -> float | None:
         """The running mean for ``method`` in seconds, or ``None`` before it was measured."""

@@ -10,6 +10,12 @@ has started is asked to stop (:mod:`heedrank.cancel`): an attention reranker sto
 next layer, so the worker is free for the next job instead of finishing work nobody reads.
 A caller whose client hung up gets :class:`ClientGoneError` (the app answers 499).
 
+A job may carry an absolute ``deadline`` (:func:`time.perf_counter` seconds, e.g. a request's
+arrival plus its budget: :mod:`heedrank.api.deadline`) that covers its wait for a worker and its
+run alike: :meth:`InferencePool.run` raises :class:`DeadlineExceeded` at once when the estimate
+says the job cannot end by then, when a worker frees with less time left than the job's estimated
+run, or at the deadline itself (the job dropped, or stopped at its next layer).
+
 The service runs two pools (see :mod:`heedrank.api.runtime`): ``search`` for first-stage-only
 searches (cheap, several threads) and ``rerank`` for anything that runs the language
 model (one model instance shared, ``HEEDRANK_WORKERS`` threads).
@@ -45,6 +51,24 @@ class ClientGoneError(asyncio.CancelledError):
     for a disconnected client, never for a cancellation of the waiting task itself."""
 
 
+class DeadlineExceeded(TimeoutError):
+    """:meth:`InferencePool.run`'s answer when a job cannot end by its deadline (or ``timeout``).
+
+    Args:
+        reason: ``"estimate"``: the job never started: its estimated end (the work queued and
+            running ahead, then its own, from the running mean of seconds per unit) was past
+            the deadline when it was submitted, or when a worker freed for it; ``"timeout"``:
+            the deadline passed while it waited (dropped unrun) or ran (asked to stop).
+        message: What happened, for logs.
+        ran: Seconds the job had run when the deadline stopped it (0.0: it never started).
+    """
+
+    def __init__(self, reason: str, message: str, ran: float = 0.0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.ran = ran
+
+
 @dataclass(eq=False)
 class _Job:
     fn: Callable[..., Any]
@@ -55,6 +79,8 @@ class _Job:
     enqueued: float = field(default_factory=time.perf_counter)
     token: CancelToken = field(default_factory=CancelToken)
     started: bool = False
+    started_at: float | None = None
+    deadline: float | None = None
     client_gone: bool = False
     is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None
 
@@ -201,10 +227,11 @@ class InferencePool:
         return self._submit(fn, args, units)[0]
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], units: float,
-                is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None) -> tuple[asyncio.Future, _Job]:
+                is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None,
+                deadline: float | None = None) -> tuple[asyncio.Future, _Job]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        job = _Job(fn, args, future, loop, float(units), is_disconnected=is_disconnected)
+        job = _Job(fn, args, future, loop, float(units), is_disconnected=is_disconnected, deadline=deadline)
         if self.stop_abandoned:
             token = job.token
             future.add_done_callback(lambda f: token.cancel(
@@ -227,6 +254,9 @@ class InferencePool:
                     retry_after=wait - self.max_wait,
                 )
             else:
+                late = self._late_at_submit(job)
+                if late is not None:  # not a refusal: the caller answers by its deadline path
+                    raise late
                 self._queue.append(job)
                 self._queued_units += job.units
                 self._cond.notify()
@@ -235,43 +265,87 @@ class InferencePool:
         self._report("rejected", 0.0)
         raise refusal
 
+    def _late_at_submit(self, job: _Job) -> DeadlineExceeded | None:  # caller holds self._cond
+        if job.deadline is None:
+            return None
+        left = job.deadline - time.perf_counter()
+        if left <= 0:
+            return DeadlineExceeded("timeout", f"the {self.name} job's deadline passed before it was submitted")
+        estimate = self._estimate(job.units)
+        if estimate is not None and estimate > left:
+            return DeadlineExceeded("estimate", f"the {self.name} job would end in about {estimate:.1f} s "
+                                                f"(queued and running work first), {left:.1f} s are left")
+        return None
+
+    def _late_at_start(self, job: _Job) -> DeadlineExceeded | None:  # caller holds self._cond
+        """A job a worker took: too late when less time is left than its own estimated run."""
+        if job.deadline is None:
+            return None
+        left = job.deadline - time.perf_counter()
+        spu = self._seconds_per_unit
+        run = 0.0 if spu is None else spu * job.units
+        if left > run:
+            return None
+        return DeadlineExceeded("estimate", f"a {self.name} worker freed {left:.1f} s before the job's deadline, "
+                                            f"less than its estimated run of {run:.1f} s")
+
     async def run(
         self,
         fn: Callable[..., Any],
         *args: Any,
         units: float = 1.0,
         timeout: float | None = None,
+        deadline: float | None = None,
         is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None,
     ) -> Any:
         """Run ``fn(*args)`` on a worker and return its result (or raise its exception).
 
         Args:
             units: Size of the job (e.g. documents reranked) for the time estimate.
-            timeout: Seconds to wait; then :class:`TimeoutError` is raised and the job is
-                dropped if it has not started, or asked to stop if it has (see
-                ``stop_abandoned``).
+            timeout: Seconds to wait from now; then :class:`DeadlineExceeded` (a
+                :class:`TimeoutError`, reason ``"timeout"``) is raised and the job is dropped
+                if it has not started, or asked to stop if it has (see ``stop_abandoned``).
+            deadline: The :func:`time.perf_counter` time by which the job must have ended, its
+                wait for a worker included. As ``timeout`` at that time, and besides, once a job
+                has finished (the running mean of seconds per unit exists): a job whose
+                estimated end is past it is not queued, and a queued one whose worker frees
+                with less time left than its estimated run is not started (both raise
+                :class:`DeadlineExceeded`, reason ``"estimate"``, at once). With both, the
+                earlier limit applies.
             is_disconnected: Polled every ``disconnect_poll`` seconds while the job waits
                 or runs, and once more just before a worker starts it (e.g.
                 ``request.is_disconnected``): a job whose client went away is dropped before it
                 starts, or asked to stop if it has, and :class:`ClientGoneError` is raised.
 
         Raises:
-            OverloadedError: the queue is full.
-            TimeoutError: ``timeout`` passed.
+            OverloadedError: the queue is full, or the estimated wait is over ``max_wait``
+                (checked before ``deadline``).
+            DeadlineExceeded: ``timeout`` or ``deadline`` (see above).
             ClientGoneError: ``is_disconnected`` said the client went away.
         """
-        future, job = self._submit(fn, args, units, is_disconnected)
+        end = deadline
+        if timeout is not None:
+            end = min(time.perf_counter() + timeout, deadline if deadline is not None else float("inf"))
+        future, job = self._submit(fn, args, units, is_disconnected, deadline)  # estimates: the deadline only
         watcher = None
         if is_disconnected is not None:
             watcher = asyncio.create_task(self._watch(future, job, is_disconnected))
         try:
-            if timeout is None:
+            if end is None:
                 return await future
-            return await asyncio.wait_for(future, timeout)
+            return await asyncio.wait_for(future, max(0.0, end - time.perf_counter()))
         except asyncio.CancelledError:
             if job.client_gone:
                 raise ClientGoneError(f"the client closed the connection before its {self.name} job ended") from None
             raise
+        except TimeoutError:
+            if not future.cancelled():  # the job's own error, or a worker's "estimate"
+                raise
+            started_at = job.started_at
+            ran = 0.0 if started_at is None else time.perf_counter() - started_at
+            raise DeadlineExceeded("timeout", f"the {self.name} job's deadline passed "
+                                              + (f"after it ran {ran:.2f} s" if started_at is not None
+                                                 else "while it waited for a worker"), ran) from None
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -305,12 +379,17 @@ class InferencePool:
                 self._queued_units -= job.units
                 if job.future.cancelled():  # the caller stopped waiting before the job started
                     continue
+                late = self._late_at_start(job)
+            if late is not None:  # answered at once, by its caller's deadline path
+                self._resolve(job, None, late)
+                continue
             if self._client_gone(job):  # its client hung up since the watcher last looked
                 continue
+            started = time.perf_counter()
             with self._cond:
                 job.started = True
+                job.started_at = started
                 self._busy_units += job.units
-            started = time.perf_counter()
             result: Any = None
             error: BaseException | None = None
             try:

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from heedrank.api.deadline import ARRIVED
 from heedrank.api.inference import ClientGoneError
 from heedrank.api.routes.ui import UI_PATHS
 
@@ -278,8 +279,12 @@ def method_label(method: str) -> str:
 
 
 class MetricsMiddleware:
-    """Counts requests by route template, method and status, and times them.
+    """Stamps each request's arrival, counts requests by route template, method and status,
+    and times them.
 
+    The outermost layer, so the stamp (``scope[ARRIVED]``, :func:`time.perf_counter` seconds,
+    :data:`heedrank.api.deadline.ARRIVED`) is taken before the body is read: a request's
+    per-request budget counts from it (:func:`heedrank.api.deadline.request_deadline`).
     Every label is bounded: ``route`` is a route template or ``unmatched``, ``method`` one of
     :data:`KNOWN_METHODS` or ``other``. A request whose client hung up is counted as
     ``status="499"`` (also when the app was cancelled before answering), never as a 5xx.
@@ -289,15 +294,16 @@ class MetricsMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
         runtime = None
         if scope["type"] == "http":
+            scope.setdefault(ARRIVED, t0)
             runtime = getattr(getattr(scope.get("app"), "state", None), "runtime", None)
         if runtime is None:
             await self.app(scope, receive, send)
             return
         status = 500
         started = False
-        t0 = time.perf_counter()
 
         async def send_status(message: Message) -> None:
             nonlocal status, started

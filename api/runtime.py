@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from heedrank.api.costs import MethodCosts
+from heedrank.api.deadline import FallbackCosts
 from heedrank.api.inference import InferencePool
 from heedrank.api.metrics import Metrics
 from heedrank.errors import NotFoundError, UnhealthyError
@@ -54,6 +55,9 @@ class Runtime:
         self.rerankers: RerankerCache | None = default.rerankers
         self.metrics = Metrics()
         self.costs = MethodCosts()
+        self.fallback_costs = FallbackCosts()
+        """What each route's deadline fallback costs, reserved from its requests' windows
+        (:mod:`heedrank.api.deadline`)."""
         self.pools = {
             "search": InferencePool("search", settings.search_workers, settings.search_queue_size,
                                     observe=self.metrics.observer("search")),

@@ -15,10 +15,15 @@ silently, any other id with a warning; ``meta.method`` and ``meta.model`` say wh
 where Cohere's does and where users set thresholds (:meth:`heedrank.serving.ZFusion.relevance`, or a probability); the
 reranker's own score is ``raw_score``.
 
-With ``deadline_ms``, a request whose reranking would finish too late (estimated from
-the running mean of seconds per document and the work queued ahead, or noticed when the
-deadline passes, or the queue is full) is answered in the given (first-stage) order with
-``meta.reranked = false`` and ``meta.deadline_exceeded = true``.
+A request has one end, counted from its arrival with its wait for a worker included: the
+earlier of ``deadline_ms`` and the service's per-request budget (``HEEDRANK_REQUEST_BUDGET_S``;
+:mod:`heedrank.api.deadline`). A request whose reranking would finish too late (estimated from
+the running mean of seconds per document and the work queued ahead, when it arrives or when a
+worker frees for it), or is still waiting or running at that end (then stopped at its next
+layer), or (with ``deadline_ms``) finds the queue full, is answered at once without the LM: the
+documents scored by the default's scorer from the embedder alone, or in the given order, with
+``meta.reranked = false`` and ``meta.deadline_exceeded = true``, within the end plus
+:data:`heedrank.api.deadline.GRACE_S`.
 
 Long documents are ranked on their beginning, as Cohere's endpoint does: each is first cut
 to :data:`CHARS_PER_TOKEN` characters per token of the budget (``max_tokens_per_doc``, at
@@ -29,7 +34,6 @@ in ``meta.warnings``. Only the body size (``max_body_bytes``) bounds a document'
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 import uuid
@@ -40,7 +44,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from heedrank import registry
+from heedrank.api.deadline import RequestDeadline, request_deadline
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
+from heedrank.api.inference import DeadlineExceeded
 from heedrank.api.runtime import Runtime, lm_name, resolve_model
 from heedrank.api.schemas import (
     ApiVersion,
@@ -132,37 +138,49 @@ def _doc_ids(n: int) -> list[str]:
     return [f"{i:0{width}d}" for i in range(n)]  # zero-padded: ties keep the given order
 
 
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Why a ``/rerank`` request was answered without the LM.
+
+    Attributes:
+        reason: ``"estimate"`` (it would have ended too late: never started), ``"timeout"`` (its
+            time ran out while it waited or ran: stopped) or ``"overloaded"`` (the queue was full).
+        by_budget: Whether the service's per-request budget, not ``deadline_ms``, was the limit.
+    """
+
+    reason: str
+    by_budget: bool
+
+    @property
+    def label(self) -> str:
+        """The ``reason`` label of ``heedrank_deadline_fallbacks_total``: ``"budget"`` when the
+        budget was the limit (a full queue excepted), else :attr:`reason`."""
+        return "budget" if self.by_budget and self.reason != "overloaded" else self.reason
+
+
 async def _rerank(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ranking, options: SearchOptions,
-                  call: dict[str, Any], deadline: float | None, t0: float,
-                  is_disconnected: Any = None) -> RerankedQuery | str:
-    """:meth:`heedrank.pipeline.Pipeline.rerank_documents` in the ``rerank`` pool, or, when the
-    deadline or the per-request budget stops it, why: ``"estimate"`` (it would finish too late),
-    ``"overloaded"`` (the queue is full), ``"timeout"`` (``deadline_ms`` passed) or ``"budget"``.
+                  call: dict[str, Any], deadline: RequestDeadline, has_deadline_ms: bool,
+                  is_disconnected: Any = None) -> RerankedQuery | Stop:
+    """:meth:`heedrank.pipeline.Pipeline.rerank_documents` in the ``rerank`` pool until the
+    request's :meth:`~heedrank.api.deadline.RequestDeadline.work_end` (the earlier of
+    ``deadline_ms`` and the per-request budget, from the request's arrival, its wait for a
+    worker included, less the fallback's reserve), or, when that stops it, why (:class:`Stop`).
 
     Raises:
         OverloadedError: the queue is full and the request has no ``deadline_ms``.
         ClientGoneError: the client went away.
     """
     pool = runtime.pools["rerank"]
-    if deadline is not None:
-        estimate = pool.estimate_seconds(len(given))
-        if estimate is not None and estimate > deadline:
-            return "estimate"
-    remaining = None if deadline is None else max(0.0, deadline - (time.perf_counter() - t0))
-    budget = runtime.settings.request_budget_s  # the service's per-request budget, below a larger deadline_ms
-    by_budget = budget is not None and (remaining is None or budget < remaining)
-    if by_budget:
-        remaining = max(0.0, budget - (time.perf_counter() - t0))
+    reserve = runtime.fallback_costs.reserve("rerank", len(given))
     try:
-        done = await pool.run(functools.partial(pipeline.rerank_documents, **call), query, given, options,
-                              units=len(given), timeout=remaining, is_disconnected=is_disconnected)
+        return await pool.run(functools.partial(pipeline.rerank_documents, **call), query, given, options,
+                              units=len(given), deadline=deadline.work_end(reserve), is_disconnected=is_disconnected)
     except OverloadedError:
-        if deadline is None:
+        if not has_deadline_ms:
             raise
-        return "overloaded"
-    except (TimeoutError, asyncio.TimeoutError):
-        return "budget" if by_budget else "timeout"
-    return done
+        return Stop("overloaded", deadline.by_budget)
+    except DeadlineExceeded as exc:
+        return Stop(exc.reason, deadline.by_budget)
 
 
 def _cut_warning(cut: list[int], budget: int) -> str:
@@ -305,13 +323,15 @@ def stopped_outcome(served: Served | None, n: int, *, why: str, cutoff: float | 
     return RerankOutcome(rows=rows, timings=timings, warnings=tuple(notes), reranked=False)
 
 
-def _why_stopped(reason: str, deadline_ms: int | None, budget_s: float | None) -> str:
-    """What stopped a reranking, for its warning: the per-request budget (``reason ==
-    "budget"``), else ``deadline_ms`` and how it was found to be exceeded (``estimate``,
-    ``timeout``, ``overloaded``: :func:`_rerank`)."""
-    if reason == "budget":
-        return f"the service's per-request budget of {budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) ran out"
-    return f"deadline_ms {deadline_ms} would be exceeded ({reason})"
+def _why_stopped(stop: Stop, deadline_ms: int | None, budget_s: float | None) -> str:
+    """What stopped a reranking, for its warning: the per-request budget (``stop.by_budget``),
+    else ``deadline_ms`` and how it was found to be exceeded (``estimate``, ``timeout``,
+    ``overloaded``: :class:`Stop`)."""
+    if stop.label == "budget":
+        how = "would run out" if stop.reason == "estimate" else "ran out"
+        return (f"the service's per-request budget of {budget_s:g} s (HEEDRANK_REQUEST_BUDGET_S) {how}, counted from "
+                "the request's arrival, its wait for a worker included")
+    return f"deadline_ms {deadline_ms} would be exceeded ({stop.reason})"
 
 
 def to_response(body: CohereRerankRequest, outcome: RerankOutcome, *, texts: list[str], method: str, model: str,
@@ -342,19 +362,28 @@ def to_response(body: CohereRerankRequest, outcome: RerankOutcome, *, texts: lis
 
 
 async def _serve_without_lm(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ranking,
-                            options: SearchOptions, by: str, is_disconnected: Any) -> Served | None:
+                            options: SearchOptions, by: str, deadline: RequestDeadline,
+                            is_disconnected: Any) -> Served | None:
     """:meth:`heedrank.pipeline.Pipeline.serve_without_lm` of a stopped reranking in the bounded
-    ``search`` pool (one unit, as ``/search``'s fallback), or ``None`` when that pool's queue is
-    full: the given order then, never a 429 for a request whose answer is already late.
+    ``search`` pool (one unit, as ``/search``'s fallback) until the request's
+    :meth:`~heedrank.api.deadline.RequestDeadline.fallback_end`, or ``None`` when that pool's
+    queue is full or the time is gone: the given order then, never a 429 or a wait for a request
+    whose answer is already late. Its cost is learned for the next requests' reserve.
 
     Raises:
         ClientGoneError: the client went away.
     """
+    started, served = time.perf_counter(), None
     try:
-        return await runtime.pools["search"].run(functools.partial(pipeline.serve_without_lm, by=by, use_store=False),
-                                                 query, given, options, units=1, is_disconnected=is_disconnected)
+        served = await runtime.pools["search"].run(
+            functools.partial(pipeline.serve_without_lm, by=by, use_store=False), query, given, options, units=1,
+            deadline=deadline.fallback_end(), is_disconnected=is_disconnected)
     except OverloadedError:
         return None
+    except DeadlineExceeded:  # cut: it costs at least the time it had
+        pass
+    runtime.fallback_costs.observe("rerank", time.perf_counter() - started, len(given))
+    return served
 
 
 # decorators register bottom-up: /rerank first, then the paths of Cohere's SDK
@@ -375,7 +404,6 @@ async def rerank(
     points into the request's ``documents``. Runs in the bounded ``rerank`` pool: a full
     queue answers 429 ``overloaded`` at once (with ``deadline_ms``: the given order instead).
     """
-    t0 = time.perf_counter()
     texts, max_doc_tokens, warnings = check_request(body, settings)
     if runtime.rerankers is None:
         raise ModelLoadError("this service has no reranker")
@@ -391,17 +419,21 @@ async def rerank(
     by = "prior" if prior else "rank"
     call = {"max_doc_tokens": max_doc_tokens, "by": by, "scale": settings.rerank_score_scale, "use_store": False,
             "share_texts": True}
-    deadline = body.deadline_ms / 1000.0 if body.deadline_ms is not None else None
+    # one end for the whole request, from its arrival: the earlier of deadline_ms and the service's budget
+    deadline = request_deadline(request.scope, settings.request_budget_s,
+                                body.deadline_ms / 1000.0 if body.deadline_ms is not None else None)
     query = Query("rerank", body.query)
-    done = await _rerank(runtime, pipeline, query, given, options, call, deadline, t0, request.is_disconnected)
-    if isinstance(done, str):  # stopped (why): the default's scorer from the embedder alone (no LM pass), or the given order
-        served = await _serve_without_lm(runtime, pipeline, query, given, options, by, request.is_disconnected)
-        runtime.metrics.deadline_fallbacks.labels(done).inc()
+    done = await _rerank(runtime, pipeline, query, given, options, call, deadline, body.deadline_ms is not None,
+                         request.is_disconnected)
+    if isinstance(done, Stop):  # the default's scorer from the embedder alone (no LM pass), or the given order
+        served = await _serve_without_lm(runtime, pipeline, query, given, options, by, deadline,
+                                         request.is_disconnected)
+        runtime.metrics.deadline_fallbacks.labels(done.label).inc()
         outcome = stopped_outcome(served, len(texts), why=_why_stopped(done, body.deadline_ms, settings.request_budget_s),
-                                  cutoff=options.cutoff, warnings=warnings, total=time.perf_counter() - t0)
+                                  cutoff=options.cutoff, warnings=warnings, total=deadline.elapsed())
     else:
         runtime.metrics.stage_seconds.labels("rerank").observe(float(done.reranked.result.seconds))
         runtime.metrics.observe_block_cache(done.reranked.result.cache)
-        outcome = reranked_outcome(done, warnings=warnings, cut=cut, doc_tokens=budget, total=time.perf_counter() - t0)
+        outcome = reranked_outcome(done, warnings=warnings, cut=cut, doc_tokens=budget, total=deadline.elapsed())
     return to_response(body, outcome, texts=texts, method=method, model=f"{lm_name(settings.model)}/{method}",
                        version="1" if request.url.path.endswith("/v1/rerank") else "2")

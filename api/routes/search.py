@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -11,7 +10,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from heedrank import registry
+from heedrank.api.deadline import RequestDeadline, request_deadline
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
+from heedrank.api.inference import DeadlineExceeded
 from heedrank.api.schemas import (
     ErrorBody,
     Evidence,
@@ -22,6 +23,7 @@ from heedrank.api.schemas import (
     Timings,
 )
 from heedrank.capabilities import reads_stored_blocks
+from heedrank.errors import OverloadedError
 from heedrank.pipeline import NO_RERANK, Pipeline, SearchOptions, SearchResult
 from heedrank.protocols import RerankResult
 from heedrank.results import merge_served
@@ -137,33 +139,62 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
 
 
 async def first_stage_fallback(runtime: Any, pipeline: Pipeline, text: str, options: SearchOptions, method: str,
-                               budget: float | None, t0: float, is_disconnected: Any) -> SearchResponse:
-    """The answer of a reranking search stopped by the per-request budget
-    (``Settings.request_budget_s``): the same search without reranking (``search`` pool), its
-    ``rerank`` saying that no candidate was reranked (by ``method``, the registered method the
-    request asked for) and why."""
+                               budget: float, deadline: RequestDeadline, is_disconnected: Any,
+                               reason: str = "timeout") -> SearchResponse:
+    """The answer of a reranking search the per-request budget (``Settings.request_budget_s``)
+    stopped (``reason="timeout"``) or never started (``"estimate"``: it would not have ended in
+    time, :class:`heedrank.api.inference.DeadlineExceeded`): the same search without reranking,
+    then its results scored by the default's scorer from the signals at hand, without the LM
+    (:meth:`heedrank.pipeline.Pipeline.serve_without_lm`), both in the bounded ``search`` pool
+    until :meth:`~heedrank.api.deadline.RequestDeadline.fallback_end`. Its ``rerank`` says that no
+    candidate was reranked (by ``method``, the registered method the request asked for) and why.
+    When the scoring cannot run by then (that queue full, the time gone) or the method has no
+    scorer, the results keep their first-stage places.
+
+    Args:
+        budget: The per-request budget, seconds (for the warning).
+        deadline: The request's deadline (its arrival and end, ``time.perf_counter`` seconds).
+
+    Raises:
+        OverloadedError: the first stage itself could not run: the ``search`` queue is full, or
+            busy past the fallback's end.
+        ClientGoneError: the client went away.
+    """
+    started = time.perf_counter()
+    pool, until = runtime.pools["search"], deadline.fallback_end()
     plain = dataclasses.replace(options, rerank=NO_RERANK, explain=False, fusion=None, cutoff=None,
                                 rerank_options=None)
-    result = await runtime.pools["search"].run(pipeline.search, Query("api", text), plain, units=1,
-                                               is_disconnected=is_disconnected)
+    try:
+        result = await pool.run(pipeline.search, Query("api", text), plain, units=1, deadline=until,
+                                is_disconnected=is_disconnected)
+    except DeadlineExceeded:
+        raise OverloadedError(
+            f"the reranking did not fit the service's per-request budget of {budget:g} s (HEEDRANK_REQUEST_BUDGET_S) "
+            "and the search queue could not run the first stage in time either; retry later") from None
     served = None
     if len(result.ranking):  # the default's scorer from the signals at hand (the embedder, the rank): no LM pass
-        served = await runtime.pools["search"].run(pipeline.serve_without_lm, Query("api", text), result.ranking,
-                                                   options, units=1, is_disconnected=is_disconnected)
-    waited = time.perf_counter() - t0
+        try:
+            served = await pool.run(pipeline.serve_without_lm, Query("api", text), result.ranking, options, units=1,
+                                    deadline=until, is_disconnected=is_disconnected)
+        except (OverloadedError, DeadlineExceeded):  # the answer is late already: the first stage's order
+            served = None
+    n = min(options.candidates, len(result.first_stage))
+    runtime.fallback_costs.observe("search", time.perf_counter() - started, n)
+    waited = deadline.elapsed()
     runtime.metrics.deadline_fallbacks.labels("budget").inc()
-    message = (f"reranking stopped after {waited:.1f} s (the service's per-request budget is {budget:g} s, "
-               "HEEDRANK_REQUEST_BUDGET_S): " + (
+    limit = (f"the service's per-request budget is {budget:g} s from the request's arrival, its wait for a worker "
+             "included, HEEDRANK_REQUEST_BUDGET_S")
+    message = (f"reranking stopped after {waited:.1f} s ({limit}): " if reason == "timeout" else
+               f"reranking skipped after {waited:.1f} s, as it would not have ended in time ({limit}): ") + (
                    "every candidate kept its first-stage place" if served is None else
                    "the results were scored without the LM, by the default's scorer from the embedder's cosine "
-                   "and the first-stage rank"))
+                   "and the first-stage rank")
     logger.warning("search: %s", message)
     if served is not None:
         result = dataclasses.replace(result, ranking=merge_served(result.ranking, served, options.top_k),
                                      rerank=RerankResult(Ranking(result.ranking.query_id, ())),
                                      probabilities=served.probabilities, relevance=served.relevance)
     response = to_response(result, method, max(0.0, waited - float(result.timings.get("total", 0.0))))
-    n = min(options.candidates, len(result.first_stage))
     response.rerank = RerankInfo(method=method, candidates=n, reranked=0, truncated=0,
                                  prompt_tokens=0, warnings=[message])
     return response
@@ -190,18 +221,22 @@ async def search(
     pool = runtime.pools["rerank" if reranking else "search"]
     t0 = time.perf_counter()
     budget = settings.request_budget_s if reranking else None
+    deadline = request_deadline(request.scope, budget)  # from the request's arrival, its wait for a worker included
     cost_key = method_cost_key(method, options) if reranking else ""
     if reranking:
         refuse_over_budget(runtime.costs, cost_key, options, budget)
+    reserve = runtime.fallback_costs.reserve("search", options.candidates) if budget is not None else 0.0
     try:
         result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
-                                reranking else 1, timeout=budget, is_disconnected=request.is_disconnected)
-    except (TimeoutError, asyncio.TimeoutError):  # the reranking was stopped: the first stage's order
-        if budget is not None and not reads_stored_blocks(registry.reranker_class(method)):
-            # a method reading stored blocks may have spent the budget encoding cold ones: no lower bound
-            runtime.costs.stopped(cost_key, budget, options.candidates)
-        return await first_stage_fallback(runtime, pipeline, body.query, options, method, budget, t0,
-                                          request.is_disconnected)
+                                reranking else 1, deadline=deadline.work_end(reserve),
+                                is_disconnected=request.is_disconnected)
+    except DeadlineExceeded as exc:  # stopped, or never started: the first stage's order, scored without the LM
+        assert budget is not None  # only a reranking search has a deadline
+        if exc.ran > 0 and not reads_stored_blocks(registry.reranker_class(method)):
+            # a method reading stored blocks may have spent its time encoding cold ones: no lower bound
+            runtime.costs.stopped(cost_key, exc.ran, options.candidates)
+        return await first_stage_fallback(runtime, pipeline, body.query, options, method, budget, deadline,
+                                          request.is_disconnected, exc.reason)
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
     runtime.metrics.observe_timings(result.timings)
     if result.rerank is not None:
@@ -231,8 +266,9 @@ def refuse_over_budget(costs: Any, key: str, options: SearchOptions, budget: flo
 
     most = costs.max_candidates(key, budget)
     if most is not None and options.candidates > most:
+        method = key.split(" ", 1)[0]  # the registered method: its entry in GET /info
         raise ValidationError(
             f"rerank method {key!r} reranks about {most} candidates within this service's per-request budget of "
-            f"{budget:g} s (measured here: {costs.seconds_per_candidate(key):.2f} s per candidate; GET /info, "
-            f"limits.max_candidates_in_budget); ask for at most {most} candidates, choose a faster method, or raise "
-            "HEEDRANK_REQUEST_BUDGET_S")
+            f"{budget:g} s (measured here: {costs.seconds_per_candidate(key):.2f} s per candidate; GET /info: "
+            f"reranker.limits.{method}.max_candidates_in_budget); ask for at most {most} (rerank.candidates), choose "
+            "a faster method, or raise HEEDRANK_REQUEST_BUDGET_S")

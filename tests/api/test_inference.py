@@ -1,4 +1,4 @@
-"""InferencePool: admission by queue size, FIFO order, cancellation, estimate, shutdown."""
+"""InferencePool: admission by queue size, FIFO order, cancellation, estimate, deadlines, shutdown."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from heedrank.api.inference import InferencePool
+from heedrank.api.inference import DeadlineExceeded, InferencePool
 from heedrank.errors import OverloadedError, UnhealthyError
 
 
@@ -221,6 +221,114 @@ def test_a_pool_for_durable_writes_lets_started_jobs_finish():
                 await pool.run(_stepping_job(steps, n=10), timeout=0.05)
             await pool.run(lambda: None)  # waits for the write to end
             assert steps == list(range(10))
+        finally:
+            pool.close()
+
+    _run(main())
+
+
+# -------------------------------------------------------------------- deadline (absolute, wait included)
+def test_a_deadline_counts_the_wait_for_a_worker():
+    gate = threading.Event()
+    ran: list[str] = []
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4).start()
+        try:
+            blocker = pool.submit(gate.wait, 10)
+            t0 = time.perf_counter()
+            with pytest.raises(DeadlineExceeded) as caught:
+                await pool.run(ran.append, "late", deadline=t0 + 0.3)
+            assert 0.25 < time.perf_counter() - t0 < 1.5  # at the deadline, not after a run
+            assert caught.value.reason == "timeout" and caught.value.ran == 0.0  # it never started
+            gate.set()
+            await blocker
+            await pool.run(ran.append, "next")
+            assert ran == ["next"]  # the dropped job never ran
+        finally:
+            gate.set()
+            pool.close()
+
+    _run(main())
+
+
+def test_a_job_estimated_to_end_past_its_deadline_is_answered_at_once_unqueued():
+    ran: list[str] = []
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4).start()
+        try:
+            pool.seed(0.5)  # 0.5 s per unit: 10 units take 5 s
+            t0 = time.perf_counter()
+            with pytest.raises(DeadlineExceeded) as caught:
+                await pool.run(ran.append, "late", units=10, deadline=t0 + 2.0)
+            assert time.perf_counter() - t0 < 0.5 and caught.value.reason == "estimate"
+            assert pool.depth == 0 and pool.rejected == 0  # not queued, and no 429 counted
+            assert await pool.run(ran.append, "fits", units=1, deadline=time.perf_counter() + 2.0) is None
+            assert ran == ["fits"]
+        finally:
+            pool.close()
+
+    _run(main())
+
+
+def test_a_queued_job_whose_worker_frees_too_late_is_answered_then_unstarted():
+    gate = threading.Event()
+    ran: list[str] = []
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4).start()
+        try:
+            pool.seed(0.2)  # 10 units: an estimated run of 2 s
+            blocker = pool.submit(gate.wait, 10, units=0)  # no units: the estimate at submission is the job's own
+            t0 = time.perf_counter()
+            late = asyncio.ensure_future(pool.run(ran.append, "late", units=10, deadline=t0 + 3.0))
+            await asyncio.sleep(1.5)  # admitted (2 s < 3 s), then the worker frees with about 1.5 s left
+            assert not late.done() and pool.depth == 1
+            gate.set()
+            with pytest.raises(DeadlineExceeded) as caught:
+                await late
+            assert caught.value.reason == "estimate" and time.perf_counter() - t0 < 2.8  # before its deadline
+            await blocker
+            assert ran == []
+        finally:
+            gate.set()
+            pool.close()
+
+    _run(main())
+
+
+def test_a_running_job_is_stopped_at_its_deadline_and_says_how_long_it_ran():
+    steps: list[int] = []
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4).start()
+        try:
+            t0 = time.perf_counter()
+            with pytest.raises(DeadlineExceeded) as caught:
+                await pool.run(_stepping_job(steps), deadline=t0 + 0.3)
+            assert caught.value.reason == "timeout" and 0.1 < caught.value.ran < 1.0
+            t1 = time.perf_counter()
+            assert await pool.run(lambda: "next") == "next"  # the worker is free within a step
+            assert time.perf_counter() - t1 < 0.5
+            assert 1 <= len(steps) < 50  # stopped long before its 100 steps
+        finally:
+            pool.close()
+
+    _run(main())
+
+
+def test_a_job_error_that_is_a_timeout_is_the_job_s_own():
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=4).start()
+
+        def fails():
+            raise TimeoutError("the job's own")
+
+        try:
+            with pytest.raises(TimeoutError, match="the job's own") as caught:
+                await pool.run(fails, deadline=time.perf_counter() + 5.0)
+            assert not isinstance(caught.value, DeadlineExceeded)
         finally:
             pool.close()
 
