@@ -81,6 +81,7 @@ class _Job:
     started: bool = False
     started_at: float | None = None
     deadline: float | None = None
+    elastic: bool = False
     client_gone: bool = False
     is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None
 
@@ -228,10 +229,12 @@ class InferencePool:
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], units: float,
                 is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None,
-                deadline: float | None = None) -> tuple[asyncio.Future, _Job]:
+                deadline: float | None = None, elastic: bool = False) -> tuple[asyncio.Future, _Job]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        job = _Job(fn, args, future, loop, float(units), is_disconnected=is_disconnected, deadline=deadline)
+        job = _Job(fn, args, future, loop, float(units), is_disconnected=is_disconnected, deadline=deadline,
+                   elastic=elastic)
+        job.token.deadline = deadline  # what the work reads (heedrank.cancel.time_left) to fit itself to it
         if self.stop_abandoned:
             token = job.token
             future.add_done_callback(lambda f: token.cancel(
@@ -271,7 +274,7 @@ class InferencePool:
         left = job.deadline - time.perf_counter()
         if left <= 0:
             return DeadlineExceeded("timeout", f"the {self.name} job's deadline passed before it was submitted")
-        estimate = self._estimate(job.units)
+        estimate = self._estimate(0.0 if job.elastic else job.units)  # an elastic job: only the wait ahead
         if estimate is not None and estimate > left:
             return DeadlineExceeded("estimate", f"the {self.name} job would end in about {estimate:.1f} s "
                                                 f"(queued and running work first), {left:.1f} s are left")
@@ -283,7 +286,7 @@ class InferencePool:
             return None
         left = job.deadline - time.perf_counter()
         spu = self._seconds_per_unit
-        run = 0.0 if spu is None else spu * job.units
+        run = 0.0 if spu is None or job.elastic else spu * job.units
         if left > run:
             return None
         return DeadlineExceeded("estimate", f"a {self.name} worker freed {left:.1f} s before the job's deadline, "
@@ -297,6 +300,7 @@ class InferencePool:
         timeout: float | None = None,
         deadline: float | None = None,
         is_disconnected: Callable[[], Coroutine[Any, Any, bool]] | None = None,
+        elastic: bool = False,
     ) -> Any:
         """Run ``fn(*args)`` on a worker and return its result (or raise its exception).
 
@@ -311,7 +315,11 @@ class InferencePool:
                 estimated end is past it is not queued, and a queued one whose worker frees
                 with less time left than its estimated run is not started (both raise
                 :class:`DeadlineExceeded`, reason ``"estimate"``, at once). With both, the
-                earlier limit applies.
+                earlier limit applies. The job reads it as :func:`heedrank.cancel.time_left`.
+            elastic: The job fits its work to its deadline (it reads :func:`heedrank.cancel.time_left`:
+                cached BlockRank encodes only the cold blocks that fit, :meth:`heedrank.pipeline.RerankerCache.rerank`),
+                so the estimate refuses it only when the wait ahead alone would pass the deadline, never
+                for its own size.
             is_disconnected: Polled every ``disconnect_poll`` seconds while the job waits
                 or runs, and once more just before a worker starts it (e.g.
                 ``request.is_disconnected``): a job whose client went away is dropped before it
@@ -326,7 +334,7 @@ class InferencePool:
         end = deadline
         if timeout is not None:
             end = min(time.perf_counter() + timeout, deadline if deadline is not None else float("inf"))
-        future, job = self._submit(fn, args, units, is_disconnected, deadline)  # estimates: the deadline only
+        future, job = self._submit(fn, args, units, is_disconnected, deadline, elastic)  # estimates: the deadline only
         watcher = None
         if is_disconnected is not None:
             watcher = asyncio.create_task(self._watch(future, job, is_disconnected))

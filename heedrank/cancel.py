@@ -26,24 +26,34 @@ Example:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from heedrank.errors import JobCancelledError
 
-__all__ = ["CancelToken", "cancel_scope", "check", "current_token"]
+__all__ = ["CancelToken", "cancel_scope", "check", "current_token", "time_left"]
 
 _local = threading.local()
 
 
 class CancelToken:
-    """A thread-safe flag with the reason it was set (first reason wins)."""
+    """A thread-safe flag with the reason it was set (first reason wins), and the time by which
+    the work must end, when its caller has one.
 
-    __slots__ = ("_event", "reason")
+    Attributes:
+        reason: Why it was cancelled ("" until then).
+        deadline: :func:`time.perf_counter` seconds by which the work should have ended (a
+            request's end-to-end budget less what its answer needs), or ``None``: work that can
+            choose how much to do reads it through :func:`time_left`.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_event", "reason", "deadline")
+
+    def __init__(self, deadline: float | None = None) -> None:
         self._event = threading.Event()
         self.reason = ""
+        self.deadline = deadline
 
     def cancel(self, reason: str = "nobody waits for the result any more") -> None:
         """Ask the work to stop at its next :func:`check` (idempotent; safe from any thread)."""
@@ -82,3 +92,13 @@ def check() -> None:
     token = getattr(_local, "token", None)
     if token is not None and token._event.is_set():
         raise JobCancelledError(f"stopped: {token.reason}")
+
+
+def time_left() -> float | None:
+    """Seconds until this thread's current token's deadline (may be negative), or ``None``
+    outside a scope or without a deadline (library use, batch evaluation: no limit)."""
+    token = getattr(_local, "token", None)
+    if token is None or token.deadline is None:
+        return None
+    return float(token.deadline - time.perf_counter())
+

@@ -29,8 +29,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from heedrank.blocks import BlockSync, block_store_for
+from heedrank.cancel import time_left
 from heedrank.config import PipelineConfig, SearchLimits
 from heedrank.errors import UnknownNameError, ValidationError
+from heedrank.passcost import PassCosts
 from heedrank.protocols import DocStore, Reranked, Reranker, RerankResult, Retriever, SupportsClose
 from heedrank.results import (
     NO_RERANK,
@@ -79,22 +81,22 @@ def _takes_options(factory: Callable[..., Any]) -> bool:
     return "options" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def _within_budget(candidates: Sequence[Document], cold: Sequence[bool],
-                   budget: int) -> tuple[list[Document], list[Document]]:
-    """``(reranked, skipped)``: every warm candidate and the first ``budget`` cold ones, in the
-    given order; the rest of the cold ones. Candidates sharing a text share one block, so they
-    count once and are kept or skipped together."""
-    kept: list[Document] = []
-    skipped: list[Document] = []
+def _within_budget(candidates: Sequence[Document], cold: Sequence[bool], budget: int,
+                   priority: Sequence[str] | None = None) -> tuple[list[Document], list[Document]]:
+    """``(reranked, skipped)``: every warm candidate and ``budget`` cold ones, in the given order;
+    the rest of the cold ones. The cold ones kept are the first in ``priority`` (doc ids, best
+    first: the serving strategy's prior, :meth:`heedrank.serving.ServePolicy.priority`), else the
+    first in the given order. Candidates sharing a text share one block, so they count once and
+    are kept or skipped together."""
+    rank = {d: i for i, d in enumerate(priority or ())}
+    order = sorted(range(len(candidates)), key=lambda i: (rank.get(candidates[i].doc_id, len(rank)), i))
     spent: set[str] = set()
-    for doc, is_cold in zip(candidates, cold):
-        if not is_cold or doc.content in spent:
-            kept.append(doc)
-        elif len(spent) < budget:
+    for i in order:
+        doc = candidates[i]
+        if cold[i] and doc.content not in spent and len(spent) < budget:
             spent.add(doc.content)
-            kept.append(doc)
-        else:
-            skipped.append(doc)
+    kept = [d for d, c in zip(candidates, cold) if not c or d.content in spent]
+    skipped = [d for d, c in zip(candidates, cold) if c and d.content not in spent]
     return kept, skipped
 
 
@@ -129,6 +131,7 @@ class RerankerCache:
         self._guard = threading.Lock()
         self._active = 0
         self._idle = threading.Condition()
+        self._costs: dict[int, PassCosts] = {}  # by id() of a built reranker (kept while it is)
         self.cold_listener: Callable[[Any, Any, Sequence[Document]], None] | None = None
         """Called as ``listener(reranker, block_store, documents)`` with the candidates a
         recompute budget left out (their blocks cold); the service's background fill
@@ -196,6 +199,8 @@ class RerankerCache:
         index: Any = None,
         cold_budget: int | None = None,
         entry: tuple[Reranker, threading.BoundedSemaphore] | None = None,
+        priority: Sequence[str] | None = None,
+        fit_deadline: bool = True,
     ) -> Reranked:
         """Rerank ``candidates`` with the reranker for ``(method, options, max_doc_tokens)``
         (``entry``: that reranker and its lock, already looked up with :meth:`get` for this request).
@@ -207,7 +212,14 @@ class RerankerCache:
         which candidates are cold (``cold_candidates``, cached BlockRank), every warm
         candidate and the first ``cold_budget`` cold ones (in the given order) are reranked;
         the result ranks those, and :attr:`Reranked.skipped` lists the doc ids left out,
-        which go to :attr:`cold_listener`.
+        which go to :attr:`cold_listener`. Under a deadline (the calling job's, read as
+        :func:`heedrank.cancel.time_left` once the reranker is this call's), the cold ones kept
+        are also only as many as fit the time left by the reranker's running costs
+        (:class:`heedrank.passcost.PassCosts`), so the LM reads what it can and the rest are
+        skipped, not the whole call stopped at the deadline (``fit_deadline``: the caller can serve
+        a list read in part, :attr:`heedrank.serving.ServePolicy.serves_partly`). The cold ones kept are
+        the first in ``priority`` (doc ids, best first; the serving strategy's prior), else in the
+        given order.
 
         With ``explain``, the reranker must offer ``rerank_with_evidence`` (ICR does); its
         result carries :attr:`RerankResult.evidence`.
@@ -224,15 +236,24 @@ class RerankerCache:
             with lock:
                 store = block_store_for(reranker, index) if index is not None else None
                 cold_of = serving_of(reranker).cold_candidates
-                if cold_budget is not None and cold_of is not None:
-                    candidates, skipped = _within_budget(candidates, cold_of(candidates, store), cold_budget)
+                costs = self._costs.setdefault(id(reranker), PassCosts())
+                left = time_left() if fit_deadline else None
+                if cold_of is not None and (cold_budget is not None or left is not None):
+                    cold = cold_of(candidates, store)
+                    budget = cold_budget if cold_budget is not None else len(candidates)
+                    if left is not None:  # as many cold blocks as fit the time left
+                        budget = min(budget, costs.cold_within(left, len(candidates) - sum(cold)))
+                    candidates, skipped = _within_budget(candidates, cold, budget, priority)
                 extra: dict[str, Any] = {} if store is None else {"block_store": store}  # only a reader of blocks
+                t0 = time.perf_counter()
                 if not candidates:
                     result = RerankResult(Ranking(query.query_id, ()))
                 elif explainer is not None:
                     result = explainer.rerank_with_evidence(query, candidates, max_spans=evidence_spans, **extra)
                 else:
                     result = reranker.rerank(query, candidates, **extra)
+                if result.cache is not None and candidates:
+                    costs.observe(len(candidates), int(result.cache.get("misses", 0)), time.perf_counter() - t0)
         finally:
             with self._idle:
                 self._active -= 1

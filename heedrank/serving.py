@@ -168,6 +168,12 @@ class ServingStrategy(Protocol):
         float64 signal values (NaN: none), ``cutoff`` resolved (:data:`Cutoff`)."""
         ...
 
+    def priority(self, candidates: Ranking, X: np.ndarray) -> list[str] | None:
+        """Doc ids best first by what the strategy knows before the reranker's pass (``X`` with
+        the reranker's columns NaN): which cold blocks to encode first when not all fit; ``None``:
+        the given order."""
+        ...
+
 
 def _present(candidates: Ranking, column: np.ndarray) -> tuple[Ranking, Ranking, set[str]]:
     """``(read, scores, skipped)`` of one signal column: the candidates with a value in their
@@ -218,6 +224,13 @@ class ScorerServing:
     scale: float | None = None
     without_reranker: bool = True
 
+    def priority(self, candidates: Ranking, X: np.ndarray) -> list[str] | None:
+        """The candidates by the model of the signals at hand (the prior the attention updates),
+        best first; those it cannot score after, in the given order."""
+        logits = self.scorer.logits(X, self.features)
+        key = np.where(np.isfinite(logits), -logits, np.inf)
+        return [candidates.hits[i].doc_id for i in np.argsort(key, kind="stable")]
+
     def serve(self, candidates: Ranking, X: np.ndarray, cutoff: Cutoff) -> Served:
         stepped = self.features.index(self.scorer.stepped) if self.scorer.stepped in self.features else None
         read = np.isfinite(X[:, stepped]) if stepped is not None else np.zeros(len(candidates), dtype=bool)
@@ -266,6 +279,10 @@ class SigmoidServing:
     fused_threshold: float | None = None
     scale: float | None = None
     without_reranker: bool = False
+
+    def priority(self, candidates: Ranking, X: np.ndarray) -> list[str] | None:
+        """``None``: the given order (the reranker's own score is all it reads)."""
+        return None
 
     def serve(self, candidates: Ranking, X: np.ndarray, cutoff: Cutoff) -> Served:
         kept, reranked, skipped = _present(candidates, X[:, 0])
@@ -327,6 +344,10 @@ class ZFusion:
         first = reciprocal_ranks(len(reranker)) if self.by == "rank" else [float(s) for s in first_stage]
         z_first, z_reranker = standardize_list(first), standardize_list([float(s) for s in reranker])
         return [float(combine(f, r, self.alpha)) for f, r in zip(z_first, z_reranker)]
+
+    def priority(self, candidates: Ranking, X: np.ndarray) -> list[str] | None:
+        """``None``: the given order (the reranker's own score is all it reads)."""
+        return None
 
     def serve(self, candidates: Ranking, X: np.ndarray, cutoff: Cutoff) -> Served:
         kept, reranked, skipped = _present(candidates, X[:, 0])
@@ -480,6 +501,16 @@ class ServePolicy:
     def scale(self) -> float | None:
         """The spread behind ``relevance`` when it is no probability, or ``None``."""
         return self.strategy.scale
+
+    @property
+    def serves_partly(self) -> bool:
+        """A list the reranker read only in part can be served (the strategy scores the rest from
+        their other signals, or, without a cut-off, they keep their first-stage places)."""
+        return self.strategy.without_reranker or self.cutoff is None
+
+    def priority(self, candidates: Ranking, X: np.ndarray) -> list[str] | None:
+        """Which candidates the reranker should read first when not all fit (:meth:`ServingStrategy.priority`)."""
+        return self.strategy.priority(candidates, X)
 
     def serve(self, candidates: Ranking, X: np.ndarray) -> Served:
         """Serve one query: its candidates (first-stage or given order) and their ``(N, F)``

@@ -33,7 +33,7 @@ from heedrank.fusion import resolve_weight
 from heedrank.protocols import ExplainingReranker, Reranked, Reranker, RerankResult
 from heedrank.results import NO_RERANK, RerankedQuery, SearchOptions
 from heedrank.serving import Served, ServePolicy
-from heedrank.signals import SignalInputs, gather
+from heedrank.signals import SignalInputs, gather, signal
 from heedrank.signals.base import CosineSource
 from heedrank.types import Document, Query, Ranking
 
@@ -49,7 +49,8 @@ class RerankerSource(Protocol):
     def rerank(self, query: Query, candidates: Sequence[Document], method: str,
                options: Mapping[str, Any] | None = None, max_doc_tokens: int | None = None, *,
                explain: bool = False, evidence_spans: int = 3, index: Any = None, cold_budget: int | None = None,
-               entry: tuple[Reranker, threading.BoundedSemaphore] | None = None) -> Reranked: ...
+               entry: tuple[Reranker, threading.BoundedSemaphore] | None = None,
+               priority: Sequence[str] | None = None, fit_deadline: bool = True) -> Reranked: ...
 
 __all__ = ["DEFAULT_FUSION", "HEAD_OPTIONS", "RerankStage", "RerankerSource", "check_explainer", "check_rerank_options"]
 
@@ -212,15 +213,21 @@ class RerankStage:
         """
         t0 = time.perf_counter()
         policy = self.policy
-        reranked = self._rerank(query, cands, use_store) if policy.reads_reranker else None
-        inputs = self._inputs(query, cands, use_store, reranked)
-        X = gather(policy.features, inputs)
-        if reranked is None:  # no pass: the reranker's own scores are one of the signals gathered
+        inputs = self._inputs(query, cands, use_store, None)
+        X = gather(policy.features, inputs)  # the reranker's own columns NaN until its pass
+        reranked = None
+        if policy.reads_reranker:
+            reranked = self._rerank(query, cands, use_store, policy.priority(cands, X))
+            inputs = replace(inputs, reranker=reranked.result.ranking)
+            for col, name in enumerate(policy.features):
+                if signal(name).reads_reranker:
+                    X[:, col] = signal(name).values(inputs)
+        else:  # no pass: the reranker's own scores are one of the signals gathered
             j = policy.features.index(policy.own) if policy.own in policy.features else None
             own = X[:, j] if j is not None else np.full(len(cands), np.nan)
             if j is not None and len(cands) and not np.isfinite(own).any():
                 # the path lacks that signal's source (an index without vectors): the reranker computes it
-                reranked = self._rerank(query, cands, use_store)
+                reranked = self._rerank(query, cands, use_store, None)
                 X[:, j] = own = inputs.column(reranked.result.ranking.to_dict())
             else:
                 scores = {h.doc_id: float(v) for h, v in zip(cands.hits, own) if np.isfinite(v)}
@@ -229,14 +236,16 @@ class RerankStage:
         served = policy.serve(cands, X)
         return RerankedQuery(reranked=reranked, served=served, policy=policy, seconds=time.perf_counter() - t0)
 
-    def _rerank(self, query: Query, cands: Ranking, use_store: bool) -> Reranked:
+    def _rerank(self, query: Query, cands: Ranking, use_store: bool, priority: Sequence[str] | None) -> Reranked:
         """The reranker's pass over the candidates (:meth:`RerankerSource.rerank`: its lock, the
-        cold budget, the document KV store when ``use_store``)."""
+        cold budget and the deadline, the document KV store when ``use_store``); ``priority``:
+        which cold blocks to encode first (doc ids, best first)."""
         options = self.options
         return self.cache.rerank(
             query, [h.document for h in cands.hits if h.document is not None], options.rerank, options.rerank_options,
             explain=options.explain, evidence_spans=options.evidence_spans, index=self.index if use_store else None,
-            cold_budget=options.cold_budget if options.cutoff is None else None, entry=self.entry)
+            cold_budget=options.cold_budget if options.cutoff is None else None, entry=self.entry, priority=priority,
+            fit_deadline=self.policy.serves_partly)
 
     def serve_without_lm(self, query: Query, cands: Ranking, *, use_store: bool = True) -> Served | None:
         """``cands`` served from the signals at hand, no reranker pass: the default's scorer
