@@ -28,7 +28,8 @@ class PassCosts:
             The prior, 0.02 s, is above a warm pass on 2 CPU cores (about 0.01 s).
         per_block: ``b``: seconds per cold block encoded now. The prior, 0.3 s, is above what
             SmolLM2-135M takes on 2 CPU cores (0.15-0.25 s): a first request errs short.
-        alpha: Weight of the newest call in the running means.
+        alpha: Weight of the newest call in the running means (the first call of each kind
+            replaces the prior).
         share: The part of the time left a call plans to use (the rest absorbs the estimate's error).
     """
 
@@ -37,17 +38,22 @@ class PassCosts:
     alpha: float = 0.3
     share: float = 0.85
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _seen: int = field(default=0, repr=False, compare=False)  # bit 1: a warm call seen, bit 2: a cold one
 
     def observe(self, candidates: int, cold: int, seconds: float) -> None:
         """Learn from one call: ``candidates`` in its pass, ``cold`` of them encoded now, ``seconds`` wall time."""
         if candidates <= 0 or seconds <= 0 or not math.isfinite(seconds):
             return
-        with self._lock:
+        with self._lock:  # the first measurement of each replaces its prior; later ones move the mean
             if cold == 0:
-                self.per_candidate += self.alpha * (seconds / candidates - self.per_candidate)
+                weight = self.alpha if self._seen & 1 else 1.0
+                self.per_candidate += weight * (seconds / candidates - self.per_candidate)
+                self._seen |= 1
             else:
                 per_block = max(0.0, seconds - self.per_candidate * candidates) / cold
-                self.per_block += self.alpha * (per_block - self.per_block)
+                weight = self.alpha if self._seen & 2 else 1.0
+                self.per_block += weight * (per_block - self.per_block)
+                self._seen |= 2
 
     def cold_within(self, seconds_left: float, warm: int) -> int:
         """How many cold blocks a call with ``warm`` read candidates may encode in ``seconds_left``
