@@ -173,6 +173,16 @@ step_scorer_eval() {  # the served default through the product (eval beir / trec
     "$PY" recipes/default/steps.py scorer-figures --work "$W"
 }
 
+step_web_dumps() {  # not in the default order yet: the scorer's sources beyond NFCorpus and DL21, with the adapter,
+                    # for a leave-one-source-out choice of the scorer (each source held out in turn): MS MARCO dev-600's
+                    # train fold (450 web questions, BM25 top 20, binary qrels) and 100 SciFact train claims (BM25 top 30).
+                    # Each dump resumes where it stopped (lab dump), so the step may span sessions.
+    dump qa-dev600-train-bm25-20 --data "$D/msmarco-passage-dev-600" --trec-run BM25 --split train --candidates 20 \
+        --store "$W/kv/dev600" --adapter "$W/adapter/best"
+    dump qa-scifact-train-bm25-30 --data "$D/beir-scifact" --split train --retriever bm25 --candidates 30 \
+        --max-queries 100 --store "$W/kv/scifact" --adapter "$W/adapter/best"
+}
+
 step_seed() {  # not in the default order: re-measure the installed card and adapter (e.g. on a store of
                # another layout) by the steps after `adapter`, without refitting or retraining them
     "$PY" recipes/default/steps.py seed --work "$W" --model "$M" --data "$NF"
