@@ -72,7 +72,8 @@ def _dense_path(dump: Path) -> Path:
 def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndarray]:
     """``{query_id: (N,) float64 cosine}`` of a dump's candidates (module docstring), cached in
     ``<dump>.dense.npz`` (recomputed when the dump changed)."""
-    from heedrank.data import load_beir_queries, load_run_json, trec_dl_paths
+    from heedrank.data import load_beir_queries
+    from heedrank.eval.sets import load_candidate_set
 
     meta, items = load_items(dump)
     digest = hashlib.sha256(Path(dump).read_bytes()).hexdigest()[:16]
@@ -81,10 +82,10 @@ def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndar
         z = np.load(cache)
         if str(z["__sha__"]) == digest:
             return {it.query_id: z[it.query_id] for it in items}
-    if meta.get("run"):
-        paths = trec_dl_paths(meta["data"], meta["run"])
-        _, docs, topics = load_run_json(paths.run_json)
-        qtext = {q: t.text for q, t in topics.items()}
+    if meta.get("run"):  # a candidate-list folder (TREC DL, dev-600, NovelEval): every query of it
+        listed = load_candidate_set(meta["data"], meta["run"], split="all")
+        docs = listed.docs
+        qtext = {q: t.text for q, t in listed.queries.items()}
     else:
         qtext = {q: t.text for q, t in load_beir_queries(meta["data"]).items()}
         docs = None
