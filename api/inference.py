@@ -145,6 +145,7 @@ class InferencePool:
         self._busy_units = 0.0
         self._queued_units = 0.0
         self._seconds_per_unit: float | None = None
+        self._last_job = time.monotonic()  # when a worker last came back from a job (or started)
         self._closed = False
         self._threads: list[threading.Thread] = []
 
@@ -188,6 +189,16 @@ class InferencePool:
         """Workers running a job."""
         with self._cond:
             return len(self._threads) - self._idle if self._threads else 0
+
+    def idle_for(self) -> float:
+        """Seconds (:func:`time.monotonic`) since the pool last had a job queued or running; 0.0
+        while it has one (a job waiting for a worker, dropped or not yet, counts; a closed pool
+        has none). One lock, no I/O: the service's background LM work polls it to step aside
+        (:class:`heedrank.api.fill.QuietGate`)."""
+        with self._cond:
+            if not self._closed and (self._queue or (self._threads and self._idle < len(self._threads))):
+                return 0.0
+            return time.monotonic() - self._last_job
 
     def seed(self, seconds_per_unit: float) -> None:
         """Start the running mean from a measurement (e.g. a warm-up call) instead of
@@ -376,6 +387,7 @@ class InferencePool:
         while True:
             with self._cond:
                 self._idle += 1
+                self._last_job = time.monotonic()
                 if self._idle == self.workers:
                     self._cond.notify_all()  # start() waits for every worker to be idle
                 while not self._queue and not self._closed:

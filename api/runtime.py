@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from heedrank.api.costs import MethodCosts
 from heedrank.api.deadline import FallbackCosts
+from heedrank.api.fill import QuietGate
 from heedrank.api.inference import InferencePool
 from heedrank.api.metrics import Metrics
 from heedrank.errors import NotFoundError, UnhealthyError
@@ -68,6 +69,9 @@ class Runtime:
                                     observe=self.metrics.observer("ingest"), stop_abandoned=False),
         }
         self.metrics.watch_pools(self.pools)
+        self.quiet = QuietGate([self.pools["rerank"], self.pools["search"]], hold=settings.fill_hold_s)
+        """When background LM work (the fill, upserted documents' blocks) may go on: no request
+        queued or running in the ``rerank`` and ``search`` pools for ``fill_hold_s`` seconds."""
         self.status: Status = "loading"
         self.error: str | None = None
         self.started = time.time()
@@ -218,7 +222,7 @@ class Runtime:
         for name, p in self.collections.items():
             if p.index is None:
                 continue
-            filler = BlockFiller(p.index, reranker, lock, self.rerankers, name=name).start()
+            filler = BlockFiller(p.index, reranker, lock, self.quiet, name=name).start()
             if filler.running:
                 self.fillers[name] = filler
                 by_store[id(filler.store)] = filler
@@ -247,6 +251,32 @@ class Runtime:
         seconds = time.perf_counter() - t0
         self.pools["rerank"].seed(seconds / len(docs))
         logger.info("warm-up reranking of %d documents took %.2f s", len(docs), seconds)
+        self._measure_costs(reranker)
+
+    def _measure_costs(self, reranker: Any) -> None:
+        """Time the served method's cost per candidate, cold and warm (:func:`heedrank.api.costs.measure`,
+        :data:`~heedrank.api.costs.COST_DOCUMENTS` documents), and seed :attr:`costs` with it, so
+        that ``GET /info``'s ``reranker.limits`` and the over-budget 422s hold from the first
+        request; the cold figure (a new document's cost) also seeds the rerank pool's seconds per
+        document. A failure is logged: the figures are then learned from the requests."""
+        from heedrank import registry
+        from heedrank.api.costs import measure
+        from heedrank.capabilities import reads_stored_blocks
+
+        assert self.rerankers is not None
+        cache, method = self.rerankers, registry.resolve_method(self.settings.rerank_method)
+        t0 = time.perf_counter()
+        try:
+            warm, cold = measure(lambda q, d: cache.rerank(q, d, method).result, stored_blocks=reads_stored_blocks(reranker))
+        except Exception as exc:  # best effort: the service serves without the prior
+            logger.warning("timing reranker %r per candidate failed: %s", method, exc)
+            return
+        self.costs.seed(method, warm, cold)
+        if cold is not None:  # a truer start for the pool's wait estimate than the first call (its one-off costs)
+            self.pools["rerank"].seed(cold)
+        logger.info("reranker %r costs %s s per candidate warm, %s s cold (timed in %.1f s)", method,
+                    "?" if warm is None else f"{warm:.3f}", "?" if cold is None else f"{cold:.3f}",
+                    time.perf_counter() - t0)
 
     def _set_status(self, status: Status) -> None:
         self.status = status

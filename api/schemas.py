@@ -539,9 +539,19 @@ class RerankerInfo(BaseModel):
         description="Per method, what the loaded model holds (empty until loaded): context and window_tokens "
         "(positions), max_query_tokens (longer queries are cut, with a warning), max_doc_tokens, and "
         "max_candidates / max_documents: the most candidates a /search or documents a /rerank request may send "
-        "(the service limits, when the model holds them); icr adds candidates_per_window. Once the service has "
-        "measured the method: seconds_per_candidate and max_candidates_in_budget, the most candidates a /search "
-        "may ask it for within the per-request budget (more get a 422 that says so).",
+        "(the service limits, when the model holds them); icr adds candidates_per_window. What fits the "
+        "per-request budget (HEEDRANK_REQUEST_BUDGET_S), each an object {\"warm\": ..., \"cold\": ...}: warm = the "
+        "candidates' blocks read (from the document KV store: cached BlockRank's /search once the store is filled), "
+        "cold = each block encoded now (cached BlockRank's /rerank of new documents); a method that stores no blocks "
+        "(icr, blockrank, dense) reads every candidate's text each time, so its two are one. "
+        "seconds_per_candidate: seconds per candidate reranked; max_candidates_in_budget: the most candidates a "
+        "/search may ask it for within the budget (at most max_candidates); max_documents_in_budget: the most "
+        "documents a /rerank may send it (at most max_documents). null where not measured: the served method is "
+        "timed at start-up (HEEDRANK_WARMUP), another the first time a /search builds it; the requests served then "
+        "refine them. Past max_candidates_in_budget.warm (/search) or max_documents_in_budget.cold (/rerank) a "
+        "request gets a 422 at once that names the figure, unless its method is served by the default's scorer "
+        "(the default, unless a request gives a fusion weight): the LM then reads as many as fit and the "
+        "rest are scored from their other signals.",
     )
 
 
@@ -554,7 +564,12 @@ class InfoResponse(BaseModel):
     reranker: RerankerInfo
     default_collection: str
     collections: dict[str, dict[str, Any]] = Field(description="Per collection: index parameters and live counts.")
-    limits: dict[str, int]
+    limits: dict[str, int] = Field(
+        description="The service's hard caps (settings; over them a request gets a 422 or 413): max_top_k, "
+        "max_candidates (first-stage candidates one /search may rerank), max_documents (documents per /rerank), "
+        "max_document_chars, max_body_bytes, max_query_chars, and the pools' workers and queue sizes. Whether that "
+        "many fit the per-request budget depends on the method: reranker.limits.<method>.max_candidates_in_budget "
+        "and max_documents_in_budget say, warm and cold.")
     auth: bool = Field(description="Whether routes need an API key.")
 
 

@@ -60,7 +60,10 @@ class Settings(BaseSettings):
         "On a machine shared with other CPU-heavy processes, 1 can be many times faster than the default.",
     )
     warmup: bool = Field(
-        True, description="After loading, rerank a few passages once (first-call costs; seeds the wait estimate)."
+        True, description="After loading, rerank a few passages once (first-call costs; seeds the wait estimate), "
+        "then time the method cold and warm on 8 more (seconds per candidate: GET /info reranker.limits, the "
+        "over-budget 422s); another method is timed likewise the first time a /search builds it. false = neither: "
+        "the costs are learned from the requests alone.",
     )
     workers: int = Field(
         2, ge=1, le=64,
@@ -148,6 +151,13 @@ class Settings(BaseSettings):
         description="Fill each collection's document KV store in the background while no request is served: first "
         "the blocks searches skipped, then every document's; it yields to a request within one block, resumes after "
         "a restart, and stops at the store's disk budget.",
+    )
+    fill_hold_s: float = Field(
+        0.3, ge=0, le=60,
+        description="Seconds the rerank and search pools must have had no request queued or running before the "
+        "background fill, and the encoding of upserted documents' blocks (POST /documents), go on: they step aside "
+        "within one block (one document's encoding) when a request comes, and a stream of requests is not "
+        "interleaved with their work. 0 = resume as soon as no request is in flight.",
     )
     kv_disk_bytes: int | None = Field(
         None, gt=0,

@@ -11,6 +11,7 @@ event loop; a full queue answers 429.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated, Any
 
@@ -18,7 +19,7 @@ from fastapi import APIRouter, Query as QueryParam
 
 from heedrank.api.deps import RuntimeDep, SettingsDep
 from heedrank.api.schemas import DeleteResponse, ErrorBody, DocumentOut, UpsertRequest, UpsertResponse
-from heedrank.errors import IndexMismatchError, NotFoundError, PayloadTooLargeError
+from heedrank.errors import IndexMismatchError, NotFoundError, OverloadedError, PayloadTooLargeError
 from heedrank.pipeline import Pipeline
 from heedrank.settings import Settings
 from heedrank.types import Document
@@ -57,21 +58,56 @@ def _writable_index(pipeline: Pipeline, name: str):
     return index
 
 
-def _encode_blocks_later(runtime: Any, pipeline: Pipeline, docs: list[Document]) -> None:
-    """After the commit (the acknowledgement does not wait), compute the new documents'
-    blocks for the collection's document KV store in the ingest pool
-    (:meth:`heedrank.blocks.BlockSync.encode_new`); a full pool or a failure only
-    leaves them to be computed on first use, and is logged."""
+ENCODE_CHUNK = 2
+"""Documents per ingest-pool job when upserted documents' blocks are encoded without the
+collection's background fill: a request waits for at most this many blocks' encoding."""
+
+
+def _encode_blocks_later(runtime: Any, pipeline: Pipeline, name: str, docs: list[Document]) -> None:
+    """After the commit (the acknowledgement does not wait), compute the new documents' blocks
+    for the collection's document KV store in the background, stepping aside for requests
+    (:attr:`heedrank.api.runtime.Runtime.quiet`) within one block or :data:`ENCODE_CHUNK` blocks.
+
+    Where the collection's background fill runs, they join its queue
+    (:meth:`heedrank.api.fill.BlockFiller.add`: one block at a time, committed in batches;
+    after a restart its document scan finds those still missing). Otherwise (the fill off, the
+    models loading) :meth:`heedrank.blocks.BlockSync.encode_new` runs in the ingest pool,
+    :data:`ENCODE_CHUNK` documents per job, each once the service is quiet, so that upserts and
+    deletes queue between jobs; a full ingest queue is waited out, and a failure or a shutdown
+    leaves the rest to be computed on first use, logged."""
+    filler = runtime.fillers.get(name)
+    if filler is not None and filler.running:
+        filler.add(docs)
+        return
 
     async def run() -> None:
+        written = 0
         try:
-            n = await runtime.pools["ingest"].run(pipeline.blocks.encode_new, docs, units=len(docs))
-            if n:
-                logger.info("stored %d document blocks for %d new documents", n, len(docs))
+            for start in range(0, len(docs), ENCODE_CHUNK):
+                written += await _encode_when_quiet(runtime, pipeline, docs[start:start + ENCODE_CHUNK])
         except Exception as exc:  # noqa: BLE001 - best effort: first use computes the block
             logger.warning("document blocks not precomputed (%s); they are computed on first use", exc)
+        if written:
+            logger.info("stored %d document blocks for %d new documents", written, len(docs))
 
     runtime.spawn(run())
+
+
+async def _encode_when_quiet(runtime: Any, pipeline: Pipeline, docs: list[Document]) -> int:
+    """:meth:`heedrank.blocks.BlockSync.encode_new` of ``docs`` in the ingest pool once the
+    service is quiet; the blocks written. A full ingest queue is retried after its
+    ``Retry-After`` (0.1 to 5 s).
+
+    Raises:
+        KVStoreError, KVStoreMismatchError: see :meth:`heedrank.blocks.BlockSync.encode_new`.
+        UnhealthyError: the pool closed (shutdown).
+    """
+    while True:
+        await runtime.quiet.wait_idle_async()
+        try:
+            return await runtime.pools["ingest"].run(pipeline.blocks.encode_new, docs, units=len(docs))
+        except OverloadedError as exc:  # writes queued first: they are acknowledged before this
+            await asyncio.sleep(min(5.0, max(0.1, float(exc.retry_after or 1.0))))
 
 
 def _check_sizes(body: UpsertRequest, settings: Settings) -> None:
@@ -105,7 +141,7 @@ async def upsert_documents(body: UpsertRequest, runtime: RuntimeDep, settings: S
     index = _writable_index(pipeline, name)
     docs = [Document(d.id, d.text, d.title, d.metadata) for d in body.documents]
     result = await runtime.pools["ingest"].run(index.add_documents, docs, units=len(docs))
-    _encode_blocks_later(runtime, pipeline, docs)
+    _encode_blocks_later(runtime, pipeline, name, docs)
     return UpsertResponse(collection=name, added=result["added"], replaced=result["replaced"],
                           num_docs=len(index.docstore))
 

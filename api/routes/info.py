@@ -12,6 +12,7 @@ import anyio
 from fastapi import APIRouter
 
 from heedrank import __version__
+from heedrank.api.costs import budget_limits
 from heedrank.api.deps import RuntimeDep, SettingsDep
 from heedrank.api.runtime import Runtime, served_model_ids
 from heedrank.api.schemas import InfoResponse, RerankerInfo
@@ -29,10 +30,13 @@ router = APIRouter(tags=["info"])
 def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str],
                   costs: Any = None) -> dict[str, dict[str, Any]]:
     """Per method, what the loaded LM holds (:meth:`heedrank.capabilities.LimitedReranker.limits`), with
-    ``max_candidates``/``max_documents`` set to the service limits the method can take, and,
-    once the method was measured on this service (``costs``, :class:`heedrank.api.costs.MethodCosts`),
-    ``seconds_per_candidate`` and ``max_candidates_in_budget``: the most candidates ``/search``
-    accepts for it within the per-request budget (more get a 422 that says so).
+    ``max_candidates``/``max_documents`` set to the service limits the method can take, and, with
+    ``costs`` (:class:`heedrank.api.costs.MethodCosts`), what fits the per-request budget
+    (:func:`heedrank.api.costs.budget_limits`): ``seconds_per_candidate``,
+    ``max_candidates_in_budget`` and ``max_documents_in_budget``, each ``{"warm": ..., "cold": ...}``,
+    ``None`` where the method was not measured yet (the served one is, at start-up; another the
+    first time a search builds it). A request past them gets a 422 that says so, unless its
+    method answers in part (:func:`heedrank.api.costs.serves_in_part`).
 
     Uses the LM of an already built reranker (never loads one): a method built already (under
     its name or an alias, e.g. ``blockrank-cached`` as ``default``) answers itself; another gets
@@ -63,12 +67,8 @@ def method_limits(loaded: dict[str, Any], settings: Settings, methods: list[str]
         limits["max_candidates"] = settings.max_candidates if held is None else min(held, settings.max_candidates)
         limits["max_documents"] = settings.max_documents if held is None else min(held, settings.max_documents)
         if costs is not None:
-            key = registry.resolve_method(method)
-            spc, most = costs.seconds_per_candidate(key), costs.max_candidates(key, settings.request_budget_s)
-            if spc is not None:
-                limits["seconds_per_candidate"] = round(spc, 4)
-            if most is not None:
-                limits["max_candidates_in_budget"] = min(most, limits["max_candidates"])
+            limits.update(budget_limits(costs, registry.resolve_method(method), settings.request_budget_s,
+                                        limits["max_candidates"], limits["max_documents"]))
         out[method] = limits
     return out
 

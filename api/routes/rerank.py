@@ -58,6 +58,7 @@ from heedrank.api.schemas import (
     RerankedDocument,
     TokenCounts,
 )
+from heedrank.capabilities import reads_stored_blocks
 from heedrank.errors import ModelLoadError, OverloadedError, PayloadTooLargeError, ValidationError
 from heedrank.fusion import reciprocal_ranks
 from heedrank.pipeline import NO_RERANK, Pipeline, RerankedQuery, SearchOptions
@@ -146,10 +147,12 @@ class Stop:
         reason: ``"estimate"`` (it would have ended too late: never started), ``"timeout"`` (its
             time ran out while it waited or ran: stopped) or ``"overloaded"`` (the queue was full).
         by_budget: Whether the service's per-request budget, not ``deadline_ms``, was the limit.
+        ran: Seconds the reranking had run when it was stopped (0.0: it never started).
     """
 
     reason: str
     by_budget: bool
+    ran: float = 0.0
 
     @property
     def label(self) -> str:
@@ -180,7 +183,54 @@ async def _rerank(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ran
             raise
         return Stop("overloaded", deadline.by_budget)
     except DeadlineExceeded as exc:
-        return Stop(exc.reason, deadline.by_budget)
+        return Stop(exc.reason, deadline.by_budget, exc.ran)
+
+
+def refuse_over_budget(runtime: Runtime, method: str, options: SearchOptions, documents: int, *, by: str,
+                       max_doc_tokens: int | None, budget: float | None) -> None:
+    """Refuse up front (422) more documents than the service's ``method`` reads within the
+    per-request budget (``budget`` seconds), as measured on this service at its cold figure
+    (:class:`heedrank.api.costs.MethodCosts`: a request's documents are new, each block encoded
+    now); unless the method serves them by the default's scorer (the default: the LM reads as many
+    as fit and the rest are scored from the embedder, :func:`heedrank.api.costs.serves_in_part`),
+    its reranker is not built, or the request lowers ``max_tokens_per_doc`` (``max_doc_tokens``:
+    cheaper than measured). Not called for a request with ``deadline_ms``: its client asked for
+    an answer by then, without the LM where it must.
+
+    Raises:
+        ValidationError: ``documents`` over :meth:`~heedrank.api.costs.MethodCosts.max_candidates`
+            (cold).
+    """
+    from heedrank.api.costs import COLD, serves_in_part
+
+    if budget is None or max_doc_tokens is not None or runtime.rerankers is None:
+        return
+    most = runtime.costs.max_candidates(method, budget, COLD)
+    if most is None or documents <= most:
+        return
+    reranker = runtime.rerankers.loaded().get(method)
+    if reranker is None or serves_in_part(reranker, fusion=options.fusion, cutoff=options.cutoff, by=by):
+        return
+    raise ValidationError(
+        f"rerank method {method!r} reads about {most} new documents within this service's per-request budget of "
+        f"{budget:g} s (measured here: {runtime.costs.seconds_per_candidate(method, COLD):.2f} s per document; "
+        f"GET /info: reranker.limits.{method}.max_documents_in_budget.cold); send at most {most} documents per "
+        "request (split the list), or raise HEEDRANK_REQUEST_BUDGET_S")
+
+
+def _learn_cost(runtime: Runtime, method: str, done: RerankedQuery | Stop, documents: int, stored: bool) -> None:
+    """Teach :attr:`heedrank.api.runtime.Runtime.costs` what a reranking of the service's method
+    at its own document budget took: a finished one its seconds per document reranked (cold: its
+    blocks encoded now), a stopped one a lower bound (the seconds it ran over ``documents``)."""
+    if isinstance(done, Stop):
+        if done.ran > 0:
+            runtime.costs.stopped(method, done.ran, documents, cold=documents if stored else None)
+        return
+    if done.reranked is None:
+        return
+    result = done.reranked.result
+    runtime.costs.observe(method, float(result.seconds), len(result.ranking),
+                          cold=None if result.cache is None else int(result.cache.get("misses", 0)))
 
 
 def _cut_warning(cut: list[int], budget: int) -> str:
@@ -423,8 +473,13 @@ async def rerank(
     deadline = request_deadline(request.scope, settings.request_budget_s,
                                 body.deadline_ms / 1000.0 if body.deadline_ms is not None else None)
     query = Query("rerank", body.query)
+    if body.deadline_ms is None:  # with deadline_ms the client asked for an answer by then, without the LM if need be
+        refuse_over_budget(runtime, method, options, len(texts), by=by, max_doc_tokens=max_doc_tokens,
+                           budget=settings.request_budget_s)
     done = await _rerank(runtime, pipeline, query, given, options, call, deadline, body.deadline_ms is not None,
                          request.is_disconnected)
+    if max_doc_tokens is None:  # at the service's document budget: what the method's figures are
+        _learn_cost(runtime, method, done, len(texts), reads_stored_blocks(runtime.rerankers.loaded().get(method)))
     if isinstance(done, Stop):  # the default's scorer from the embedder alone (no LM pass), or the given order
         served = await _serve_without_lm(runtime, pipeline, query, given, options, by, deadline,
                                          request.is_disconnected)

@@ -223,26 +223,32 @@ async def search(
     budget = settings.request_budget_s if reranking else None
     deadline = request_deadline(request.scope, budget)  # from the request's arrival, its wait for a worker included
     cost_key = method_cost_key(method, options) if reranking else ""
-    if reranking:
-        refuse_over_budget(runtime.costs, cost_key, options, budget)
     reserve = runtime.fallback_costs.reserve("search", options.candidates) if budget is not None else 0.0
+    if reranking and budget is not None:
+        spent = False  # the request's time ran out while its method was timed: it takes the budget's path
+        if settings.warmup and not runtime.costs.known(cost_key):  # timed once, before its first search runs
+            spent = await measure_first_build(runtime, pipeline, method, options, deadline.work_end(reserve),
+                                              request.is_disconnected)
+        if not spent:
+            refuse_over_budget(runtime.costs, cost_key, options, budget, built_reranker(pipeline, method, options))
     try:
         result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
                                 reranking else 1, deadline=deadline.work_end(reserve),
                                 is_disconnected=request.is_disconnected)
     except DeadlineExceeded as exc:  # stopped, or never started: the first stage's order, scored without the LM
         assert budget is not None  # only a reranking search has a deadline
-        if exc.ran > 0 and not reads_stored_blocks(registry.reranker_class(method)):
-            # a method reading stored blocks may have spent its time encoding cold ones: no lower bound
-            runtime.costs.stopped(cost_key, exc.ran, options.candidates)
+        if exc.ran > 0:  # a method reading stored blocks may have spent its time encoding: a bound of its cold figure
+            stored = reads_stored_blocks(registry.reranker_class(method))
+            runtime.costs.stopped(cost_key, exc.ran, options.candidates, cold=options.candidates if stored else None)
         return await first_stage_fallback(runtime, pipeline, body.query, options, method, budget, deadline,
                                           request.is_disconnected, exc.reason)
     queue_seconds = max(0.0, time.perf_counter() - t0 - float(result.timings.get("total", 0.0)))
     runtime.metrics.observe_timings(result.timings)
     if result.rerank is not None:
         runtime.metrics.observe_block_cache(result.rerank.cache)
-        if not (result.rerank.cache or {}).get("misses"):  # cold blocks encoded now cost the fill, not the method
-            runtime.costs.observe(cost_key, float(result.timings.get("rerank", 0.0)), len(result.rerank.ranking))
+        cache = result.rerank.cache  # None: a method that stores no blocks; else its misses were encoded now
+        runtime.costs.observe(cost_key, float(result.timings.get("rerank", 0.0)), len(result.rerank.ranking),
+                              cold=None if cache is None else int(cache.get("misses", 0)))
     return to_response(result, method, queue_seconds)
 
 
@@ -255,20 +261,98 @@ def method_cost_key(method: str, options: SearchOptions) -> str:
     return method if not options.rerank_options else f"{method} {json.dumps(options.rerank_options, sort_keys=True)}"
 
 
-def refuse_over_budget(costs: Any, key: str, options: SearchOptions, budget: float | None) -> None:
+def built_reranker(pipeline: Pipeline, method: str, options: SearchOptions) -> Any:
+    """The reranker a search with ``options`` runs (``method``, resolved, with its
+    ``rerank_options``) when it is built already, else ``None``; never builds one."""
+    from heedrank.pipeline import options_key
+
+    if pipeline.rerankers is None:
+        return None
+    name = method + (options_key(options.rerank_options) if options.rerank_options else "")
+    return pipeline.rerankers.loaded().get(name)
+
+
+async def measure_first_build(runtime: Any, pipeline: Pipeline, method: str, options: SearchOptions,
+                              until: float | None, is_disconnected: Any) -> bool:
+    """Time a method (with the search's options) this service has no cost figure of yet, the
+    first time a search asks for it: build its reranker and time it cold and warm
+    (:func:`heedrank.api.costs.measure`, about ``2 * COST_DOCUMENTS`` candidates' time), in the
+    ``rerank`` pool within the request's time (``until``, perf_counter seconds), and seed
+    :attr:`heedrank.api.runtime.Runtime.costs`, so that this very request is refused at once
+    when it cannot fit (:func:`refuse_over_budget`) instead of reranking nothing after the whole
+    budget. Not timed: a request served by the default's scorer, which answers in part
+    (:func:`heedrank.api.costs.serves_in_part`); a method another request is timing now.
+    When the time runs out first, the seconds its passes ran over their documents are a lower
+    bound of the method's cost (:meth:`heedrank.api.costs.MethodCosts.stopped`).
+
+    Returns:
+        Whether ``until`` passed while it timed (or waited to): the request's time is spent,
+        and it takes the budget's path, not a refusal.
+
+    Raises:
+        UnknownNameError, ValidationError, ModelLoadError: building the reranker failed
+            (:meth:`heedrank.pipeline.RerankerCache.get`), as the search itself would.
+        OverloadedError: the ``rerank`` queue is full.
+        ClientGoneError: the client went away.
+    """
+    from heedrank.api.costs import COST_DOCUMENTS, measure, serves_in_part
+
+    built = built_reranker(pipeline, method, options)
+    if built is not None and serves_in_part(built, fusion=options.fusion, cutoff=options.cutoff):
+        return False
+    key = method_cost_key(method, options)
+    if pipeline.rerankers is None or not runtime.costs.claim_probe(key):
+        return False
+    cache = pipeline.rerankers
+    timing: list[float] = []  # when the timed passes began (building the reranker is no cost per candidate)
+
+    def probe() -> None:
+        reranker = cache.get(method, options.rerank_options)[0]
+        if serves_in_part(reranker, fusion=options.fusion, cutoff=options.cutoff):
+            return
+        timing.append(time.perf_counter())
+        warm, cold = measure(lambda q, d: cache.rerank(q, d, method, options.rerank_options).result,
+                             stored_blocks=reads_stored_blocks(reranker))
+        runtime.costs.seed(key, warm, cold)
+        logger.info("rerank method %r costs %s s per candidate warm, %s s cold (timed at its first search)", key,
+                    "?" if warm is None else f"{warm:.3f}", "?" if cold is None else f"{cold:.3f}")
+
+    try:
+        await runtime.pools["rerank"].run(probe, units=COST_DOCUMENTS + 1, deadline=until,
+                                          is_disconnected=is_disconnected)
+    except DeadlineExceeded:  # stopped: it read at most its documents in the time its passes ran
+        if timing:
+            stored = reads_stored_blocks(built_reranker(pipeline, method, options))
+            read = (2 if stored else 1) * COST_DOCUMENTS + 1
+            runtime.costs.stopped(key, time.perf_counter() - timing[0], read, cold=read if stored else None)
+        return True
+    finally:
+        runtime.costs.release_probe(key)
+    return False
+
+
+def refuse_over_budget(costs: Any, key: str, options: SearchOptions, budget: float | None, reranker: Any) -> None:
     """Refuse up front (422) a reranking of more candidates than the method, as measured on this
-    service (:class:`heedrank.api.costs.MethodCosts`), reranks within the per-request budget.
+    service (:class:`heedrank.api.costs.MethodCosts`, its warm figure: the document KV store
+    fills, and cold candidates are bounded by the recompute budget), reranks within the
+    per-request budget; unless ``reranker`` (the built one, ``None``: not built) serves the
+    request by the default's scorer, which reads as many candidates as fit and scores the rest
+    (:func:`heedrank.api.costs.serves_in_part`), or is not built (nothing to tell by).
 
     Raises:
         ValidationError: ``options.candidates`` over :meth:`~heedrank.api.costs.MethodCosts.max_candidates`.
     """
+    from heedrank.api.costs import WARM, serves_in_part
     from heedrank.errors import ValidationError
 
-    most = costs.max_candidates(key, budget)
-    if most is not None and options.candidates > most:
-        method = key.split(" ", 1)[0]  # the registered method: its entry in GET /info
-        raise ValidationError(
-            f"rerank method {key!r} reranks about {most} candidates within this service's per-request budget of "
-            f"{budget:g} s (measured here: {costs.seconds_per_candidate(key):.2f} s per candidate; GET /info: "
-            f"reranker.limits.{method}.max_candidates_in_budget); ask for at most {most} (rerank.candidates), choose "
-            "a faster method, or raise HEEDRANK_REQUEST_BUDGET_S")
+    most = costs.max_candidates(key, budget, WARM)
+    if most is None or options.candidates <= most or reranker is None:
+        return
+    if serves_in_part(reranker, fusion=options.fusion, cutoff=options.cutoff):
+        return
+    method = key.split(" ", 1)[0]  # the registered method: its entry in GET /info
+    raise ValidationError(
+        f"rerank method {key!r} reranks about {most} candidates within this service's per-request budget of "
+        f"{budget:g} s (measured here: {costs.seconds_per_candidate(key, WARM):.2f} s per candidate; GET /info: "
+        f"reranker.limits.{method}.max_candidates_in_budget.warm); ask for at most {most} (rerank.candidates), "
+        "choose a faster method, or raise HEEDRANK_REQUEST_BUDGET_S")

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from block_fakes import FakeCached  # tests/block_fakes.py
 from heedrank.config import RerankerConfig
 from heedrank.pipeline import Pipeline, reranker_factory
 from heedrank.protocols import RerankResult
@@ -185,3 +186,65 @@ class BatchedReranker(FakeReranker):
             time.sleep(BatchedReranker.batch_seconds)
             BatchedReranker.batches += 1
         return replace(super().rerank(query, candidates), seconds=time.perf_counter() - t0)
+
+
+class SlowBlocks(FakeCached):
+    """:class:`block_fakes.FakeCached` that takes ``seconds`` per block and says when each
+    block's encoding started: ``starts`` (:func:`time.monotonic`, one per block), and
+    ``encoding`` is set at each start (a test clears it to see whether another block starts)."""
+
+    def __init__(self, seconds: float = 0.02) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.starts: list[float] = []
+        self.encoding = threading.Event()
+
+    def encode_block_arrays(self, texts: Sequence[str]) -> list[tuple[Any, Any, Any]]:
+        out = []
+        for text in texts:
+            self.starts.append(time.monotonic())
+            self.encoding.set()
+            time.sleep(self.seconds)
+            out += super().encode_block_arrays([text])
+        return out
+
+    def wait_encoded(self, n: int, seconds: float = 20.0) -> None:
+        """Wait until ``n`` blocks are encoded."""
+        deadline = time.monotonic() + seconds
+        while len(self.encoded) < n:
+            assert time.monotonic() < deadline, f"{len(self.encoded)} of {n} blocks encoded"
+            self.encoding.wait(0.05)
+
+
+class HeldRequest:
+    """One request held in ``pool`` (an :class:`heedrank.api.inference.InferencePool`) from
+    :meth:`start` until :meth:`release`: a job that waits on an event, submitted from a thread
+    with its own event loop. ``submitted_at`` is the :func:`time.monotonic` time just before the
+    job was queued (no await between), ``running`` is set once the job runs, and ``released_at``
+    is the time :meth:`release` was called (the job ends after it)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.running = threading.Event()
+        self._release = threading.Event()
+        self.submitted_at: float | None = None
+        self.released_at: float | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._submit()), daemon=True)
+
+    async def _submit(self) -> None:
+        self.submitted_at = time.monotonic()
+        await self.pool.run(self._job)
+
+    def _job(self) -> None:
+        self.running.set()
+        assert self._release.wait(30), "the held request was never released"
+
+    def start(self) -> HeldRequest:
+        self._thread.start()
+        assert self.running.wait(10), "the held request never ran"
+        return self
+
+    def release(self) -> None:
+        self.released_at = time.monotonic()
+        self._release.set()
+        self._thread.join(10)

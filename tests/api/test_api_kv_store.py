@@ -300,3 +300,44 @@ def test_the_fill_stops_at_the_disk_budget(monkeypatch, index_dir):
         _wait(lambda: filler.at_budget)
         stats = filler.store.stats()
         assert 1 <= stats.blocks < 3 and stats.live_bytes <= 2 * largest and not filler.scan_done
+
+
+NEW_DOCS = [{"id": "n1", "title": "Quinces", "text": "Quinces are hard yellow fruit."},
+            {"id": "n2", "title": "Figs", "text": "Figs grow in warm climates."},
+            {"id": "n3", "title": "Dates", "text": "Dates grow on palms."}]
+
+
+def _new_keys() -> set[str]:
+    return set(CachedFake(_Config()).block_keys([f"{d['title']} {d['text']}" for d in NEW_DOCS]))
+
+
+@pytest.mark.parametrize("fill", [True, False], ids=["through-the-fill", "fill-off"])
+def test_upserted_documents_blocks_wait_while_a_request_runs_and_are_stored_after(monkeypatch, index_dir, fill):
+    """``POST /documents`` is answered at once; its documents' blocks are encoded in the background
+    only once no request is in flight: through the fill's queue when the fill runs, else in the
+    ingest pool (the fill off). While a rerank request is held, none is stored; after it, all are."""
+    from api_fakes import HeldRequest
+
+    monkeypatch.setitem(registry._RERANKERS, "coldfake", ColdAwareFake)
+    with _client(index_dir, method="coldfake", fill_blocks=fill, fill_hold_s=0.1) as c:
+        runtime = c.app.state.runtime
+        assert runtime.wait_ready(10) and runtime.status == "ok"
+        if fill:
+            filler = runtime.fillers["default"]
+            _wait(lambda: filler.scan_done)
+        else:
+            assert not runtime.fillers
+        request = HeldRequest(runtime.pools["rerank"]).start()
+        try:
+            r = c.post("/documents", json={"documents": NEW_DOCS})
+            assert r.status_code == 200, r.text
+            if fill:
+                _wait(lambda: filler.paused)  # the fill took the first new block and waits
+            import time
+
+            time.sleep(0.5)  # five holds
+            assert not (_stored(c, "coldfake") & _new_keys())
+        finally:
+            request.release()
+        _wait(lambda: _new_keys() <= _stored(c, "coldfake"))
+        assert c.get("/info").status_code == 200

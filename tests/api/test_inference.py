@@ -333,3 +333,29 @@ def test_a_job_error_that_is_a_timeout_is_the_job_s_own():
             pool.close()
 
     _run(main())
+
+
+def test_idle_for_is_zero_while_a_job_waits_or_runs_and_counts_from_the_last_job_after():
+    gate = threading.Event()
+
+    async def main():
+        pool = InferencePool("t", workers=1, queue_size=2).start()
+        try:
+            assert pool.idle_for() > 0.0
+            running, waiting = pool.submit(gate.wait, 10), pool.submit(lambda: None)
+            assert pool.idle_for() == 0.0  # one running, one waiting for the worker
+            gate.set()
+            await asyncio.gather(running, waiting)
+            for _ in range(200):  # the worker comes back from the job just after its result
+                if pool.idle_for() > 0.0:
+                    break
+                await asyncio.sleep(0.005)
+            idle = pool.idle_for()
+            assert 0.0 < idle < 5.0
+            await asyncio.sleep(0.05)
+            assert pool.idle_for() >= idle + 0.04
+        finally:
+            pool.close()
+        assert pool.idle_for() > 0.0  # a closed pool runs nothing
+
+    _run(main())

@@ -60,18 +60,53 @@ def test_a_method_built_under_its_alias_answers_itself(monkeypatch) -> None:
 
 
 def test_a_measured_method_states_what_fits_the_request_budget(monkeypatch) -> None:
-    """Once a method was measured on the service (:class:`heedrank.api.costs.MethodCosts`), its
-    limits say how many candidates fit the per-request budget: what ``/search`` then accepts."""
+    """Each method's limits say what fits the per-request budget, warm and cold
+    (:class:`heedrank.api.costs.MethodCosts`): null before it was measured, then the figures
+    ``/search`` (warm) and ``/rerank`` (cold) refuse past, capped by the service's limits."""
     from heedrank.api.costs import MethodCosts
 
     monkeypatch.setitem(registry._RERANKERS, "limited", Limited)
     base = Limited(RerankerConfig(method="limited"), LM())
-    settings = Settings(index="unused", rerank_method="limited", max_candidates=100, request_budget_s=20)
+    settings = Settings(index="unused", rerank_method="limited", max_candidates=100, max_documents=50,
+                        request_budget_s=20)
     costs = MethodCosts()
-    assert "max_candidates_in_budget" not in method_limits({"limited": base}, settings, ["limited"], costs)["limited"]
-    costs.stopped("limited", 20.0, 100)  # 100 candidates stopped by the 20 s budget: >= 0.2 s each
     out = method_limits({"limited": base}, settings, ["limited"], costs)["limited"]
-    assert out["seconds_per_candidate"] == 0.2 and out["max_candidates_in_budget"] == 90
+    assert out["seconds_per_candidate"] == {"warm": None, "cold": None}
+    assert out["max_candidates_in_budget"] == {"warm": None, "cold": None}
+    assert out["max_documents_in_budget"] == {"warm": None, "cold": None}
+    costs.stopped("limited", 20.0, 100)  # 100 candidates stopped by the 20 s budget: >= 0.2 s each (no blocks: both)
+    out = method_limits({"limited": base}, settings, ["limited"], costs)["limited"]
+    assert out["seconds_per_candidate"] == {"warm": 0.2, "cold": 0.2}
+    assert out["max_candidates_in_budget"] == {"warm": 90, "cold": 90}
+    assert out["max_documents_in_budget"] == {"warm": 50, "cold": 50}  # capped by max_documents
     assert out["max_candidates"] == 100  # what the model holds is still said apart
     costs.observe("limited", 0.5, 10)  # a fast completion pulls the running mean down
-    assert method_limits({"limited": base}, settings, ["limited"], costs)["limited"]["max_candidates_in_budget"] > 90
+    assert method_limits({"limited": base}, settings, ["limited"], costs)["limited"]["max_candidates_in_budget"]["warm"] > 90
+
+
+def test_a_seeded_method_states_warm_and_cold_apart(monkeypatch) -> None:
+    """A method that reads stored blocks is timed warm and cold (the start-up warm-up's seed):
+    the two figures differ, requests refine each from their own kind, and without a budget no
+    count fits (null)."""
+    from heedrank.api.costs import MethodCosts
+
+    monkeypatch.setitem(registry._RERANKERS, "limited", Limited)
+    base = Limited(RerankerConfig(method="limited"), LM())
+    settings = Settings(index="unused", rerank_method="limited", max_candidates=100, max_documents=100,
+                        request_budget_s=10)
+    costs = MethodCosts()
+    costs.seed("limited", 0.05, 0.3)
+    out = method_limits({"limited": base}, settings, ["limited"], costs)["limited"]
+    assert out["seconds_per_candidate"] == {"warm": 0.05, "cold": 0.3}
+    assert out["max_candidates_in_budget"] == {"warm": 100, "cold": 30}  # 9 s / 0.05 = 180, capped at 100
+    assert out["max_documents_in_budget"] == {"warm": 100, "cold": 30}
+    costs.seed("limited", 1.0, 1.0)  # a seed is a prior: it never replaces a figure
+    costs.observe("limited", 6.0, 10, cold=10)  # all cold: only the cold figure moves
+    costs.observe("limited", 6.0, 10, cold=4)  # a mix: neither
+    assert costs.seconds_per_candidate("limited", "warm") == 0.05
+    assert abs(costs.seconds_per_candidate("limited", "cold") - (0.7 * 0.3 + 0.3 * 0.6)) < 1e-9
+    costs.stopped("limited", 9.0, 10, cold=10)  # stopped with cold candidates: bounds the cold figure only
+    assert costs.seconds_per_candidate("limited", "cold") == 0.9 and costs.seconds_per_candidate("limited") == 0.05
+    unbudgeted = settings.model_copy(update={"request_budget_s": None})
+    out = method_limits({"limited": base}, unbudgeted, ["limited"], costs)["limited"]
+    assert out["max_candidates_in_budget"] == {"warm": None, "cold": None} and out["seconds_per_candidate"]["warm"] == 0.05
