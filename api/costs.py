@@ -252,3 +252,23 @@ def serves_in_part(reranker: Any, *, fusion: float | str | None, cutoff: float |
     except HeedrankError:
         return True
     return bool(policy.strategy.without_reranker)
+
+
+def fits_its_deadline(reranker_class: Any, reranker: Any, *, fusion: float | str | None, cutoff: float | str | None,
+                      by: str = "score") -> bool:
+    """Whether a reranking job fits itself to its deadline (the pool's ``elastic``,
+    :meth:`heedrank.api.inference.InferencePool.run`): its method reads stored blocks
+    (:func:`heedrank.capabilities.reads_stored_blocks`: cold blocks are encoded only as many as fit,
+    :meth:`heedrank.pipeline.RerankerCache.rerank`) and the request can be served with only part of
+    its candidates read (:attr:`heedrank.serving.ServePolicy.serves_partly`): by the default's scorer
+    (:func:`serves_in_part`), or, for ``/search`` (``by="score"``) without a cut-off, with the unread
+    candidates at their first-stage places. ``reranker`` ``None`` (not built yet): ``/search``
+    without a cut-off only."""
+    from heedrank.capabilities import reads_stored_blocks
+
+    if not reads_stored_blocks(reranker_class):
+        return False
+    if by == "score" and cutoff is None:
+        return True
+    return reranker is not None and serves_in_part(reranker, fusion=fusion, cutoff=cutoff, by=by)
+

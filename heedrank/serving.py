@@ -504,9 +504,10 @@ class ServePolicy:
 
     @property
     def serves_partly(self) -> bool:
-        """A list the reranker read only in part can be served (the strategy scores the rest from
-        their other signals, or, without a cut-off, they keep their first-stage places)."""
-        return self.strategy.without_reranker or self.cutoff is None
+        """A list the reranker read only in part can be served: the strategy scores the rest from
+        their other signals, or, in a first stage's order without a cut-off, they keep their
+        first-stage places (:func:`place_skipped`; not in ``/rerank``'s given order, a client's)."""
+        return self.strategy.without_reranker or (self.cutoff is None and self.ranked)
 
     def priority(self, candidates: Ranking, X: np.ndarray) -> list[str] | None:
         """Which candidates the reranker should read first when not all fit (:meth:`ServingStrategy.priority`)."""

@@ -44,6 +44,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from heedrank import registry
+from heedrank.api.costs import fits_its_deadline
 from heedrank.api.deadline import RequestDeadline, request_deadline
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
 from heedrank.api.inference import DeadlineExceeded
@@ -163,11 +164,13 @@ class Stop:
 
 async def _rerank(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ranking, options: SearchOptions,
                   call: dict[str, Any], deadline: RequestDeadline, has_deadline_ms: bool,
-                  is_disconnected: Any = None) -> RerankedQuery | Stop:
+                  is_disconnected: Any = None, *, method: str) -> RerankedQuery | Stop:
     """:meth:`heedrank.pipeline.Pipeline.rerank_documents` in the ``rerank`` pool until the
     request's :meth:`~heedrank.api.deadline.RequestDeadline.work_end` (the earlier of
     ``deadline_ms`` and the per-request budget, from the request's arrival, its wait for a
     worker included, less the fallback's reserve), or, when that stops it, why (:class:`Stop`).
+    ``method``: the registered method, resolved once by the route; a method that fits its work
+    to the deadline runs as an elastic job (:func:`heedrank.api.costs.fits_its_deadline`).
 
     Raises:
         OverloadedError: the queue is full and the request has no ``deadline_ms``.
@@ -176,8 +179,12 @@ async def _rerank(runtime: Runtime, pipeline: Pipeline, query: Query, given: Ran
     pool = runtime.pools["rerank"]
     reserve = runtime.fallback_costs.reserve("rerank", len(given))
     try:
+        elastic = fits_its_deadline(registry.reranker_class(method), runtime.rerankers.loaded().get(method)
+                                    if runtime.rerankers is not None else None,
+                                    fusion=options.fusion, cutoff=options.cutoff, by=call.get("by", "score"))
         return await pool.run(functools.partial(pipeline.rerank_documents, **call), query, given, options,
-                              units=len(given), deadline=deadline.work_end(reserve), is_disconnected=is_disconnected)
+                              units=len(given), deadline=deadline.work_end(reserve), is_disconnected=is_disconnected,
+                              elastic=elastic)
     except OverloadedError:
         if not has_deadline_ms:
             raise
@@ -326,10 +333,16 @@ def reranked_outcome(done: RerankedQuery, *, warnings: Sequence[str], cut: Seque
     result, served, policy = done.reranked.result, done.served, done.policy
     raw = {h.doc_id: float(h.score) for h in result.ranking.hits}
     relevance = served.relevance or {}
-    rows = sorted((RerankRow(int(h.doc_id), relevance[h.doc_id], raw[h.doc_id]) for h in served.ranking.hits),
-                  key=lambda row: -row.relevance)
+    # raw: the reranker's own score; a document the LM did not read in time (the budget) has its served
+    # score; one with no signal the scorer reads (no embedder on this path) is listed last at relevance 0
+    rows = sorted((RerankRow(int(h.doc_id), relevance.get(h.doc_id, 0.0), raw.get(h.doc_id, float(h.score)))
+                   for h in served.ranking.hits), key=lambda row: -row.relevance)
     seconds = float(result.seconds)
     notes = [*warnings, *result.warnings, *served.warnings]  # how the reranker ranked (query cut, windows, ...)
+    unscored = sum(h.doc_id not in relevance for h in served.ranking.hits)
+    if unscored:
+        notes.append(f"{unscored} documents were not read by the LM within the budget and have no other signal the "
+                     "scorer reads: listed last, relevance_score 0")
     if cut:
         notes.append(_cut_warning(list(cut), doc_tokens))
     probabilities = served.probabilities
@@ -477,7 +490,7 @@ async def rerank(
         refuse_over_budget(runtime, method, options, len(texts), by=by, max_doc_tokens=max_doc_tokens,
                            budget=settings.request_budget_s)
     done = await _rerank(runtime, pipeline, query, given, options, call, deadline, body.deadline_ms is not None,
-                         request.is_disconnected)
+                         request.is_disconnected, method=method)
     if max_doc_tokens is None:  # at the service's document budget: what the method's figures are
         _learn_cost(runtime, method, done, len(texts), reads_stored_blocks(runtime.rerankers.loaded().get(method)))
     if isinstance(done, Stop):  # the default's scorer from the embedder alone (no LM pass), or the given order

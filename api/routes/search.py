@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from heedrank import registry
+from heedrank.api.costs import fits_its_deadline
 from heedrank.api.deadline import RequestDeadline, request_deadline
 from heedrank.api.deps import ReadyRuntimeDep, SettingsDep
 from heedrank.api.inference import DeadlineExceeded
@@ -232,9 +233,11 @@ async def search(
         if not spent:
             refuse_over_budget(runtime.costs, cost_key, options, budget, built_reranker(pipeline, method, options))
     try:
+        elastic = reranking and fits_its_deadline(registry.reranker_class(method), built_reranker(pipeline, method, options),
+                                                  fusion=options.fusion, cutoff=options.cutoff)
         result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
                                 reranking else 1, deadline=deadline.work_end(reserve),
-                                is_disconnected=request.is_disconnected)
+                                is_disconnected=request.is_disconnected, elastic=elastic)
     except DeadlineExceeded as exc:  # stopped, or never started: the first stage's order, scored without the LM
         assert budget is not None  # only a reranking search has a deadline
         if exc.ran > 0:  # a method reading stored blocks may have spent its time encoding: a bound of its cold figure
