@@ -13,13 +13,14 @@ per-request cost model, :class:`heedrank.api.costs.MethodCosts`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from heedrank.config import RerankerConfig
+    from heedrank.types import Document
 
-__all__ = ["LimitedReranker", "StoredBlocksDeclared", "reads_stored_blocks"]
+__all__ = ["LimitedReranker", "PrefetchesBlocks", "StoredBlocksDeclared", "reads_stored_blocks"]
 
 
 @runtime_checkable
@@ -69,3 +70,16 @@ def reads_stored_blocks(reranker: Any) -> bool:
     answer, or an instance) reads its candidate blocks from a document KV store: its declared
     ``cached`` (:class:`StoredBlocksDeclared`); ``False`` for one that declares nothing."""
     return isinstance(reranker, StoredBlocksDeclared) and bool(reranker.cached)
+
+
+@runtime_checkable
+class PrefetchesBlocks(Protocol):
+    """A reranker that can make candidates' blocks warm ahead of its query pass (cached BlockRank:
+    :meth:`heedrank.reranker.cached.CachedBlockRankReranker.prefetch_blocks`), so that a reranking
+    under a deadline encodes cold blocks a chunk at a time and stops when the time left would not
+    cover the next chunk and the pass (:meth:`heedrank.pipeline.RerankerCache.rerank`)."""
+
+    def prefetch_blocks(self, candidates: Sequence[Document], block_store: Any = None) -> int:
+        """Encode (or read) the candidates' blocks into the store or the RAM tier; returns the blocks encoded now."""
+        ...
+

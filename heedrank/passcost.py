@@ -55,6 +55,21 @@ class PassCosts:
                 self.per_block += weight * (per_block - self.per_block)
                 self._seen |= 2
 
+    def observe_blocks(self, blocks: int, seconds: float) -> None:
+        """Learn ``b`` from ``blocks`` encoded with no query pass in ``seconds`` (a prefetched chunk)."""
+        if blocks <= 0 or seconds <= 0 or not math.isfinite(seconds):
+            return
+        with self._lock:
+            weight = self.alpha if self._seen & 2 else 1.0
+            self.per_block += weight * (seconds / blocks - self.per_block)
+            self._seen |= 2
+
+    def chunk_size(self, seconds: float = 1.5) -> int:
+        """Blocks encoded in about ``seconds`` (at least 1): a prefetch chunk, so that the time is
+        checked that often."""
+        with self._lock:
+            return max(1, int(seconds // max(self.per_block, 1e-3)))
+
     def cold_within(self, seconds_left: float, warm: int) -> int:
         """How many cold blocks a call with ``warm`` read candidates may encode in ``seconds_left``
         (>= 0; 0 when even the warm pass does not fit)."""

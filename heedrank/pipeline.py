@@ -30,6 +30,7 @@ from typing import Any
 
 from heedrank.blocks import BlockSync, block_store_for
 from heedrank.cancel import time_left
+from heedrank.capabilities import PrefetchesBlocks
 from heedrank.config import PipelineConfig, SearchLimits
 from heedrank.errors import UnknownNameError, ValidationError
 from heedrank.passcost import PassCosts
@@ -98,6 +99,33 @@ def _within_budget(candidates: Sequence[Document], cold: Sequence[bool], budget:
     kept = [d for d, c in zip(candidates, cold) if not c or d.content in spent]
     skipped = [d for d, c in zip(candidates, cold) if c and d.content not in spent]
     return kept, skipped
+
+
+def _prefetch_within(reranker: PrefetchesBlocks, store: Any, candidates: Sequence[Document], cold: Sequence[bool],
+                     costs: PassCosts, priority: Sequence[str] | None) -> int:
+    """Encode cold candidates' blocks ahead of the pass, a chunk at a time in ``priority`` order
+    (:func:`_within_budget`'s), while the time left (:func:`heedrank.cancel.time_left`) covers the
+    next chunk and the pass (:meth:`PassCosts.cold_within`, learning ``b`` from every chunk, so a
+    machine busier than the estimate stops the encoding early, not the request); returns how many
+    cold texts were made warm (the cold budget of the pass that follows)."""
+    rank = {d: i for i, d in enumerate(priority or ())}
+    pending = sorted((i for i, c in enumerate(cold) if c), key=lambda i: (rank.get(candidates[i].doc_id, len(rank)), i))
+    texts = list(dict.fromkeys(candidates[i].content for i in pending))
+    by_text = {candidates[i].content: candidates[i] for i in pending}
+    warm = len(candidates) - len(pending)
+    done = 0
+    while done < len(texts):
+        left = time_left()
+        fits = 0 if left is None else costs.cold_within(left, warm + done)  # what the time left still covers
+        # a chunk takes at most a quarter of the time left by the estimate: a machine twice as busy costs a quarter
+        chunk = texts[done:done + min(fits, costs.chunk_size(min(1.5, left / 4) if left is not None else 1.5))]
+        if not chunk:
+            break
+        t0 = time.perf_counter()
+        encoded = reranker.prefetch_blocks([by_text[t] for t in chunk], store)
+        costs.observe_blocks(max(encoded, 1), time.perf_counter() - t0)
+        done += len(chunk)
+    return done
 
 
 def call_gate(reranker: Any) -> threading.BoundedSemaphore:
@@ -241,7 +269,9 @@ class RerankerCache:
                 if cold_of is not None and (cold_budget is not None or left is not None):
                     cold = cold_of(candidates, store)
                     budget = cold_budget if cold_budget is not None else len(candidates)
-                    if left is not None:  # as many cold blocks as fit the time left
+                    if left is not None and isinstance(reranker, PrefetchesBlocks):  # a chunk at a time
+                        budget = min(budget, _prefetch_within(reranker, store, candidates, cold, costs, priority))
+                    elif left is not None:  # as many cold blocks as the estimate says fit the time left
                         budget = min(budget, costs.cold_within(left, len(candidates) - sum(cold)))
                     candidates, skipped = _within_budget(candidates, cold, budget, priority)
                 extra: dict[str, Any] = {} if store is None else {"block_store": store}  # only a reader of blocks

@@ -279,6 +279,19 @@ class CachedBlockRankReranker(BlockRankReranker):
         memory = self.block_source.memory
         return [not ((block_store is not None and block_store.contains(k)) or k in memory) for k in keys]
 
+    def prefetch_blocks(self, candidates: Sequence[Document], block_store: Any = None) -> int:
+        """Make the candidates' blocks warm without a query pass: read, or encoded by the base
+        model and written to ``block_store`` or the RAM tier (:meth:`fetch_blocks`), so that a later
+        :meth:`rerank` of them reads them (:class:`heedrank.capabilities.PrefetchesBlocks`). Stops at
+        a layer boundary when the calling job is cancelled (:mod:`heedrank.cancel`).
+
+        Returns:
+            The blocks encoded now (the candidates' misses).
+        """
+        if not candidates:
+            return 0
+        return int(self.fetch_blocks(self.build_prompt(".", candidates), block_store).cache["misses"])
+
     def instruction_kv(self) -> list[tuple[Any, Any]]:
         """Block 0's keys/values for layers ``0..kv_depth`` (computed once per reranker)."""
         depth = self.kv_depth

@@ -114,3 +114,48 @@ def test_the_scorer_s_prior_orders_by_the_signals_at_hand() -> None:
     X = np.asarray([[np.nan, 0.1], [np.nan, 0.9], [np.nan, np.nan], [np.nan, 0.5]])  # attention, dense
     assert policy.features == ("attention", "dense") and policy.serves_partly
     assert policy.priority(cands, X) == ["b", "d", "a", "c"]  # c: no signal, last
+
+
+class _Prefetching(_SlowCold):
+    """:class:`_SlowCold` that can make blocks warm ahead of its pass, ``per_block`` seconds each."""
+
+    def __init__(self, per_block: float) -> None:
+        super().__init__(per_block)
+        self.warm: set[str] = set()
+
+    def cold_candidates(self, candidates, block_store=None):  # type: ignore[no-untyped-def]
+        return [d.doc_id not in self.warm for d in candidates]
+
+    def prefetch_blocks(self, candidates, block_store=None):  # type: ignore[no-untyped-def]
+        cold = [d for d in candidates if d.doc_id not in self.warm]
+        time.sleep(self.per_block * len(cold))
+        self.warm |= {d.doc_id for d in cold}
+        return len(cold)
+
+    def rerank(self, query, candidates, *, block_store=None):  # type: ignore[no-untyped-def]
+        cold = [d for d in candidates if d.doc_id not in self.warm]
+        time.sleep(self.per_block * len(cold))
+        self.warm |= {d.doc_id for d in cold}
+        self.read = [d.doc_id for d in candidates]
+        return RerankResult(Ranking.from_scores(query.query_id, {d.doc_id: 1.0 for d in candidates}),
+                            cache={"hits": len(candidates) - len(cold), "misses": len(cold)})
+
+
+def test_a_busier_machine_stops_the_encoding_not_the_request() -> None:
+    """A reranker that prefetches encodes a chunk at a time and measures each: blocks slower than
+    the estimate (a second request on the same cores) stop the encoding early, within the deadline."""
+    reranker = _Prefetching(per_block=0.1)  # faster than the 0.3 s prior; then the machine slows down
+    cache = RerankerCache(lambda method, options=None, max_doc_tokens=None: reranker)
+    docs = [Document(f"d{i}", f"text {i}") for i in range(30)]
+    t0 = time.perf_counter()
+    with cancel_scope(CancelToken(deadline=time.perf_counter() + 1.0)):
+        done = cache.rerank(Query("q", "t"), docs, "slow-cold", priority=[d.doc_id for d in reversed(docs)])
+    assert time.perf_counter() - t0 < 1.1
+    assert 2 <= len(reranker.read) < 30 and set(reranker.read) == {f"d{i}" for i in range(30 - len(reranker.read), 30)}
+    assert set(done.skipped) == {d.doc_id for d in docs} - set(reranker.read)
+    reranker.per_block = 0.3  # the machine is busier now: fewer fit, still by the deadline
+    more = [Document(f"e{i}", f"other {i}") for i in range(30)]
+    t0 = time.perf_counter()
+    with cancel_scope(CancelToken(deadline=time.perf_counter() + 1.0)):
+        cache.rerank(Query("q", "t"), more, "slow-cold")
+    assert time.perf_counter() - t0 < 1.2
