@@ -34,8 +34,12 @@ from typing import Any
 ARRIVED = "heedrank.arrived"
 """ASGI scope key of a request's arrival, :func:`time.perf_counter` seconds."""
 
-GRACE_S = 0.5
-"""Seconds past a request's end that its fallback may run: the response leaves by then."""
+GRACE_S = 0.3
+"""Seconds past a request's end that its fallback may run (then the response is written:
+it leaves within :data:`ANSWER_WITHIN_S` of the end)."""
+
+ANSWER_WITHIN_S = 0.5
+"""What the service promises: a request's answer leaves within its end plus this many seconds."""
 
 RESERVE_SHARE = 0.25
 """Most of a request's window (end - arrival) reserved for its fallback before the end."""

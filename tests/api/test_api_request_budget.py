@@ -13,7 +13,7 @@ import time
 from api_fakes import BatchedReranker, SlowReranker
 
 from heedrank.api.app import create_app
-from heedrank.api.deadline import GRACE_S
+from heedrank.api.deadline import ANSWER_WITHIN_S as GRACE_S
 from heedrank.settings import Settings
 
 
