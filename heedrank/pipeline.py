@@ -102,15 +102,16 @@ def _within_budget(candidates: Sequence[Document], cold: Sequence[bool], budget:
 
 
 def _prefetch_within(reranker: PrefetchesBlocks, store: Any, candidates: Sequence[Document], cold: Sequence[bool],
-                     costs: PassCosts, priority: Sequence[str] | None) -> int:
+                     costs: PassCosts, priority: Sequence[str] | None, limit: int) -> int:
     """Encode cold candidates' blocks ahead of the pass, a chunk at a time in ``priority`` order
     (:func:`_within_budget`'s), while the time left (:func:`heedrank.cancel.time_left`) covers the
     next chunk and the pass (:meth:`PassCosts.cold_within`, learning ``b`` from every chunk, so a
     machine busier than the estimate stops the encoding early, not the request); returns how many
-    cold texts were made warm (the cold budget of the pass that follows)."""
+    cold texts were made warm (the cold budget of the pass that follows), at most ``limit`` (the
+    request's own cold budget)."""
     rank = {d: i for i, d in enumerate(priority or ())}
     pending = sorted((i for i, c in enumerate(cold) if c), key=lambda i: (rank.get(candidates[i].doc_id, len(rank)), i))
-    texts = list(dict.fromkeys(candidates[i].content for i in pending))
+    texts = list(dict.fromkeys(candidates[i].content for i in pending))[:max(0, limit)]
     by_text = {candidates[i].content: candidates[i] for i in pending}
     warm = len(candidates) - len(pending)
     done = 0
@@ -270,7 +271,7 @@ class RerankerCache:
                     cold = cold_of(candidates, store)
                     budget = cold_budget if cold_budget is not None else len(candidates)
                     if left is not None and isinstance(reranker, PrefetchesBlocks):  # a chunk at a time
-                        budget = min(budget, _prefetch_within(reranker, store, candidates, cold, costs, priority))
+                        budget = _prefetch_within(reranker, store, candidates, cold, costs, priority, budget)
                     elif left is not None:  # as many cold blocks as the estimate says fit the time left
                         budget = min(budget, costs.cold_within(left, len(candidates) - sum(cold)))
                     candidates, skipped = _within_budget(candidates, cold, budget, priority)

@@ -159,3 +159,14 @@ def test_a_busier_machine_stops_the_encoding_not_the_request() -> None:
     with cancel_scope(CancelToken(deadline=time.perf_counter() + 1.0)):
         cache.rerank(Query("q", "t"), more, "slow-cold")
     assert time.perf_counter() - t0 < 1.2
+
+
+def test_the_request_s_cold_budget_bounds_the_prefetch() -> None:
+    """A search with a cold budget (the service's ``HEEDRANK_COLD_BUDGET``) encodes no more cold
+    blocks than it, however much time is left."""
+    reranker = _Prefetching(per_block=0.01)
+    cache = RerankerCache(lambda method, options=None, max_doc_tokens=None: reranker)
+    docs = [Document(f"d{i}", f"text {i}") for i in range(12)]
+    with cancel_scope(CancelToken(deadline=time.perf_counter() + 20.0)):
+        done = cache.rerank(Query("q", "t"), docs, "slow-cold", cold_budget=3)
+    assert len(reranker.read) == 3 and len(reranker.warm) == 3 and len(done.skipped) == 9
