@@ -6,7 +6,8 @@ The declarations are what the built-in rerankers already have: :class:`LimitedRe
 what :class:`heedrank.reranker.base.AttentionReranker` holds (its ``config``, ``loaded_lm`` and
 ``limits()``), :class:`StoredBlocksDeclared` the class attribute ``cached`` of BlockRank
 (:class:`heedrank.reranker.blockrank.BlockRankReranker`, ``False``) and cached BlockRank
-(:class:`heedrank.reranker.cached.CachedBlockRankReranker`, ``True``). A plug-in without them
+(:class:`heedrank.reranker.cached.CachedBlockRankReranker`, ``True``), :class:`PrefetchesBlocks`
+cached BlockRank's ``prefetch_blocks``. A plug-in without them
 is served without what they give (no ``/info`` limits; its stopped rerankings teach the
 per-request cost model, :class:`heedrank.api.costs.MethodCosts`).
 """
@@ -55,8 +56,9 @@ class LimitedReranker(Protocol):
 class StoredBlocksDeclared(Protocol):
     """A reranker class (or instance) that declares, at class level, whether its candidate
     blocks come from a document KV store (``cached``): such a method may spend a request's
-    time encoding cold blocks, so a reranking stopped by the per-request budget gives no lower
-    bound of its cost per candidate (:meth:`heedrank.api.costs.MethodCosts.stopped`).
+    time encoding cold blocks, so a reranking stopped by the per-request budget bounds only its
+    cold cost per candidate (:meth:`heedrank.api.costs.MethodCosts.stopped`), and its jobs fit
+    themselves to their deadline (:func:`heedrank.api.costs.fits_its_deadline`).
 
     Check a class with ``isinstance(cls, StoredBlocksDeclared)`` (a protocol with a data
     member: ``issubclass`` refuses it), or use :func:`reads_stored_blocks`.
