@@ -82,20 +82,21 @@ def _takes_options(factory: Callable[..., Any]) -> bool:
     return "options" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def _cold_texts(candidates: Sequence[Document], cold: Sequence[bool], priority: Sequence[str] | None) -> list[str]:
+    """The cold candidates' texts (one block each), first those first in ``priority`` (doc ids,
+    best first: the serving strategy's prior, :meth:`heedrank.serving.ServePolicy.priority`),
+    then in the given order."""
+    rank = {d: i for i, d in enumerate(priority or ())}
+    pending = sorted((i for i, c in enumerate(cold) if c), key=lambda i: (rank.get(candidates[i].doc_id, len(rank)), i))
+    return list(dict.fromkeys(candidates[i].content for i in pending))
+
+
 def _within_budget(candidates: Sequence[Document], cold: Sequence[bool], budget: int,
                    priority: Sequence[str] | None = None) -> tuple[list[Document], list[Document]]:
     """``(reranked, skipped)``: every warm candidate and ``budget`` cold ones, in the given order;
-    the rest of the cold ones. The cold ones kept are the first in ``priority`` (doc ids, best
-    first: the serving strategy's prior, :meth:`heedrank.serving.ServePolicy.priority`), else the
-    first in the given order. Candidates sharing a text share one block, so they count once and
-    are kept or skipped together."""
-    rank = {d: i for i, d in enumerate(priority or ())}
-    order = sorted(range(len(candidates)), key=lambda i: (rank.get(candidates[i].doc_id, len(rank)), i))
-    spent: set[str] = set()
-    for i in order:
-        doc = candidates[i]
-        if cold[i] and doc.content not in spent and len(spent) < budget:
-            spent.add(doc.content)
+    the rest of the cold ones. The cold ones kept are the first of :func:`_cold_texts`. Candidates
+    sharing a text share one block, so they count once and are kept or skipped together."""
+    spent = set(_cold_texts(candidates, cold, priority)[:max(0, budget)])
     kept = [d for d, c in zip(candidates, cold) if not c or d.content in spent]
     skipped = [d for d, c in zip(candidates, cold) if c and d.content not in spent]
     return kept, skipped
@@ -109,11 +110,9 @@ def _prefetch_within(reranker: PrefetchesBlocks, store: Any, candidates: Sequenc
     machine busier than the estimate stops the encoding early, not the request); returns how many
     cold texts were made warm (the cold budget of the pass that follows), at most ``limit`` (the
     request's own cold budget)."""
-    rank = {d: i for i, d in enumerate(priority or ())}
-    pending = sorted((i for i, c in enumerate(cold) if c), key=lambda i: (rank.get(candidates[i].doc_id, len(rank)), i))
-    texts = list(dict.fromkeys(candidates[i].content for i in pending))[:max(0, limit)]
-    by_text = {candidates[i].content: candidates[i] for i in pending}
-    warm = len(candidates) - len(pending)
+    texts = _cold_texts(candidates, cold, priority)[:max(0, limit)]
+    by_text = {d.content: d for d, c in zip(candidates, cold) if c}
+    warm = len(candidates) - sum(cold)
     done = 0
     while done < len(texts):
         left = time_left()

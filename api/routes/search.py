@@ -225,16 +225,17 @@ async def search(
     deadline = request_deadline(request.scope, budget)  # from the request's arrival, its wait for a worker included
     cost_key = method_cost_key(method, options) if reranking else ""
     reserve = runtime.fallback_costs.reserve("search", options.candidates) if budget is not None else 0.0
+    spent = False  # the request's time ran out while its method was timed: it takes the budget's path
     if reranking and budget is not None:
-        spent = False  # the request's time ran out while its method was timed: it takes the budget's path
         if settings.warmup and not runtime.costs.known(cost_key):  # timed once, before its first search runs
             spent = await measure_first_build(runtime, pipeline, method, options, deadline.work_end(reserve),
                                               request.is_disconnected)
-        if not spent:
-            refuse_over_budget(runtime.costs, cost_key, options, budget, built_reranker(pipeline, method, options))
+    built = built_reranker(pipeline, method, options) if reranking else None
+    if reranking and budget is not None and not spent:
+        refuse_over_budget(runtime.costs, cost_key, options, budget, built)
+    elastic = reranking and fits_its_deadline(registry.reranker_class(method), built, fusion=options.fusion,
+                                              cutoff=options.cutoff)
     try:
-        elastic = reranking and fits_its_deadline(registry.reranker_class(method), built_reranker(pipeline, method, options),
-                                                  fusion=options.fusion, cutoff=options.cutoff)
         result = await pool.run(pipeline.search, Query("api", body.query), options, units=options.candidates if
                                 reranking else 1, deadline=deadline.work_end(reserve),
                                 is_disconnected=request.is_disconnected, elastic=elastic)
