@@ -147,8 +147,8 @@ class Scorer:
         this is ``A(x)``. Measured in ``docs/results/default.md`` ("At a 10 % store budget"):
         ``A(x)`` beside ``N(x)`` put the models' calibration gap between the candidates with and
         without attention. Without ``step`` (every candidate read, or none) the candidate gets
-        ``A(x)``: the fit's choice on dev (NFCorpus dev 33.33 against 32.55 for the step form on
-        every list).
+        ``A(x)``: the fit's choice on dev (the card's ``scorer.figures``, docs/results/default.md
+        "At a 10 % store budget").
 
         Args:
             X: ``(N, F)`` float64 signal values, NaN (or inf) where a candidate has none.
