@@ -205,6 +205,8 @@ WHAT_SHIPS = (
     ("NFCorpus test, hybrid top 50", "scorer.test_ndcg@10.nf-test-hybrid50"),
     ("NFCorpus test, BM25 top 20", "scorer.test_ndcg@10.nf-test-bm25-20"),
     ("TREC DL 2019, BM25 top 100", "scorer.test_ndcg@10.dl19-bm25-100"),
+    ("MS MARCO dev-600 test fold, BM25 top 20", "scorer.test_ndcg@10.dev600-test"),
+    ("NovelEval, its web order", "scorer.test_ndcg@10.noveleval-web"),
     ("cut-off `\"auto\"`: threshold on P(relevant)", "scorer.threshold"),
 )
 """README's "What ships" rows: ``(what, card field)``, the field a dotted path into the card."""

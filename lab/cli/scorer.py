@@ -29,6 +29,8 @@ def lab_fit_scorer(
     write_card: Annotated[Optional[Path], typer.Option(
         "--write-card", help="Write --card with the 'scorer' entry to this NEW path.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the entry and report (JSON) here.")] = None,
+    c: Annotated[Optional[float], typer.Option("--c", help="The inverse L2 strength, fixed (e.g. chosen by "
+                                               "`heedrank lab choose-scorer`); default: chosen on dev.")] = None,
 ) -> None:
     """Fit the default's scorer (one logistic model per subset of the signals attention, dense,
     rank and bm25; C and the cut-off chosen on dev) and report nDCG@10 of every signal and model, ROC AUC
@@ -41,12 +43,55 @@ def lab_fit_scorer(
     sources, tests = graded_sets(train, test or [])
     halves = [graded(spec) for spec in split or []]
     data = read_card(card).data
-    entry = fit_scorer(sources, dev, tests, card=data, index=index, split=halves)
+    entry = fit_scorer(sources, dev, tests, card=data, index=index, split=halves, **({"cs": (c,)} if c else {}))
     entry["command"] = command_line("heedrank lab fit-scorer", [
         ("--train", train), ("--split", split), ("--dev", dev), ("--card", card), ("--test", test), ("--index", index),
-        ("--write-card", write_card)])
+        ("--c", c), ("--write-card", write_card)])
     if out is not None:
         out.write_text(json.dumps(entry, indent=1))
     if write_card is not None:
         write_new_card(write_card, {**data, "scorer": entry}, source=card)
     typer.echo(format_fit(entry))
+
+
+def lab_choose_scorer(
+    source: Annotated[list[str], typer.Option("--source", help="NAME=DUMP[@MIN_GRADE][:METRIC]: a training source "
+                                              "(repeatable; METRIC nDCG@10, the default, or RR@10 for MS MARCO "
+                                              "dev-600; MIN_GRADE 2 for TREC DL).")],
+    card: Annotated[Path, typer.Option("--card", help="Weights card with the 'independent' entry (read only).")],
+    index: Annotated[Optional[Path], typer.Option("--index", help="The index the BEIR dumps were made with.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
+    dev: Annotated[Optional[Path], typer.Option("--dev", help="Dev dump (NFCorpus dev): the cut-off of the "
+                                                "written entry is chosen on it.")] = None,
+    write_card: Annotated[Optional[Path], typer.Option(
+        "--write-card", help="Write --card with the 'scorer' entry of the 'direction' configuration, fitted on "
+                             "every source, to this NEW path.")] = None,
+) -> None:
+    """Choose the default's scorer by leave-one-source-out (heedrank.lab.train.source_choice): hold
+    each source out, fit every configuration on the others, and print each one's held-out value and
+    margin over the source's best single signal (first stage or embedder alone)."""
+    from heedrank.lab.cli.study import write_new_card
+    from heedrank.lab.dumps import command_line, parse_named
+    from heedrank.lab.train.source_choice import choose, format_choice, load_source, scorer_entry
+    from heedrank.reranker.cards import read_card
+
+    data = read_card(card).data
+    sources, dumps = [], []
+    for name, spec in parse_named(source, "--source", "NAME=DUMP[@MIN_GRADE][:METRIC]").items():
+        path, _, metric = spec.partition(":")
+        dump, _, grade = path.partition("@")
+        dumps.append(Path(dump))
+        sources.append(load_source(name, Path(dump), int(grade or 1), metric or "nDCG@10", data, index=index))
+    report = choose(sources)
+    command = command_line("heedrank lab choose-scorer", [("--source", source), ("--card", card), ("--index", index),
+                                                          ("--dev", dev), ("--write-card", write_card)])
+    report["command"] = command
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1))
+    typer.echo(format_choice(report))
+    if write_card is not None:
+        held = load_source("dev", dev, 1, "nDCG@10", data, index=index) if dev is not None else None
+        entry = scorer_entry(sources, dumps, held, report)
+        entry["command"] = command
+        write_new_card(write_card, {**data, "scorer": entry}, source=card)
+        typer.echo(f"scorer entry ({len(entry['models'])} models, cut-off {entry['threshold']}) -> {write_card}")

@@ -69,10 +69,32 @@ def _dense_path(dump: Path) -> Path:
     return dump.with_name(dump.name.removesuffix(".npz") + ".dense.npz")
 
 
+def index_for(meta: Mapping[str, Any], index: Path | None) -> Path | None:
+    """``index`` when it is the index of the dump's data (its ``params.json`` names that corpus),
+    else ``None``: a dump of another collection (SciFact beside an NFCorpus index, a candidate-list
+    folder) has its texts encoded instead."""
+    import json
+
+    if index is None or meta.get("run"):
+        return None
+    corpus = json.loads((Path(index) / "params.json").read_text(encoding="utf-8")).get("corpus", {}).get("path")
+    return index if corpus and Path(corpus).resolve() == Path(meta["data"]).resolve() else None
+
+
+def query_texts(meta: Mapping[str, Any]) -> dict[str, str]:
+    """``{query_id: text}`` of a dump's data (its ``meta``): a candidate-list folder's queries (TREC
+    DL, dev-600, NovelEval: every query of it) or a BEIR folder's."""
+    from heedrank.data import load_beir_queries
+    from heedrank.eval.sets import load_candidate_set
+
+    if meta.get("run"):
+        return {q: t.text for q, t in load_candidate_set(meta["data"], meta["run"], split="all").queries.items()}
+    return {q: t.text for q, t in load_beir_queries(meta["data"]).items()}
+
+
 def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndarray]:
     """``{query_id: (N,) float64 cosine}`` of a dump's candidates (module docstring), cached in
     ``<dump>.dense.npz`` (recomputed when the dump changed)."""
-    from heedrank.data import load_beir_queries
     from heedrank.eval.sets import load_candidate_set
 
     meta, items = load_items(dump)
@@ -82,13 +104,8 @@ def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndar
         z = np.load(cache)
         if str(z["__sha__"]) == digest:
             return {it.query_id: z[it.query_id] for it in items}
-    if meta.get("run"):  # a candidate-list folder (TREC DL, dev-600, NovelEval): every query of it
-        listed = load_candidate_set(meta["data"], meta["run"], split="all")
-        docs = listed.docs
-        qtext = {q: t.text for q, t in listed.queries.items()}
-    else:
-        qtext = {q: t.text for q, t in load_beir_queries(meta["data"]).items()}
-        docs = None
+    qtext = query_texts(meta)
+    docs = load_candidate_set(meta["data"], meta["run"], split="all").docs if meta.get("run") else None
     from heedrank.index.encoder import SentenceTransformerEncoder
 
     if docs is None and index is not None:
@@ -120,11 +137,10 @@ def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndar
 def bm25_of(dump: Path, index: Path) -> dict[str, np.ndarray]:
     """``{query_id: (N,) float64 BM25 score}`` of a BEIR dump's candidates from ``index``'s BM25
     (:meth:`heedrank.index.store.Index.bm25_scores`, as ``/search`` reads them; NaN: not in its BM25)."""
-    from heedrank.data import load_beir_queries
     from heedrank.index.store import Index
 
     meta, items = load_items(dump)
-    qtext = {q: t.text for q, t in load_beir_queries(meta["data"]).items()}
+    qtext = query_texts(meta)
     idx = Index.open(index)
     try:
         out = {}
@@ -188,6 +204,42 @@ def held_out(query_id: str) -> bool:
     return hashlib.sha256(query_id.encode("utf-8")).digest()[0] % 2 == 1
 
 
+def source_weights(source: np.ndarray) -> np.ndarray:
+    """``(n,)`` float64 sample weights under which each training source weighs the same: a row of
+    source ``k`` gets ``1 / (rows of k)``, scaled so that the weights sum to ``n``."""
+    counts = np.bincount(source).astype(np.float64)
+    weight = 1.0 / counts[source]
+    return weight * (len(weight) / weight.sum())
+
+
+def fit_logistic(raw_x: np.ndarray, y: np.ndarray, source: np.ndarray, c: float) -> tuple[np.ndarray, float]:
+    """One logistic model of the raw features, its statistics folded in: ``(w, bias)`` with
+    ``bias + raw_x @ w`` the log-odds of P(relevant).
+
+    The features are standardised by their weighted means and deviations, a logistic regression
+    (scikit-learn, L2 with inverse strength ``c``) is fitted with each source weighing the same
+    (:func:`source_weights`), and its score is Platt-scaled on the same rows (unregularised): the
+    L2 that ranks best shrinks the log-odds, and the probability must mean what it says.
+
+    Args:
+        raw_x: float64 ``(n, F)`` features of the training candidates.
+        y: ``(n,)`` 0/1 relevance.
+        source: ``(n,)`` int, each row's training source.
+        c: Inverse L2 strength.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    weight = source_weights(source)
+    st = Standardizer.fit(raw_x, weight)
+    X = st(raw_x)
+    m = LogisticRegression(C=c, max_iter=5000).fit(X, y, sample_weight=weight)
+    raw = m.decision_function(X)
+    platt = LogisticRegression(C=1e6, max_iter=5000).fit(raw[:, None], y, sample_weight=weight)
+    a, b = float(platt.coef_[0][0]), float(platt.intercept_[0])
+    w = a * m.coef_[0] / st.std
+    return w, float(a * m.intercept_[0] + b - np.dot(w, st.mean))
+
+
 def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str, tuple[Path, int]], *,
                card: Mapping[str, Any], index: Path | None = None, cs: Sequence[float] = CS,
                features: Sequence[str] = FEATURES, split: Sequence[tuple[Path, int]] = ()) -> dict[str, Any]:
@@ -212,16 +264,15 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
     Raises:
         ValueError: the training dumps hold no relevant or no non-relevant candidate.
     """
-    from sklearn.linear_model import LogisticRegression
-
     from heedrank.reranker.cached.independent import IndependentWeights
 
     iw = IndependentWeights.from_card(card)
 
     def load(path: Path) -> tuple[dict[str, Any], list[tuple[QueryItem, dict[str, np.ndarray]]]]:
         meta, items = load_items(path)
-        dense = dense_cosines(path, index=index if not meta.get("run") else None)
-        lexical = bm25_of(path, index) if index is not None and not meta.get("run") and BM25 in features else {}
+        own = index_for(meta, index)
+        dense = dense_cosines(path, index=own)
+        lexical = bm25_of(path, own) if own is not None and BM25 in features else {}
         return meta, [(it, signals(it, dense[it.query_id], iw, card.get("weights"), lexical.get(it.query_id)))
                       for it in items]
 
@@ -248,23 +299,9 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
     X_all = {u: np.concatenate([f[u] for _, f, _, _ in rows]) for u in features}
 
     def fit(uses: Sequence[str], c: float) -> tuple[np.ndarray, float]:
-        """One subset's model, on the training candidates that hold its signals (each source
-        weighing the same: its candidates weighted by ``1 / its count``)."""
+        """One subset's model, on the training candidates that hold its signals."""
         have = np.all([np.isfinite(X_all[u]) for u in uses], axis=0)
-        raw_x = np.stack([X_all[u][have] for u in uses], axis=1)
-        counts = np.bincount(source[have], minlength=len(sources)).astype(np.float64)
-        weight = 1.0 / counts[source[have]]
-        weight *= len(weight) / weight.sum()
-        st = Standardizer.fit(raw_x, weight)
-        X, yy = st(raw_x), y[have]
-        m = LogisticRegression(C=c, max_iter=5000).fit(X, yy, sample_weight=weight)
-        # Platt scaling of the fitted score on the training pairs (unregularised): the L2 that
-        # ranks best on dev shrinks the log-odds, and the probability must mean what it says
-        raw = m.decision_function(X)
-        platt = LogisticRegression(C=1e6, max_iter=5000).fit(raw[:, None], yy, sample_weight=weight)
-        a, b = float(platt.coef_[0][0]), float(platt.intercept_[0])
-        w = a * m.coef_[0] / st.std
-        return w, float(a * m.intercept_[0] + b - np.dot(w, st.mean))
+        return fit_logistic(np.stack([X_all[u][have] for u in uses], axis=1), y[have], source[have], c)
 
     def scores_of(rows_: Rows, models_: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         """Each candidate's logit by the model of the largest subset of ``models_`` whose signals it

@@ -138,10 +138,11 @@ step_independent() {  # the list-independent scorer, with the adapter: 400 unsee
         --write-card "$W/out/card.independent.json" --out "$W/reports/independent.json"
 }
 
-step_scorer() {  # the default's scorer over attention, dense, rank and bm25 (one model per subset), with the adapter:
-                 # 150 of the independent step's NFCorpus train queries and half the TREC DL 2021 queries (its dump),
-                 # each source weighing the same; C chosen on 150 seeded NFCorpus dev queries and the other half of
-                 # DL21, the cut-off on dev (heedrank lab fit-scorer: dumps and the index, no LM)
+step_scorer() {  # the default's scorer over attention, dense and rank (one model per subset), with the adapter, chosen
+                 # by leave-one-source-out over four sources, each weighing the same: 150 of the independent step's
+                 # NFCorpus train queries (hybrid top 50), TREC DL 2021 (BM25 top 30), 100 SciFact train claims (BM25
+                 # top 30) and MS MARCO dev-600's train fold (BM25 top 20); the cut-off on 150 seeded NFCorpus dev
+                 # queries (heedrank lab choose-scorer: dumps and the index, no LM). Each dump resumes where it stopped.
     local card=$W/out/card.independent.json
     [ -f "$card" ] || card=$W/out/card.fit.json   # a seeded folder: the installed card's independent entry
     head -150 "$W/independent-queries.txt" > "$W/scorer-queries.txt"
@@ -149,16 +150,22 @@ step_scorer() {  # the default's scorer over attention, dense, rank and bm25 (on
         --query-ids "$W/scorer-queries.txt" --adapter "$W/adapter/best"
     [ -f "$W/dumps/qa-dl21-bm25-30.npz" ] || dump qa-dl21-bm25-30 --data "$D/msmarco-trec-dl-2021-passage" --trec-run BM25 \
         --candidates 30 --store "$W/kv/dl21" --adapter "$W/adapter/best"
+    [ -f "$W/dumps/qa-scifact-train-bm25-30.npz" ] || dump qa-scifact-train-bm25-30 --data "$D/beir-scifact" --split train \
+        --retriever bm25 --candidates 30 --max-queries 100 --store "$W/kv/scifact" --adapter "$W/adapter/best"
+    dump qa-dev600-train-bm25-20 --data "$D/msmarco-passage-dev-600" --trec-run BM25 --split train --candidates 20 \
+        --store "$W/kv/dev600" --adapter "$W/adapter/best"
     dump qa-nf-dev150-hybrid50 --data "$NF" --split dev --retriever hybrid --candidates 50 --max-queries 150 \
         --index "$IDX" --adapter "$W/adapter/best"
     rm -f "$W/out/card.scorer.json"
-    "$HR" lab fit-scorer --train "$W/dumps/qa-nf-train-scorer150-hybrid50.npz" --split "$W/dumps/qa-dl21-bm25-30.npz@2" \
-        --dev "$W/dumps/qa-nf-dev150-hybrid50.npz" --card "$card" --index "$IDX" \
-        --write-card "$W/out/card.scorer.json" --out "$W/reports/scorer.json"
+    "$HR" lab choose-scorer --source "nf=$W/dumps/qa-nf-train-scorer150-hybrid50.npz" \
+        --source "dl21=$W/dumps/qa-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/qa-scifact-train-bm25-30.npz" \
+        --source "dev600=$W/dumps/qa-dev600-train-bm25-20.npz:RR@10" --dev "$W/dumps/qa-nf-dev150-hybrid50.npz" \
+        --card "$card" --index "$IDX" --write-card "$W/out/card.scorer.json" --out "$W/reports/scorer.json"
 }
 
 step_scorer_eval() {  # the served default through the product (eval beir / trec-dl) beside the embedder alone
-                      # (--rerank dense) and the first stage alone, every test query; the figures go into the card
+                      # (--rerank dense) and the first stage alone, every test query (NFCorpus test, DL19, dev-600's
+                      # test fold, NovelEval with its web order); the figures go into the card
     local o=(--opt "scorer_weights=$W/out/card.scorer.json" --opt "query_adapter=$W/adapter/best")
     local e=$W/reports/eval
     for m in none dense default; do
@@ -169,18 +176,12 @@ step_scorer_eval() {  # the served default through the product (eval beir / trec
             --out "$e/nf-test-bm25-20/$m" "${x[@]}"
         "$HR" eval trec-dl --data "$D/msmarco-trec-dl-2019-passage" --candidates 100 --rerank "$m" \
             --out "$e/dl19-bm25-100/$m" "${x[@]}"
+        "$HR" eval trec-dl --data "$D/msmarco-passage-dev-600" --split test --candidates 20 --rerank "$m" \
+            --out "$e/dev600-test/$m" "${x[@]}"
+        "$HR" eval trec-dl --data "$D/noveleval" --run web --candidates 20 --rerank "$m" \
+            --out "$e/noveleval-web/$m" "${x[@]}"
     done
     "$PY" recipes/default/steps.py scorer-figures --work "$W"
-}
-
-step_web_dumps() {  # not in the default order yet: the scorer's sources beyond NFCorpus and DL21, with the adapter,
-                    # for a leave-one-source-out choice of the scorer (each source held out in turn): MS MARCO dev-600's
-                    # train fold (450 web questions, BM25 top 20, binary qrels) and 100 SciFact train claims (BM25 top 30).
-                    # Each dump resumes where it stopped (lab dump), so the step may span sessions.
-    dump qa-dev600-train-bm25-20 --data "$D/msmarco-passage-dev-600" --trec-run BM25 --split train --candidates 20 \
-        --store "$W/kv/dev600" --adapter "$W/adapter/best"
-    dump qa-scifact-train-bm25-30 --data "$D/beir-scifact" --split train --retriever bm25 --candidates 30 \
-        --max-queries 100 --store "$W/kv/scifact" --adapter "$W/adapter/best"
 }
 
 step_seed() {  # not in the default order: re-measure the installed card and adapter (e.g. on a store of

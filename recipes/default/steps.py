@@ -221,7 +221,7 @@ def install(args: argparse.Namespace) -> None:
         print(f"installed into the user card folder {target}: `heedrank serve --model {args.model}` serves it")
 
 
-EVAL_SETS = ("nf-test-hybrid50", "nf-test-bm25-20", "dl19-bm25-100")
+EVAL_SETS = ("nf-test-hybrid50", "nf-test-bm25-20", "dl19-bm25-100", "dev600-test", "noveleval-web")
 """The ``scorer-eval`` step's test sets (``reports/eval/<set>/<method>/``)."""
 
 
