@@ -201,7 +201,7 @@ WHAT_SHIPS = (
     ("scoring layer l* (the store holds layers 0..l*)", "layer"),
     ("block budget (LM tokens per document)", "max_doc_tokens"),
     ("cached layout", "template"),
-    ("the default's signals (one logistic model per subset: heedrank.scorer)", "scorer.features"),
+    ("the default's signals (a model per subset: heedrank.scorer)", "scorer.features"),
     ("NFCorpus test, hybrid top 50", "scorer.test_ndcg@10.nf-test-hybrid50"),
     ("NFCorpus test, BM25 top 20", "scorer.test_ndcg@10.nf-test-bm25-20"),
     ("TREC DL 2019, BM25 top 100", "scorer.test_ndcg@10.dl19-bm25-100"),

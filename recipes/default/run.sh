@@ -86,13 +86,17 @@ step_adapter() {  # query-side LoRA, the fitted head weights fixed; best step on
         --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/adapter.json"
 }
 
-step_eval_dumps() {  # the served reranker's features (with the adapter): dev and the test sets
+step_eval_dumps() {  # the served reranker's features (with the adapter): dev and the test sets (NFCorpus, DL19, dev-600's
+                     # test fold, NovelEval; steps.py scorer-tables reads them)
     local a=(--adapter "$W/adapter/best")
     dump qa-nf-dev-hybrid50 --data "$NF" --split dev --retriever hybrid --candidates 50 --index "$IDX" "${a[@]}"
     dump qa-nf-test-hybrid50 --data "$NF" --split test --retriever hybrid --candidates 50 --index "$IDX" "${a[@]}"
     dump qa-nf-test-bm25-20 --data "$NF" --split test --retriever bm25 --candidates 20 --index "$IDX" "${a[@]}"
     dump qa-dl19-bm25-100 --data "$D/msmarco-trec-dl-2019-passage" --trec-run BM25 --candidates 100 \
         --store "$W/kv/dl19" "${a[@]}"
+    dump qa-dev600-test-bm25-20 --data "$D/msmarco-passage-dev-600" --trec-run BM25 --split test --candidates 20 \
+        --store "$W/kv/dev600" "${a[@]}"
+    dump qa-noveleval-web-20 --data "$D/noveleval" --trec-run web --candidates 20 --store "$W/kv/noveleval" "${a[@]}"
 }
 
 step_fusion() {  # the fusion weight on dev, then every figure of the served configuration

@@ -257,6 +257,61 @@ def scorer_figures(args: argparse.Namespace) -> None:
     print(json.dumps(figures, indent=1))
 
 
+TABLE_SETS = (
+    ("TREC DL 2019, BM25 top 100", "qa-dl19-bm25-100", 2, "nDCG@10"),
+    ("dev-600 test fold, BM25 top 20, MRR@10", "qa-dev600-test-bm25-20", 1, "RR@10"),
+    ("dev-600 test fold, BM25 top 20", "qa-dev600-test-bm25-20", 1, "nDCG@10"),
+    ("NovelEval, its web order", "qa-noveleval-web-20", 1, "nDCG@10"),
+    ("NFCorpus test, BM25 top 20", "qa-nf-test-bm25-20", 1, "nDCG@10"),
+    ("NFCorpus test, hybrid top 50", "qa-nf-test-hybrid50", 1, "nDCG@10"),
+)
+"""The ``scorer-tables`` sets: ``(name, eval-dumps dump, lowest relevant grade, metric)``."""
+
+
+def scorer_tables(args: argparse.Namespace) -> None:
+    """Print one row per test set of the ``eval-dumps`` step's dumps (every query with candidates):
+    the first stage alone, the embedder alone, the attention alone, the ``--previous`` card's scorer
+    and ``out/card.scorer.json``'s, each served as the product serves it
+    (:func:`heedrank.lab.train.source_choice.serve`; the NFCorpus dumps with the index's ``bm25``),
+    with paired randomization p-values (:func:`heedrank.eval.compare.randomization_test`)."""
+    from heedrank.eval.compare import randomization_test
+    from heedrank.lab.study import load_items
+    from heedrank.lab.train.scorer_fit import bm25_of, index_for
+    from heedrank.lab.train.source_choice import load_source, serve
+    from heedrank.scorer import Scorer
+
+    work = Path(args.work)
+    new_card, old_card = _read(work / "out" / "card.scorer.json"), _read(Path(args.previous))
+    new, old = Scorer.from_card(new_card), Scorer.from_card(old_card)
+    assert new is not None and old is not None
+    index = Path(args.index) if args.index else None
+
+    def diff(a: Any, b: Any) -> str:
+        return f"{a.mean() - b.mean():+.2f} ({randomization_test(list(a - b)):.4f})"
+
+    print("| set | queries | first stage | embedder alone | attention alone | previous default | default | "
+          "default - embedder (p) | default - first stage (p) | default - previous (p) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, dump, grade, metric in TABLE_SETS:
+        path = work / "dumps" / f"{dump}.npz"
+        if not path.is_file():
+            print(f"| {name} | no dump ({path.name}: `{RUN} eval-dumps`) |")
+            continue
+        src = load_source(name, path, grade, metric, new_card, index=index)
+        own = index_for(load_items(path)[0], index)
+        if own is not None:
+            lexical = bm25_of(path, own)
+            for it, v in zip(src.items, src.values):
+                v["bm25"] = lexical[it.query_id]
+        first = src.per_query([it.first_stage for it in src.items])
+        dense = src.per_query([v["dense"] for v in src.values])
+        attention = src.per_query([v["attention"] for v in src.values])
+        now = src.per_query(serve(new, src.values, list(new.features)))
+        before = src.per_query(serve(old, src.values, list(old.features)))
+        print(f"| {name} | {len(src.items)} | {first.mean():.2f} | {dense.mean():.2f} | {attention.mean():.2f} | "
+              f"{before.mean():.2f} | **{now.mean():.2f}** | {diff(now, dense)} | {diff(now, first)} | {diff(now, before)} |")
+
+
 def _scorer_provenance(entry: dict[str, Any]) -> None:
     """The ``scorer`` entry's command and dumps named by the recipe, not by this machine's paths."""
     entry["command"] = f"{RUN} scorer"
@@ -341,6 +396,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p = sub.add_parser("scorer-figures")
     p.add_argument("--work", required=True)
+    p = sub.add_parser("scorer-tables")
+    p.add_argument("--work", required=True)
+    p.add_argument("--previous", required=True, help="the card whose scorer the new one replaces")
+    p.add_argument("--index", help="the NFCorpus index (its stored vectors and BM25)")
     p = sub.add_parser("seed")
     p.add_argument("--work", required=True)
     p.add_argument("--model", required=True)
@@ -353,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     {"model": model_cmd, "calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
      "install-independent": install_independent, "install-scorer": install_scorer, "seed": seed,
-     "scorer-figures": scorer_figures,
+     "scorer-figures": scorer_figures, "scorer-tables": scorer_tables,
      "install": install}[args.cmd](args)
 
 

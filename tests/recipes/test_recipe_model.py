@@ -64,7 +64,7 @@ def test_the_default_recipe_passes_the_model_and_device_to_every_lm_command(mode
     calls = _run("default", ["index", "dumps", "adapter", "eval-dumps"], tmp_path,
                  {"RECIPE_MODEL": str(model_dir), "RECIPE_DEVICE": "cuda:1", "RECIPE_WORK": str(work)})
     loading = [c for c in calls if c[:2] in (["lab", "dump"], ["index", "kv"], ["lab", "train"])]
-    assert len(loading) == 1 + 4 + 1 + 4  # kv build, 4 dumps, the adapter, 4 dumps with it
+    assert len(loading) == 1 + 4 + 1 + 6  # kv build, 4 dumps, the adapter, 6 dumps with it
     for argv in loading:
         text = " ".join(argv)
         assert f"--model {model_dir} --device cuda:1 --layer 6" in text, argv  # l* = round(0.5 * 12)

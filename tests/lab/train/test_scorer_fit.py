@@ -93,3 +93,18 @@ def test_bm25_models_kept_only_where_they_rank_dev_higher(tmp_path, monkeypatch,
     else:
         assert all("bm25" not in u for u in kept) and entry["dropped"]
     assert ("attention", "dense", "rank") in kept
+
+
+def test_an_index_serves_only_the_dumps_of_its_own_collection(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A SciFact dump beside an NFCorpus index has its texts encoded, not the index's vectors read."""
+    import json
+
+    from heedrank.lab.train.scorer_fit import index_for
+
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "params.json").write_text(json.dumps({"corpus": {"path": str(tmp_path / "nfcorpus")}}))
+    assert index_for({"data": str(tmp_path / "nfcorpus")}, index) == index
+    assert index_for({"data": str(tmp_path / "scifact")}, index) is None
+    assert index_for({"data": str(tmp_path / "dl21"), "run": "BM25"}, index) is None
+    assert index_for({"data": str(tmp_path / "nfcorpus")}, None) is None
