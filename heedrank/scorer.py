@@ -19,13 +19,14 @@ fitted model per subset of the signals (:class:`Scorer`), so a candidate missing
 past the budget, the request budget spent, an index without vectors) is scored by the model of
 the signals it has, calibrated on its own; in a list the LM read only in part, the attention
 enters as a step from where the model without it puts the candidate (:meth:`Scorer.logit`), so
-candidates with and without it share one scale. Fitted by ``heedrank lab fit-scorer``
-(:mod:`heedrank.lab.train.scorer_fit`; ``recipes/default``'s ``scorer`` step); the weights live in
-the weights card's ``scorer`` entry, read by :meth:`Scorer.from_card`.
+candidates with and without it share one scale. Chosen by ``heedrank lab choose-scorer``
+(:mod:`heedrank.lab.train.source_choice`, leave-one-source-out; ``recipes/default``'s ``scorer``
+step; ``heedrank lab fit-scorer`` fits the logistic form); the weights live in the weights card's
+``scorer`` entry, read by :meth:`Scorer.from_card`.
 
 Arrays in, arrays out: :meth:`Scorer.logits` takes one query's ``(N, F)`` float64 signal matrix
-(NaN where a candidate has no value) and returns ``(N,)`` logits; the models are those of
-Platt-style logistic regression over fixed signals (docs/design/algorithms.md, "The learned scorer").
+(NaN where a candidate has no value) and returns ``(N,)`` logits; each model is a linear score of
+fixed signals Platt-scaled to log-odds (docs/design/algorithms.md, "The learned scorer").
 """
 
 from __future__ import annotations
@@ -91,17 +92,17 @@ class Scorer:
         if entry is None:
             return None
         if "threshold" not in entry:
-            raise ValidationError("the card's scorer entry has no threshold: refit it (heedrank lab fit-scorer)")
+            raise ValidationError("the card's scorer entry has no threshold: refit it (heedrank lab choose-scorer)")
         known = names()
         models = []
         for m in entry.get("models", ()):
             uses, weights = tuple(m["uses"]), tuple(float(w) for w in m["weights"])
             if not set(uses) <= set(known) or len(uses) != len(weights):
                 raise ValidationError(f"the card's scorer model {list(uses)} does not match the signals "
-                                      f"{list(known)}: refit it (heedrank lab fit-scorer, recipes/default)")
+                                      f"{list(known)}: refit it (heedrank lab choose-scorer, recipes/default)")
             models.append(SubsetModel(uses, weights, float(m["bias"])))
         if not models:
-            raise ValidationError("the card's scorer entry has no models: refit it (heedrank lab fit-scorer)")
+            raise ValidationError("the card's scorer entry has no models: refit it (heedrank lab choose-scorer)")
         return cls(tuple(models), float(entry["threshold"]))
 
     @property
@@ -122,7 +123,7 @@ class Scorer:
 
     def model_for(self, have: Sequence[str]) -> SubsetModel | None:
         """The model of the largest fitted subset of the signals ``have`` (among as large ones, the
-        first in the card: the fit orders them by their dev nDCG@10); ``None``: none fits."""
+        first in the card: the fit orders them by their worst margin); ``None``: none fits."""
         avail = set(have)
         best = None
         for m in self.models:
