@@ -627,7 +627,8 @@ class Pipeline:
                 query=row.query, ranking=merge_served(hydrated, served, options.top_k), first_stage=row.ranking,
                 timings=timings, rerank=done.reranked.result, fusion=done.policy.alpha,
                 probabilities=served.probabilities, cutoff=served.threshold, missing=row.missing,
-                relevance=served.relevance, skipped=done.reranked.skipped, doc_tokens=doc_tokens))
+                relevance=served.relevance, skipped=done.reranked.skipped, doc_tokens=doc_tokens,
+                warnings=tuple(served.warnings)))
         return results
 
     def rerank_documents(self, query: Query, candidates: Ranking, options: SearchOptions = SearchOptions(), *,

@@ -166,6 +166,9 @@ class SearchResult:
             recompute budget (``SearchOptions.cold_budget``); they keep first-stage positions.
         doc_tokens: LM tokens of each document the reranker read (its ``max_doc_tokens``),
             or ``None`` without reranking or when the reranker does not say.
+        warnings: How the candidates were served, beside the reranker's own warnings
+            (:attr:`heedrank.serving.Served.warnings`: how many the scorer served without the
+            reranker's attention).
     """
 
     query: Query
@@ -180,6 +183,7 @@ class SearchResult:
     relevance: Mapping[str, float] | None = None
     skipped: tuple[str, ...] = ()
     doc_tokens: int | None = None
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """This result as JSON values (documents left out; see the module docstring)."""
@@ -189,7 +193,7 @@ class SearchResult:
             "rerank": None if self.rerank is None else rerank_result_to_json(self.rerank),
             "fusion": self.fusion, "probabilities": _floats(self.probabilities), "cutoff": self.cutoff,
             "missing": list(self.missing), "relevance": _floats(self.relevance), "skipped": list(self.skipped),
-            "doc_tokens": self.doc_tokens,
+            "doc_tokens": self.doc_tokens, "warnings": list(self.warnings),
         }
 
     @classmethod
@@ -210,6 +214,7 @@ class SearchResult:
             fusion=data.get("fusion"), probabilities=_floats(data.get("probabilities")), cutoff=data.get("cutoff"),
             missing=tuple(data.get("missing", ())), relevance=_floats(data.get("relevance")),
             skipped=tuple(data.get("skipped", ())), doc_tokens=data.get("doc_tokens"),
+            warnings=tuple(data.get("warnings", ())),
         )
 
 

@@ -245,7 +245,7 @@ class ScorerServing:
         ranking = Ranking.from_hits(candidates.query_id, hits)
         probabilities = {h.doc_id: sigmoid(float(s)) for h, s, ok in zip(candidates.hits, logits, scored) if ok}
         warnings = ((f"{without} of {len(candidates)} candidates were scored without the reranker's attention "
-                     "(cold past the budget or over the request budget): from the dense, BM25 and first-stage signals",)
+                     "(cold past the budget or over the request budget): from the scorer's other signals",)
                     if without else ())
         if cutoff is None:
             return Served(ranking, probabilities, warnings=warnings, relevance=probabilities, without_lm=without)

@@ -131,7 +131,7 @@ def to_response(result: SearchResult, method: str, queue_seconds: float = 0.0) -
         info = RerankInfo(method=method, candidates=len(rr.ranking) + skipped,
                           reranked=len(rr.ranking),
                           skipped_cold=skipped, truncated=len(rr.truncated), doc_tokens=result.doc_tokens,
-                          prompt_tokens=int(rr.prompt_tokens), warnings=list(rr.warnings),
+                          prompt_tokens=int(rr.prompt_tokens), warnings=[*rr.warnings, *result.warnings],
                           cache=dict(rr.cache) if rr.cache is not None else None, fusion=result.fusion, cutoff=result.cutoff,
                           calibrated=result.probabilities is not None)
     timings = Timings(**{k: float(result.timings.get(k, 0.0)) for k in ("retrieve", "hydrate", "rerank", "total")},

@@ -45,7 +45,7 @@ def pipe() -> Pipeline:
 def test_a_search_result_survives_its_json_codec(pipe) -> None:
     result = pipe.search(Query("q", "apple"), SearchOptions(rerank="reverse", candidates=4, top_k=5, fusion=0.5))
     result = SearchResult(**{**vars(result), "probabilities": {"d1": 0.25}, "cutoff": 0.1, "missing": ("gone",),
-                             "skipped": ("d3",), "doc_tokens": 128,
+                             "skipped": ("d3",), "doc_tokens": 128, "warnings": ("served: 1 of 4 without attention",),
                              "rerank": RerankResult(**{**vars(result.rerank), "details": {"timings": {"x": 1.5}},
                                                        "warnings": ("w",), "truncated": ("d0",),
                                                        "evidence": {"d0": [EvidenceSpan("text", 0, 5, "apple", 0.5)]}})})
@@ -56,6 +56,7 @@ def test_a_search_result_survives_its_json_codec(pipe) -> None:
     assert back.rerank.evidence["d0"][0] == EvidenceSpan("text", 0, 5, "apple", 0.5)
     assert back.rerank.cache == {"hits": 1, "misses": 3} and back.relevance == result.relevance
     assert all(h.document is not None for h in back.ranking.hits)
+    assert back.warnings == ("served: 1 of 4 without attention",)
 
 
 @pytest.mark.parametrize("fusion", [None, 0.5])

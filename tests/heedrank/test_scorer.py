@@ -192,3 +192,24 @@ def test_served_without_the_lm_and_the_embedder_alone_without_a_pass() -> None:
     assert type(reranker).calls == before and res.probabilities is not None
     order = sorted(res.probabilities, key=lambda d: -res.probabilities[d])  # type: ignore[index]
     assert res.ranking.doc_ids == order
+
+
+def test_a_search_read_in_part_says_how_many_the_scorer_served_without_attention() -> None:
+    """The served warning reaches the search result (``/search``'s ``rerank.warnings``), not only
+    ``/rerank``'s ``meta.warnings``."""
+    from heedrank.pipeline import SearchOptions
+    from heedrank.protocols import RerankResult
+    from heedrank.types import Query
+
+    pipe, reranker = _scored_pipeline()
+
+    def read_two(query, candidates):  # type: ignore[no-untyped-def]  # the other blocks cold past the budget
+        return RerankResult(Ranking.from_hits(query.query_id, (ScoredDoc(d.doc_id, 1.0, d) for d in candidates[:2])))
+
+    reranker.rerank = read_two  # type: ignore[method-assign]
+    res = pipe.search(Query("q", "cold apple"), SearchOptions(rerank="reverse", candidates=5, top_k=5))
+    assert res.warnings == ("3 of 5 candidates were scored without the reranker's attention (cold past the budget or "
+                            "over the request budget): from the scorer's other signals",)
+    from heedrank.api.routes.search import to_response
+
+    assert to_response(res, "reverse").rerank.warnings == list(res.warnings)  # type: ignore[union-attr]
