@@ -118,9 +118,11 @@ def _built_limits(method: str, base: LimitedReranker, lm: Any) -> dict[str, Any]
 
 def default_configuration(settings: Settings) -> dict[str, Any]:
     """What ``"default"`` names, read without loading a model: the method, its options, the
-    fusion weight, and the dev and test nDCG@10 of its weights card (``configuration``: the
-    shipped configuration with the query adapter, fused; ``pure``/``fused``: the card's own
-    weights without the adapter)."""
+    fusion weight, and the dev and test nDCG@10 of its weights card (``scorer``: what the default
+    serves, its signals, cut-off, test nDCG@10 beside the first stage and the embedder alone, and
+    the configuration its leave-one-source-out choice picked; ``configuration``: the previous
+    configuration, ``scoring=learned`` with the query adapter, fused; ``pure``/``fused``: the
+    card's own weights without the adapter)."""
     from heedrank.reranker.cards import packaged_card
     from heedrank.reranker.options import DEFAULT_METHOD, describe_options
 
@@ -132,6 +134,12 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
     if card is not None:
         out["card"] = {k: card.data[k] for k in ("model", "layer", "max_doc_tokens", "configuration", "fusion",
                                                   "dev_ndcg@10", "test_ndcg@10", "train") if k in card.data}
+        scorer = card.data.get("scorer")
+        if scorer is not None:  # what the default serves: its signals, cut-off and test figures
+            out["card"]["scorer"] = {k: scorer[k] for k in ("features", "fit", "threshold", "test_ndcg@10")
+                                     if k in scorer}
+            if "choice" in scorer:
+                out["card"]["scorer"]["chosen"] = scorer["choice"].get("chosen")
     return jsonable(out)
 
 

@@ -35,6 +35,11 @@ def test_info_names_the_default_configuration_and_its_figures(client):
     assert figures["dl19-bm25-100"]["first stage"] == pytest.approx(50.6)  # BM25 on DL19, whatever the card
     assert card["configuration"]["dev_ndcg@10"]["default"] == pytest.approx(packaged["dev_ndcg@10"]["default"])
     assert card["configuration"]["fusion"] == pytest.approx(CARD["fusion"]["alpha"])  # the learned scorer's record
+    # what the default serves: the scorer's signals, cut-off, test figures and the choice that picked it
+    scorer, shipped = card["scorer"], CARD["scorer"]
+    assert scorer["features"] == shipped["features"] and scorer["threshold"] == shipped["threshold"]
+    assert scorer["test_ndcg@10"]["dl19-bm25-100"] == shipped["test_ndcg@10"]["dl19-bm25-100"]
+    assert scorer["chosen"] == shipped["choice"]["chosen"] and "choice" not in scorer  # the summary, not the report
     assert {"default", "blockrank-cached", "icr"} <= set(info["explain_methods"])
     assert "blockrank" not in info["explain_methods"] and "default" in info["methods"]
 
