@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ class Source:
         grade: The lowest relevant grade.
         metric: ``"nDCG@10"`` or ``"RR@10"``.
         query_words: Per query, its length in words (whitespace-separated).
+        meta: The dump's record of how it was made (its ``data``, ``run``, ...).
     """
 
     name: str
@@ -90,6 +91,7 @@ class Source:
     grade: int
     metric: str
     query_words: tuple[int, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
     def labels(self) -> np.ndarray:
         """``(n,)`` 0/1 relevance of every candidate, queries in order."""
@@ -128,7 +130,7 @@ def load_source(name: str, dump: Path, grade: int, metric: str, card: Mapping[st
     heads = [features(it, HEAD_GROUPS) for it in items]
     text = query_texts(meta)
     words = tuple(len(text[it.query_id].split()) for it in items)
-    return Source(name, items, values, heads, meta["qrels"], grade, metric, words)
+    return Source(name, items, values, heads, meta["qrels"], grade, metric, words, meta)
 
 
 @dataclass(frozen=True)
@@ -186,15 +188,23 @@ def fit_heads(sources: Sequence[Source], rows: Sequence[np.ndarray] | None, c: f
     return fit_logistic(np.concatenate(xs), np.concatenate(ys), np.concatenate(ks), c)
 
 
+def stacked(sources: Sequence[Source], values: Sequence[Sequence[dict[str, np.ndarray]]], uses: Sequence[str]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every candidate of ``sources`` (their signals ``values``, per source, per query) as the
+    float64 ``(n, len(uses))`` matrix of ``uses``, its ``(n,)`` 0/1 labels and ``(n,)`` source index."""
+    X = np.stack([np.concatenate([v[u] for vs in values for v in vs]) for u in uses], axis=1)
+    y = np.concatenate([s.labels() for s in sources])
+    k = np.concatenate([np.full(sum(len(v[uses[0]]) for v in vs), i) for i, vs in enumerate(values)])
+    return X, y, k
+
+
 def scorer_of(sources: Sequence[Source], values: Sequence[Sequence[dict[str, np.ndarray]]], uses: Sequence[str],
               c: float) -> Scorer:
     """The scorer's full model over ``uses`` fitted on ``values`` (per source, per query, the
     signals) with each source weighing the same. Only the full model: every candidate of a dump
     holds every signal, so the models of fewer signals (served where one is missing) are never read
     here."""
-    X = np.stack([np.concatenate([v[u] for vs in values for v in vs]) for u in uses], axis=1)
-    y = np.concatenate([s.labels() for s in sources])
-    k = np.concatenate([np.full(sum(len(v[uses[0]]) for v in vs), i) for i, vs in enumerate(values)])
+    X, y, k = stacked(sources, values, uses)
     have = np.isfinite(X).all(axis=1)  # a document without a stored vector has no cosine
     w, b = fit_logistic(X[have], y[have], k[have], c)
     return Scorer((SubsetModel(tuple(uses), tuple(float(x) for x in w), b),), 0.5)
@@ -280,17 +290,16 @@ def fit_direction(sources: Sequence[Source], values: Sequence[Sequence[dict[str,
     from heedrank.fusion import Standardizer
     from heedrank.lab.train.scorer_fit import source_weights
 
-    X = np.concatenate([np.stack([np.concatenate([v[u] for v in vs]) for u in uses], axis=1) for vs in values])
-    k = np.concatenate([np.full(sum(len(v[uses[0]]) for v in vs), i) for i, vs in enumerate(values)])
-    y = np.concatenate([s.labels() for s in sources])
+    X, y, k = stacked(sources, values, uses)
     have = np.isfinite(X).all(axis=1)
     sd = Standardizer.fit(X[have], source_weights(k[have])).std
     best = [best_single(s) for s in sources]
+    per_query = [[np.stack([v[u] for u in uses], axis=1) for v in vs] for vs in values]  # once, not per grid point
     chosen: tuple[tuple[float, float], np.ndarray, dict[str, float]] | None = None
     for shares in simplex(len(uses), step):
         w = np.asarray([SIGNS[u] * g for u, g in zip(uses, shares)]) / sd
-        margins = {s.name: float(s.per_query([np.stack([v[u] for u in uses], axis=1) @ w for v in vs]).mean()) - b
-                   for s, vs, b in zip(sources, values, best)}
+        margins = {s.name: float(s.per_query([x @ w for x in xs]).mean()) - b
+                   for s, xs, b in zip(sources, per_query, best)}
         key = (min(margins.values()), float(np.mean(list(margins.values()))))
         if chosen is None or key > chosen[0]:
             chosen = (key, w, margins)
@@ -340,6 +349,7 @@ def choose(sources: Sequence[Source], configs: Sequence[Config] | None = None) -
     configs = list(configs or configurations())
     kept: Refits = {}
     base = {s.name: baselines(s) for s in sources}
+    bests = {n: max(float(b["first stage"].mean()), float(b["dense"].mean())) for n, b in base.items()}  # best_single
     report: dict[str, Any] = {"sources": {s.name: {"queries": len(s.items), "metric": s.metric,
                                                    **{k: float(v.mean()) for k, v in base[s.name].items()}}
                                           for s in sources}, "configs": {}}
@@ -348,7 +358,7 @@ def choose(sources: Sequence[Source], configs: Sequence[Config] | None = None) -
         for i, test in enumerate(sources):
             train = [s for j, s in enumerate(sources) if j != i]
             got = test.per_query(held_out_scores(config, train, test, kept))
-            best = max(float(base[test.name]["first stage"].mean()), float(base[test.name]["dense"].mean()))
+            best = bests[test.name]
             values[test.name], margins[test.name], per[test.name] = float(got.mean()), float(got.mean()) - best, got
         row = {"values": values, "margins": margins, "worst": min(margins.values()),
                "mean": float(np.mean(list(margins.values()))), "per_query": {k: v.tolist() for k, v in per.items()}}

@@ -275,7 +275,6 @@ def scorer_tables(args: argparse.Namespace) -> None:
     (:func:`heedrank.lab.train.source_choice.serve`; the NFCorpus dumps with the index's ``bm25``),
     with paired randomization p-values (:func:`heedrank.eval.compare.randomization_test`)."""
     from heedrank.eval.compare import randomization_test
-    from heedrank.lab.study import load_items
     from heedrank.lab.train.scorer_fit import bm25_of, index_for
     from heedrank.lab.train.source_choice import load_source, serve
     from heedrank.scorer import Scorer
@@ -298,7 +297,7 @@ def scorer_tables(args: argparse.Namespace) -> None:
             print(f"| {name} | no dump ({path.name}: `{RUN} eval-dumps`) |")
             continue
         src = load_source(name, path, grade, metric, new_card, index=index)
-        own = index_for(load_items(path)[0], index)
+        own = index_for(src.meta, index)
         if own is not None:
             lexical = bm25_of(path, own)
             for it, v in zip(src.items, src.values):
