@@ -29,8 +29,6 @@ def lab_fit_scorer(
     write_card: Annotated[Optional[Path], typer.Option(
         "--write-card", help="Write --card with the 'scorer' entry to this NEW path.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the entry and report (JSON) here.")] = None,
-    c: Annotated[Optional[float], typer.Option("--c", help="The inverse L2 strength, fixed (e.g. chosen by "
-                                               "`heedrank lab choose-scorer`); default: chosen on dev.")] = None,
 ) -> None:
     """Fit the default's scorer (one logistic model per subset of the signals attention, dense,
     rank and bm25; C and the cut-off chosen on dev) and report nDCG@10 of every signal and model, ROC AUC
@@ -43,10 +41,10 @@ def lab_fit_scorer(
     sources, tests = graded_sets(train, test or [])
     halves = [graded(spec) for spec in split or []]
     data = read_card(card).data
-    entry = fit_scorer(sources, dev, tests, card=data, index=index, split=halves, **({"cs": (c,)} if c else {}))
+    entry = fit_scorer(sources, dev, tests, card=data, index=index, split=halves)
     entry["command"] = command_line("heedrank lab fit-scorer", [
         ("--train", train), ("--split", split), ("--dev", dev), ("--card", card), ("--test", test), ("--index", index),
-        ("--c", c), ("--write-card", write_card)])
+        ("--write-card", write_card)])
     if out is not None:
         out.write_text(json.dumps(entry, indent=1))
     if write_card is not None:
