@@ -337,6 +337,11 @@
     // the one score to read: a reranked hit's calibrated probability (or sigmoid score), a first-stage score
     // without reranking; the order's own key stays in the title (raw_score)
     const raw = `raw score ${fmtScore(hit.raw_score)}`;
+    if (hit.reranked === false && calibrated && Number.isFinite(hit.score)) {
+      // the scorer served it from its other signals (its block not read by the LM): a probability all the same
+      return el("span", { title: raw }, "P(relevant) ", el("code", { class: "probability", text: Number(hit.score).toFixed(2) }),
+        " ", el("span", { class: "not-reranked", text: "not read by the LM" }));
+    }
     if (hit.reranked === false) return el("span", { class: "not-reranked", title: raw, text: "not reranked" });
     if (calibrated && Number.isFinite(hit.score)) {
       return el("span", { title: raw }, "P(relevant) ",
@@ -407,7 +412,10 @@
       const scored = Number.isInteger(rr.reranked) ? rr.reranked : rr.candidates;  // truncation counts read ones
       add("read", `${read}${read && rr.truncated ? `; ${rr.truncated} of ${scored} are longer` : ""}`
         || `${rr.truncated || 0} truncated`);
-      if (rr.skipped_cold) {
+      if (rr.skipped_cold && rr.calibrated && rr.reranked > 0) {
+        add("reranked", `${rr.reranked} of ${rr.candidates}; ${rr.skipped_cold} whose blocks are not stored yet were `
+          + "scored from the other signals (the service stores them in the background)");
+      } else if (rr.skipped_cold) {
         add("reranked", `${rr.reranked} of ${rr.candidates}; ${rr.skipped_cold} whose blocks are not stored yet keep `
           + "their first-stage places (the service stores them in the background)");
       } else if (rr.reranked === 0) {
@@ -431,7 +439,10 @@
     const scored = Number.isInteger(rr.reranked) ? rr.reranked : total;
     const kept = Math.max(0, total - scored);
     let text = `reranked ${scored} of ${total} by ${rr.method}`;
-    if (kept) {
+    if (kept && rr.calibrated && scored > 0) {  // the scorer placed the others from its other signals
+      text += `; ${kept} not read by the LM${rr.skipped_cold ? " (not yet in the store)" : ""}, scored from the `
+        + `other signals; of the results shown, ${moved} moved`;
+    } else if (kept) {
       const why = [];
       if (rr.skipped_cold) why.push(`${rr.skipped_cold === kept ? "" : `${rr.skipped_cold} `}not yet in the store`);
       const budget = (Array.isArray(rr.warnings) ? rr.warnings : []).some((w) => /budget/.test(w));

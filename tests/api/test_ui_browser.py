@@ -562,6 +562,17 @@ def test_the_status_line_says_how_many_were_reranked_and_why_the_others_were_not
     expect(page.locator("#status")).to_contain_text(
         f"reranked {n - 3} of {n} by spans; 3 kept their first-stage places: not yet in the store")
     page.unroute("**/search")
+    # the default's scorer (calibrated) places the unread ones from its other signals, with a probability
+    scored = dict(cold, rerank={**cold["rerank"], "calibrated": True},
+                  results=[{**h, "score": 0.5, "reranked": i > 0} for i, h in enumerate(cold["results"])])
+    page.route("**/search", lambda route: route.fulfill(status=200, content_type="application/json",
+                                                          body=json.dumps(scored)))
+    _search(page, "apples")
+    expect(page.locator("#status")).to_contain_text(
+        f"reranked {n - 3} of {n} by spans; 3 not read by the LM (not yet in the store), scored from the other signals")
+    expect(page.locator(".not-reranked").first).to_have_text("not read by the LM")
+    expect(page.locator('#rerank-info dd[data-key="reranked"]')).to_contain_text("scored from the other signals")
+    page.unroute("**/search")
     budget = dict(answer, rerank={**answer["rerank"], "reranked": 0, "skipped_cold": 0, "warnings": [
         "reranking stopped after 20.0 s (the service's per-request budget is 20 s, HEEDRANK_REQUEST_BUDGET_S): "
         "every candidate kept its first-stage place"]})
