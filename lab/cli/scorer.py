@@ -93,3 +93,45 @@ def lab_choose_scorer(
         entry["command"] = command
         write_new_card(write_card, {**data, "scorer": entry}, source=card)
         typer.echo(f"scorer entry ({len(entry['models'])} models, cut-off {entry['threshold']}) -> {write_card}")
+
+
+def lab_compare_adapters(
+    dumps: Annotated[Path, typer.Option("--dumps", help="Folder of the dumps, named ADAPTER-SET.npz (the recipe's "
+                                        "dumps/ folder: qa-dl19-bm25-100.npz, web-dl19-bm25-100.npz).")],
+    card: Annotated[Path, typer.Option("--card", help="Weights card with the 'independent' entry (read only).")],
+    fit: Annotated[list[str], typer.Option("--fit", help="SET[@MIN_GRADE][:METRIC]: a source the scorers are fitted "
+                                           "on (repeatable), e.g. dev600-scorer-bm25-20:RR@10.")],
+    test: Annotated[list[str], typer.Option("--test", help="SET[@MIN_GRADE][:METRIC]: a test set (repeatable), "
+                                            "e.g. dl19-bm25-100@2.")],
+    adapters: Annotated[str, typer.Option("--adapters", help="The two adapters' prefixes, the reference first.")
+                        ] = "qa,web",
+    index: Annotated[Optional[Path], typer.Option("--index", help="The index the BEIR dumps were made with.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
+) -> None:
+    """Two query adapters side by side on the same queries, paired (heedrank.lab.train.adapter_compare):
+    the single signals, and scorers fitted on --fit and read on each --test set."""
+    from heedrank.lab.train.adapter_compare import compare_adapters, format_comparison
+    from heedrank.lab.train.source_choice import Source, load_source
+    from heedrank.reranker.cards import read_card
+
+    data = read_card(card).data
+
+    def sets(specs: list[str], adapter: str) -> list[Source]:
+        out_ = []
+        for spec in specs:
+            path, _, metric = spec.partition(":")
+            name, _, grade = path.partition("@")
+            dump = dumps / f"{adapter}-{name}.npz"
+            if not dump.is_file():
+                raise typer.BadParameter(f"no dump {dump} (heedrank lab dump --adapter ... --out {dump})")
+            out_.append(load_source(name + (f":{metric}" if metric else ""), dump, int(grade or 1),
+                                    metric or "nDCG@10", data, index=index))
+        return out_
+
+    names = [a.strip() for a in adapters.split(",") if a.strip()]
+    if len(names) != 2:
+        raise typer.BadParameter("two adapters, comma-separated", param_hint="--adapters")
+    report = compare_adapters({a: (sets(fit, a), sets(test, a)) for a in names})
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1))
+    typer.echo(format_comparison(report))

@@ -108,6 +108,10 @@ def train_query_adapter_cmd(
     exclude_queries: Annotated[Optional[list[Path]], typer.Option(
         "--exclude-queries", help="Query ids never trained on (repeatable): a text file (one id per line) or a "
         "study dump (.npz: its queries), e.g. queries held out for the cut-off's calibration.")] = None,
+    dev_query_ids: Annotated[Optional[Path], typer.Option(
+        "--dev-query-ids", help="The dev queries by id (a text file, one per line, or a study dump) instead of "
+        "--dev-queries' seeded subset; e.g. a fold of dev-600's train fold that --exclude-queries keeps out of "
+        "training.")] = None,
 ) -> None:
     """Query-side LoRA adapter for cached BlockRank (stored blocks stay valid): listwise or
     pairwise loss through the query passes only; dev nDCG@10 every --eval-every steps, best
@@ -133,14 +137,27 @@ def train_query_adapter_cmd(
         examples += [replace(ex, source=spec) for ex in examples_from(queries, cands, qrels)
                      if ex.query_id not in excluded]
         stores[spec] = source_store(reranker, source_index, scratch_kv, spec)
-    evaluate = None
+    evaluate, n_dev = None, dev_queries
     if dev:
-        dq, dc, ds, dqrels, dindex = load_source(dev, candidates=candidates, max_queries=dev_queries, seed=seed,
+        dq, dc, ds, dqrels, dindex = load_source(dev, candidates=candidates,
+                                                 max_queries=None if dev_query_ids else dev_queries, seed=seed,
                                                  retriever=retriever, index=None if "@" in dev else index)
+        if dev_query_ids is not None:
+            wanted = read_query_ids([dev_query_ids])
+            dq = [q for q in dq if q.query_id in wanted]
+            if not dq:
+                raise typer.BadParameter(f"none of the {len(wanted)} ids in {dev_query_ids} is a query of {dev}",
+                                         param_hint="--dev-query-ids")
+            if excluded.isdisjoint(wanted):
+                typer.echo(f"warning: the dev queries of {dev_query_ids} are not in --exclude-queries: if a "
+                           "training source holds them, the dev figure is read on queries trained on", err=True)
+        n_dev = len(dq)
         evaluate = dev_evaluator(dq, dc, ds, dqrels, objective=objective,
-                                 block_store=source_store(reranker, dindex, scratch_kv, dev))
+                                 block_store=stores[dev] if dev in stores else  # one writer per store
+                                 source_store(reranker, dindex, scratch_kv, dev))
     summary = train_query_adapter(reranker, examples, cfg, block_stores=stores, evaluate=evaluate,
-                                  card={"train": list(train), "dev": dev, "dev_queries": dev_queries,
+                                  card={"train": list(train), "dev": dev,
+                                        "dev_queries": n_dev,
                                         "candidates": candidates, "retriever": retriever})
     summary.pop("history", None)
     typer.echo(json.dumps(summary, indent=1, default=str))

@@ -120,6 +120,30 @@ def calibration_ids(args: argparse.Namespace) -> None:
     print(f"{len(ids)} calibration queries ({len(seen)} training queries left out) -> {args.out}")
 
 
+def web_folds(args: argparse.Namespace) -> None:
+    """Split MS MARCO dev-600's train fold for the web-trained query adapter: of its queries
+    whose list holds a relevant passage (390), ordered by sha256 of ``"web:<qid>"``, the
+    first ``--scorer`` are the scorer's web source (never trained on), the next ``--dev`` the
+    adapter's dev queries (its best step; never trained on either), and the rest train it."""
+    import hashlib
+
+    from heedrank.eval.sets import load_candidate_set
+
+    cs = load_candidate_set(args.data, "BM25", split="train")
+    usable = sorted(q for q in cs.queries
+                    if any(cs.qrels.get(q, {}).get(d, 0) > 0 for d in cs.run.get(q, {})))
+    usable.sort(key=lambda q: (hashlib.sha256(f"web:{q}".encode()).hexdigest(), q))
+    if len(usable) < args.scorer + args.dev + 1:
+        sys.exit(f"{args.data}: only {len(usable)} train-fold lists hold a relevant passage")
+    folds = {"scorer": usable[: args.scorer], "dev": usable[args.scorer: args.scorer + args.dev],
+             "train": usable[args.scorer + args.dev:]}
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, ids in folds.items():
+        (out / f"web-{name}-queries.txt").write_text("".join(f"{q}\n" for q in sorted(ids)), encoding="utf-8")
+    print(" ".join(f"{name} {len(ids)}" for name, ids in folds.items()) + f" of {len(usable)} -> {out}/web-*-queries.txt")
+
+
 def _served(fusion: dict[str, Any]) -> dict[str, Any]:
     """The served configuration's figures from the fusion step's report: the dev-chosen
     fusion weight, pure and fused nDCG@10 on dev and each test set, p against the first stage."""
@@ -389,6 +413,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--exclude", required=True)
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--out", required=True)
+    p = sub.add_parser("web-folds")
+    p.add_argument("--data", required=True, help="MS MARCO dev-600's folder")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--scorer", type=int, default=150)
+    p.add_argument("--dev", type=int, default=50)
     p = sub.add_parser("fused-card")
     p.add_argument("--card", required=True)
     p.add_argument("--fusion", required=True)
@@ -409,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--work", required=True)
         p.add_argument("--model", required=True)
     args = parser.parse_args(argv)
-    {"model": model_cmd, "calibration-ids": calibration_ids, "fused-card": fused_card, "assemble": assemble,
+    {"model": model_cmd, "calibration-ids": calibration_ids, "web-folds": web_folds, "fused-card": fused_card, "assemble": assemble,
      "install-independent": install_independent, "install-scorer": install_scorer, "seed": seed,
      "scorer-figures": scorer_figures, "scorer-tables": scorer_tables,
      "install": install}[args.cmd](args)

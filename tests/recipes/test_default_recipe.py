@@ -173,3 +173,22 @@ def test_seed_starts_a_work_folder_from_the_installed_card_and_adapter(tmp_path,
 
     assert ids == [q.query_id for q in select_queries(queries, {f"q{i}": {"d": 1} for i in range(8)}, 3, 0)[0]]
     assert len(ids) == 3 and (work / "done" / "fit").exists() and (work / "done" / "adapter").exists()
+
+
+def test_web_folds_split_the_train_fold_into_disjoint_seeded_parts(tmp_path, dev600_dir) -> None:
+    """MS MARCO dev-600's train fold: 150 scorer queries and 50 dev queries the web adapter never
+    trains on, the other 190 lists with a relevant passage train it; none is in the test fold;
+    the same files on a second run."""
+    from heedrank.eval.sets import load_candidate_set
+
+    steps = _steps()
+    steps.main(["web-folds", "--data", str(dev600_dir), "--out-dir", str(tmp_path)])
+    folds = {n: (tmp_path / f"web-{n}-queries.txt").read_text().split() for n in ("scorer", "dev", "train")}
+    assert {n: len(v) for n, v in folds.items()} == {"scorer": 150, "dev": 50, "train": 190}
+    every = [q for v in folds.values() for q in v]
+    assert len(set(every)) == 390
+    test = set(load_candidate_set(dev600_dir, "BM25", split="test").queries)
+    assert not test & set(every)
+    first = {n: list(v) for n, v in folds.items()}
+    steps.main(["web-folds", "--data", str(dev600_dir), "--out-dir", str(tmp_path)])
+    assert {n: (tmp_path / f"web-{n}-queries.txt").read_text().split() for n in folds} == first
