@@ -81,7 +81,8 @@ def train_query_adapter_cmd(
     train_queries: Annotated[Optional[int], typer.Option("--train-queries", help="Seeded subset per source.")] = None,
     candidates: Annotated[int, typer.Option("--candidates", help="First-stage depth of each list.")] = 50,
     retriever: Annotated[str, typer.Option("--retriever", help="BEIR first stage.")] = "hybrid",
-    objective: Annotated[str, typer.Option("--objective", help="learned (head-weight score) or signal (L_aux).")] = "learned",
+    objective: Annotated[str, typer.Option("--objective", help="learned (head-weight score), signal (L_aux) or "
+                                                 "independent (the served list-independent log-odds).")] = "learned",
     steps: Annotated[int, typer.Option("--steps")] = 300,
     batch_queries: Annotated[int, typer.Option("--batch-queries", help="Queries per optimizer step.")] = 4,
     max_candidates: Annotated[int, typer.Option("--max-candidates", help="Candidates per training list.")] = 20,
@@ -127,7 +128,7 @@ def train_query_adapter_cmd(
                              init=None if init is None else str(init))
     excluded = read_query_ids(exclude_queries or [])
     config = reranker_config("blockrank-cached", model, max_doc_tokens, _auto_device(device), opts).with_options(
-        layer=layer, scoring="learned" if objective == "learned" else "signal", query_adapter=None)
+        layer=layer, scoring=objective, query_adapter=None)
     reranker = build_reranker(config)
     examples, stores = [], {}
     for spec in train:

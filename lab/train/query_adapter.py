@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+OBJECTIVES = ("learned", "signal", "independent")
+"""What the adapter is trained through (:attr:`QueryAdapterConfig.objective`)."""
+
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -69,8 +72,11 @@ class QueryAdapterConfig:
     Attributes:
         out_dir: Output folder (checkpoints, the adapter, the history).
         objective: ``"learned"`` (listwise softmax over the learned head-weight score,
-            z-scored calibrated mass per (layer, head) times the weights card) or
-            ``"signal"`` (BlockRank's ``L_aux`` on the signal tokens at ``l*``).
+            z-scored calibrated mass per (layer, head) times the weights card),
+            ``"signal"`` (BlockRank's ``L_aux`` on the signal tokens at ``l*``) or
+            ``"independent"`` (the served list-independent log-odds: the query and ``N/A``
+            blocks against block 0 alone, read on the candidates' stored keys, times the card's
+            ``independent`` weights; :mod:`heedrank.reranker.cached.independent`).
         lora_r, lora_alpha: LoRA rank and scale.
         target_modules: Linear layers that get LoRA (names inside each decoder layer).
         train_weights: Also train the head weights (initialised from the card).
@@ -113,8 +119,8 @@ class QueryAdapterConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.objective not in ("learned", "signal"):
-            raise ValidationError(f"objective must be 'learned' or 'signal', got {self.objective!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValidationError(f"objective must be one of {list(OBJECTIVES)}, got {self.objective!r}")
         if self.loss not in ("listwise", "pairwise"):
             raise ValidationError(f"loss must be 'listwise' or 'pairwise', got {self.loss!r}")
         for name in ("lora_r", "steps", "batch_queries", "max_candidates", "max_positives", "checkpoint_every"):
@@ -160,7 +166,12 @@ def differentiable_scores(reranker: CachedBlockRankReranker, prompt: Any, kv: An
     ``0..l*`` (query rows' mean attention minus the ``N/A`` query's) times ``weights``
     (``((l* + 1) * heads,)``); unitless. ``"signal"``: the signal tokens' attention mass per
     candidate at ``l*`` (probabilities summing to 1, :func:`heedrank.reranker.blockforward.signal_scores`).
+    ``"independent"``: the served list-independent log-odds of P(relevant) (``weights``: the
+    card's :class:`heedrank.reranker.cached.independent.IndependentWeights`), each candidate's
+    own: the query pass runs against block 0 alone (:func:`independent_scores`).
     """
+    if objective == "independent":
+        return independent_scores(reranker, prompt, kv, weights)
 
     from heedrank.reranker.attention import AttentionCapture
     from heedrank.reranker.blockforward import query_pass, signal_scores
@@ -188,6 +199,29 @@ def differentiable_scores(reranker: CachedBlockRankReranker, prompt: Any, kv: An
     return linear_head_scores(feats, weights.double())
 
 
+def independent_scores(reranker: CachedBlockRankReranker, prompt: Any, kv: Any, weights: Any) -> Any:
+    """``(N,)`` float64 log-odds ``bias + W . F(d)`` (docs/design/algorithms.md, "List-independent
+    scoring"), with gradients through the query and ``N/A`` blocks' pass against block 0
+    (:func:`heedrank.reranker.cached.independent.query_states`, its capture kept in the graph)."""
+    import torch
+
+    from heedrank.reranker.attention import AttentionCapture
+    from heedrank.reranker.blockforward import merged_query_pass
+    from heedrank.reranker.cached.independent import GROUPS, _row_groups, document_features
+
+    w = weights.tensor()
+    layers = list(range(weights.layers))
+    used = [g for g in range(len(GROUPS)) if bool(w[:, :, g].abs().sum() > 0)]
+    L0 = len(prompt.instruction_ids)
+    kv0 = [(k[:, :, :L0], v[:, :, :L0]) for k, v in kv[: max(layers) + 1]]
+    cap = AttentionCapture(layers=set(layers), mode="query", stop_after=max(layers), detach=False)
+    rows = merged_query_pass(reranker.lm, prompt, kv0, cap, [prompt.query_ids, prompt.calib_ids], fast=False)
+    states = {layer: cap.out[layer][0] for layer in layers}
+    groups = _row_groups(prompt.query_ids, prompt.calib_ids, rows.members)
+    feats = document_features(states, groups, kv, L0, prompt.doc_lengths, used).double()
+    return torch.einsum("nlhg,lhg->n", feats, w) + weights.bias
+
+
 def sample_candidates(ex: RankingExample, max_candidates: int, max_positives: int, rng: random.Random
                       ) -> tuple[list[Document], list[int]] | None:
     """Candidates of one step: up to ``max_positives`` positives (random), then negatives in
@@ -210,9 +244,11 @@ class _AdapterTask:
     weights, ``scorer.weights``) and the optimizer."""
 
     def __init__(self, reranker: CachedBlockRankReranker, examples: Sequence[RankingExample], cfg: QueryAdapterConfig,
-                 weights: Any, opt: Any, lora_params: list[Any], kv0: Any, block_stores: Mapping[str, Any]) -> None:
+                 weights: Any, opt: Any, lora_params: list[Any], kv0: Any, block_stores: Mapping[str, Any],
+                 independent: Any = None) -> None:
         self.reranker, self.examples, self.cfg = reranker, examples, cfg
         self.weights, self.opt, self.lora_params, self.kv0, self.block_stores = weights, opt, lora_params, kv0, block_stores
+        self.scoring_weights = independent if independent is not None else weights
 
     def train_step(self, draw: Callable[[], int], rng: random.Random) -> dict[str, float]:
         import torch
@@ -228,7 +264,7 @@ class _AdapterTask:
             prompt = reranker.build_prompt(ex.query, docs)
             kv = context_for(reranker, prompt, self.kv0, store=self.block_stores.get(ex.source))
             reranker.lm.model.train()
-            scores = differentiable_scores(reranker, prompt, kv, cfg.objective, self.weights)
+            scores = differentiable_scores(reranker, prompt, kv, cfg.objective, self.scoring_weights)
             loss = (pairwise_loss if cfg.loss == "pairwise" else listwise_loss)(scores, grades, cfg.tau)
             (loss / cfg.batch_queries).backward()
             total += float(loss.detach()) / cfg.batch_queries
@@ -317,6 +353,12 @@ def train_query_adapter(
     if cfg.objective == "learned":
         weights = torch.tensor(reranker.learned_weights().reshape(-1), dtype=torch.float64)
     weights.requires_grad_(cfg.train_weights and cfg.objective == "learned")
+    independent = None
+    if cfg.objective == "independent":
+        from heedrank.reranker.cached.state import independent_weights
+
+        state = reranker.loaded()
+        independent = independent_weights(state.card, state.lm, reranker.layer)
     lora_params = [p for n, p in lm.model.named_parameters() if p.requires_grad]
     groups: list[dict[str, Any]] = [{"params": lora_params, "lr": cfg.lr}]
     if weights.requires_grad:
@@ -331,12 +373,12 @@ def train_query_adapter(
         "config": asdict(cfg), "trainable_parameters": n_params, **(card or {}),
     }
     saved_weights = weights if cfg.objective == "learned" else None
-    task = _AdapterTask(reranker, usable, cfg, weights, opt, lora_params, kv0, block_stores or {})
+    task = _AdapterTask(reranker, usable, cfg, weights, opt, lora_params, kv0, block_stores or {}, independent)
 
     def run_eval(step: int) -> dict[str, float]:
         assert evaluate is not None
         lm.model.eval()
-        return evaluate(reranker, weights.detach() if cfg.objective == "learned" else None)
+        return evaluate(reranker, weights.detach() if cfg.objective == "learned" else independent)
 
     def save_best(step: int, figures: Mapping[str, float]) -> None:
         save_adapter(out / "best", lm.model, {**base_card, "step": step, "dev": dict(figures)}, saved_weights)

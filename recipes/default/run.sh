@@ -24,6 +24,8 @@
 #                 the `index` step; an existing `heedrank index build` + `index kv build` folder
 #                 for this model can be named instead, the step then only checks it)
 #   RECIPE_DATA   the shared data (default ../shared/data)
+#   RECIPE_WEB_OBJECTIVE  the web adapter's objective (web-adapter, web-choice): independent (default) or learned
+#   RECIPE_WEB_STEPS  its optimizer steps (default 200)
 #   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
 #                 the adapter was not trained on, 2,190)
 set -euo pipefail
@@ -47,6 +49,10 @@ mkdir -p "$W"/{done,dumps,kv,reports,out,logs}
 train_ids() {  # the fit's and adapter's NFCorpus train queries, never calibrated on (a seeded folder: its list)
     if [ ! -f "$W/dumps/nf-train-hybrid50.npz" ] && [ -f "$W/train-queries.txt" ]; then echo "$W/train-queries.txt"
     else echo "$W/dumps/nf-train-hybrid50.npz"; fi
+}
+WEB_OBJ=${RECIPE_WEB_OBJECTIVE:-independent}   # the web adapter's training objective (web-adapter, web-choice)
+adapter_of() {  # adapter_of TAG: the adapter a dump tag reads (qa: the NFCorpus one; web-OBJECTIVE: the web one)
+    if [ "$1" = qa ]; then echo "$W/adapter/best"; else echo "$W/web-adapter-${1#web-}/best"; fi
 }
 echo "[recipe] model $M ($MODEL_NAME: $MODEL_LAYERS layers x $MODEL_HEADS heads), l* $LAYER, device $DEV, work $W"
 STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent scorer scorer-eval assemble)
@@ -86,22 +92,23 @@ step_adapter() {  # query-side LoRA, the fitted head weights fixed; best step on
         --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/adapter.json"
 }
 
-step_web_adapter() {  # not in the default order yet: the query adapter trained on web lists. MS MARCO dev-600's train
-                      # fold split by steps.py web-folds: 150 queries for the scorer's web source and 50 dev queries
-                      # (both never trained on), the rest (190 lists with a relevant passage) train it, from the
-                      # NFCorpus adapter; the best step on the 50 dev queries is kept. Then the served features of
-                      # dev-600's test fold, DL19 and the scorer's web source with it (web-*.npz) beside the same with
-                      # the NFCorpus adapter (qa-*.npz); heedrank lab compare-adapters reads them paired.
+step_web_adapter() {  # not in the default order yet: the query adapter trained on web lists, through the objective
+                      # RECIPE_WEB_OBJECTIVE (independent, the served list-independent log-odds; or learned). MS MARCO
+                      # dev-600's train fold split by steps.py web-folds: 150 queries for the scorer's web source and 50
+                      # dev queries (both never trained on); the rest (190 lists with a relevant passage) train it, from
+                      # the NFCorpus adapter; the best step on the 50 dev queries is kept. Then the served features of
+                      # dev-600's test fold, DL19 and the scorer's web source with it (web-<objective>-*.npz) beside the
+                      # same with the NFCorpus adapter (qa-*.npz); heedrank lab compare-adapters reads them paired.
     local dev600=$D/msmarco-passage-dev-600
     "$PY" recipes/default/steps.py web-folds --data "$dev600" --out-dir "$W"
-    "$HR" lab train query-adapter --train "$dev600@BM25:train" --candidates 20 --dev "$dev600@BM25:train" \
-        --dev-query-ids "$W/web-dev-queries.txt" --exclude-queries "$W/web-dev-queries.txt" \
+    "$HR" lab train query-adapter --objective "$WEB_OBJ" --train "$dev600@BM25:train" --candidates 20 \
+        --dev "$dev600@BM25:train" --dev-query-ids "$W/web-dev-queries.txt" --exclude-queries "$W/web-dev-queries.txt" \
         --exclude-queries "$W/web-scorer-queries.txt" --scratch-kv "$W/kv" --init "$W/adapter/best" \
-        "${LM[@]}" --layer "$LAYER" --out "$W/web-adapter" --steps "${RECIPE_WEB_STEPS:-200}" --batch-queries 2 \
-        --eval-every 25 --lr 3e-4 --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/web-adapter.json"
-    local a
-    for a in qa:adapter/best web:web-adapter/best; do
-        local tag=${a%%:*} ad=(--adapter "$W/${a#*:}")
+        "${LM[@]}" --layer "$LAYER" --out "$W/web-adapter-$WEB_OBJ" --steps "${RECIPE_WEB_STEPS:-200}" --batch-queries 2 \
+        --eval-every 25 --lr 3e-4 --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/web-adapter-$WEB_OBJ.json"
+    local tag
+    for tag in qa "web-$WEB_OBJ"; do
+        local ad=(--adapter "$(adapter_of "$tag")")
         dump "$tag-dev600-test-bm25-20" --data "$dev600" --trec-run BM25 --split test --candidates 20 \
             --store "$W/kv/dev600" "${ad[@]}"
         dump "$tag-dev600-scorer-bm25-20" --data "$dev600" --trec-run BM25 --split train --candidates 20 \
@@ -112,23 +119,22 @@ step_web_adapter() {  # not in the default order yet: the query adapter trained 
 }
 
 step_web_choice() {  # not in the default order yet: the scorer's leave-one-source-out choice with either adapter, paired:
-                     # the other three sources dumped with the NFCorpus adapter (qa-) and the web one (web-), the web
-                     # source the web-adapter step's 150 dev-600 queries trained on by neither
+                     # the other three sources dumped with the NFCorpus adapter (qa-) and the web one
+                     # (web-<objective>-), the web source the web-adapter step's 150 dev-600 queries trained on by neither
     [ -f "$W/independent-queries.txt" ] || "$PY" recipes/default/steps.py calibration-ids --data "$NF" \
         --exclude "$(train_ids)" --limit 400 --out "$W/independent-queries.txt"
     head -150 "$W/independent-queries.txt" > "$W/scorer-queries.txt"
     local card=$W/out/card.fit.json tag
-    adapter_of() { echo "$W/$([ "$1" = qa ] && echo adapter || echo web-adapter)/best"; }
     step_index
-    for tag in qa web; do
+    for tag in qa "web-$WEB_OBJ"; do
         dump "$tag-dl21-bm25-30" --data "$D/msmarco-trec-dl-2021-passage" --trec-run BM25 --candidates 30 \
-            --store "$W/kv/dl21" --adapter "$(adapter_of $tag)"
+            --store "$W/kv/dl21" --adapter "$(adapter_of "$tag")"
         dump "$tag-scifact-train-bm25-30" --data "$D/beir-scifact" --split train --retriever bm25 --candidates 30 \
-            --max-queries 100 --store "$W/kv/scifact" --adapter "$(adapter_of $tag)"
+            --max-queries 100 --store "$W/kv/scifact" --adapter "$(adapter_of "$tag")"
         dump "$tag-nf-train-scorer150-hybrid50" --data "$NF" --split train --retriever hybrid --candidates 50 \
-            --index "$IDX" --query-ids "$W/scorer-queries.txt" --adapter "$(adapter_of $tag)"
+            --index "$IDX" --query-ids "$W/scorer-queries.txt" --adapter "$(adapter_of "$tag")"
     done
-    for tag in qa web; do
+    for tag in qa "web-$WEB_OBJ"; do
         "$HR" lab choose-scorer --source "nf=$W/dumps/$tag-nf-train-scorer150-hybrid50.npz" \
             --source "dl21=$W/dumps/$tag-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/$tag-scifact-train-bm25-30.npz" \
             --source "dev600=$W/dumps/$tag-dev600-scorer-bm25-20.npz:RR@10" --card "$card" --index "$IDX" \

@@ -281,3 +281,51 @@ def test_query_adapter_option_refuses_a_mismatch(default_lm, tmp_path) -> None:
         _ = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
             "scoring": "signal", "layer": LAYER, "query_adapter": str(tmp_path / "none")}), lm=default_lm).lm
 
+
+
+def _independent_card(path, lm, seed: int = 1):
+    """A card with learned weights and a random ``independent`` entry for ``l* = LAYER``."""
+    from heedrank.reranker.cached.independent import GROUPS
+
+    data = json.loads(open(_card(path, lm)).read())
+    rng = np.random.default_rng(seed)
+    data["independent"] = {"layers": LAYER + 1, "heads": lm.num_heads, "groups": list(GROUPS), "bias": -2.0,
+                           "threshold": 0.5, "layer": LAYER, "max_doc_tokens": TOKENS,
+                           "weights": (0.1 * rng.normal(size=(LAYER + 1) * lm.num_heads * len(GROUPS))).tolist()}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_the_independent_objective_is_the_served_independent_score(default_lm, nf_docs, tmp_path) -> None:
+    """Oracle: the training path of ``objective="independent"`` (query and N/A blocks against
+    block 0, with gradients) gives the served ``scoring='independent'`` log-odds, adapter on; and
+    its gradient reaches the LoRA tensors."""
+    from heedrank.lab.train.query_adapter import independent_scores
+    from heedrank.reranker.cached.state import independent_weights
+
+    card = _independent_card(tmp_path / "card.json", default_lm)
+    path, carrier = random_query_adapter(tmp_path, default_lm.identity, layer=LAYER, tokens=TOKENS)
+    opts = {"layer": LAYER, "scoring": "independent", "scorer_weights": card}
+    served_r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
+        **opts, "query_adapter": str(path)}), lm=default_lm)
+    query = "omega 3 fatty acids and depression"
+    docs = nf_docs[:5]
+    served = served_r.score_documents(query, docs).scores
+    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
+        **opts, "query_adapter": None}), lm=carrier)  # the model the adapter was built in
+    state = r.loaded()
+    weights = independent_weights(state.card, state.lm, r.layer)
+    prompt = r.build_prompt(query, docs)
+    kv = context_for(r, prompt, base_instruction_kv(r))
+    trained = independent_scores(r, prompt, kv, weights)
+    assert np.allclose(served, trained.detach().numpy(), rtol=0, atol=1e-4)
+    base = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=TOKENS, options={
+        **opts, "query_adapter": None}), lm=default_lm).score_documents(query, docs).scores
+    assert max(abs(a - b) for a, b in zip(served, base)) > 1e-3  # the adapter changes the score
+    for p in carrier.model.parameters():
+        p.requires_grad_(False)
+    lora = [p for n, p in carrier.model.named_parameters() if "lora_" in n]
+    for p in lora:
+        p.requires_grad_(True)
+    listwise_loss(independent_scores(r, prompt, kv, weights), [1, 0, 0, 1, 0], 1.0).backward()
+    assert sum(float(p.grad.abs().sum()) for p in lora if p.grad is not None) > 0
