@@ -202,23 +202,15 @@ def differentiable_scores(reranker: CachedBlockRankReranker, prompt: Any, kv: An
 def independent_scores(reranker: CachedBlockRankReranker, prompt: Any, kv: Any, weights: Any) -> Any:
     """``(N,)`` float64 log-odds ``bias + W . F(d)`` (docs/design/algorithms.md, "List-independent
     scoring"), with gradients through the query and ``N/A`` blocks' pass against block 0
-    (:func:`heedrank.reranker.cached.independent.query_states`, its capture kept in the graph)."""
+    (:func:`heedrank.reranker.cached.independent.query_states` with ``detach=False``)."""
     import torch
 
-    from heedrank.reranker.attention import AttentionCapture
-    from heedrank.reranker.blockforward import merged_query_pass
-    from heedrank.reranker.cached.independent import GROUPS, _row_groups, document_features
+    from heedrank.reranker.cached.independent import GROUPS, document_features, query_states
 
     w = weights.tensor()
-    layers = list(range(weights.layers))
     used = [g for g in range(len(GROUPS)) if bool(w[:, :, g].abs().sum() > 0)]
-    L0 = len(prompt.instruction_ids)
-    kv0 = [(k[:, :, :L0], v[:, :, :L0]) for k, v in kv[: max(layers) + 1]]
-    cap = AttentionCapture(layers=set(layers), mode="query", stop_after=max(layers), detach=False)
-    rows = merged_query_pass(reranker.lm, prompt, kv0, cap, [prompt.query_ids, prompt.calib_ids], fast=False)
-    states = {layer: cap.out[layer][0] for layer in layers}
-    groups = _row_groups(prompt.query_ids, prompt.calib_ids, rows.members)
-    feats = document_features(states, groups, kv, L0, prompt.doc_lengths, used).double()
+    states, groups = query_states(reranker.lm, prompt, kv, list(range(weights.layers)), detach=False)
+    feats = document_features(states, groups, kv, len(prompt.instruction_ids), prompt.doc_lengths, used).double()
     return torch.einsum("nlhg,lhg->n", feats, w) + weights.bias
 
 

@@ -111,7 +111,7 @@ def _row_groups(query_ids: Sequence[int], calib_ids: Sequence[int], members: Seq
     return [mq[:P], mq[P: len(q) - S], mq[len(q) - S:], mq[-1:], mc[P: len(c) - S], mc[len(c) - S:], mc[-1:]]
 
 
-def query_states(lm: Any, prompt: Any, kv: Sequence[tuple[Any, Any]], layers: Sequence[int]
+def query_states(lm: Any, prompt: Any, kv: Sequence[tuple[Any, Any]], layers: Sequence[int], *, detach: bool = True
                  ) -> tuple[dict[int, Any], list[list[int]]]:
     """The query and ``N/A`` blocks' query states against block 0 only.
 
@@ -121,6 +121,8 @@ def query_states(lm: Any, prompt: Any, kv: Sequence[tuple[Any, Any]], layers: Se
         kv: Per layer ``(keys, values)`` whose first ``L0`` positions are block 0's (a query's
             context; only those are read), ``(1, kv_heads, >= L0, head_dim)``.
         layers: Layers to read, ascending; the pass stops after the last.
+        detach: Keep the states out of the autograd graph (``False``: a query adapter trained
+            through this score, :func:`heedrank.lab.train.query_adapter.independent_scores`).
 
     Returns:
         ``({layer: (heads, R, head_dim) float32 scaled query states}, row groups)``.
@@ -130,7 +132,7 @@ def query_states(lm: Any, prompt: Any, kv: Sequence[tuple[Any, Any]], layers: Se
 
     L0 = len(prompt.instruction_ids)
     kv0 = [(k[:, :, :L0], v[:, :, :L0]) for k, v in kv[: max(layers) + 1]]
-    cap = AttentionCapture(layers=set(layers), mode="query", stop_after=max(layers))
+    cap = AttentionCapture(layers=set(layers), mode="query", stop_after=max(layers), detach=detach)
     rows = merged_query_pass(lm, prompt, kv0, cap, [prompt.query_ids, prompt.calib_ids], fast=False)
     return {l: cap.out[l][0] for l in layers}, _row_groups(prompt.query_ids, prompt.calib_ids, rows.members)
 
