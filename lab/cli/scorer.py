@@ -97,14 +97,14 @@ def lab_choose_scorer(
 
 def lab_compare_adapters(
     dumps: Annotated[Path, typer.Option("--dumps", help="Folder of the dumps, named ADAPTER-SET.npz (the recipe's "
-                                        "dumps/ folder: qa-dl19-bm25-100.npz, web-dl19-bm25-100.npz).")],
+                                        "dumps/ folder: qa-dl19-bm25-100.npz, web-independent-dl19-bm25-100.npz).")],
     card: Annotated[Path, typer.Option("--card", help="Weights card with the 'independent' entry (read only).")],
     fit: Annotated[list[str], typer.Option("--fit", help="SET[@MIN_GRADE][:METRIC]: a source the scorers are fitted "
                                            "on (repeatable), e.g. dev600-scorer-bm25-20:RR@10.")],
     test: Annotated[list[str], typer.Option("--test", help="SET[@MIN_GRADE][:METRIC]: a test set (repeatable), "
                                             "e.g. dl19-bm25-100@2.")],
     adapters: Annotated[str, typer.Option("--adapters", help="The two adapters' prefixes, the reference first.")
-                        ] = "qa,web",
+                        ] = "qa,web-independent",
     index: Annotated[Optional[Path], typer.Option("--index", help="The index the BEIR dumps were made with.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
 ) -> None:

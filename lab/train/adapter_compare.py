@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from heedrank.lab.train.source_choice import (
-    DENSE, SIGNALS, Config, Source, _refit_attention, baselines, fit_direction, held_out_scores, serve,
+    DENSE, SIGNALS, Source, _refit_attention, baselines, fit_direction, fit_heads, serve, with_attention,
 )
 from heedrank.scorer import Scorer
 
@@ -39,14 +39,17 @@ HEAD_C = 0.003
 
 def adapter_rows(fit: Sequence[Source], tests: Sequence[Source]) -> dict[str, dict[str, np.ndarray]]:
     """Per test set, ``{row: (Q,) per-query values}`` of the single signals and the
-    :data:`VARIANTS` fitted on ``fit`` (one adapter's dumps)."""
+    :data:`VARIANTS` fitted on ``fit`` (one adapter's dumps), each fitted once and read on every set."""
+    direction, _ = fit_direction(fit, [s.values for s in fit], SIGNALS)
+    train_values, _ = _refit_attention(tuple(fit), fit[0], HEAD_C)  # cross-fitted on the fit sources
+    refitted, _ = fit_direction(fit, train_values, SIGNALS)
+    w, b = fit_heads(fit, None, HEAD_C)  # the head weights a test set reads: fitted on every fit row
     out: dict[str, dict[str, np.ndarray]] = {}
     for test in tests:
         rows = dict(baselines(test))
-        rows["direction"] = test.per_query(held_out_scores(Config("direction", 0.0), fit, test))
-        train_values, test_values = _refit_attention(tuple(fit), test, HEAD_C)  # cross-fitted on the fit sources
-        model, _ = fit_direction(fit, train_values, SIGNALS)
-        rows["heads + direction"] = test.per_query(serve(Scorer((model,), 0.5), test_values, SIGNALS))
+        rows["direction"] = test.per_query(serve(Scorer((direction,), 0.5), test.values, SIGNALS))
+        heads = with_attention(test, [x @ w + b for x in test.heads])
+        rows["heads + direction"] = test.per_query(serve(Scorer((refitted,), 0.5), heads, SIGNALS))
         out[test.name] = rows
     return out
 
