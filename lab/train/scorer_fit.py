@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,18 +96,30 @@ def query_texts(meta: Mapping[str, Any]) -> dict[str, str]:
     return {q: t.text for q, t in load_beir_queries(meta["data"]).items()}
 
 
+def candidates_digest(meta: Mapping[str, Any], items: Sequence[QueryItem]) -> str:
+    """16 hex digits of what a dump's cosines depend on: its data, its run and each query's candidates."""
+    key = [meta.get("data"), meta.get("run"), [[it.query_id, list(it.doc_ids)] for it in items]]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+
 def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndarray]:
     """``{query_id: (N,) float64 cosine}`` of a dump's candidates (module docstring), cached in
-    ``<dump>.dense.npz`` (recomputed when the dump changed)."""
+    ``<dump>.dense.npz`` under :func:`candidates_digest` (recomputed when the candidates changed; read
+    from a sibling dump's cache of the same candidates, e.g. the same lists dumped with another adapter)."""
     from heedrank.eval.sets import load_candidate_set
 
     meta, items = load_items(dump)
-    digest = hashlib.sha256(Path(dump).read_bytes()).hexdigest()[:16]
+    digest = candidates_digest(meta, items)
     cache = _dense_path(dump)
-    if cache.exists():
-        z = np.load(cache)
-        if str(z["__sha__"]) == digest:
-            return {it.query_id: z[it.query_id] for it in items}
+    # the cosines depend on the candidates only: a dump of the same lists by another adapter shares them
+    for known in [cache, *sorted(Path(dump).parent.glob("*.dense.npz"))]:
+        if known.exists():
+            z = np.load(known)
+            if str(z["__sha__"]) == digest:
+                out = {it.query_id: z[it.query_id] for it in items}
+                if known != cache:
+                    np.savez(cache, __sha__=np.asarray(digest), **out)  # type: ignore[arg-type]
+                return out
     qtext = query_texts(meta)
     docs = load_candidate_set(meta["data"], meta["run"], split="all").docs if meta.get("run") else None
     from heedrank.index.encoder import SentenceTransformerEncoder

@@ -4,13 +4,12 @@ by the product's reader (:class:`heedrank.scorer.Scorer`) to the same scores."""
 
 from __future__ import annotations
 
-import hashlib
 
 import numpy as np
 import pytest
 
 from heedrank.lab.study import QueryItem, save_items
-from heedrank.lab.train.scorer_fit import fit_scorer, format_fit, signals, subsets
+from heedrank.lab.train.scorer_fit import candidates_digest, dense_cosines, fit_scorer, format_fit, signals, subsets
 from heedrank.reranker.cached.independent import GROUPS, IndependentWeights
 from heedrank.scorer import Scorer
 from heedrank.signals.rank import feature as rank_feature
@@ -36,7 +35,7 @@ def _dump(path, seed: int, n_queries: int = 30, n: int = 10):  # type: ignore[no
         dense[qid] = cos[order]
         qrels[qid] = {ids[i]: 1 for i in range(n) if labels[i]}
     save_items(path, items, {"data": "inline", "split": "train", "qrels": qrels})
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    digest = candidates_digest({"data": "inline"}, items)
     np.savez(path.with_name(path.name.removesuffix(".npz") + ".dense.npz"), __sha__=np.asarray(digest), **dense)
     return items, dense
 
@@ -108,3 +107,21 @@ def test_an_index_serves_only_the_dumps_of_its_own_collection(tmp_path) -> None:
     assert index_for({"data": str(tmp_path / "scifact")}, index) is None
     assert index_for({"data": str(tmp_path / "dl21"), "run": "BM25"}, index) is None
     assert index_for({"data": str(tmp_path / "nfcorpus")}, None) is None
+
+
+def test_a_dump_of_the_same_lists_reads_its_siblings_cosines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The cosines depend on the candidates, not on the features: the same lists dumped again (e.g.
+    with another adapter) read the first dump's cache, never the embedder; other lists do not."""
+    from heedrank.lab.study import load_items, save_items
+
+    items, dense = _dump(tmp_path / "qa-set.npz", 0)
+    meta, _ = load_items(tmp_path / "qa-set.npz")
+    again = [type(it)(it.query_id, it.doc_ids, it.first_stage, it.labels,
+                      {"independent": it.features["independent"] + 1.0}) for it in items]
+    save_items(tmp_path / "web-set.npz", again, meta)  # other bytes, the same candidates
+    got = dense_cosines(tmp_path / "web-set.npz")  # data "inline": computing them would fail
+    assert all(np.array_equal(got[q], dense[q]) for q in dense)
+    assert (tmp_path / "web-set.dense.npz").is_file()
+    save_items(tmp_path / "other.npz", again[1:], meta)  # other lists: no sibling matches
+    with pytest.raises(Exception):
+        dense_cosines(tmp_path / "other.npz")
