@@ -118,7 +118,7 @@ def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndar
             if str(z["__sha__"]) == digest:
                 out = {it.query_id: z[it.query_id] for it in items}
                 if known != cache:
-                    np.savez(cache, __sha__=np.asarray(digest), **out)  # type: ignore[arg-type]
+                    np.savez(cache, __sha__=np.asarray(digest), **out)
                 return out
     qtext = query_texts(meta)
     docs = load_candidate_set(meta["data"], meta["run"], split="all").docs if meta.get("run") else None
@@ -146,7 +146,7 @@ def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndar
         ids = sorted({d for it in items for d in it.doc_ids})
         dv = dict(zip(ids, enc.encode_documents([docs[d].content for d in ids], show_progress=True)))
         out = {it.query_id: np.asarray([float(dv[d] @ v) for d in it.doc_ids]) for it, v in zip(items, qv)}
-    np.savez(cache, __sha__=np.asarray(digest), **out)  # type: ignore[arg-type]  # numpy's stub binds **arrays
+    np.savez(cache, __sha__=np.asarray(digest), **out)
     return out
 
 
