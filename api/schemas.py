@@ -204,8 +204,8 @@ class Hit(BaseModel):
     score: float | None = Field(
         description="The score to read. A reranked hit: in [0, 1], its calibrated probability of relevance where "
         "the method has a calibration for the scores served (rerank.calibrated; the default method: the sigmoid of "
-        "its learned scorer's logit over the signals the hit has, the LM's attention, the embedder's cosine, the "
-        "first stage's rank and BM25 score, fitted on training queries; a hit the LM did not read is scored from "
+        "its learned scorer's logit over the signals the hit has, the LM's attention, the embedder's cosine and the "
+        "first stage's rank, fitted on training queries; a hit the LM did not read is scored from "
         "the others), else sigmoid of its served score. A hit with no signal to score (below the candidates, or "
         "skipped as cold by another method): null. Without reranking: the first-stage score. Results are in `rank` "
         "order, which `raw_score` gives."
@@ -522,7 +522,7 @@ class RerankerInfo(BaseModel):
         None, description="The scorer the loaded reranker uses ('learned' with a card; 'calibrated' for a model "
         "without one); null until loaded or for a method without scorers.")
     signals: list[str] | None = Field(
-        None, description="The signals the default's scorer reads (heedrank.scorer: attention, dense, rank, bm25; one "
+        None, description="The signals the default's scorer reads (heedrank.scorer: attention, dense, rank; one "
         "logistic model per subset, so a candidate missing one is scored from the rest); null when the loaded "
         "reranker is not served by it.")
     model_ids: list[str] = Field(description="Values /rerank accepts as `model`.")

@@ -2,7 +2,7 @@
 
 Serves NFCorpus test (hybrid top ``--candidates``) through the product twice, recording what
 :meth:`heedrank.serving.ScorerServing.serve` receives per query (the candidates and their signal
-matrix: the attention log-odds of those the LM read, the dense cosines, BM25's scores): once from ``--index``
+matrix: the attention log-odds of those the LM read, the dense cosines): once from ``--index``
 (every candidate read; its store full, or filled by this run) and once from ``--budgeted-index`` (a store under a disk
 budget, e.g. ``bench/tiered_store.py``'s ``OUT/ix`` after its stream, read with the service's
 recompute budget of ``--cold-budget`` blocks). Then re-scores the captured signals offline with the
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def capture(index: Path, cold_budget: int | None, candidates: int) -> dict[str, Any]:
-    """``{query_id: {"cands", "att", "dense", "bm25"}}`` of one NFCorpus test run through the product."""
+    """``{query_id: {"cands", "att", "dense"}}`` of one NFCorpus test run through the product."""
     sys.path.insert(0, str(ROOT / "bench"))
     import tiered_store
 
@@ -49,7 +49,6 @@ def capture(index: Path, cold_budget: int | None, candidates: int) -> dict[str, 
     from heedrank.pipeline import Pipeline
     from heedrank.serving import ScorerServing
     from heedrank.signals.attention import NAME as ATTENTION
-    from heedrank.signals.bm25 import NAME as BM25
     from heedrank.signals.dense import NAME as DENSE
 
     got: dict[str, Any] = {}
@@ -62,8 +61,7 @@ def capture(index: Path, cold_budget: int | None, candidates: int) -> dict[str, 
             values = col.get(name)
             return {} if values is None else {h.doc_id: float(v) for h, v in zip(cands.hits, values) if v == v}
 
-        got[cands.query_id] = {"cands": [h.doc_id for h in cands.hits], "att": of(ATTENTION), "dense": of(DENSE),
-                               "bm25": of(BM25)}
+        got[cands.query_id] = {"cands": [h.doc_id for h in cands.hits], "att": of(ATTENTION), "dense": of(DENSE)}
         return orig(self, cands, X, cutoff)
 
     ScorerServing.serve = recording  # type: ignore[method-assign]
@@ -109,7 +107,7 @@ def main() -> None:
     qrels = load_beir_qrels(ROOT.parent / "shared" / "data" / "beir-nfcorpus", "test")
 
     def features(r: dict[str, Any], i: int, d: str) -> dict[str, float]:
-        x = {"dense": r["dense"].get(d), "rank": rank_feature(i), "bm25": r["bm25"].get(d)}
+        x = {"dense": r["dense"].get(d), "rank": rank_feature(i)}
         return {k: v for k, v in x.items() if v is not None}
 
     def rescored(mask: Any, rule: str) -> dict[str, dict[str, float]]:
@@ -185,7 +183,7 @@ def main() -> None:
                   f"{ndcg(every, drop) - base:+.2f} | {paired_p(every, run, drop):.3f} |")
     sig = lambda v: 1 / (1 + 2.718281828459045 ** -v)  # noqa: E731
     rows = [(q, d, i) for q, r in full.items() for i, d in enumerate(r["cands"])
-            if d in r["att"] and d in r["dense"] and d in r["bm25"]]
+            if d in r["att"] and d in r["dense"]]
     rate = statistics.fmean(1.0 if qrels.get(q, {}).get(d, 0) >= 1 else 0.0 for q, d, _ in rows)
     print(f"\ncalibration on {len(rows)} candidates with every signal (base rate {rate:.3f}):\n\n"
           "| model | mean probability |\n|---|---|")

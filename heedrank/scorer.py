@@ -9,10 +9,7 @@ candidates; the built-in ones:
 - ``dense``: the embedder's cosine of the query and the document (the index's stored vector for
   ``/search``; the text encoded for ``/rerank``, ``rerank-batch`` and ``eval``);
 - ``rank``: :func:`heedrank.signals.rank.feature` of the candidate's 0-based place in the first stage (or the
-  order ``/rerank`` was given);
-- ``bm25``: BM25's score of the query and the document, read from the index's BM25 for the
-  documents it holds (:meth:`heedrank.index.store.Index.bm25_scores`; ``/search`` and ``eval beir``:
-  a hybrid candidate the dense side found has one too); documents outside an index have none.
+  order ``/rerank`` was given).
 
 The score is a logistic model, ``s = bias + sum_f w_f x_f`` (log-odds of P(relevant)), with one
 fitted model per subset of the signals (:class:`Scorer`), so a candidate missing a signal (cold

@@ -84,7 +84,7 @@ class Settings(BaseSettings):
         description="Most seconds one reranking request may take, its wait for a worker included: past it the "
         "reranking is stopped (at its next layer) and the request is answered without the LM, saying so (/search: "
         "rerank.warnings; /rerank: meta.warnings, deadline_exceeded): in the order of the default's scorer from the "
-        "signals it has without the LM (the embedder's cosine; on /search also the first-stage rank and BM25), or in "
+        "signals it has without the LM (the embedder's cosine; on /search also the first-stage rank), or in "
         "the first stage's (given) order where that scorer cannot run (an index without vectors, a method without a "
         "scorer, no time left). So one slow request cannot hold the reranking worker for long. /rerank's "
         "deadline_ms lowers it per request. Unset (null) = no budget.",

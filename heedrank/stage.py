@@ -144,8 +144,7 @@ class RerankStage:
         policy: How its scores are served (:meth:`heedrank.serving.ServePolicy.of`).
         options: The request's options, checked (``rerank``, ``rerank_options``, ``explain``,
             ``evidence_spans``, ``cutoff``, ``cold_budget``).
-        index: The collection's index (its document KV store and :meth:`bm25_scores
-            <heedrank.index.store.Index.bm25_scores>`), or ``None``.
+        index: The collection's index (its document KV store), or ``None``.
         dense: The embedder's cosines (:class:`heedrank.signals.base.CosineSource`), or ``None``:
             the scorer works without them.
     """
@@ -203,7 +202,7 @@ class RerankStage:
         Args:
             query: The query (with text).
             cands: The candidates, hydrated, in first-stage (given) order, with their scores.
-            use_store: Read (and fill) :attr:`index`'s document KV store and BM25 scores.
+            use_store: Read (and fill) :attr:`index`'s document KV store and the stored vectors.
 
         Returns:
             The :class:`~heedrank.results.RerankedQuery`; ``seconds`` is wall-clock seconds.
@@ -262,4 +261,4 @@ class RerankStage:
     def _inputs(self, query: Query, cands: Ranking, use_store: bool, reranked: Reranked | None) -> SignalInputs:
         """What the signals read of this query's candidates."""
         return SignalInputs(query, cands, None if reranked is None else reranked.result.ranking, dense=self.dense,
-                            index=self.index if use_store else None, stored=use_store, ranked=self.policy.ranked)
+                            stored=use_store, ranked=self.policy.ranked)

@@ -375,29 +375,6 @@ class BM25Index:
             return np.zeros(self.num_docs, dtype=np.float32)
         return np.asarray(self.model.get_scores_from_ids(ids), dtype=np.float32)
 
-    def doc_scores(self, text: str, vids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """float64 ``(len(vids),)`` BM25 score of ``text`` for each document, the score
-        :meth:`search` ranks by (matrix rows and delta documents alike; 0 = no query token);
-        NaN for a vid this index does not hold or has deleted."""
-        vids = np.asarray(vids, dtype=np.int64).reshape(-1)
-        deleted, delta = self._deleted, self.delta  # snapshot, as search takes it
-        out = np.full(len(vids), np.nan)
-        if not len(vids):
-            return out
-        pos = np.minimum(np.searchsorted(self.row_vids, vids), max(len(self.row_vids) - 1, 0))
-        if len(self.row_vids):
-            in_matrix = (self.row_vids[pos] == vids) & ~deleted[pos]
-        else:
-            in_matrix = np.zeros(len(vids), dtype=bool)
-        if in_matrix.any():
-            out[in_matrix] = self.scores(text)[pos[in_matrix]]
-        rest = [i for i in np.flatnonzero(~in_matrix) if int(vids[i]) in delta.docs]
-        if rest:
-            extra = self._delta_scores(delta, text)
-            for i in rest:
-                out[i] = extra.get(int(vids[i]), 0.0)
-        return out
-
     # -- updates -----------------------------------------------------------------------
     def rows_of(self, vids: np.ndarray) -> np.ndarray:
         """Rows of the given vids that are in the matrix (absent vids dropped)."""

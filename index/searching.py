@@ -1,11 +1,10 @@
 """Searching an :class:`heedrank.index.store.Index`: BM25 and dense top-``k`` among the live
-documents a metadata filter allows, and BM25's score of given documents.
+documents a metadata filter allows.
 
 These functions are the Index's own: they hold its read lock (:attr:`~heedrank.index.store.Index.rw`)
 while they filter, search and resolve vids to doc ids, so a concurrent delete cannot race
-them. Callers use :meth:`~heedrank.index.store.Index.search_bm25`,
-:meth:`~heedrank.index.store.Index.search_dense` and
-:meth:`~heedrank.index.store.Index.bm25_scores`, which delegate here; their docstrings are the
+them. Callers use :meth:`~heedrank.index.store.Index.search_bm25` and
+:meth:`~heedrank.index.store.Index.search_dense`, which delegate here; their docstrings are the
 contract.
 """
 
@@ -31,19 +30,6 @@ def search_bm25(index: Index, texts: Sequence[str], k: int, filter: Any) -> Hits
     with index.rw.read():
         allowed = index.filter_vids(filter)
         return [(index.doc_ids_of(v), s) for v, s in index.bm25.search(texts, k, allowed=allowed)]
-
-
-def bm25_scores(index: Index, query: str, doc_ids: Sequence[str]) -> dict[str, float]:
-    """See :meth:`heedrank.index.store.Index.bm25_scores`."""
-    if not len(doc_ids):
-        return {}
-    with index.rw.read():
-        vids = index.docstore.vids_of(list(doc_ids))
-        if not vids:
-            return {}
-        ids = list(vids)
-        got = index.bm25.doc_scores(query, np.asarray([vids[d] for d in ids], dtype=np.int64))
-    return {d: float(s) for d, s in zip(ids, got) if np.isfinite(s)}
 
 
 def search_dense(index: Index, vectors: np.ndarray, k: int, filter: Any, strategy: str) -> tuple[Hits, SearchReport]:

@@ -290,21 +290,6 @@ class Index:
         """
         return searching.search_bm25(self, texts, k, filter)
 
-    def bm25_scores(self, query: str, doc_ids: Sequence[str]) -> dict[str, float]:
-        """BM25's score of ``query`` with each of ``doc_ids`` that this index holds: the ``bm25``
-        signal of the default's scorer (:mod:`heedrank.scorer`), read for every candidate whichever
-        first stage found it (a hybrid candidate only the dense side retrieved gets its score too).
-
-        The score :meth:`search_bm25` ranks by (:meth:`heedrank.index.bm25.BM25Index.doc_scores`:
-        Robertson BM25 with the index's analyzer and parameters), a number of the query and the
-        document alone, never of the other candidates. One pass over the query terms' postings.
-
-        Returns:
-            ``{doc_id: score >= 0}`` (0: no query term), float; ids not in the index (unknown or
-            deleted) are left out: the scorer then uses its models without ``bm25``.
-        """
-        return searching.bm25_scores(self, query, doc_ids)
-
     def search_dense(
         self, vectors: np.ndarray, k: int, *, filter: Any = None, strategy: str = "auto"
     ) -> tuple[list[tuple[list[str], np.ndarray]], Any]:

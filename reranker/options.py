@@ -360,7 +360,7 @@ class CachedBlockRankOptions(RerankerOptions):
     configuration (docs/results/default.md): with the packaged files of the default LM,
     ``scoring='independent'`` (each pair's list-independent log-odds) at ``l* = 15`` over
     128-token blocks and the packaged query adapter, served by the card's learned scorer with the
-    embedder's cosine, the first-stage rank and BM25 (docs/design/algorithms.md, "The learned
+    embedder's cosine and the first-stage rank (docs/design/algorithms.md, "The learned
     scorer"); no fusion weight."""
 
     method: ClassVar[str] = "blockrank-cached"

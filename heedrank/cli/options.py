@@ -62,7 +62,7 @@ def default_fusion_help() -> str:
     (:func:`heedrank.registry.recorded_fusion`; a JSON read, no model), none for icr/blockrank."""
     alpha = registry.recorded_fusion(RerankerConfig())
     if alpha is None:  # the packaged card's scorer serves the default
-        return ("'default' (the method's own way: the default's scorer over attention, dense, rank and BM25, no "
+        return ("'default' (the method's own way: the default's scorer over attention, dense and rank, no "
                 "fusion weight; a card's fusion.alpha for a learned card; none for icr/blockrank)")
     return (f"'default' (the method's recorded weight: the default method's weights card's fusion.alpha, {alpha:g} "
             "in the packaged card; none for icr/blockrank)")

@@ -2,9 +2,9 @@
 
 A signal is one number per (query, candidate) pair that the scorer (:mod:`heedrank.scorer`)
 reads: one module each (:mod:`heedrank.signals.attention`, :mod:`~heedrank.signals.dense`,
-:mod:`~heedrank.signals.rank`, :mod:`~heedrank.signals.bm25`), each a :class:`Signal` that maps
-one query's candidates to an ``(N,)`` float64 array, NaN where it has no value (a block the LM
-did not read, a document without a vector, a document outside the index). A new signal is a new
+:mod:`~heedrank.signals.rank`), each a :class:`Signal` that maps one query's candidates to an
+``(N,)`` float64 array, NaN where it has no value (a block the LM did not read, a document
+without a vector, a client's order). A new signal is a new
 module that calls :func:`register`; the rerank stage (:class:`heedrank.stage.RerankStage`)
 gathers only the signals the serving strategy reads (:func:`gather`), as the ``(N, F)`` matrix
 the strategy serves.
@@ -28,12 +28,6 @@ class CosineSource(Protocol):
     def cosines(self, query: str, documents: Sequence[Document], *, stored: bool = True) -> Mapping[str, float]: ...
 
 
-class BM25Source(Protocol):
-    """The index's BM25 (:meth:`heedrank.index.store.Index.bm25_scores`)."""
-
-    def bm25_scores(self, query: str, doc_ids: Sequence[str]) -> Mapping[str, float]: ...
-
-
 @dataclass(frozen=True)
 class SignalInputs:
     """What a signal may read of one query's candidates.
@@ -45,8 +39,6 @@ class SignalInputs:
         reranker: The reranker's scores of the candidates it read, or ``None`` when no
             reranker pass ran (the request budget spent, a strategy that reads none).
         dense: The embedder's cosines, or ``None`` (no dense signal on this path).
-        index: The collection's BM25 for candidates that are its documents, or ``None``
-            (``/rerank``'s documents, or no index).
         stored: The candidates are the index's documents: read their stored vectors.
         ranked: The candidates' order is a first stage's (``False`` for ``/rerank``'s given
             order: a client's, not a signal).
@@ -56,7 +48,6 @@ class SignalInputs:
     candidates: Ranking
     reranker: Ranking | None = None
     dense: CosineSource | None = None
-    index: BM25Source | None = None
     stored: bool = True
     ranked: bool = True
 

@@ -30,8 +30,8 @@ def lab_fit_scorer(
         "--write-card", help="Write --card with the 'scorer' entry to this NEW path.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the entry and report (JSON) here.")] = None,
 ) -> None:
-    """Fit the default's scorer (one logistic model per subset of the signals attention, dense,
-    rank and bm25; C and the cut-off chosen on dev) and report nDCG@10 of every signal and model, ROC AUC
+    """Fit the default's scorer (one logistic model per subset of the signals attention, dense
+    and rank; C and the cut-off chosen on dev) and report nDCG@10 of every signal and model, ROC AUC
     and calibration error on dev and each test set."""
     from heedrank.lab.cli.study import write_new_card
     from heedrank.lab.dumps import command_line, graded, graded_sets

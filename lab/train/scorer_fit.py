@@ -9,14 +9,9 @@ The dense cosine of each candidate is computed here once per dump and kept besid
 (:func:`heedrank.index.cosines.stored_cosines`, as ``/search`` reads them), else encoded by the
 packaged embedder (as ``/rerank`` and ``eval trec-dl`` encode texts).
 
-The ``bm25`` signal (BM25's score of the query and the candidate) is read from the index's BM25 for
-a BEIR dump made with ``--index`` (as ``/search`` reads it: :meth:`heedrank.index.store.Index.bm25_scores`);
-a TREC DL dump has none (its passages are not in an index of ours), so ``bm25`` is missing there.
-
 Every subset of :data:`FEATURES` that holds ``dense`` or ``attention`` gets its own
 model (a missing signal is missing, not fatal), fitted on the training candidates that hold every
-signal of the subset; a model reading ``bm25`` is kept only where it ranks NFCorpus dev higher than
-the same model without it, by at least :data:`BM25_MARGIN`. Each is a logistic regression (scikit-learn, L2,
+signal of the subset. Each is a logistic regression (scikit-learn, L2,
 pointwise: relevant = grade >= each dump's lowest relevant grade) on the features standardised by
 their training means and deviations (fixed numbers, never a list's), its log-odds Platt-scaled on
 the training pairs (the L2 shrinks them), and the statistics folded into the weights so that
@@ -45,7 +40,6 @@ from heedrank.lab.train.independent_fit import THRESHOLDS, auc, ece, mean_f1
 from heedrank.scorer import Scorer, SubsetModel
 from heedrank.signals import BUILT_IN
 from heedrank.signals.attention import NAME as ATTENTION
-from heedrank.signals.bm25 import NAME as BM25
 from heedrank.signals.dense import NAME as DENSE
 from heedrank.signals.rank import NAME as RANK
 from heedrank.signals.rank import feature as rank_feature
@@ -57,10 +51,6 @@ logger = logging.getLogger(__name__)
 
 Rows = list[tuple[QueryItem, dict[str, np.ndarray]]]
 """One dump's queries with their signals (:func:`signals`)."""
-
-BM25_MARGIN = 0.3
-"""nDCG@10 x 100 on dev a model reading ``bm25`` must gain over the same model without it to be kept
-(a chance gain of a noise score on 150 dev queries stays under it)."""
 
 CS = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.1, 1.0)
 """Inverse L2 strengths tried (chosen on dev)."""
@@ -150,28 +140,10 @@ def dense_cosines(dump: Path, *, index: Path | None = None) -> dict[str, np.ndar
     return out
 
 
-def bm25_of(dump: Path, index: Path) -> dict[str, np.ndarray]:
-    """``{query_id: (N,) float64 BM25 score}`` of a BEIR dump's candidates from ``index``'s BM25
-    (:meth:`heedrank.index.store.Index.bm25_scores`, as ``/search`` reads them; NaN: not in its BM25)."""
-    from heedrank.index.store import Index
-
-    meta, items = load_items(dump)
-    qtext = query_texts(meta)
-    idx = Index.open(index)
-    try:
-        out = {}
-        for it in items:
-            got = idx.bm25_scores(qtext[it.query_id], it.doc_ids)
-            out[it.query_id] = np.asarray([got.get(d, np.nan) for d in it.doc_ids], dtype=np.float64)
-        return out
-    finally:
-        idx.close()
-
-
 def signals(item: QueryItem, dense_values: np.ndarray, independent: Any,
-            head_weights: Sequence[float] | None = None, bm25_values: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """The scorer's raw features of one dump query: ``{name: (N,) float64}`` (:data:`FEATURES`;
-    ``bm25`` NaN where the dump has none), plus ``learned`` (the card's list-relative head score, z-scores over the query's candidates:
+            head_weights: Sequence[float] | None = None) -> dict[str, np.ndarray]:
+    """The scorer's raw features of one dump query: ``{name: (N,) float64}`` (:data:`FEATURES`),
+    plus ``learned`` (the card's list-relative head score, z-scores over the query's candidates:
     :func:`heedrank.reranker.scoring.linear_head_scores`) when ``head_weights`` are given, for the
     study of whether a list-relative signal earns its place."""
     from heedrank.reranker.cached.independent import GROUPS
@@ -181,8 +153,7 @@ def signals(item: QueryItem, dense_values: np.ndarray, independent: Any,
     w = np.asarray(independent.weights, dtype=np.float64).reshape(F.shape[1], F.shape[2], len(GROUPS))
     n = len(item.doc_ids)
     out = {ATTENTION: np.einsum("nlhg,lhg->n", F, w) + independent.bias, DENSE: dense_values,
-           RANK: np.asarray([rank_feature(i) for i in range(n)], dtype=np.float64),
-           BM25: np.full(n, np.nan) if bm25_values is None else np.asarray(bm25_values, dtype=np.float64)}
+           RANK: np.asarray([rank_feature(i) for i in range(n)], dtype=np.float64)}
     if head_weights is not None and "calibrated" in item.features:
         out["learned"] = linear_head_scores(item.features["calibrated"].astype(np.float64),
                                             np.asarray(head_weights, dtype=np.float64))
@@ -288,9 +259,7 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         meta, items = load_items(path)
         own = index_for(meta, index)
         dense = dense_cosines(path, index=own)
-        lexical = bm25_of(path, own) if own is not None and BM25 in features else {}
-        return meta, [(it, signals(it, dense[it.query_id], iw, card.get("weights"), lexical.get(it.query_id)))
-                      for it in items]
+        return meta, [(it, signals(it, dense[it.query_id], iw, card.get("weights"))) for it in items]
 
     sets: dict[str, tuple[Rows, Mapping[str, Any], int]] = {}
     sources: list[tuple[Rows, int]] = [(load(p)[1], grade) for p, grade in train]
@@ -337,11 +306,9 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         return float(np.mean([_ndcg([it for it, _ in sets[n][0]], scores_of(sets[n][0], models_), sets[n][1])
                               for n in choose]))
 
-    base = tuple(u for u in features if u != BM25 and np.isfinite(X_all[u]).any())
+    base = tuple(u for u in features if np.isfinite(X_all[u]).any())
     best_c = max(cs, key=lambda c: chosen_value([as_model(base, c)]))
-    held = {u for u in features if np.isfinite(X_all[u]).any()}  # bm25: only where a dump had an index
-    models: list[dict[str, Any]] = [as_model(uses, best_c) for uses in subsets(features) if set(uses) <= held]
-    # a model reading bm25 stays only where it ranks dev higher than the same signals without it
+    models: list[dict[str, Any]] = [as_model(uses, best_c) for uses in subsets(features) if set(uses) <= set(base)]
     dev_rows, dev_qrels = sets["dev"][0], sets["dev"][1]
     dev_items = [it for it, _ in dev_rows]
     dev_value = {}
@@ -349,10 +316,8 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         rows_m = [(it, f) for it, f in dev_rows if np.all([np.isfinite(f[u]) for u in m["uses"]])]
         dev_value[tuple(m["uses"])] = _ndcg([it for it, _ in rows_m], scores_of(rows_m, [m]), dev_qrels) \
             if rows_m else -1.0
-    dropped = [m for m in models if BM25 in m["uses"] and dev_value[tuple(m["uses"])]
-               < dev_value.get(tuple(u for u in m["uses"] if u != BM25), -1.0) + BM25_MARGIN]
     # served: the largest model whose signals a candidate holds; among as large ones, dev's best
-    models = sorted((m for m in models if m not in dropped), key=lambda m: (-len(m["uses"]), -dev_value[tuple(m["uses"])]))
+    models = sorted(models, key=lambda m: (-len(m["uses"]), -dev_value[tuple(m["uses"])]))
     threshold = max(THRESHOLDS, key=lambda t: mean_f1(dev_items, scores_of(dev_rows, models), t))
     figures: dict[str, Any] = {}
     for name, (rows_, qrels, rel) in sets.items():
@@ -360,13 +325,13 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         first = _per_query(listed, {it.query_id: it.first_stage for it in listed}, qrels)
         fig: dict[str, Any] = {"first stage": float(np.mean(list(first.values())))}
         single = {}
-        for u in [f for f in (ATTENTION, DENSE, BM25, "learned")
+        for u in [f for f in (ATTENTION, DENSE, "learned")
                   if f in rows_[0][1] and np.isfinite(rows_[0][1][f]).any()]:
             single[u] = _per_query(listed, {it.query_id: np.nan_to_num(f[u], nan=-9.0) for it, f in rows_}, qrels)
             fig[u] = float(np.mean(list(single[u].values())))
         for m in models:
             if not all(np.isfinite(f[u]).any() for _, f in rows_ for u in m["uses"]):
-                continue  # the set does not hold this model's signals (bm25 on TREC DL)
+                continue  # the set does not hold this model's signals
             sc = scores_of(rows_, [m])
             per = _per_query(listed, sc, qrels)
             fig["+".join(m["uses"])] = float(np.mean(list(per.values())))
@@ -383,7 +348,6 @@ def fit_scorer(train: Sequence[tuple[Path, int]], dev: Path, tests: Mapping[str,
         figures[name] = fig
         logger.info("scorer fit %s: %s", name, {k: round(v, 2) for k, v in fig.items()})
     return {"features": list(features), "models": models, "C": best_c, "threshold": threshold,
-            "dropped": [m["uses"] for m in dropped],
             "train": {"dumps": [str(p) for p, _ in train], "split": [str(p) for p, _ in split],
                       "min_grade": [g for _, g in train] + [g for _, g in split], "pairs": int(len(y)),
                       "relevant": int(y.sum()), "chosen_on": choose},

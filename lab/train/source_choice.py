@@ -29,9 +29,6 @@ Configurations (:func:`configurations`):
   attention that has seen its labels; the held-out source reads one fitted on every training row;
 - ``no attention``: the scorer of the embedder and the rank alone (what the default would be
   without the LM).
-
-``bm25`` is left out of the choice: only an index's own dumps (NFCorpus) hold it, so no held-out
-source could read it.
 """
 
 from __future__ import annotations
@@ -55,7 +52,7 @@ from heedrank.signals.rank import NAME as RANK
 logger = logging.getLogger(__name__)
 
 SIGNALS = (ATTENTION, DENSE, RANK)
-"""The signals the choice reads (module docstring: ``bm25`` is left out)."""
+"""The signals the choice reads."""
 
 CS = (0.0003, 0.001, 0.003, 0.01, 0.1)
 """Inverse L2 strengths of the scorer tried."""

@@ -296,10 +296,9 @@ def scorer_tables(args: argparse.Namespace) -> None:
     """Print one row per test set of the ``eval-dumps`` step's dumps (every query with candidates):
     the first stage alone, the embedder alone, the attention alone, the ``--previous`` card's scorer
     and ``out/card.scorer.json``'s, each served as the product serves it
-    (:func:`heedrank.lab.train.source_choice.serve`; the NFCorpus dumps with the index's ``bm25``),
-    with paired randomization p-values (:func:`heedrank.eval.compare.randomization_test`)."""
+    (:func:`heedrank.lab.train.source_choice.serve`), with paired randomization p-values
+    (:func:`heedrank.eval.compare.randomization_test`)."""
     from heedrank.eval.compare import randomization_test
-    from heedrank.lab.train.scorer_fit import bm25_of, index_for
     from heedrank.lab.train.source_choice import load_source, serve
     from heedrank.scorer import Scorer
 
@@ -321,11 +320,6 @@ def scorer_tables(args: argparse.Namespace) -> None:
             print(f"| {name} | no dump ({path.name}: `{RUN} eval-dumps`) |")
             continue
         src = load_source(name, path, grade, metric, new_card, index=index)
-        own = index_for(src.meta, index)
-        if own is not None:
-            lexical = bm25_of(path, own)
-            for it, v in zip(src.items, src.values):
-                v["bm25"] = lexical[it.query_id]
         first = src.per_query([it.first_stage for it in src.items])
         dense = src.per_query([v["dense"] for v in src.values])
         attention = src.per_query([v["attention"] for v in src.values])

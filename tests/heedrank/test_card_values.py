@@ -16,7 +16,7 @@ def _help(alias) -> str:
 def test_fusion_help_says_the_packaged_card_serves_by_its_scorer() -> None:
     assert "scorer" in read_card(packaged_card_path(DEFAULT_LM)).data  # the default records no fusion weight
     for alias in (cli_options.FusionOpt, cli_options.BatchFusionOpt):
-        assert "the default's scorer over attention, dense, rank and BM25" in " ".join(_help(alias).split())
+        assert "the default's scorer over attention, dense and rank" in " ".join(_help(alias).split())
 
 
 def test_max_doc_tokens_help_shows_the_options_default() -> None:

@@ -3,8 +3,6 @@ skipped ones go (:func:`heedrank.serving.place_skipped`), and that they reach th
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from heedrank.errors import ValidationError
@@ -148,39 +146,3 @@ def test_the_default_scorer_scores_a_skipped_candidate_from_the_signals_at_hand(
     assert res.probabilities is not None and set(res.probabilities) == set(first)
     probs = [res.probabilities[d] for d in res.ranking.doc_ids]
     assert probs == sorted(probs, reverse=True) and res.relevance == res.probabilities
-
-
-def test_a_skipped_candidate_is_scored_with_its_bm25_score_when_the_scorer_reads_it() -> None:
-    """The scorer's ``bm25`` signal is read from the index's BM25 for every candidate: a cold
-    candidate is scored by the card's ``dense + rank + bm25`` model, with the score
-    :meth:`heedrank.index.store.Index.bm25_scores` gives (oracle: the BM25 retriever's own score)."""
-    from heedrank.index.cosines import DenseSignal
-    from heedrank.index.hashing import HashingEncoder
-    from heedrank.index.store import Index
-    from heedrank.retriever.bm25 import BM25Retriever
-    from heedrank.scorer import Scorer
-
-    texts = ["apple apple apple apple pear", "apple apple apple cold pear", "apple apple warm pear",
-             "apple cold pear", "apple warm plum"]
-    ix = Index.from_documents([Document(f"d{i}", t) for i, t in enumerate(texts)], encoder=HashingEncoder(64))
-    scorer = Scorer.from_card({"scorer": {"models": [
-        {"uses": ["attention", "dense", "rank"], "weights": [1.0, 2.0, -0.1], "bias": -1.0},
-        {"uses": ["dense", "rank", "bm25"], "weights": [0.0, 0.0, 1.0], "bias": -2.0},
-        {"uses": ["dense", "rank"], "weights": [50.0, -0.1], "bias": -2.0}], "threshold": 0.5}})
-
-    class Scored(_ColdAware):
-        def __init__(self) -> None:
-            super().__init__()
-            self.scorer = scorer
-
-    reranker = Scored()
-    retriever = BM25Retriever.from_index(ix)
-    pipe = Pipeline({"bm25": retriever}, ix.docstore, reranker_factory=lambda method: reranker,
-                    dense=DenseSignal.of_index(ix), index=ix)
-    query = Query("q", "apple cold")
-    res = pipe.search(query, SearchOptions(rerank="reverse", candidates=5, top_k=5, cold_budget=0))
-    first = {h.doc_id: h.score for h in res.first_stage.top(5).hits}
-    assert ix.bm25_scores(query.text, list(first)) == pytest.approx(first, rel=1e-6)
-    assert res.probabilities is not None
-    for d in res.skipped:  # scored by the bm25 model alone: sigmoid(bm25 - 2)
-        assert res.probabilities[d] == pytest.approx(1 / (1 + math.exp(-(first[d] - 2.0))), rel=1e-6)

@@ -45,28 +45,32 @@ def test_the_model_of_the_signals_a_candidate_has() -> None:
     assert scorer.logit({"attention": float("nan"), "dense": 0.5})[0] == pytest.approx(-5.5 + 5.5)  # type: ignore[index]
     assert scorer.logit({"rank": 1.0}) is None  # rank alone is no model
     with pytest.raises(ValidationError, match="refit"):
-        Scorer.from_card({"scorer": {"models": [{"uses": ["bm25"], "weights": [1.0], "bias": 0.0}]}})
+        Scorer.from_card({"scorer": {"models": [{"uses": ["dense"], "weights": [1.0], "bias": 0.0}]}})
     assert serving_of(object()) == RerankerServing()
 
 
 def test_attention_moves_a_candidate_from_where_the_model_without_it_puts_it() -> None:
-    """With ``bm25`` the model without attention reads a signal the attention model does not: in a
-    list read in part, a candidate with attention gets N(x) + A(x) - B(x), so the list is on one scale."""
+    """With a signal the attention model does not read (``signal_fakes``' ``words``) in the model
+    without attention: in a list read in part, a candidate with attention gets N(x) + A(x) - B(x),
+    so the list is on one scale."""
+    import signal_fakes
+
+    words = signal_fakes.NAME
     entry = {"scorer": {"threshold": 0.4, "models": [
         {"uses": ["attention", "dense", "rank"], "weights": [0.5, 8.0, -0.3], "bias": -4.0},
-        {"uses": ["dense", "rank", "bm25"], "weights": [9.0, -0.2, 0.3], "bias": -6.0},
+        {"uses": ["dense", "rank", words], "weights": [9.0, -0.2, 0.3], "bias": -6.0},
         {"uses": ["dense", "rank"], "weights": [10.0, -0.4], "bias": -5.0}]}}
     scorer = Scorer.from_card(entry)
     assert scorer is not None
-    x = {"attention": 2.0, "dense": 0.5, "rank": math.log(3), "bm25": 4.0}
+    x = {"attention": 2.0, "dense": 0.5, "rank": math.log(3), words: 4.0}
     n = -6.0 + 4.5 - 0.2 * math.log(3) + 1.2
     a = -4.0 + 1.0 + 4.0 - 0.3 * math.log(3)
     b = -5.0 + 5.0 - 0.4 * math.log(3)
     logit, model = scorer.logit(x, step=True)  # type: ignore[misc]
     assert model.uses == ("attention", "dense", "rank") and logit == pytest.approx(n + a - b)
     assert scorer.logit({**x, "attention": None}, step=True)[0] == pytest.approx(n)  # type: ignore[index]
-    # no bm25 (/rerank, TREC DL): the attention model's own logit
-    assert scorer.logit({**x, "bm25": None}, step=True)[0] == pytest.approx(a)  # type: ignore[index]
+    # without that signal: the attention model's own logit
+    assert scorer.logit({**x, words: None}, step=True)[0] == pytest.approx(a)  # type: ignore[index]
     # every candidate read (no step): the attention model's own logit
     assert scorer.logit(x)[0] == pytest.approx(a)  # type: ignore[index]
 

@@ -23,22 +23,17 @@ class _Cosines:
         return {d.doc_id: 0.1 * len(d.content) for d in documents if d.doc_id != "c"}
 
 
-class _BM25:
-    def bm25_scores(self, query, doc_ids):  # type: ignore[no-untyped-def]
-        return {"a": 3.0, "c": 1.0}
-
-
 def test_the_built_in_signals_and_where_they_have_no_value() -> None:
-    assert [s.name for s in BUILT_IN] == ["attention", "dense", "rank", "bm25"] == list(names()[:4])
+    assert [s.name for s in BUILT_IN] == ["attention", "dense", "rank"] == list(names()[:3])
     cands = _cands({"a": "x", "b": "yy", "c": "zzz"})
     read = Ranking.from_scores("q", {"a": 2.0, "c": -1.0})  # b: its block was not read
-    inputs = SignalInputs(Query("q", "t"), cands, read, dense=_Cosines(), index=_BM25())
-    X = gather(["attention", "dense", "rank", "bm25"], inputs)
-    want = [[2.0, 0.1, 0.0, 3.0], [np.nan, 0.2, math.log(2), np.nan], [-1.0, np.nan, math.log(3), 1.0]]
+    inputs = SignalInputs(Query("q", "t"), cands, read, dense=_Cosines())
+    X = gather(["attention", "dense", "rank"], inputs)
+    want = [[2.0, 0.1, 0.0], [np.nan, 0.2, math.log(2)], [-1.0, np.nan, math.log(3)]]
     np.testing.assert_allclose(X, np.asarray(want))
-    # /rerank's documents: no rank (a client's order), no BM25 (not the index's), no pass: no attention
-    bare = SignalInputs(Query("q", "t"), cands, None, dense=None, index=_BM25(), stored=False, ranked=False)
-    assert np.isnan(gather(["attention", "dense", "rank", "bm25"], bare)).all()
+    # /rerank's documents: no rank (a client's order), no embedder, no pass: no attention
+    bare = SignalInputs(Query("q", "t"), cands, None, dense=None, stored=False, ranked=False)
+    assert np.isnan(gather(["attention", "dense", "rank"], bare)).all()
     assert gather(["rank"], SignalInputs(Query("q", "t"), Ranking("q", ()))).shape == (0, 1)
     assert signal("dense").reads_reranker is False and signal("attention").reads_reranker is True
     with pytest.raises(UnknownNameError, match="unknown signal 'nope'"):

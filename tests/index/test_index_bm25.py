@@ -124,22 +124,3 @@ def test_search_invariants(bm25: BM25Index, words: list[str], k: int) -> None:
     assert np.all(np.diff(scores) <= 0)
     if len(vids):
         assert scores[-1] >= np.sort(full)[::-1][min(k, positive) - 1]  # nothing better was left out
-
-
-def test_doc_scores_are_the_scores_search_ranks_by() -> None:
-    """Oracle: the per-document score (the scorer's ``bm25`` signal) equals the score ``search``
-    returns for every hit, matrix rows and delta documents alike; a document with no query term
-    scores 0; an unknown or deleted one is NaN."""
-    b = BM25Builder()
-    b.add(TEXTS[:4])
-    ix = b.build()
-    ix.add_documents([10], ["statin use and breast cancer in a delta document"])
-    query = "statin breast cancer"
-    vids, scores = ix.search([query], k=10)[0]
-    got = ix.doc_scores(query, vids)
-    assert list(vids) and got == pytest.approx(scores.astype(np.float64), rel=1e-6)
-    assert 10 in set(vids.tolist())
-    assert ix.doc_scores(query, [0])[0] == 0.0  # vitamin D: no query term
-    ix.mark_deleted([1])
-    out = ix.doc_scores(query, [1, 99, 2])
-    assert math.isnan(out[0]) and math.isnan(out[1]) and out[2] > 0

@@ -44,7 +44,7 @@ def test_fit_scorer_on_inline_dumps(tmp_path) -> None:  # type: ignore[no-untype
     paths = {name: tmp_path / f"{name}.npz" for name in ("train", "dev", "test")}
     made = {name: _dump(p, seed) for seed, (name, p) in enumerate(paths.items())}
     entry = fit_scorer([(paths["train"], 1)], paths["dev"], {"test": (paths["test"], 1)}, card=CARD)
-    # no dump had an index, so no bm25: a model per subset of the other three, the largest first
+    # a model per subset of the three signals, the largest first
     three = subsets(("attention", "dense", "rank"))
     assert sorted(tuple(m["uses"]) for m in entry["models"]) == sorted(three) and len(three) == 6
     assert entry["models"][0]["uses"] == ["attention", "dense", "rank"]
@@ -63,35 +63,6 @@ def test_fit_scorer_on_inline_dumps(tmp_path) -> None:  # type: ignore[no-untype
                             "rank": rank_feature(i)})[0] for i in range(len(it.doc_ids))]
     assert served == pytest.approx(list(offline))
     assert x["attention"][0] == pytest.approx(float(it.features["independent"][0, 0, 0, 0]) - 1.0)
-
-
-@pytest.mark.parametrize("informative", [True, False])
-def test_bm25_models_kept_only_where_they_rank_dev_higher(tmp_path, monkeypatch, informative) -> None:  # type: ignore[no-untyped-def]
-    """A dump with an index has the bm25 signal: its models are fitted on the candidates that hold
-    it, and one is kept only where dev ranks higher with it than without (a noise score: dropped)."""
-    import heedrank.lab.train.scorer_fit as sf
-
-    paths = {name: tmp_path / f"{name}.npz" for name in ("train", "dev")}
-    made = {name: _dump(p, seed, n_queries=200) for seed, (name, p) in enumerate(paths.items())}
-    rng = np.random.default_rng(7)
-
-    def fake_bm25(dump, index):  # type: ignore[no-untyped-def]
-        items = made["train" if dump.name.startswith("train") else "dev"][0]
-        return {it.query_id: (3.0 * it.labels if informative else 0.0) + rng.normal(size=len(it.doc_ids)) + 5.0
-                for it in items}
-
-    monkeypatch.setattr(sf, "bm25_of", fake_bm25)
-    entry = fit_scorer([(paths["train"], 1)], paths["dev"], {}, card=CARD, index=tmp_path)
-    kept = {tuple(m["uses"]) for m in entry["models"]}
-    if informative:
-        assert ("dense", "rank", "bm25") in kept and entry["models"][0]["uses"][-1] == "bm25"
-        assert entry["figures"]["dev"]["dense+rank+bm25"] > entry["figures"]["dev"]["dense+rank"]
-        scorer = Scorer.from_card({"scorer": entry})
-        # a candidate without attention is scored by the bm25 model when it has a bm25 score
-        assert scorer.model_for(["dense", "rank", "bm25"]).uses == ("dense", "rank", "bm25")  # type: ignore[union-attr]
-    else:
-        assert all("bm25" not in u for u in kept) and entry["dropped"]
-    assert ("attention", "dense", "rank") in kept
 
 
 def test_an_index_serves_only_the_dumps_of_its_own_collection(tmp_path) -> None:  # type: ignore[no-untyped-def]
