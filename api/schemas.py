@@ -91,8 +91,9 @@ class RerankRequest(BaseModel):
         "default",
         description="Order the candidates by alpha * z(first-stage score) + (1 - alpha) * z(reranker score), each "
         "z-scored over the candidates: alpha in [0, 1]; 'default' (when omitted) = the method's recorded weight "
-        "(the default method: its weights card's fusion.alpha, chosen on NFCorpus dev and shown by GET /info "
-        "as reranker.default.fusion; icr and blockrank: none); 'none' or null = the reranker's own order.",
+        "(GET /info shows it as reranker.default.fusion: none for the default, whose scorer orders the candidates "
+        "from its own signals, the first stage's rank among them; the card's fusion.alpha with scoring='learned'; "
+        "icr and blockrank: none); 'none' or null = the reranker's own order.",
         examples=[0.6, "none"],
     )
     cutoff: CutoffValue = Field(
@@ -486,8 +487,11 @@ class CohereRerankMeta(BaseModel):
         "at most 1.0).")
     raw_scores: list[float] = Field(
         default_factory=list,
-        description="The reranker's own score of each result, in the order of results (meta.method says how to "
-        "read it); compare only within one response.",
+        description="The reranker's own score of each result, in the order of results. The default "
+        "(blockrank-cached with its scorer): the LM's list-independent attention log-odds, one of the inputs of "
+        "relevance_score (the scorer's sigmoid over it and the embedder's cosine), the same for a document in any "
+        "list; a document the LM did not read in time has its served score instead (meta.warnings says so). Other "
+        "methods: their own score (meta.method says which), compare only within one response.",
     )
     fusion: float | None = Field(
         None, description="The weight alpha of the given order in the results' order (request field `fusion`); null "

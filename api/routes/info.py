@@ -120,9 +120,10 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
     """What ``"default"`` names, read without loading a model: the method, its options, the
     fusion weight, and the dev and test nDCG@10 of its weights card (``scorer``: what the default
     serves, its signals, cut-off, test nDCG@10 beside the first stage and the embedder alone, and
-    the configuration its leave-one-source-out choice picked; ``configuration``: the previous
-    configuration, ``scoring=learned`` with the query adapter, fused; ``pure``/``fused``: the
-    card's own weights without the adapter)."""
+    the configuration its leave-one-source-out choice picked; ``learned``: the card's record of
+    ``scoring='learned'``, opt-in since the scorer ships: its ``configuration`` with the query
+    adapter, its ``fusion`` weight, dev and test nDCG@10). ``fusion`` at the top is the weight
+    the default serves with (``null``: the scorer orders alone, the first stage is not fused)."""
     from heedrank.reranker.cards import packaged_card
     from heedrank.reranker.options import DEFAULT_METHOD, describe_options
 
@@ -132,14 +133,18 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
                            "fusion": registry.recorded_fusion(registry_config(settings))}
     card = packaged_card(settings.model)
     if card is not None:
-        out["card"] = {k: card.data[k] for k in ("model", "layer", "max_doc_tokens", "configuration", "fusion",
-                                                  "dev_ndcg@10", "test_ndcg@10", "train") if k in card.data}
+        out["card"] = {k: card.data[k] for k in ("model", "layer", "max_doc_tokens", "train") if k in card.data}
         scorer = card.data.get("scorer")
         if scorer is not None:  # what the default serves: its signals, cut-off and test figures
             out["card"]["scorer"] = {k: scorer[k] for k in ("features", "fit", "threshold", "test_ndcg@10")
                                      if k in scorer}
             if "choice" in scorer:
                 out["card"]["scorer"]["chosen"] = scorer["choice"].get("chosen")
+        # the card's record of scoring='learned' (opt-in; the default before the scorer): not what "default" serves
+        learned = {k: card.data[k] for k in ("configuration", "fusion", "dev_ndcg@10", "test_ndcg@10") if k in card.data}
+        if learned:
+            out["card"]["learned"] = {**learned, "served_when": "scoring='learned' is asked for" if scorer is not None
+                                      else "always (this card has no scorer)"}
     return jsonable(out)
 
 

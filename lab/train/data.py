@@ -109,7 +109,8 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
     ``../shared/data/msmarco-passage-dev-600@BM25:train``; ``SPLIT`` default ``all``,
     :func:`heedrank.lab.candidates.trec_dl_candidates`). ``index``: a BEIR source's index
     (``heedrank index build``; its first stage and its document KV store) instead of the
-    cached one.
+    cached one; ignored when it indexes another corpus (:func:`indexes_corpus`), so one
+    ``--index`` can name the index of one of several BEIR sources.
 
     Returns:
         ``(queries, candidates, first-stage scores, qrels, index dir or None)``.
@@ -123,11 +124,25 @@ def load_source(spec: str, *, candidates: int, max_queries: int | None, seed: in
         return (*trec_dl_candidates(data, run_name=run, candidates=candidates, queries=max_queries, seed=seed,
                                     split=fold or "all"), None)
     data, _, split = spec.partition(":")
+    if index is not None and not indexes_corpus(index, data):
+        index = None  # an index of another collection (several BEIR sources): this one's cached index
     if index is None:
         index = ensure_index(data, dense=retriever != "bm25")
     got = beir_candidates(data, split or "train", queries=max_queries, candidates=candidates, seed=seed,
                           index_dir=index, retriever=retriever)
     return (*got, index)
+
+
+def indexes_corpus(index: Path, data: str | Path) -> bool:
+    """Whether the index folder ``index`` (``heedrank index build``) was built from the BEIR
+    folder ``data``: its ``params.json`` records the corpus folder, compared resolved."""
+    from heedrank.index.builder import read_params
+
+    recorded = read_params(index).get("corpus", {}).get("path")
+    if recorded is None:
+        return False
+    folder = Path(recorded).resolve()
+    return Path(data).resolve() in (folder, folder.parent)  # built from the folder or from its corpus file
 
 
 def source_store(reranker: CachedBlockRankReranker, index: Path | None, scratch: Path | None, name: str) -> Any:

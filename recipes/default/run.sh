@@ -26,6 +26,10 @@
 #   RECIPE_DATA   the shared data (default ../shared/data)
 #   RECIPE_WEB_OBJECTIVE  the web adapter's objective (web-adapter, web-choice): independent (default) or learned
 #   RECIPE_WEB_STEPS  its optimizer steps (default 200)
+#   RECIPE_MIXED_STEPS  the mixed adapter's optimizer steps (mixed-adapter; default 500)
+#   RECIPE_SERVED the adapter the scorer is chosen, measured and installed with (scorer, scorer-eval,
+#                 install-served): qa (the adapter step's, default) or mixed (the mixed-adapter step's)
+#   RECIPE_CHOICE_TAGS  the adapters web-choice compares (default "qa web-<objective> mixed")
 #   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
 #                 the adapter was not trained on, 2,190)
 set -euo pipefail
@@ -50,9 +54,10 @@ train_ids() {  # the fit's and adapter's NFCorpus train queries, never calibrate
     if [ ! -f "$W/dumps/nf-train-hybrid50.npz" ] && [ -f "$W/train-queries.txt" ]; then echo "$W/train-queries.txt"
     else echo "$W/dumps/nf-train-hybrid50.npz"; fi
 }
+SERVED=${RECIPE_SERVED:-qa}   # the adapter the default serves with (scorer, scorer-eval, install-served): qa or mixed
 WEB_OBJ=${RECIPE_WEB_OBJECTIVE:-independent}   # the web adapter's training objective (web-adapter, web-choice)
-adapter_of() {  # adapter_of TAG: the adapter a dump tag reads (qa: the NFCorpus one; web-OBJECTIVE: the web one)
-    if [ "$1" = qa ]; then echo "$W/adapter/best"; else echo "$W/web-adapter-${1#web-}/best"; fi
+adapter_of() {  # adapter_of TAG: the adapter a dump tag reads (qa: the NFCorpus one; web-OBJECTIVE: the web one; mixed)
+    case $1 in qa) echo "$W/adapter/best" ;; mixed) echo "$W/mixed-adapter/best" ;; *) echo "$W/web-adapter-${1#web-}/best" ;; esac
 }
 echo "[recipe] model $M ($MODEL_NAME: $MODEL_LAYERS layers x $MODEL_HEADS heads), l* $LAYER, device $DEV, work $W"
 STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent scorer scorer-eval assemble)
@@ -118,26 +123,52 @@ step_web_adapter() {  # not in the default order yet: the query adapter trained 
     done
 }
 
-step_web_choice() {  # not in the default order yet: the scorer's leave-one-source-out choice with either adapter, paired:
-                     # the other three sources dumped with the NFCorpus adapter (qa-) and the web one
-                     # (web-<objective>-), the web source the web-adapter step's 150 dev-600 queries trained on by neither
+step_mixed_adapter() {  # not in the default order yet: the query adapter trained through the served list-independent
+                        # log-odds on three kinds of list at once, from the NFCorpus adapter: the adapter step's 400
+                        # NFCorpus train queries (hybrid top 50), SciFact train claims (400 seeded, less the 100 of the
+                        # scorer's SciFact source) and dev-600's train fold less its 150 scorer and 50 dev queries; DL21
+                        # stays out (a held-out source of the scorer's choice). Best step on the 50 web dev queries.
+    local dev600=$D/msmarco-passage-dev-600 sf=$W/dumps/scifact-train-bm25-30.npz
+    "$PY" recipes/default/steps.py web-folds --data "$dev600" --out-dir "$W"
+    [ -f "$W/independent-queries.txt" ] || "$PY" recipes/default/steps.py calibration-ids --data "$NF" \
+        --exclude "$(train_ids)" --limit 400 --out "$W/independent-queries.txt"
+    [ -f "$sf" ] || sf=$W/dumps/qa-scifact-train-bm25-30.npz   # a seeded folder: the same 100 claims
+    "$HR" lab train query-adapter --objective independent --train "$NF:train" --train "$D/beir-scifact:train" \
+        --train "$dev600@BM25:train" --train-queries 400 --candidates 50 --index "$IDX" \
+        --dev "$dev600@BM25:train" --dev-query-ids "$W/web-dev-queries.txt" --exclude-queries "$W/web-dev-queries.txt" \
+        --exclude-queries "$W/web-scorer-queries.txt" --exclude-queries "$W/independent-queries.txt" \
+        --exclude-queries "$sf" --scratch-kv "$W/kv" --init "$W/adapter/best" "${LM[@]}" --layer "$LAYER" \
+        --out "$W/mixed-adapter" --steps "${RECIPE_MIXED_STEPS:-500}" --batch-queries 2 --eval-every 50 --lr 3e-4 \
+        --opt "scorer_weights=$W/out/card.fit.json" > "$W/reports/mixed-adapter.json"
+}
+
+step_web_choice() {  # not in the default order yet: the scorer's leave-one-source-out choice with each adapter of
+                     # RECIPE_CHOICE_TAGS (default: qa, the NFCorpus adapter; web-<objective>; mixed), paired: the four
+                     # sources (150 NFCorpus train queries, DL21, 100 SciFact claims, the 150 dev-600 scorer queries,
+                     # trained on by none of them) and the test sets (dev-600's test fold, DL19) dumped with each
+                     # (TAG-*.npz; a dump already whole returns at once), then lab choose-scorer on each set of four
+    local dev600=$D/msmarco-passage-dev-600 tag
     [ -f "$W/independent-queries.txt" ] || "$PY" recipes/default/steps.py calibration-ids --data "$NF" \
         --exclude "$(train_ids)" --limit 400 --out "$W/independent-queries.txt"
     head -150 "$W/independent-queries.txt" > "$W/scorer-queries.txt"
-    local card=$W/out/card.fit.json tag
     step_index
-    for tag in qa "web-$WEB_OBJ"; do
+    for tag in ${RECIPE_CHOICE_TAGS:-qa web-$WEB_OBJ mixed}; do
+        local ad=(--adapter "$(adapter_of "$tag")")
+        dump "$tag-dev600-scorer-bm25-20" --data "$dev600" --trec-run BM25 --split train --candidates 20 \
+            --query-ids "$W/web-scorer-queries.txt" --store "$W/kv/dev600" "${ad[@]}"
         dump "$tag-dl21-bm25-30" --data "$D/msmarco-trec-dl-2021-passage" --trec-run BM25 --candidates 30 \
-            --store "$W/kv/dl21" --adapter "$(adapter_of "$tag")"
+            --store "$W/kv/dl21" "${ad[@]}"
         dump "$tag-scifact-train-bm25-30" --data "$D/beir-scifact" --split train --retriever bm25 --candidates 30 \
-            --max-queries 100 --store "$W/kv/scifact" --adapter "$(adapter_of "$tag")"
+            --max-queries 100 --store "$W/kv/scifact" "${ad[@]}"
+        dump "$tag-dev600-test-bm25-20" --data "$dev600" --trec-run BM25 --split test --candidates 20 \
+            --store "$W/kv/dev600" "${ad[@]}"
+        dump "$tag-dl19-bm25-100" --data "$D/msmarco-trec-dl-2019-passage" --trec-run BM25 --candidates 100 \
+            --store "$W/kv/dl19" "${ad[@]}"
         dump "$tag-nf-train-scorer150-hybrid50" --data "$NF" --split train --retriever hybrid --candidates 50 \
-            --index "$IDX" --query-ids "$W/scorer-queries.txt" --adapter "$(adapter_of "$tag")"
-    done
-    for tag in qa "web-$WEB_OBJ"; do
+            --index "$IDX" --query-ids "$W/scorer-queries.txt" "${ad[@]}"
         "$HR" lab choose-scorer --source "nf=$W/dumps/$tag-nf-train-scorer150-hybrid50.npz" \
             --source "dl21=$W/dumps/$tag-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/$tag-scifact-train-bm25-30.npz" \
-            --source "dev600=$W/dumps/$tag-dev600-scorer-bm25-20.npz:RR@10" --card "$card" --index "$IDX" \
+            --source "dev600=$W/dumps/$tag-dev600-scorer-bm25-20.npz:RR@10" --card "$W/out/card.fit.json" --index "$IDX" \
             --out "$W/reports/web-choice-$tag.json" | tee "$W/reports/web-choice-$tag.md"
     done
 }
@@ -198,35 +229,43 @@ step_independent() {  # the list-independent scorer, with the adapter: 400 unsee
         --write-card "$W/out/card.independent.json" --out "$W/reports/independent.json"
 }
 
-step_scorer() {  # the default's scorer over attention, dense and rank (one model per subset), with the adapter, chosen
-                 # by leave-one-source-out over four sources, each weighing the same: 150 of the independent step's
-                 # NFCorpus train queries (hybrid top 50), TREC DL 2021 (BM25 top 30), 100 SciFact train claims (BM25
-                 # top 30) and MS MARCO dev-600's train fold (BM25 top 20); the cut-off on 150 seeded NFCorpus dev
-                 # queries (heedrank lab choose-scorer: dumps and the index, no LM). Each dump resumes where it stopped.
-    local card=$W/out/card.independent.json
+step_scorer() {  # the default's scorer over attention, dense and rank (one model per subset), with the served adapter
+                 # (RECIPE_SERVED), chosen by leave-one-source-out over four sources, each weighing the same: 150 of the
+                 # independent step's NFCorpus train queries (hybrid top 50), TREC DL 2021 (BM25 top 30), 100 SciFact
+                 # train claims (BM25 top 30) and MS MARCO dev-600's train fold (BM25 top 20; with the mixed adapter,
+                 # trained on part of it, its 150 scorer queries); the cut-off on 150 seeded NFCorpus dev queries
+                 # (heedrank lab choose-scorer: dumps and the index, no LM). Each dump resumes where it stopped.
+    local card=$W/out/card.independent.json t=$SERVED ad=(--adapter "$(adapter_of "$SERVED")") web
     [ -f "$card" ] || card=$W/out/card.fit.json   # a seeded folder: the installed card's independent entry
     head -150 "$W/independent-queries.txt" > "$W/scorer-queries.txt"
-    dump qa-nf-train-scorer150-hybrid50 --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
-        --query-ids "$W/scorer-queries.txt" --adapter "$W/adapter/best"
-    [ -f "$W/dumps/qa-dl21-bm25-30.npz" ] || dump qa-dl21-bm25-30 --data "$D/msmarco-trec-dl-2021-passage" --trec-run BM25 \
-        --candidates 30 --store "$W/kv/dl21" --adapter "$W/adapter/best"
-    [ -f "$W/dumps/qa-scifact-train-bm25-30.npz" ] || dump qa-scifact-train-bm25-30 --data "$D/beir-scifact" --split train \
-        --retriever bm25 --candidates 30 --max-queries 100 --store "$W/kv/scifact" --adapter "$W/adapter/best"
-    dump qa-dev600-train-bm25-20 --data "$D/msmarco-passage-dev-600" --trec-run BM25 --split train --candidates 20 \
-        --store "$W/kv/dev600" --adapter "$W/adapter/best"
-    dump qa-nf-dev150-hybrid50 --data "$NF" --split dev --retriever hybrid --candidates 50 --max-queries 150 \
-        --index "$IDX" --adapter "$W/adapter/best"
+    dump "$t-nf-train-scorer150-hybrid50" --data "$NF" --split train --retriever hybrid --candidates 50 --index "$IDX" \
+        --query-ids "$W/scorer-queries.txt" "${ad[@]}"
+    [ -f "$W/dumps/$t-dl21-bm25-30.npz" ] || dump "$t-dl21-bm25-30" --data "$D/msmarco-trec-dl-2021-passage" \
+        --trec-run BM25 --candidates 30 --store "$W/kv/dl21" "${ad[@]}"
+    [ -f "$W/dumps/$t-scifact-train-bm25-30.npz" ] || dump "$t-scifact-train-bm25-30" --data "$D/beir-scifact" \
+        --split train --retriever bm25 --candidates 30 --max-queries 100 --store "$W/kv/scifact" "${ad[@]}"
+    if [ "$t" = qa ]; then
+        web=$t-dev600-train-bm25-20
+        dump "$web" --data "$D/msmarco-passage-dev-600" --trec-run BM25 --split train --candidates 20 \
+            --store "$W/kv/dev600" "${ad[@]}"
+    else
+        web=$t-dev600-scorer-bm25-20
+        dump "$web" --data "$D/msmarco-passage-dev-600" --trec-run BM25 --split train --candidates 20 \
+            --query-ids "$W/web-scorer-queries.txt" --store "$W/kv/dev600" "${ad[@]}"
+    fi
+    dump "$t-nf-dev150-hybrid50" --data "$NF" --split dev --retriever hybrid --candidates 50 --max-queries 150 \
+        --index "$IDX" "${ad[@]}"
     rm -f "$W/out/card.scorer.json"
-    "$HR" lab choose-scorer --source "nf=$W/dumps/qa-nf-train-scorer150-hybrid50.npz" \
-        --source "dl21=$W/dumps/qa-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/qa-scifact-train-bm25-30.npz" \
-        --source "dev600=$W/dumps/qa-dev600-train-bm25-20.npz:RR@10" --dev "$W/dumps/qa-nf-dev150-hybrid50.npz" \
+    "$HR" lab choose-scorer --source "nf=$W/dumps/$t-nf-train-scorer150-hybrid50.npz" \
+        --source "dl21=$W/dumps/$t-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/$t-scifact-train-bm25-30.npz" \
+        --source "dev600=$W/dumps/$web.npz:RR@10" --dev "$W/dumps/$t-nf-dev150-hybrid50.npz" \
         --card "$card" --index "$IDX" --write-card "$W/out/card.scorer.json" --out "$W/reports/scorer.json"
 }
 
 step_scorer_eval() {  # the served default through the product (eval beir / trec-dl) beside the embedder alone
                       # (--rerank dense) and the first stage alone, every test query (NFCorpus test, DL19, dev-600's
                       # test fold, NovelEval with its web order); the figures go into the card
-    local o=(--opt "scorer_weights=$W/out/card.scorer.json" --opt "query_adapter=$W/adapter/best")
+    local o=(--opt "scorer_weights=$W/out/card.scorer.json" --opt "query_adapter=$(adapter_of "$SERVED")")
     local e=$W/reports/eval
     for m in none dense default; do
         local x=(); [ "$m" = default ] && x=("${o[@]}")
@@ -251,6 +290,12 @@ step_seed() {  # not in the default order: re-measure the installed card and ada
 
 step_assemble() {  # the packaged artefacts, their fields naming only files of the repository
     "$PY" recipes/default/steps.py assemble --work "$W" --model "$M"
+}
+
+step_install_served() {  # the scorer step's scorer and the adapter it was chosen with (RECIPE_SERVED) into the installed
+                         # card and adapter (a seeded folder; the rest of the card unchanged): review `git diff`, commit
+    "$PY" recipes/default/steps.py install-served --work "$W" --model "$M" --adapter "$(adapter_of "$SERVED")" \
+        --tag "$SERVED"
 }
 
 step_install() {  # copy out/ over the packaged artefacts (then review `git diff` and commit), or into the user card folder

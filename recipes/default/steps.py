@@ -351,6 +351,46 @@ def install_scorer(args: argparse.Namespace) -> None:
     print(f"installed the scorer entry into {target}: review `git diff`, then commit")
 
 
+def install_served(args: argparse.Namespace) -> None:
+    """Install the ``scorer`` step's scorer with the adapter it was chosen and measured with
+    (``--adapter``, its dumps ``<tag>-*.npz``): the scorer entry into the installed card (the rest
+    unchanged) and, when it is not the installed one, the adapter over the installed adapter. The
+    entry records the adapter's sha256 (``query_adapter_sha256``). A new adapter leaves the card's
+    ``scoring='learned'`` record (``configuration``, ``calibration``) measured with the previous
+    one: ``configuration.query_adapter`` then names that one by its sha256, and the learned path
+    serves without its cut-off maps (they hold only with the adapter they were fitted with,
+    :func:`heedrank.reranker.cached.state._calibration`)."""
+    work, model, src = Path(args.work), model_name(args.model), Path(args.adapter)
+    source = work / "out" / "card.scorer.json"
+    if not source.is_file():
+        sys.exit(f"nothing to install: run `{RUN} scorer` first")
+    if not (src / "adapter.safetensors").is_file():
+        sys.exit(f"no adapter in {src}: run its step first")
+    target = install_dir(args.model)
+    card_path, dst = target / f"{model}.blockrank-cached.json", target / f"{model}.query-adapter"
+    card, entry = _read(card_path), _read(source)["scorer"]
+    _scorer_provenance(entry)
+    sha = _sha256(src / "adapter.safetensors")
+    entry["query_adapter_sha256"] = sha
+    entry["dumps_sha256"] = {p.stem: _sha256(p) for p in sorted((work / "dumps").glob(f"{args.tag}-*.npz"))}
+    previous = _sha256(dst / "adapter.safetensors") if (dst / "adapter.safetensors").is_file() else None
+    if previous != sha:
+        meta = _read(src / "adapter.json")
+        (meta.get("model") or {}).pop("path", None)  # a path of the machine that trained it
+        meta.get("config", {}).pop("out_dir", None)
+        meta["command"] = f"{RUN} {args.tag}-adapter" if args.tag != "qa" else f"{RUN} adapter"
+        meta["scorer_weights"] = (f"the card {card_path.name} installed beside it: its independent entry fixed in "
+                                  "training; its scorer entry (query_adapter_sha256) chosen and measured with it")
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / "adapter.safetensors", dst / "adapter.safetensors")
+        _write(dst / "adapter.json", meta)
+        configuration = card.get("configuration")
+        if previous is not None and isinstance(configuration, dict) and configuration.get("query_adapter") == "packaged":
+            configuration["query_adapter"] = f"the adapter packaged before, sha256 {previous}"
+    _write(card_path, {**card, "scorer": entry})
+    print(f"installed the scorer entry into {card_path} and the adapter {src} into {dst}: review `git diff`, then commit")
+
+
 def install_independent(args: argparse.Namespace) -> None:
     """Copy only the ``independent`` entry of ``out/card.independent.json`` into the packaged card
     (the rest of the card unchanged): the ``independent`` step rerun alone on an earlier run's
@@ -427,13 +467,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--train-queries", type=int, default=400)
-    for name in ("assemble", "install", "install-independent", "install-scorer"):
+    for name in ("assemble", "install", "install-independent", "install-scorer", "install-served"):
         p = sub.add_parser(name)
         p.add_argument("--work", required=True)
         p.add_argument("--model", required=True)
+        if name == "install-served":
+            p.add_argument("--adapter", required=True, help="the adapter folder the scorer was chosen with")
+            p.add_argument("--tag", required=True, help="its dumps' tag (qa, mixed)")
     args = parser.parse_args(argv)
     {"model": model_cmd, "calibration-ids": calibration_ids, "web-folds": web_folds, "fused-card": fused_card, "assemble": assemble,
-     "install-independent": install_independent, "install-scorer": install_scorer, "seed": seed,
+     "install-independent": install_independent, "install-scorer": install_scorer, "install-served": install_served,
+     "seed": seed,
      "scorer-figures": scorer_figures, "scorer-tables": scorer_tables,
      "install": install}[args.cmd](args)
 

@@ -29,12 +29,15 @@ def test_info_names_the_default_configuration_and_its_figures(client):
     assert default["max_doc_tokens"] == 128
     assert default["options"]["scoring"] == "auto" and default["options"]["query_adapter"] == "auto"
     card = default["card"]
-    assert card["layer"] == 15 and card["configuration"]["query_adapter"] == "packaged"
-    figures, packaged = card["configuration"]["test_ndcg@10"], CARD["configuration"]
+    assert card["layer"] == 15 and "configuration" not in card and "fusion" not in card  # not what is served
+    learned = card["learned"]  # scoring='learned', opt-in: its record, apart from what the default serves
+    assert learned["served_when"] == "scoring='learned' is asked for"
+    assert learned["configuration"]["query_adapter"] == "packaged"
+    figures, packaged = learned["configuration"]["test_ndcg@10"], CARD["configuration"]
     assert figures["nfcorpus-test-hybrid50"]["default"] == pytest.approx(packaged["test_ndcg@10"]["nfcorpus-test-hybrid50"]["default"])
     assert figures["dl19-bm25-100"]["first stage"] == pytest.approx(50.6)  # BM25 on DL19, whatever the card
-    assert card["configuration"]["dev_ndcg@10"]["default"] == pytest.approx(packaged["dev_ndcg@10"]["default"])
-    assert card["configuration"]["fusion"] == pytest.approx(CARD["fusion"]["alpha"])  # the learned scorer's record
+    assert learned["configuration"]["dev_ndcg@10"]["default"] == pytest.approx(packaged["dev_ndcg@10"]["default"])
+    assert learned["configuration"]["fusion"] == pytest.approx(CARD["fusion"]["alpha"])  # the learned scorer's record
     # what the default serves: the scorer's signals, cut-off, test figures and the choice that picked it
     scorer, shipped = card["scorer"], CARD["scorer"]
     assert scorer["features"] == shipped["features"] and scorer["threshold"] == shipped["threshold"]

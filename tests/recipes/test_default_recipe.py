@@ -192,3 +192,42 @@ def test_web_folds_split_the_train_fold_into_disjoint_seeded_parts(tmp_path, dev
     first = {n: list(v) for n, v in folds.items()}
     steps.main(["web-folds", "--data", str(dev600_dir), "--out-dir", str(tmp_path)])
     assert {n: (tmp_path / f"web-{n}-queries.txt").read_text().split() for n in folds} == first
+
+
+def test_install_served_installs_the_scorer_with_the_adapter_it_was_chosen_with(tmp_path, monkeypatch) -> None:
+    """`install-served`: the scorer entry records its adapter's sha256 and its dumps; a new adapter
+    replaces the installed one (its metadata naming the recipe, not this machine), and the learned
+    record names the adapter it was measured with; the rest of the card is untouched."""
+    steps = _steps()
+    from heedrank.files import file_sha256
+
+    target, work = tmp_path / "data", tmp_path / "w"
+    monkeypatch.setattr(steps, "install_dir", lambda model: target)
+    installed = target / "smollm2-135m-instruct.query-adapter"
+    installed.mkdir(parents=True)
+    (installed / "adapter.safetensors").write_bytes(b"old")
+    old_sha = file_sha256(installed / "adapter.safetensors")
+    card = {"layer": 15, "configuration": {"query_adapter": "packaged"}, "scorer": {"old": True}, "independent": {"w": 1}}
+    (target / "smollm2-135m-instruct.blockrank-cached.json").write_text(json.dumps(card))
+    new = work / "mixed-adapter" / "best"
+    new.mkdir(parents=True)
+    (new / "adapter.safetensors").write_bytes(b"new")
+    (new / "adapter.json").write_text(json.dumps({"model": {"name": "m", "path": "/here"}, "config": {"out_dir": "/x"}}))
+    (work / "out").mkdir()
+    (work / "out" / "card.scorer.json").write_text(json.dumps({"scorer": {"features": ["attention"], "train": {
+        "dumps": [str(work / "dumps" / "mixed-dl21.npz")]}}}))
+    (work / "dumps").mkdir()
+    (work / "dumps" / "mixed-dl21.npz").write_bytes(b"d")
+    (work / "dumps" / "qa-dl21.npz").write_bytes(b"e")
+    steps.main(["install-served", "--work", str(work), "--model", "smollm2-135m-instruct", "--adapter", str(new),
+                "--tag", "mixed"])
+    got = json.loads((target / "smollm2-135m-instruct.blockrank-cached.json").read_text())
+    assert got["scorer"]["query_adapter_sha256"] == file_sha256(new / "adapter.safetensors")
+    assert got["scorer"]["train"]["dumps"] == ["mixed-dl21"] and list(got["scorer"]["dumps_sha256"]) == ["mixed-dl21"]
+    assert got["scorer"]["command"] == "bash recipes/default/run.sh scorer"
+    assert got["independent"] == {"w": 1} and got["layer"] == 15
+    assert got["configuration"]["query_adapter"] == f"the adapter packaged before, sha256 {old_sha}"
+    assert (installed / "adapter.safetensors").read_bytes() == b"new"
+    meta = json.loads((installed / "adapter.json").read_text())
+    assert "path" not in meta["model"] and "out_dir" not in meta["config"]
+    assert meta["command"] == "bash recipes/default/run.sh mixed-adapter"

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from heedrank.config import RerankerConfig  # noqa: E402
-from heedrank.lab.train.data import dev_evaluator, examples_from, source_store  # noqa: E402
+from heedrank.lab.train.data import dev_evaluator, examples_from, indexes_corpus, source_store  # noqa: E402
 from heedrank.eval.metrics import evaluate_run  # noqa: E402
 from heedrank.reranker.cached import CachedBlockRankReranker
 from heedrank.types import Query  # noqa: E402
@@ -36,6 +36,21 @@ def test_examples_take_grades_from_qrels(docs) -> None:
     assert [e.query_id for e in ex] == ["q1", "q2"]  # q3 has no candidates
     assert ex[0].grades == (0, 2, 0) and ex[1].grades == (0, 0, 1)
     assert ex[0].documents == tuple(docs[:3])
+
+
+def test_an_index_serves_only_the_collection_it_was_built_from(tmp_path) -> None:
+    import json
+
+    nf, sf = tmp_path / "beir-nfcorpus", tmp_path / "beir-scifact"
+    for d in (nf, sf):
+        d.mkdir()
+    by_folder, by_file = tmp_path / "idx-folder", tmp_path / "idx-file"
+    for idx, path in ((by_folder, nf), (by_file, nf / "corpus.jsonl.gz")):
+        idx.mkdir()
+        (idx / "params.json").write_text(json.dumps({"corpus": {"path": str(path)}}))
+    assert indexes_corpus(by_folder, nf) and indexes_corpus(by_file, nf)
+    assert indexes_corpus(by_folder, tmp_path / "." / "beir-nfcorpus")  # compared resolved
+    assert not indexes_corpus(by_folder, sf) and not indexes_corpus(by_file, sf)
 
 
 def test_source_store_is_a_scratch_store_or_none(reranker, tmp_path) -> None:
