@@ -377,7 +377,10 @@ def install_served(args: argparse.Namespace) -> None:
     if previous != sha:
         meta = _read(src / "adapter.json")
         (meta.get("model") or {}).pop("path", None)  # a path of the machine that trained it
-        meta.get("config", {}).pop("out_dir", None)
+        config = meta.get("config", {})
+        config.pop("out_dir", None)
+        if config.get("init"):  # a work folder's path: the recipe step that made it
+            config["init"] = "the adapter step's adapter (adapter/best of the recipe's work folder)"
         meta["command"] = f"{RUN} {args.tag}-adapter" if args.tag != "qa" else f"{RUN} adapter"
         meta["scorer_weights"] = (f"the card {card_path.name} installed beside it: its independent entry fixed in "
                                   "training; its scorer entry (query_adapter_sha256) chosen and measured with it")

@@ -212,7 +212,7 @@ def test_install_served_installs_the_scorer_with_the_adapter_it_was_chosen_with(
     new = work / "mixed-adapter" / "best"
     new.mkdir(parents=True)
     (new / "adapter.safetensors").write_bytes(b"new")
-    (new / "adapter.json").write_text(json.dumps({"model": {"name": "m", "path": "/here"}, "config": {"out_dir": "/x"}}))
+    (new / "adapter.json").write_text(json.dumps({"model": {"name": "m", "path": "/here"}, "config": {"out_dir": "/x", "init": "/w/adapter/best"}}))
     (work / "out").mkdir()
     (work / "out" / "card.scorer.json").write_text(json.dumps({"scorer": {"features": ["attention"], "train": {
         "dumps": [str(work / "dumps" / "mixed-dl21.npz")]}}}))
@@ -229,5 +229,5 @@ def test_install_served_installs_the_scorer_with_the_adapter_it_was_chosen_with(
     assert got["configuration"]["query_adapter"] == f"the adapter packaged before, sha256 {old_sha}"
     assert (installed / "adapter.safetensors").read_bytes() == b"new"
     meta = json.loads((installed / "adapter.json").read_text())
-    assert "path" not in meta["model"] and "out_dir" not in meta["config"]
+    assert "path" not in meta["model"] and "out_dir" not in meta["config"] and "/w" not in meta["config"]["init"]
     assert meta["command"] == "bash recipes/default/run.sh mixed-adapter"
