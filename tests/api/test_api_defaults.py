@@ -32,7 +32,7 @@ def test_info_names_the_default_configuration_and_its_figures(client):
     assert card["layer"] == 15 and "configuration" not in card and "fusion" not in card  # not what is served
     learned = card["learned"]  # scoring='learned', opt-in: its record, apart from what the default serves
     assert learned["served_when"] == "scoring='learned' is asked for"
-    assert learned["configuration"]["query_adapter"] == "packaged"
+    assert learned["configuration"]["query_adapter"] == CARD["configuration"]["query_adapter"]  # the one before
     figures, packaged = learned["configuration"]["test_ndcg@10"], CARD["configuration"]
     assert figures["nfcorpus-test-hybrid50"]["default"] == pytest.approx(packaged["test_ndcg@10"]["nfcorpus-test-hybrid50"]["default"])
     assert figures["dl19-bm25-100"]["first stage"] == pytest.approx(50.6)  # BM25 on DL19, whatever the card

@@ -88,15 +88,21 @@ def test_the_served_reranker_scores_what_the_dump_says(default_lm, card, dump) -
     assert np.corrcoef(served, study)[0, 1] > 0.9999
 
 
-def test_the_shipped_card_carries_the_cut_off_for_its_adapter(default_lm) -> None:
-    """The default configuration's card holds the cut-off's maps (``heedrank lab calibrate``);
-    they hold only with the query adapter they were fitted with, so without it there are none."""
-    r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
-                                                options={"scoring": "learned"}), lm=default_lm)
-    cal = r.loaded().calibration
-    assert cal is not None and set(cal.maps) == {"score", "rank", "none"} and cal.alpha == r.default_fusion
-    assert all(0.0 < m.threshold < 0.5 and m.coef[0] > 0 for m in cal.maps.values())
-    assert cal.map_for(r.default_fusion) is cal.maps["score"] and cal.map_for(None) is cal.maps["none"]
-    bare = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128,
-                                                  options={"query_adapter": None, "scoring": "learned"}), lm=default_lm)
-    assert bare.loaded().calibration is None
+def test_the_shipped_card_records_the_adapter_each_entry_was_fitted_with(default_lm) -> None:
+    """The scorer the default serves was chosen with the packaged query adapter (its
+    ``query_adapter_sha256``); the learned path's cut-off maps were fitted with the adapter
+    packaged before, so they are not applied with this one (nor without any adapter)."""
+    from pathlib import Path
+
+    from heedrank.files import file_sha256
+
+    data = Path(__file__).resolve().parents[2] / "reranker" / "data"
+    card = json.loads((data / "smollm2-135m-instruct.blockrank-cached.json").read_text())
+    packaged = file_sha256(data / "smollm2-135m-instruct.query-adapter" / "adapter.safetensors")
+    assert card["scorer"]["query_adapter_sha256"] == packaged
+    before = card["calibration"]["query_adapter_sha256"]
+    assert before != packaged and card["configuration"]["query_adapter"].endswith(before)
+    for adapter in ("auto", None):
+        r = CachedBlockRankReranker(RerankerConfig(method="blockrank-cached", max_doc_tokens=128, options={
+            "query_adapter": adapter, "scoring": "learned"}), lm=default_lm)
+        assert r.loaded().calibration is None
