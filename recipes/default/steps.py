@@ -167,6 +167,19 @@ def fused_card(args: argparse.Namespace) -> None:
     print(f"fusion weight {served['alpha']} (dev fused {served['dev']['fused']:.2f}) -> {args.out}")
 
 
+def _adapter_meta(src: Path, command: str) -> dict[str, Any]:
+    """``src/adapter.json`` for packaging: the trainer's machine paths (the model file, the output
+    and init folders) replaced by what names them in the recipe, and the step that rebuilds it."""
+    meta = _read(src / "adapter.json")
+    (meta.get("model") or {}).pop("path", None)  # a path of the machine that trained it
+    config = meta.get("config", {})
+    config.pop("out_dir", None)
+    if config.get("init"):  # a work folder's path: the recipe step that made it
+        config["init"] = "the adapter step's adapter (adapter/best of the recipe's work folder)"
+    meta["command"] = command
+    return meta
+
+
 def assemble(args: argparse.Namespace) -> None:
     """``out/<model>.blockrank-cached.json`` and ``out/<model>.query-adapter/``: the recipe's
     card (weights, fusion, calibration) and adapter, their ``command`` fields naming the
@@ -209,10 +222,7 @@ def assemble(args: argparse.Namespace) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     shutil.copyfile(src / "adapter.safetensors", tmp / "adapter.safetensors")
-    meta = _read(src / "adapter.json")
-    (meta.get("model") or {}).pop("path", None)  # a path of the machine that trained it
-    meta.get("config", {}).pop("out_dir", None)
-    meta["command"] = f"{RUN} adapter"
+    meta = _adapter_meta(src, f"{RUN} adapter")
     meta["scorer_weights"] = f"the card {model}.blockrank-cached.json installed beside it (fixed in training)"
     meta["test_ndcg@10"] = served["tests"]
     meta["dev_ndcg@10_nfcorpus_dev_hybrid50"] = {**served["dev"], "fusion_alpha": served["alpha"]}
@@ -375,13 +385,7 @@ def install_served(args: argparse.Namespace) -> None:
     entry["dumps_sha256"] = {p.stem: _sha256(p) for p in sorted((work / "dumps").glob(f"{args.tag}-*.npz"))}
     previous = _sha256(dst / "adapter.safetensors") if (dst / "adapter.safetensors").is_file() else None
     if previous != sha:
-        meta = _read(src / "adapter.json")
-        (meta.get("model") or {}).pop("path", None)  # a path of the machine that trained it
-        config = meta.get("config", {})
-        config.pop("out_dir", None)
-        if config.get("init"):  # a work folder's path: the recipe step that made it
-            config["init"] = "the adapter step's adapter (adapter/best of the recipe's work folder)"
-        meta["command"] = f"{RUN} {args.tag}-adapter" if args.tag != "qa" else f"{RUN} adapter"
+        meta = _adapter_meta(src, f"{RUN} {args.tag}-adapter" if args.tag != "qa" else f"{RUN} adapter")
         meta["scorer_weights"] = (f"the card {card_path.name} installed beside it: its independent entry fixed in "
                                   "training; its scorer entry (query_adapter_sha256) chosen and measured with it")
         dst.mkdir(parents=True, exist_ok=True)
