@@ -527,8 +527,9 @@ class RerankerInfo(BaseModel):
         "without one); null until loaded or for a method without scorers.")
     signals: list[str] | None = Field(
         None, description="The signals the default's scorer reads (heedrank.scorer: attention, dense, rank; one "
-        "logistic model per subset, so a candidate missing one is scored from the rest); null when the loaded "
-        "reranker is not served by it.")
+        "logistic model per subset, so a candidate missing one is scored from the rest; query_words: the query's "
+        "length, read by the scorer's query gate, which scales the attention's weight for queries longer than "
+        "its training sources'); null when the loaded reranker is not served by it.")
     model_ids: list[str] = Field(description="Values /rerank accepts as `model`.")
     methods: list[str] = Field(description="Rerank methods /search accepts.")
     max_doc_tokens: int

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from heedrank.errors import ValidationError
-from heedrank.signals import attention, names
+from heedrank.signals import attention, names, query
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,65 @@ class SubsetModel:
 
 
 @dataclass(frozen=True)
+class QueryGate:
+    """How far a long query's score leans on the model of fewer signals, from its length.
+
+    ``g(q) = min(1, (limit / words(q)) ** power)``: 1 for a query no longer than ``limit`` words,
+    falling as it grows past it. The scorer's models were fitted on short questions and claims
+    (``limit``: their sources' longest query). Past them the attention, which reads at most the
+    first ``max_query_tokens`` tokens of a query, and the first stage's rank (BM25 over a bag of
+    a few hundred words) earn less than the weight they earned there, while the embedder reads a
+    long query whole. So a candidate of a long query gets ``T(x) + g (s(x) - T(x))``: ``s`` its
+    score without the gate, ``T`` the target model: of the signals :attr:`toward` (``("dense",)``:
+    the embedder alone), or with ``toward`` empty the candidate's model less the attention (only
+    the attention's step is scaled). Every candidate of the list holding the target's signals
+    leans by the same ``g``. ``g`` is a number of the query alone, so a document's probability
+    stays its own in any list, and a query of at most ``limit`` words is scored to the bit as
+    without a gate.
+
+    Attributes:
+        signal: The signal of the query's length (:mod:`heedrank.signals.query`).
+        limit: Words up to which the score is the models' own.
+        power: How fast the lean grows past ``limit``.
+        toward: The target model's signals; empty: the candidate's model less the attention.
+    """
+
+    signal: str
+    limit: float
+    power: float = 1.0
+    toward: tuple[str, ...] = ()
+
+    def weights(self, lengths: np.ndarray) -> np.ndarray:
+        """``(n,)`` float64 ``g`` of ``(n,)`` query lengths (1 where a length is NaN or at most ``limit``)."""
+        lengths = np.asarray(lengths, dtype=np.float64)
+        over = np.isfinite(lengths) & (lengths > self.limit)
+        g = np.ones(lengths.shape, dtype=np.float64)
+        g[over] = (self.limit / lengths[over]) ** self.power
+        return g
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any] | None) -> QueryGate | None:
+        """Read a card's ``scorer.gate`` (``{"signal", "limit", "power", "toward"}``); ``None`` without one.
+
+        Raises:
+            ValidationError: an unregistered signal, a limit that is not a positive number or a
+                negative power.
+        """
+        if not entry:
+            return None
+        sig, limit, power = str(entry.get("signal", query.NAME)), entry.get("limit"), entry.get("power", 1.0)
+        toward = tuple(str(t) for t in entry.get("toward") or ())
+        if not {sig, *toward} <= set(names()):
+            raise ValidationError(f"the card's scorer gate reads {[sig, *toward]}, not all registered signals: refit "
+                                  "it (heedrank lab choose-gate)")
+        if (not isinstance(limit, (int, float)) or not isinstance(power, (int, float)) or limit <= 0
+                or power < 0):
+            raise ValidationError(f"the card's scorer gate needs a positive limit and a power >= 0, got {dict(entry)}: "
+                                  "refit it (heedrank lab choose-gate)")
+        return cls(sig, float(limit), float(power), toward)
+
+
+@dataclass(frozen=True)
 class Scorer:
     """The card's ``scorer`` entry, as read (:meth:`from_card`).
 
@@ -70,11 +129,13 @@ class Scorer:
         threshold: The ``"auto"`` cut-off's probability (chosen on dev by mean F1).
         stepped: The signal that enters as a step in a list read only in part (:meth:`logits`):
             the reranker's ``attention``.
+        gate: The query gate (:class:`QueryGate`), or ``None``.
     """
 
     models: tuple[SubsetModel, ...]
     threshold: float
     stepped: str = attention.NAME
+    gate: QueryGate | None = None
 
     @classmethod
     def from_card(cls, data: Mapping[str, Any]) -> Scorer | None:
@@ -100,12 +161,13 @@ class Scorer:
             models.append(SubsetModel(uses, weights, float(m["bias"])))
         if not models:
             raise ValidationError("the card's scorer entry has no models: refit it (heedrank lab choose-scorer)")
-        return cls(tuple(models), float(entry["threshold"]))
+        return cls(tuple(models), float(entry["threshold"]), gate=QueryGate.from_entry(entry.get("gate")))
 
     @property
     def features(self) -> tuple[str, ...]:
-        """The signals any model reads, in the registered order (the columns :meth:`logits` wants)."""
-        used = {u for m in self.models for u in m.uses}
+        """The signals any model or the gate reads, in the registered order (the columns
+        :meth:`logits` wants)."""
+        used = {u for m in self.models for u in m.uses} | ({self.gate.signal} if self.gate is not None else set())
         return tuple(n for n in names() if n in used)
 
     def only(self, uses: Sequence[str]) -> Scorer | None:
@@ -171,11 +233,19 @@ class Scorer:
             if model is None:
                 continue
             s = model.logits(X[rows], column)
-            if step and self.stepped in model.uses:
+            inner = self.exact([u for u in model.uses if u != self.stepped]) if self.stepped in model.uses else None
+            if step and inner is not None:
                 base = self.model_for([f for f in present if f != self.stepped])
-                inner = self.exact([u for u in model.uses if u != self.stepped])
-                if base is not None and inner is not None and base is not inner:
+                if base is not None and base is not inner:
                     s = s + (base.logits(X[rows], column) - inner.logits(X[rows], column))
+            if self.gate is not None and self.gate.signal in column:
+                g = self.gate.weights(X[rows, column[self.gate.signal]])
+                target = self.exact(self.gate.toward) if self.gate.toward else inner
+                if (g < 1).any() and target is not None and target is not model and set(target.uses) <= set(present):
+                    if self.gate.toward:  # the whole score leans on the target model
+                        s = s - (1.0 - g) * (s - target.logits(X[rows], column))
+                    else:  # the attention's step A - B, scaled by g
+                        s = s - (1.0 - g) * (model.logits(X[rows], column) - target.logits(X[rows], column))
             out[rows] = s
         return out
 

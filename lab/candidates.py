@@ -19,7 +19,9 @@ def beir_candidates(
 ) -> tuple[list[Query], dict[str, list[Document]], dict[str, list[float]], Qrels]:
     """First-stage candidates of a seeded query subset of a BEIR split.
 
-    With ``ensure_gold`` (detection), a query whose candidates hold no relevant document gets
+    A query whose id is a corpus document's never gets that document as a candidate (BEIR's
+    ``ignore_identical_ids``, as ``eval beir``: :class:`heedrank.eval.beir.IgnoreIdenticalIds`;
+    :mod:`heedrank.lab.long_queries`). With ``ensure_gold`` (detection), a query whose candidates hold no relevant document gets
     its lowest candidate replaced by a random relevant one (seeded).
     """
     from heedrank.config import PipelineConfig
@@ -33,6 +35,10 @@ def beir_candidates(
     selected, _ = select_queries(load_beir_queries(data_dir), qrels, queries, seed)
     index_dir = index_dir or ensure_index(data_dir, dense=retriever != "bm25")
     pipe = Pipeline.from_config(PipelineConfig(index_dir=str(index_dir), max_top_k=1000, max_candidates=1000))
+    if retriever in pipe.retrievers:  # a query never gets its own document (BEIR's ignore_identical_ids, as eval beir)
+        from heedrank.eval.beir import IgnoreIdenticalIds
+
+        pipe.retrievers = {**pipe.retrievers, retriever: IgnoreIdenticalIds(pipe.retrievers[retriever])}
     results = pipe.search_batch(selected, SearchOptions(top_k=candidates, retriever=retriever))
     rng = random.Random(seed)
     cands, scores = {}, {}

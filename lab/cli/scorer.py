@@ -4,6 +4,7 @@ the fit: :mod:`heedrank.lab.train.scorer_fit`), written as the ``scorer`` entry 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -64,6 +65,9 @@ def lab_choose_scorer(
     write_card: Annotated[Optional[Path], typer.Option(
         "--write-card", help="Write --card with the 'scorer' entry of the 'direction' configuration, fitted on "
                              "every source, to this NEW path.")] = None,
+    rank_only: Annotated[Optional[list[str]], typer.Option(
+        "--rank-only", help="NAME of a source that chooses the scorer's direction but not its probability (its "
+                            "qrels mark one passage a query, the rest unjudged: MS MARCO dev-600; repeatable).")] = None,
 ) -> None:
     """Choose the default's scorer by leave-one-source-out (heedrank.lab.train.source_choice): hold
     each source out, fit every configuration on the others, and print each one's held-out value and
@@ -79,10 +83,16 @@ def lab_choose_scorer(
         path, _, metric = spec.partition(":")
         dump, _, grade = path.partition("@")
         dumps.append(Path(dump))
-        sources.append(load_source(name, Path(dump), int(grade or 1), metric or "nDCG@10", data, index=index))
+        loaded = load_source(name, Path(dump), int(grade or 1), metric or "nDCG@10", data, index=index)
+        sources.append(replace(loaded, calibrates=name not in set(rank_only or [])))
+    unknown = set(rank_only or []) - {s.name for s in sources}
+    if unknown:
+        raise typer.BadParameter(f"no source named {sorted(unknown)}; sources: {[s.name for s in sources]}",
+                                 param_hint="--rank-only")
     report = choose(sources)
-    command = command_line("heedrank lab choose-scorer", [("--source", source), ("--card", card), ("--index", index),
-                                                          ("--dev", dev), ("--write-card", write_card)])
+    command = command_line("heedrank lab choose-scorer", [("--source", source), ("--rank-only", rank_only),
+                                                          ("--card", card), ("--index", index), ("--dev", dev),
+                                                          ("--write-card", write_card)])
     report["command"] = command
     if out is not None:
         out.write_text(json.dumps(report, indent=1))
@@ -135,3 +145,88 @@ def lab_compare_adapters(
     if out is not None:
         out.write_text(json.dumps(report, indent=1))
     typer.echo(format_comparison(report))
+
+
+def lab_choose_gate(
+    source: Annotated[list[str], typer.Option("--source", help="NAME=DUMP[@MIN_GRADE][:METRIC]: a source the card's "
+                                              "scorer was fitted on (repeatable; as lab choose-scorer's).")],
+    long: Annotated[str, typer.Option("--long", help="NAME=DUMP[@MIN_GRADE][:METRIC]: the long-query source "
+                                      "(heedrank lab long-queries, then lab dump).")],
+    card: Annotated[Path, typer.Option("--card", help="Weights card with the 'scorer' entry (read only).")],
+    index: Annotated[Optional[Path], typer.Option("--index", help="The index the BEIR dumps were made with.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
+    write_card: Annotated[Optional[Path], typer.Option(
+        "--write-card", help="Write --card with the chosen gate in its 'scorer' entry to this NEW path.")] = None,
+) -> None:
+    """Choose the scorer's query gate on a source of long queries (heedrank.lab.train.gate_choice):
+    the attention's step keeps its weight up to the scorer's sources' longest query and falls past
+    it; the power is chosen on the long source, paired with the embedder alone and the ungated scorer."""
+    from heedrank.lab.cli.study import write_new_card
+    from heedrank.lab.dumps import command_line, parse_named
+    from heedrank.lab.train.gate_choice import choose_gate, format_gate, gate_entry
+    from heedrank.lab.train.source_choice import load_source
+    from heedrank.reranker.cards import read_card
+    from heedrank.scorer import Scorer
+
+    data = read_card(card).data
+    scorer = Scorer.from_card(data)
+    if scorer is None:
+        raise typer.BadParameter(f"{card} has no 'scorer' entry: fit one first (heedrank lab choose-scorer)",
+                                 param_hint="--card")
+
+    def read(name: str, spec: str):
+        path, _, metric = spec.partition(":")
+        dump, _, grade = path.partition("@")
+        return load_source(name, Path(dump), int(grade or 1), metric or "nDCG@10", data, index=index)
+
+    sources = [read(n, s) for n, s in parse_named(source, "--source", "NAME=DUMP[@MIN_GRADE][:METRIC]").items()]
+    (long_name, long_spec), = parse_named([long], "--long", "NAME=DUMP[@MIN_GRADE][:METRIC]").items()
+    report = choose_gate(scorer, sources, read(long_name, long_spec))
+    command = command_line("heedrank lab choose-gate", [("--source", source), ("--long", long), ("--card", card),
+                                                        ("--index", index), ("--write-card", write_card)])
+    report["command"] = command
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1, default=str))
+    typer.echo(format_gate(report))
+    if write_card is not None:
+        entry = gate_entry(report)
+        scorer_data = {k: v for k, v in data["scorer"].items() if k != "gate"}
+        if entry is not None:
+            scorer_data["gate"] = {**entry, "command": command}
+        write_new_card(write_card, {**data, "scorer": scorer_data}, source=card)
+        typer.echo(f"scorer gate {entry and {k: entry[k] for k in ('limit', 'power')}} -> {write_card}")
+
+
+def lab_check_probability(
+    card: Annotated[list[str], typer.Option("--card", help="NAME=CARD: a weights card with a 'scorer' entry "
+                                             "(repeatable; read only).")],
+    test: Annotated[list[str], typer.Option("--test", help="NAME=DUMP[@MIN_GRADE]: a feature dump of the served "
+                                            "reranker (repeatable; MIN_GRADE 2 for TREC DL).")],
+    index: Annotated[Optional[Path], typer.Option("--index", help="The index the BEIR dumps were made with.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the report (JSON) here.")] = None,
+) -> None:
+    """Does the scorer's probability mean what it says (heedrank.lab.train.probability_check)? Per set and
+    card, as /rerank and /search serve it: the relevant share against the mean probability, the top
+    candidate's probability against how often it is relevant, and the calibration error."""
+    from heedrank.lab.dumps import parse_named
+    from heedrank.lab.train.probability_check import check, format_check
+    from heedrank.lab.train.source_choice import load_source
+    from heedrank.reranker.cards import read_card
+    from heedrank.scorer import Scorer
+
+    cards = {n: read_card(Path(p)).data for n, p in parse_named(card, "--card", "NAME=CARD").items()}
+    scorers = {}
+    for name, data in cards.items():
+        scorer = Scorer.from_card(data)
+        if scorer is None:
+            raise typer.BadParameter(f"card {name!r} has no 'scorer' entry", param_hint="--card")
+        scorers[name] = scorer
+    first = next(iter(cards.values()))
+    sources = []
+    for name, spec in parse_named(test, "--test", "NAME=DUMP[@MIN_GRADE]").items():
+        dump, _, grade = spec.partition("@")
+        sources.append(load_source(name, Path(dump), int(grade or 1), "nDCG@10", first, index=index))
+    report = check(scorers, sources)
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1))
+    typer.echo(format_check(report))

@@ -169,3 +169,18 @@ def write_new_card(path: Path, card: Mapping[str, Any], *, source: Path) -> None
                                  "and replace the packaged card by a commit", param_hint="--write-card")
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(target, (json.dumps(card, indent=1) + "\n").encode())
+
+
+def lab_long_queries(
+    out: Annotated[Path, typer.Option("--out", help="BEIR folder to write (queries.jsonl, qrels/train.tsv).")],
+    data: Annotated[Path, typer.Option("--data", help="The NFCorpus BEIR folder.")] = Path("../shared/data/beir-nfcorpus"),
+    queries: Annotated[int, typer.Option("--queries", help="How many queries to draw.")] = 200,
+    seed: SeedOpt = 0,
+) -> None:
+    """A source of long queries from NFCorpus train (heedrank.lab.long_queries): one relevant document of
+    a narrow train topic is the query, the topic's other relevant documents its relevant ones. Dump it
+    with `heedrank lab dump --data OUT --split train --index INDEX` (the query's own document is never
+    a candidate)."""
+    from heedrank.lab.long_queries import document_queries
+
+    typer.echo(json.dumps(document_queries(data, out, queries=queries, seed=seed)))

@@ -72,7 +72,23 @@ def index_for(meta: Mapping[str, Any], index: Path | None) -> Path | None:
     if not params.is_file():  # not a built index (a test's stand-in): taken at its word
         return index
     corpus = json.loads(params.read_text(encoding="utf-8")).get("corpus", {}).get("path")
-    return index if corpus and Path(corpus).resolve() == Path(meta["data"]).resolve() else None
+    if not corpus:
+        return None
+    if Path(corpus).resolve() == Path(meta["data"]).resolve():
+        return index
+    return index if _corpus_file(corpus) is not None and _corpus_file(corpus) == _corpus_file(meta["data"]) else None
+
+
+def _corpus_file(path: str | Path) -> Path | None:
+    """The resolved corpus file of a BEIR folder or file (a link followed: the long-query source links
+    NFCorpus's), or ``None``."""
+    from heedrank.data import find_beir_corpus
+    from heedrank.errors import NotFoundError
+
+    try:
+        return find_beir_corpus(path).resolve()
+    except (NotFoundError, OSError):
+        return None
 
 
 def query_texts(meta: Mapping[str, Any]) -> dict[str, str]:

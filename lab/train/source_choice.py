@@ -47,6 +47,8 @@ from heedrank.lab.train.scorer_fit import dense_cosines, fit_logistic, held_out,
 from heedrank.scorer import Scorer, SubsetModel
 from heedrank.signals.attention import NAME as ATTENTION
 from heedrank.signals.dense import NAME as DENSE
+from heedrank.signals.query import NAME as QUERY_WORDS
+from heedrank.signals.query import words as count_words
 from heedrank.signals.rank import NAME as RANK
 
 logger = logging.getLogger(__name__)
@@ -71,13 +73,17 @@ class Source:
     Attributes:
         name: Its name in the report (``nf``, ``dl21``, ...).
         items: The dump's queries.
-        values: Per query, ``{signal: (N,) float64}`` (:func:`heedrank.lab.train.scorer_fit.signals`).
+        values: Per query, ``{signal: (N,) float64}`` (:func:`heedrank.lab.train.scorer_fit.signals`,
+            and ``query_words``: the query's length on every row, read by a scorer's gate).
         heads: Per query, float64 ``(N, L * H * len(HEAD_GROUPS))`` per-head features.
         qrels: The dump's qrels.
         grade: The lowest relevant grade.
         metric: ``"nDCG@10"`` or ``"RR@10"``.
         query_words: Per query, its length in words (whitespace-separated).
         meta: The dump's record of how it was made (its ``data``, ``run``, ...).
+        calibrates: Its labels enter the probability's Platt map (:func:`fit_direction`); ``False``
+            for a source whose qrels mark one passage a query and leave the others unjudged
+            (MS MARCO dev-600): it chooses the direction but would make every probability low.
     """
 
     name: str
@@ -89,6 +95,7 @@ class Source:
     metric: str
     query_words: tuple[int, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
+    calibrates: bool = True
 
     def labels(self) -> np.ndarray:
         """``(n,)`` 0/1 relevance of every candidate, queries in order."""
@@ -123,10 +130,11 @@ def load_source(name: str, dump: Path, grade: int, metric: str, card: Mapping[st
     iw = IndependentWeights.from_card(card)
     meta, items = load_items(dump)
     dense = dense_cosines(dump, index=index_for(meta, index))
-    values = [signals(it, dense[it.query_id], iw) for it in items]
-    heads = [features(it, HEAD_GROUPS) for it in items]
     text = query_texts(meta)
-    words = tuple(len(text[it.query_id].split()) for it in items)
+    words = tuple(count_words(text[it.query_id]) for it in items)
+    values = [{**signals(it, dense[it.query_id], iw), QUERY_WORDS: np.full(len(it.doc_ids), float(w))}
+              for it, w in zip(items, words)]
+    heads = [features(it, HEAD_GROUPS) for it in items]
     return Source(name, items, values, heads, meta["qrels"], grade, metric, words, meta)
 
 
@@ -276,8 +284,8 @@ def fit_direction(sources: Sequence[Source], values: Sequence[Sequence[dict[str,
     Its direction is a point of :func:`simplex` over the signals standardised by their pooled
     deviation (each source weighing the same), signed by :data:`SIGNS`; the chosen one has the
     highest worst margin over the sources' best single signals (:func:`best_single`; ties: the
-    highest mean margin). A Platt map of the chosen score on the sources' candidates (each source
-    weighing the same) makes it log-odds: ``bias + w . x``.
+    highest mean margin). A Platt map of the chosen score on the candidates of the sources that
+    calibrate (:attr:`Source.calibrates`; each weighing the same) makes it log-odds: ``bias + w . x``.
 
     Returns:
         The model, and ``{"shares": {signal: share}, "margins": {source: margin}}``.
@@ -302,8 +310,11 @@ def fit_direction(sources: Sequence[Source], values: Sequence[Sequence[dict[str,
             chosen = (key, w, margins)
     assert chosen is not None
     _, w, margins = chosen
-    platt = LogisticRegression(C=1e6, max_iter=5000).fit((X[have] @ w)[:, None], y[have],
-                                                         sample_weight=source_weights(k[have]))
+    calibrating = [i for i, s in enumerate(sources) if s.calibrates] or list(range(len(sources)))
+    fit_rows = have & np.isin(k, calibrating)
+    platt = LogisticRegression(C=1e6, max_iter=5000).fit((X[fit_rows] @ w)[:, None], y[fit_rows],
+                                                         sample_weight=source_weights(np.unique(k[fit_rows],
+                                                                                               return_inverse=True)[1]))
     a, b = float(platt.coef_[0][0]), float(platt.intercept_[0])
     share = {u: round(float(abs(x) * d), 4) for u, x, d in zip(uses, w, sd)}
     return SubsetModel(tuple(uses), tuple(float(a * x) for x in w), b), {"shares": share, "margins": margins}
@@ -407,7 +418,8 @@ def scorer_entry(sources: Sequence[Source], dumps: Sequence[Path], dev: Source |
         "models": [{"uses": list(m.uses), "weights": list(m.weights), "bias": m.bias, **info} for m, info in fitted],
         "threshold": threshold,
         "train": {"dumps": [str(p) for p in dumps], "split": [], "min_grade": [s.grade for s in sources],
-                  "sources": {s.name: {"queries": len(s.items), "metric": s.metric} for s in sources}},
+                  "sources": {s.name: {"queries": len(s.items), "metric": s.metric, "calibrates": s.calibrates}
+                              for s in sources}},
         "choice": {"chosen": report["chosen"], "sources": report["sources"],
                    "configs": {n: {k: r[k] for k in ("values", "margins", "worst", "mean")}
                                for n, r in report["configs"].items()}},

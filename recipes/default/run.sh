@@ -27,8 +27,9 @@
 #   RECIPE_WEB_OBJECTIVE  the web adapter's objective (web-adapter, web-choice): independent (default) or learned
 #   RECIPE_WEB_STEPS  its optimizer steps (default 200)
 #   RECIPE_MIXED_STEPS  the mixed adapter's optimizer steps (mixed-adapter; default 500)
-#   RECIPE_SERVED the adapter the scorer is chosen, measured and installed with (scorer, scorer-eval,
-#                 install-served): qa (the adapter step's, default) or mixed (the mixed-adapter step's)
+#   RECIPE_SERVED the adapter the scorer is chosen, measured, assembled and installed with (scorer,
+#                 scorer-eval, assemble, install-served): mixed (the mixed-adapter step's, default, the
+#                 packaged one) or qa (the adapter step's)
 #   RECIPE_CHOICE_TAGS  the adapters web-choice compares (default "qa web-<objective> mixed")
 #   RECIPE_CALIBRATION_QUERIES  NFCorpus train queries for the cut-off maps (default: every one
 #                 the adapter was not trained on, 2,190)
@@ -54,13 +55,14 @@ train_ids() {  # the fit's and adapter's NFCorpus train queries, never calibrate
     if [ ! -f "$W/dumps/nf-train-hybrid50.npz" ] && [ -f "$W/train-queries.txt" ]; then echo "$W/train-queries.txt"
     else echo "$W/dumps/nf-train-hybrid50.npz"; fi
 }
-SERVED=${RECIPE_SERVED:-qa}   # the adapter the default serves with (scorer, scorer-eval, install-served): qa or mixed
+SERVED=${RECIPE_SERVED:-mixed}   # the adapter the default serves with (scorer, scorer-eval, assemble, install-served)
 WEB_OBJ=${RECIPE_WEB_OBJECTIVE:-independent}   # the web adapter's training objective (web-adapter, web-choice)
 adapter_of() {  # adapter_of TAG: the adapter a dump tag reads (qa: the NFCorpus one; web-OBJECTIVE: the web one; mixed)
     case $1 in qa) echo "$W/adapter/best" ;; mixed) echo "$W/mixed-adapter/best" ;; *) echo "$W/web-adapter-${1#web-}/best" ;; esac
 }
 echo "[recipe] model $M ($MODEL_NAME: $MODEL_LAYERS layers x $MODEL_HEADS heads), l* $LAYER, device $DEV, work $W"
-STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent scorer scorer-eval assemble)
+STEPS=(index dumps fit adapter eval-dumps fusion calibration-dumps calibrate independent mixed-adapter scorer scorer-eval
+       assemble)
 
 dump() {  # dump NAME ARGS...: one feature dump, resumed if it was stopped
     local name=$1; shift
@@ -123,7 +125,7 @@ step_web_adapter() {  # not in the default order yet: the query adapter trained 
     done
 }
 
-step_mixed_adapter() {  # not in the default order yet: the query adapter trained through the served list-independent
+step_mixed_adapter() {  # the packaged query adapter, trained through the served list-independent
                         # log-odds on three kinds of list at once, from the NFCorpus adapter: the adapter step's 400
                         # NFCorpus train queries (hybrid top 50), SciFact train claims (400 seeded, less the 100 of the
                         # scorer's SciFact source) and dev-600's train fold less its 150 scorer and 50 dev queries; DL21
@@ -233,7 +235,8 @@ step_scorer() {  # the default's scorer over attention, dense and rank (one mode
                  # (RECIPE_SERVED), chosen by leave-one-source-out over four sources, each weighing the same: 150 of the
                  # independent step's NFCorpus train queries (hybrid top 50), TREC DL 2021 (BM25 top 30), 100 SciFact
                  # train claims (BM25 top 30) and MS MARCO dev-600's train fold (BM25 top 20; with the mixed adapter,
-                 # trained on part of it, its 150 scorer queries); the cut-off on 150 seeded NFCorpus dev queries
+                 # trained on part of it, its 150 scorer queries; its one-positive qrels choose the direction, not
+                 # the probability: --rank-only); the cut-off on 150 seeded NFCorpus dev queries
                  # (heedrank lab choose-scorer: dumps and the index, no LM). Each dump resumes where it stopped.
     local card=$W/out/card.independent.json t=$SERVED ad=(--adapter "$(adapter_of "$SERVED")") web
     [ -f "$card" ] || card=$W/out/card.fit.json   # a seeded folder: the installed card's independent entry
@@ -255,11 +258,21 @@ step_scorer() {  # the default's scorer over attention, dense and rank (one mode
     fi
     dump "$t-nf-dev150-hybrid50" --data "$NF" --split dev --retriever hybrid --candidates 50 --max-queries 150 \
         --index "$IDX" "${ad[@]}"
-    rm -f "$W/out/card.scorer.json"
+    rm -f "$W/out/card.chosen.json" "$W/out/card.scorer.json"
     "$HR" lab choose-scorer --source "nf=$W/dumps/$t-nf-train-scorer150-hybrid50.npz" \
         --source "dl21=$W/dumps/$t-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/$t-scifact-train-bm25-30.npz" \
-        --source "dev600=$W/dumps/$web.npz:RR@10" --dev "$W/dumps/$t-nf-dev150-hybrid50.npz" \
-        --card "$card" --index "$IDX" --write-card "$W/out/card.scorer.json" --out "$W/reports/scorer.json"
+        --source "dev600=$W/dumps/$web.npz:RR@10" --rank-only dev600 --dev "$W/dumps/$t-nf-dev150-hybrid50.npz" \
+        --card "$card" --index "$IDX" --write-card "$W/out/card.chosen.json" --out "$W/reports/scorer.json"
+    # the query gate: how the attention's weight falls past the four sources' longest query, chosen on 200 NFCorpus
+    # train documents used as queries (lab long-queries: median 223 words; lab choose-gate)
+    [ -f "$W/long-nf-docs/queries.jsonl" ] || "$HR" lab long-queries --data "$NF" --out "$W/long-nf-docs" --queries 200
+    dump "$t-long-nfdocs-bm25-30" --data "$W/long-nf-docs" --split train --retriever bm25 --candidates 30 --index "$IDX" \
+        "${ad[@]}"
+    "$HR" lab choose-gate --source "nf=$W/dumps/$t-nf-train-scorer150-hybrid50.npz" \
+        --source "dl21=$W/dumps/$t-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/$t-scifact-train-bm25-30.npz" \
+        --source "dev600=$W/dumps/$web.npz:RR@10" --long "long=$W/dumps/$t-long-nfdocs-bm25-30.npz" \
+        --card "$W/out/card.chosen.json" --index "$IDX" --write-card "$W/out/card.scorer.json" \
+        --out "$W/reports/gate.json" | tee "$W/reports/gate.md"
 }
 
 step_scorer_eval() {  # the served default through the product (eval beir / trec-dl) beside the embedder alone
@@ -288,8 +301,9 @@ step_seed() {  # not in the default order: re-measure the installed card and ada
     "$PY" recipes/default/steps.py seed --work "$W" --model "$M" --data "$NF"
 }
 
-step_assemble() {  # the packaged artefacts, their fields naming only files of the repository
-    "$PY" recipes/default/steps.py assemble --work "$W" --model "$M"
+step_assemble() {  # the packaged artefacts (the card, and the adapter the scorer was chosen with: RECIPE_SERVED), their
+                   # fields naming only files of the repository
+    "$PY" recipes/default/steps.py assemble --work "$W" --model "$M" --adapter "$(adapter_of "$SERVED")" --tag "$SERVED"
 }
 
 step_install_served() {  # the scorer step's scorer and the adapter it was chosen with (RECIPE_SERVED) into the installed

@@ -182,13 +182,23 @@ def _adapter_meta(src: Path, command: str) -> dict[str, Any]:
 
 def assemble(args: argparse.Namespace) -> None:
     """``out/<model>.blockrank-cached.json`` and ``out/<model>.query-adapter/``: the recipe's
-    card (weights, fusion, calibration) and adapter, their ``command`` fields naming the
-    recipe's steps and their inputs recorded by sha256 (the dumps live in the work folder)."""
+    card (weights, fusion, calibration) and the adapter its scorer was chosen with (``--adapter``,
+    tag ``--tag``: the mixed adapter by default; the adapter step's without one), their ``command``
+    fields naming the recipe's steps and their inputs recorded by sha256 (the dumps live in the
+    work folder). The ``scoring='learned'`` record (``configuration``, ``fusion``, ``calibration``)
+    is measured with the adapter step's adapter: with another one packaged, ``configuration``
+    names that adapter by sha256 and the learned path serves without its cut-off maps
+    (:func:`heedrank.reranker.cached.state._calibration`)."""
     work, model = Path(args.work), model_name(args.model)
+    tag = getattr(args, "tag", "qa") or "qa"
+    src = Path(args.adapter) if getattr(args, "adapter", None) else work / "adapter" / "best"
+    learned_adapter = work / "adapter" / "best"
     latest = [work / "out" / f"card.{c}.json" for c in ("scorer", "independent", "calibrated")]
     card = _read(next(p for p in latest if p.exists()))
     if "scorer" in card:
         _scorer_provenance(card["scorer"])
+        card["scorer"]["query_adapter_sha256"] = _sha256(src / "adapter.safetensors")
+        card["scorer"]["dumps_sha256"] = {p.stem: _sha256(p) for p in sorted((work / "dumps").glob(f"{tag}-*.npz"))}
     if "independent" in card:
         card["independent"]["command"] = f"{RUN} independent"
         card["independent"]["train"]["dumps"] = [Path(d).stem for d in card["independent"]["train"]["dumps"]]
@@ -202,8 +212,11 @@ def assemble(args: argparse.Namespace) -> None:
     card["dev_ndcg@10"] = {"first stage": served["dev"]["first stage"], "learned": served["dev"]["pure"]}
     card["test_ndcg@10"] = {t: {"first stage": r["first stage"], "learned": r["pure"], "p": r["pure_p"]}
                             for t, r in served["tests"].items()}
+    same = src.resolve() == learned_adapter.resolve()
     card["configuration"] = {
-        "name": "default", "method": "blockrank-cached", "scoring": "learned", "query_adapter": "packaged",
+        "name": "default", "method": "blockrank-cached", "scoring": "learned",
+        "query_adapter": "packaged" if same else
+        f"the adapter step's adapter, sha256 {_sha256(learned_adapter / 'adapter.safetensors')}",
         "fusion": served["alpha"],
         "dev_ndcg@10": {"first stage": round(served["dev"]["first stage"], 1), "default": round(served["dev"]["fused"], 1)},
         "test_ndcg@10": {t: {"first stage": round(r["first stage"], 1), "default": round(r["fused"], 1),
@@ -217,20 +230,24 @@ def assemble(args: argparse.Namespace) -> None:
                       "model": model, "dumps_sha256": dumps}
     out_card = work / "out" / f"{model}.blockrank-cached.json"
     _write(out_card, card)
-    src, dst = work / "adapter" / "best", work / "out" / f"{model}.query-adapter"
+    dst = work / "out" / f"{model}.query-adapter"
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     shutil.copyfile(src / "adapter.safetensors", tmp / "adapter.safetensors")
-    meta = _adapter_meta(src, f"{RUN} adapter")
-    meta["scorer_weights"] = f"the card {model}.blockrank-cached.json installed beside it (fixed in training)"
-    meta["test_ndcg@10"] = served["tests"]
-    meta["dev_ndcg@10_nfcorpus_dev_hybrid50"] = {**served["dev"], "fusion_alpha": served["alpha"]}
+    meta = _adapter_meta(src, f"{RUN} adapter" if same else f"{RUN} {tag}-adapter")
+    if same:
+        meta["scorer_weights"] = f"the card {model}.blockrank-cached.json installed beside it (fixed in training)"
+        meta["test_ndcg@10"] = served["tests"]
+        meta["dev_ndcg@10_nfcorpus_dev_hybrid50"] = {**served["dev"], "fusion_alpha": served["alpha"]}
+    else:
+        meta["scorer_weights"] = (f"the card {model}.blockrank-cached.json installed beside it: its independent entry "
+                                  "fixed in training; its scorer entry (query_adapter_sha256) chosen and measured with it")
     _write(tmp / "adapter.json", meta)
     from heedrank.files import replace_dir
 
     replace_dir(tmp, dst)
-    if calibration.get("query_adapter_sha256") not in (None, _sha256(dst / "adapter.safetensors")):
+    if same and calibration.get("query_adapter_sha256") not in (None, _sha256(dst / "adapter.safetensors")):
         sys.exit("the calibration was fitted with another adapter than out/'s: rerun the calibrate step")
     print(f"assembled {out_card} and {dst}")
 
@@ -481,6 +498,10 @@ def main(argv: list[str] | None = None) -> None:
         if name == "install-served":
             p.add_argument("--adapter", required=True, help="the adapter folder the scorer was chosen with")
             p.add_argument("--tag", required=True, help="its dumps' tag (qa, mixed)")
+        if name == "assemble":
+            p.add_argument("--adapter", help="the adapter folder the scorer was chosen with (default: the adapter "
+                                             "step's, WORK/adapter/best)")
+            p.add_argument("--tag", default="qa", help="its dumps' tag (qa, mixed)")
     args = parser.parse_args(argv)
     {"model": model_cmd, "calibration-ids": calibration_ids, "web-folds": web_folds, "fused-card": fused_card, "assemble": assemble,
      "install-independent": install_independent, "install-scorer": install_scorer, "install-served": install_served,

@@ -18,7 +18,7 @@ from heedrank.cli import app
 
 PRODUCT = {"index build", "index info", "index compact", "index stats", "index kv build", "serve", "rerank-batch",
            "eval beir", "eval trec-dl", "eval compare"}
-LAB = {"lab dump", "lab fit", "lab calibrate", "lab fit-independent", "lab fit-scorer", "lab choose-scorer", "lab compare-adapters", "lab layer-sweep", "lab ablation", "lab order-prior", "lab ensemble", "lab heads dump", "lab heads detect",
+LAB = {"lab dump", "lab fit", "lab calibrate", "lab fit-independent", "lab fit-scorer", "lab choose-scorer", "lab compare-adapters", "lab choose-gate", "lab check-probability", "lab long-queries", "lab layer-sweep", "lab ablation", "lab order-prior", "lab ensemble", "lab heads dump", "lab heads detect",
        "lab heads fit", "lab train blockrank", "lab train query-adapter"}
 
 

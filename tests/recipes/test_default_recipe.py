@@ -97,6 +97,39 @@ def test_assemble_refuses_a_calibration_of_another_adapter(tmp_path) -> None:
         steps.main(["assemble", "--work", str(work), "--model", "m"])
 
 
+def test_assemble_packages_the_adapter_the_scorer_was_chosen_with(tmp_path) -> None:
+    """`assemble --adapter mixed-adapter/best --tag mixed`: that adapter is packaged and the scorer entry
+    names it; the learned path's record, measured with the adapter step's, names that one by sha256
+    (its calibration then serves no cut-off maps, and assemble does not refuse it)."""
+    from heedrank.files import file_sha256
+
+    steps = _steps()
+    work = tmp_path / "w"
+    for d in ("out", "reports", "dumps", "adapter/best", "mixed-adapter/best"):
+        (work / d).mkdir(parents=True)
+    (work / "reports" / "fusion.json").write_text(json.dumps(_fusion_report()))
+    for name, data in (("adapter", b"qa"), ("mixed-adapter", b"mixed")):
+        (work / name / "best" / "adapter.safetensors").write_bytes(data)
+        (work / name / "best" / "adapter.json").write_text(json.dumps({"config": {"init": "/abs/adapter/best"}}))
+    (work / "dumps" / "mixed-dl21-bm25-30.npz").write_bytes(b"d")
+    (work / "dumps" / "qa-dl21-bm25-30.npz").write_bytes(b"q")
+    scorer = {"models": [], "threshold": 0.1, "command": "x", "train": {"dumps": ["/abs/w/dumps/mixed-dl21-bm25-30.npz"]}}
+    (work / "out" / "card.scorer.json").write_text(json.dumps(
+        {"weights": [1.0], "scorer": scorer,
+         "calibration": {"query_adapter_sha256": file_sha256(work / "adapter" / "best" / "adapter.safetensors")}}))
+    steps.main(["assemble", "--work", str(work), "--model", "m", "--adapter", str(work / "mixed-adapter" / "best"),
+                "--tag", "mixed"])
+    card = json.loads((work / "out" / "m.blockrank-cached.json").read_text())
+    packaged = work / "out" / "m.query-adapter"
+    assert (packaged / "adapter.safetensors").read_bytes() == b"mixed"
+    assert card["scorer"]["query_adapter_sha256"] == file_sha256(packaged / "adapter.safetensors")
+    assert list(card["scorer"]["dumps_sha256"]) == ["mixed-dl21-bm25-30"]
+    assert card["configuration"]["query_adapter"] == (
+        f"the adapter step's adapter, sha256 {file_sha256(work / 'adapter' / 'best' / 'adapter.safetensors')}")
+    meta = json.loads((packaged / "adapter.json").read_text())
+    assert meta["command"] == "bash recipes/default/run.sh mixed-adapter" and "/abs" not in json.dumps(meta)
+
+
 def _recipe_dumps() -> Path | None:
     """The recipe's dumps folder when it holds every dump the packaged card names, unchanged."""
     work = Path(os.environ.get("RECIPE_WORK", ROOT / "runs" / "recipe" / "default-smollm2-135m-instruct"))

@@ -111,3 +111,29 @@ def test_the_direction_is_the_simplex_point_of_the_highest_worst_margin() -> Non
     entry = scorer_entry(sources, [Path("a.npz"), Path("web.npz")], None, choose(sources, [Config("direction", 0.0)]))
     assert [m["uses"] for m in entry["models"]][0] == list(SIGNALS) and len(entry["models"]) == 6
     assert Scorer.from_card({"scorer": entry}) is not None and entry["train"]["dumps"] == ["a.npz", "web.npz"]
+
+
+def test_a_rank_only_source_chooses_the_direction_but_not_the_probability() -> None:
+    from dataclasses import replace
+
+    from heedrank.lab.train.source_choice import SIGNALS, fit_direction
+
+    a, b = _source("a", 1, 2.0), _source("b", 2, 2.0)
+    sparse = _source("sparse", 3, 2.0)
+    # one positive a query, the rest unjudged: its labels say far fewer documents are relevant
+    sparse = replace(sparse, items=[replace(it, labels=np.where(np.arange(len(it.labels)) == int(np.argmax(it.labels)),
+                                                                  it.labels, 0)) for it in sparse.items])
+    every, info = fit_direction([a, b, sparse], [s.values for s in (a, b, sparse)], SIGNALS)
+    ranked, info_ranked = fit_direction([a, b, replace(sparse, calibrates=False)], [s.values for s in (a, b, sparse)],
+                                        SIGNALS)
+    assert info["shares"] == info_ranked["shares"] and info["margins"] == info_ranked["margins"]  # the same direction
+    ratio = np.asarray(ranked.weights) / np.asarray(every.weights)
+    assert np.allclose(ratio, ratio[0])  # one score, mapped again
+
+    def mean_p(model) -> float:  # type: ignore[no-untyped-def]
+        X = np.concatenate([np.stack([v[u] for u in SIGNALS], axis=1) for s in (a, b) for v in s.values])
+        return float(np.mean(1 / (1 + np.exp(-(X @ np.asarray(model.weights) + model.bias)))))
+
+    base = float(np.mean(np.concatenate([a.labels(), b.labels()])))
+    # the sparse labels no longer pull every probability down: a and b's mean probability is their base rate
+    assert mean_p(every) < base - 0.02 and mean_p(ranked) == pytest.approx(base, abs=0.01)
