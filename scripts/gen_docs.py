@@ -202,6 +202,7 @@ WHAT_SHIPS = (
     ("block budget (LM tokens per document)", "max_doc_tokens"),
     ("cached layout", "template"),
     ("the default's signals (a model per subset: heedrank.scorer)", "scorer.features"),
+    ("a query longer than this (words) leans on the embedder alone", "scorer.gate.limit"),
     ("NFCorpus test, hybrid top 50", "scorer.test_ndcg@10.nf-test-hybrid50"),
     ("NFCorpus test, BM25 top 20", "scorer.test_ndcg@10.nf-test-bm25-20"),
     ("TREC DL 2019, BM25 top 100", "scorer.test_ndcg@10.dl19-bm25-100"),

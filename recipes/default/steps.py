@@ -361,6 +361,8 @@ def _scorer_provenance(entry: dict[str, Any]) -> None:
     entry["command"] = f"{RUN} scorer"
     entry["train"]["dumps"] = [Path(d).stem for d in entry["train"]["dumps"]]
     entry["train"]["split"] = [Path(d).stem for d in entry["train"].get("split", [])]
+    if isinstance(entry.get("gate"), dict):  # the query gate: chosen by the same step (lab choose-gate)
+        entry["gate"]["command"] = f"{RUN} scorer"
 
 
 def install_scorer(args: argparse.Namespace) -> None:
