@@ -105,3 +105,61 @@ def _corpus(path: Path) -> dict[str, str]:
                 row = json.loads(line)
                 out[str(row["_id"])] = " ".join(x for x in (row.get("title", ""), row.get("text", "")) if x).strip()
     return out
+
+
+PASSAGE_RUNS = ("BM25", "BM25_RM3", "SPLADE_P_P_ENSEMBLE_DISTIL")
+"""The TREC DL 2021 runs whose passages make the pool of :func:`passage_queries`."""
+
+
+def passage_queries(data: Path, out: Path, *, per_topic: int = 2, seed: int = 0,
+                    runs: tuple[str, ...] = PASSAGE_RUNS) -> dict[str, Any]:
+    """Write a second long-query source, of web passages, as a BEIR folder ``out``: a check of the
+    gate on a source it was not chosen on.
+
+    From each judged TREC DL topic of ``data`` (``../shared/data/msmarco-trec-dl-2021-passage``),
+    up to ``per_topic`` passages judged 3 (perfectly relevant) are drawn (seeded) and become
+    queries (query id = the passage id); the topic's other passages judged 2 or 3 are their
+    relevant ones (their grades kept). The corpus is the pool of every passage of ``runs``
+    (``corpus.jsonl``), so a first stage searches it (``heedrank lab dump --data OUT --split train
+    --retriever bm25`` builds its index); the query's own passage is never a candidate.
+
+    Returns:
+        ``source.json``'s record.
+    """
+    from heedrank.eval.sets import load_candidate_set
+
+    pool: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    for run in runs:
+        cs = load_candidate_set(data, run)
+        qrels = {q: dict(j) for q, j in cs.qrels.items()}
+        pool.update({d: doc.text for d, doc in cs.docs.items()})
+    rng = random.Random(seed)
+    rows: list[tuple[str, str, dict[str, int]]] = []
+    for topic in sorted(qrels):
+        best = sorted(d for d, g in qrels[topic].items() if g >= 3 and d in pool)
+        for pick in rng.sample(best, min(per_topic, len(best))):
+            rel = {d: g for d, g in qrels[topic].items() if g >= 2 and d != pick}
+            if rel:
+                rows.append((pick, pool[pick], rel))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qrels").mkdir(exist_ok=True)
+    with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
+        for d in sorted(pool):
+            f.write(json.dumps({"_id": d, "title": "", "text": pool[d]}) + "\n")
+    with (out / "queries.jsonl").open("w", encoding="utf-8") as f:
+        for qid, text, _ in rows:
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    with (out / "qrels" / f"{SPLIT}.tsv").open("w", encoding="utf-8") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for qid, _, rel in rows:
+            f.writelines(f"{qid}\t{d}\t{g}\n" for d, g in sorted(rel.items()))
+    words = sorted(len(text.split()) for _, text, _ in rows)
+    lengths = ({"median": words[len(words) // 2], "p10": words[len(words) // 10], "p90": words[len(words) * 9 // 10]}
+               if words else {})
+    record = {"data": str(data), "queries": len(rows), "seed": seed, "per_topic": per_topic, "runs": list(runs),
+              "pool": len(pool), "split": SPLIT, "words": lengths}
+    (out / "source.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    logger.info("passage-query source: %d queries over %d passages, median %s words -> %s", len(rows), len(pool),
+                lengths.get("median"), out)
+    return record

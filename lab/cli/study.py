@@ -174,13 +174,23 @@ def write_new_card(path: Path, card: Mapping[str, Any], *, source: Path) -> None
 def lab_long_queries(
     out: Annotated[Path, typer.Option("--out", help="BEIR folder to write (queries.jsonl, qrels/train.tsv).")],
     data: Annotated[Path, typer.Option("--data", help="The NFCorpus BEIR folder.")] = Path("../shared/data/beir-nfcorpus"),
-    queries: Annotated[int, typer.Option("--queries", help="How many queries to draw.")] = 200,
+    queries: Annotated[int, typer.Option("--queries", help="How many queries to draw (documents).")] = 200,
     seed: SeedOpt = 0,
+    kind: Annotated[str, typer.Option("--kind", help="documents: NFCorpus train documents (--data the NFCorpus "
+                                      "folder); passages: TREC DL passages judged 3 (--data a TREC DL year's folder, "
+                                      "--per-topic of each topic).")] = "documents",
+    per_topic: Annotated[int, typer.Option("--per-topic", help="Passages drawn per topic (passages).")] = 3,
 ) -> None:
-    """A source of long queries from NFCorpus train (heedrank.lab.long_queries): one relevant document of
-    a narrow train topic is the query, the topic's other relevant documents its relevant ones. Dump it
-    with `heedrank lab dump --data OUT --split train --index INDEX` (the query's own document is never
-    a candidate)."""
-    from heedrank.lab.long_queries import document_queries
+    """A source of long queries (heedrank.lab.long_queries). documents: one relevant document of a narrow
+    NFCorpus train topic is the query, the topic's other relevant documents its relevant ones; dump it with
+    `heedrank lab dump --data OUT --split train --index INDEX`. passages: a TREC DL passage judged 3 is the
+    query, its topic's other passages judged 2-3 its relevant ones, over the pool of the year's runs; dump
+    it with `heedrank lab dump --data OUT --split train --retriever bm25 --store STORE`. The query's own
+    document is never a candidate."""
+    from heedrank.lab.long_queries import document_queries, passage_queries
 
-    typer.echo(json.dumps(document_queries(data, out, queries=queries, seed=seed)))
+    if kind not in ("documents", "passages"):
+        raise typer.BadParameter(f"--kind documents or passages, not {kind!r}", param_hint="--kind")
+    record = (document_queries(data, out, queries=queries, seed=seed) if kind == "documents"
+              else passage_queries(data, out, per_topic=per_topic, seed=seed))
+    typer.echo(json.dumps(record))

@@ -275,6 +275,21 @@ step_scorer() {  # the default's scorer over attention, dense and rank (one mode
         --out "$W/reports/gate.json" | tee "$W/reports/gate.md"
 }
 
+step_gate_check() {  # not in the default order: the query gate read on a second long-query source it was not chosen on:
+                    # TREC DL 2021 passages judged 3 as queries (lab long-queries --kind passages; median 48 words),
+                    # BM25 top 30 over the pool of the year's runs; reports/gate-check.md
+    local t=$SERVED ad=(--adapter "$(adapter_of "$SERVED")")
+    [ -f "$W/long-dl21-passages/queries.jsonl" ] || "$HR" lab long-queries --kind passages \
+        --data "$D/msmarco-trec-dl-2021-passage" --out "$W/long-dl21-passages"
+    dump "$t-long-dl21passages-bm25-30" --data "$W/long-dl21-passages" --split train --retriever bm25 --candidates 30 \
+        --store "$W/kv/dl21" "${ad[@]}"
+    "$HR" lab choose-gate --source "nf=$W/dumps/$t-nf-train-scorer150-hybrid50.npz" \
+        --source "dl21=$W/dumps/$t-dl21-bm25-30.npz@2" --source "scifact=$W/dumps/$t-scifact-train-bm25-30.npz" \
+        --source "dev600=$W/dumps/$t-dev600-scorer-bm25-20.npz:RR@10" \
+        --long "passages=$W/dumps/$t-long-dl21passages-bm25-30.npz@2" --card "$W/out/card.chosen.json" --index "$IDX" \
+        --out "$W/reports/gate-check.json" | tee "$W/reports/gate-check.md"
+}
+
 step_scorer_eval() {  # the served default through the product (eval beir / trec-dl) beside the embedder alone
                       # (--rerank dense) and the first stage alone, every test query (NFCorpus test, DL19, dev-600's
                       # test fold, NovelEval with its web order); the figures go into the card

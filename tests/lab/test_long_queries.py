@@ -58,3 +58,27 @@ def test_a_query_that_is_a_corpus_document_never_gets_itself_as_a_candidate(tmp_
     for q in queries:
         ids = [d.doc_id for d in cands[q.query_id]]
         assert q.query_id not in ids and len(ids) == 3 == len(scores[q.query_id])
+
+
+def test_a_passage_judged_3_is_the_query_and_its_topic_the_relevant_passages(tmp_path) -> None:
+    from set_folders import write
+
+    from heedrank.lab.long_queries import passage_queries
+
+    d = tmp_path / "dl"
+    write(d / "topics.dl21.txt", "1\tfirst topic\n2\tsecond topic\n")
+    write(d / "qrels.dl21-passage.txt", "1 0 p1 3\n1 0 p2 3\n1 0 p3 2\n1 0 p4 0\n2 0 p5 3\n")
+    hits = {"1": ["p1", "p2", "p3", "p4"], "2": ["p5", "p6"]}
+    runs = [{"query": f"topic {q}", "hits": [{"content": f"passage {p} words", "qid": int(q), "docid": p, "rank": r + 1,
+                                              "score": 10.0 - r} for r, p in enumerate(ps)]} for q, ps in hits.items()]
+    write(d / "retrieve_results_BM25_dl21_top100.json", json.dumps(runs))
+    out = tmp_path / "passages"
+    record = passage_queries(d, out, per_topic=2, runs=("BM25",))
+    queries, qrels = load_beir_queries(out), load_beir_qrels(out, "train")
+    # topic 1: p1 and p2 (judged 3) are queries, each with the topic's other passages judged 2-3;
+    # topic 2's only passage judged 3 has no other relevant one: no query
+    assert sorted(queries) == ["p1", "p2"] and record["queries"] == 2 and record["pool"] == 6
+    assert qrels["p1"] == {"p2": 3, "p3": 2} and qrels["p2"] == {"p1": 3, "p3": 2}
+    assert queries["p1"].text == "passage p1 words"
+    _, cands, _, _ = beir_candidates(out, "train", queries=None, candidates=3, seed=0, index_dir=None, retriever="bm25")
+    assert all(q not in [doc.doc_id for doc in c] for q, c in cands.items())
