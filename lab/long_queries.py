@@ -76,21 +76,8 @@ def document_queries(data: Path, out: Path, *, queries: int = 200, seed: int = 0
     link = out / corpus.name  # the candidates' texts: NFCorpus's corpus (its index's cosines are read for it)
     if not link.exists():
         link.symlink_to(corpus)
-    with (out / "queries.jsonl").open("w", encoding="utf-8") as f:
-        for qid, text, _ in rows:
-            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
-    with (out / "qrels" / f"{SPLIT}.tsv").open("w", encoding="utf-8") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for qid, _, rel in rows:
-            f.writelines(f"{qid}\t{d}\t{g}\n" for d, g in sorted(rel.items()))
-    words = sorted(len(text.split()) for _, text, _ in rows)
-    lengths = ({"median": words[len(words) // 2], "p10": words[len(words) // 10], "p90": words[len(words) * 9 // 10]}
-               if words else {})
-    record = {"data": str(data), "queries": len(rows), "seed": seed, "min_relevant": min_relevant,
-              "max_relevant": max_relevant, "split": SPLIT, "words": lengths}
-    (out / "source.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    logger.info("long-query source: %d queries, median %s words -> %s", len(rows), lengths.get("median"), out)
-    return record
+    return _write_source(out, rows, {"data": str(data), "seed": seed, "min_relevant": min_relevant,
+                                     "max_relevant": max_relevant})
 
 
 def _corpus(path: Path) -> dict[str, str]:
@@ -147,6 +134,13 @@ def passage_queries(data: Path, out: Path, *, per_topic: int = 2, seed: int = 0,
     with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
         for d in sorted(pool):
             f.write(json.dumps({"_id": d, "title": "", "text": pool[d]}) + "\n")
+    return _write_source(out, rows, {"data": str(data), "seed": seed, "per_topic": per_topic, "runs": list(runs),
+                                     "pool": len(pool)})
+
+
+def _write_source(out: Path, rows: list[tuple[str, str, dict[str, int]]], record: dict[str, Any]) -> dict[str, Any]:
+    """Write ``rows`` (``(query_id, text, {doc_id: grade})``) as ``out``'s ``queries.jsonl`` and
+    ``qrels/train.tsv``, and ``source.json``: ``record`` with the queries' count and lengths in words."""
     with (out / "queries.jsonl").open("w", encoding="utf-8") as f:
         for qid, text, _ in rows:
             f.write(json.dumps({"_id": qid, "text": text}) + "\n")
@@ -157,9 +151,7 @@ def passage_queries(data: Path, out: Path, *, per_topic: int = 2, seed: int = 0,
     words = sorted(len(text.split()) for _, text, _ in rows)
     lengths = ({"median": words[len(words) // 2], "p10": words[len(words) // 10], "p90": words[len(words) * 9 // 10]}
                if words else {})
-    record = {"data": str(data), "queries": len(rows), "seed": seed, "per_topic": per_topic, "runs": list(runs),
-              "pool": len(pool), "split": SPLIT, "words": lengths}
+    record = {**record, "queries": len(rows), "split": SPLIT, "words": lengths}
     (out / "source.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    logger.info("passage-query source: %d queries over %d passages, median %s words -> %s", len(rows), len(pool),
-                lengths.get("median"), out)
+    logger.info("long-query source: %d queries, median %s words -> %s", len(rows), lengths.get("median"), out)
     return record
