@@ -20,11 +20,11 @@ fi
 # No wait for the document KV store: the service serves as soon as the models are loaded and fills the
 # store in the background while it is idle (about 10 min for NFCorpus on 2 cores; it resumes after a restart).
 # Until a candidate's block is stored, a search encodes at most HEEDRANK_COLD_BUDGET (4) cold ones inline
-# and leaves the others at their first-stage positions, saying so ("skipped_cold"); docs/results/store.md,
-# "Bounded tiers". `heedrank index kv build --index "$INDEX"` fills it up front instead.
-# The default configuration is the best measured one (README, "What ships"): cached BlockRank with
-# the learned head weights and the query adapter shipped for SmolLM2, fused with the first stage
-# (hybrid here). `"method": "icr"` in a request picks ICR, `"fusion": "none"` the reranker's own order.
+# and scores the others from their other signals, saying so ("skipped_cold", rerank.warnings);
+# docs/results/store.md, "Bounded tiers". `heedrank index kv build --index "$INDEX"` fills it up front instead.
+# The default configuration is the best measured one (README, "What ships"): cached BlockRank with the
+# query adapter shipped for SmolLM2, read list-independently, and one scorer over its attention, the
+# embedder's cosine and the first-stage rank (hybrid here); `"method": "icr"` in a request picks ICR.
 HEEDRANK_DEFAULT_RETRIEVER=${HEEDRANK_DEFAULT_RETRIEVER:-hybrid} \
     .venv/bin/heedrank serve --index "$INDEX" --port "$PORT" &
 SERVER=$!
