@@ -9,7 +9,10 @@ candidates; the built-in ones:
 - ``dense``: the embedder's cosine of the query and the document (the index's stored vector for
   ``/search``; the text encoded for ``/rerank``, ``rerank-batch`` and ``eval``);
 - ``rank``: :func:`heedrank.signals.rank.feature` of the candidate's 0-based place in the first stage (or the
-  order ``/rerank`` was given).
+  order ``/rerank`` was given);
+- ``query_words``: the query's length, no term of a model: the query gate (:class:`QueryGate`, the
+  card's ``scorer.gate``) reads it, so that a query longer than the scorer's sources' leans on the
+  embedder alone.
 
 The score is a logistic model, ``s = bias + sum_f w_f x_f`` (log-odds of P(relevant)), with one
 fitted model per subset of the signals (:class:`Scorer`), so a candidate missing a signal (cold
