@@ -5,10 +5,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from heedrank.lab.train.source_choice import Source
+
+
+def read_source(name: str, spec: str, card: Mapping[str, Any], index: Path | None) -> Source:
+    """One ``NAME=DUMP[@MIN_GRADE][:METRIC]`` source of the scorer's lab commands, loaded
+    (:func:`heedrank.lab.train.source_choice.load_source`; grade 1 and nDCG@10 unless given)."""
+    from heedrank.lab.train.source_choice import load_source
+
+    path, _, metric = spec.partition(":")
+    dump, _, grade = path.partition("@")
+    return load_source(name, Path(dump), int(grade or 1), metric or "nDCG@10", card, index=index)
 
 
 def lab_fit_scorer(
@@ -80,10 +94,8 @@ def lab_choose_scorer(
     data = read_card(card).data
     sources, dumps = [], []
     for name, spec in parse_named(source, "--source", "NAME=DUMP[@MIN_GRADE][:METRIC]").items():
-        path, _, metric = spec.partition(":")
-        dump, _, grade = path.partition("@")
-        dumps.append(Path(dump))
-        loaded = load_source(name, Path(dump), int(grade or 1), metric or "nDCG@10", data, index=index)
+        dumps.append(Path(spec.partition(":")[0].partition("@")[0]))
+        loaded = read_source(name, spec, data, index)
         sources.append(replace(loaded, calibrates=name not in set(rank_only or [])))
     unknown = set(rank_only or []) - {s.name for s in sources}
     if unknown:
@@ -121,7 +133,7 @@ def lab_compare_adapters(
     """Two query adapters side by side on the same queries, paired (heedrank.lab.train.adapter_compare):
     the single signals, and scorers fitted on --fit and read on each --test set."""
     from heedrank.lab.train.adapter_compare import compare_adapters, format_comparison
-    from heedrank.lab.train.source_choice import Source, load_source
+    from heedrank.lab.train.source_choice import load_source
     from heedrank.reranker.cards import read_card
 
     data = read_card(card).data
@@ -164,7 +176,6 @@ def lab_choose_gate(
     from heedrank.lab.cli.study import write_new_card
     from heedrank.lab.dumps import command_line, parse_named
     from heedrank.lab.train.gate_choice import choose_gate, format_gate, gate_entry
-    from heedrank.lab.train.source_choice import load_source
     from heedrank.reranker.cards import read_card
     from heedrank.scorer import Scorer
 
@@ -174,14 +185,10 @@ def lab_choose_gate(
         raise typer.BadParameter(f"{card} has no 'scorer' entry: fit one first (heedrank lab choose-scorer)",
                                  param_hint="--card")
 
-    def read(name: str, spec: str):
-        path, _, metric = spec.partition(":")
-        dump, _, grade = path.partition("@")
-        return load_source(name, Path(dump), int(grade or 1), metric or "nDCG@10", data, index=index)
-
-    sources = [read(n, s) for n, s in parse_named(source, "--source", "NAME=DUMP[@MIN_GRADE][:METRIC]").items()]
+    sources = [read_source(n, s, data, index)
+               for n, s in parse_named(source, "--source", "NAME=DUMP[@MIN_GRADE][:METRIC]").items()]
     (long_name, long_spec), = parse_named([long], "--long", "NAME=DUMP[@MIN_GRADE][:METRIC]").items()
-    report = choose_gate(scorer, sources, read(long_name, long_spec))
+    report = choose_gate(scorer, sources, read_source(long_name, long_spec, data, index))
     command = command_line("heedrank lab choose-gate", [("--source", source), ("--long", long), ("--card", card),
                                                         ("--index", index), ("--write-card", write_card)])
     report["command"] = command
@@ -210,7 +217,6 @@ def lab_check_probability(
     candidate's probability against how often it is relevant, and the calibration error."""
     from heedrank.lab.dumps import parse_named
     from heedrank.lab.train.probability_check import check, format_check
-    from heedrank.lab.train.source_choice import load_source
     from heedrank.reranker.cards import read_card
     from heedrank.scorer import Scorer
 
@@ -222,10 +228,8 @@ def lab_check_probability(
             raise typer.BadParameter(f"card {name!r} has no 'scorer' entry", param_hint="--card")
         scorers[name] = scorer
     first = next(iter(cards.values()))
-    sources = []
-    for name, spec in parse_named(test, "--test", "NAME=DUMP[@MIN_GRADE]").items():
-        dump, _, grade = spec.partition("@")
-        sources.append(load_source(name, Path(dump), int(grade or 1), "nDCG@10", first, index=index))
+    sources = [read_source(name, spec, first, index)
+               for name, spec in parse_named(test, "--test", "NAME=DUMP[@MIN_GRADE]").items()]
     report = check(scorers, sources)
     if out is not None:
         out.write_text(json.dumps(report, indent=1))

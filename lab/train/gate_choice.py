@@ -1,7 +1,7 @@
 """The scorer's query gate (:class:`heedrank.scorer.QueryGate`), chosen on a source of long queries.
 
 The scorer (:mod:`heedrank.lab.train.source_choice`) is fitted on sources whose queries are short
-(at most 39 words); the long-query source (:mod:`heedrank.lab.long_queries`: NFCorpus documents
+(their dumps' longest query: 24 words); the long-query source (:mod:`heedrank.lab.long_queries`: NFCorpus documents
 as queries, median 223 words) shows what its attention is worth past them. The gate's ``limit``
 is the longest query of the scorer's sources (a rule: the attention keeps its fitted weight over
 the lengths it was fitted on); its target model (:data:`TARGETS`: the model without the attention,
@@ -34,18 +34,24 @@ logger = logging.getLogger(__name__)
 POWERS = (0.5, 1.0, 2.0, math.inf)
 """Powers of the gate tried (``inf``: past ``limit`` the score is the target model's)."""
 
+STEEP = 64.0
+"""The power written for ``inf``: ``(24 / 30) ** 64`` is below 1e-6, the target model alone."""
+
+
+def card_power(power: float) -> float:
+    """``power`` as a card holds it (:data:`STEEP` for ``inf``)."""
+    return STEEP if math.isinf(power) else float(power)
+
 TARGETS: dict[str, tuple[str, ...]] = {"no attention": (), "embedder": (DENSE,)}
 """The models a long query's score may lean on (:attr:`heedrank.scorer.QueryGate.toward`): the
 candidate's model less the attention, or the embedder alone."""
 
 
 def gated(scorer: Scorer, limit: float, power: float, toward: tuple[str, ...] = ()) -> Scorer:
-    """``scorer`` with the gate ``(limit, power, toward)`` (``inf`` stands for a power large enough
-    to leave the target model alone: 64)."""
+    """``scorer`` with the gate ``(limit, power, toward)`` (``inf``: :func:`card_power`)."""
     from dataclasses import replace
 
-    return replace(scorer, gate=QueryGate(QUERY_WORDS, float(limit), 64.0 if math.isinf(power) else float(power),
-                                          tuple(toward)))
+    return replace(scorer, gate=QueryGate(QUERY_WORDS, float(limit), card_power(power), tuple(toward)))
 
 
 def row_name(target: str, power: float) -> str:
@@ -107,8 +113,7 @@ def gate_entry(report: Mapping[str, Any]) -> dict[str, Any] | None:
     """The card's ``scorer.gate`` of :func:`choose_gate`'s choice (``None``: no gate)."""
     if report["power"] is None:
         return None
-    power = report["power"]
-    return {"signal": QUERY_WORDS, "limit": report["limit"], "power": 64.0 if math.isinf(power) else power,
+    return {"signal": QUERY_WORDS, "limit": report["limit"], "power": card_power(report["power"]),
             "toward": report["toward"],
             "sets": {n: {"queries": s["queries"], "words": s["words"],
                          "rows": {k: round(v, 2) for k, v in s["rows"].items()}} for n, s in report["sets"].items()}}

@@ -76,7 +76,8 @@ def index_for(meta: Mapping[str, Any], index: Path | None) -> Path | None:
         return None
     if Path(corpus).resolve() == Path(meta["data"]).resolve():
         return index
-    return index if _corpus_file(corpus) is not None and _corpus_file(corpus) == _corpus_file(meta["data"]) else None
+    indexed = _corpus_file(corpus)
+    return index if indexed is not None and indexed == _corpus_file(meta["data"]) else None
 
 
 def _corpus_file(path: str | Path) -> Path | None:
