@@ -235,7 +235,8 @@ class Scorer:
             model = self.model_for(present)
             if model is None:
                 continue
-            s = model.logits(X[rows], column)
+            own = model.logits(X[rows], column)
+            s = own
             inner = self.exact([u for u in model.uses if u != self.stepped]) if self.stepped in model.uses else None
             if step and inner is not None:
                 base = self.model_for([f for f in present if f != self.stepped])
@@ -248,7 +249,7 @@ class Scorer:
                     if self.gate.toward:  # the whole score leans on the target model
                         s = s - (1.0 - g) * (s - target.logits(X[rows], column))
                     else:  # the attention's step A - B, scaled by g
-                        s = s - (1.0 - g) * (model.logits(X[rows], column) - target.logits(X[rows], column))
+                        s = s - (1.0 - g) * (own - target.logits(X[rows], column))
             out[rows] = s
         return out
 
