@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from heedrank.errors import ValidationError
-from heedrank.signals import attention, names, query
+from heedrank.signals import attention, dense, names, query
 
 
 @dataclass(frozen=True)
@@ -73,24 +73,24 @@ class QueryGate:
     first ``max_query_tokens`` tokens of a query, and the first stage's rank (BM25 over a bag of
     a few hundred words) earn less than the weight they earned there, while the embedder reads a
     long query whole. So a candidate of a long query gets ``T(x) + g (s(x) - T(x))``: ``s`` its
-    score without the gate, ``T`` the target model: of the signals :attr:`toward` (``("dense",)``:
-    the embedder alone), or with ``toward`` empty the candidate's model less the attention (only
-    the attention's step is scaled). Every candidate of the list holding the target's signals
-    leans by the same ``g``. ``g`` is a number of the query alone, so a document's probability
-    stays its own in any list, and a query of at most ``limit`` words is scored to the bit as
-    without a gate.
+    score without the gate, ``T`` the target model, of the signals :attr:`toward` (``("dense",)``:
+    the embedder alone). Every candidate of the list holding the target's signals leans by the
+    same ``g``. ``g`` is a number of the query alone, so a document's probability stays its own in
+    any list, and a query of at most ``limit`` words is scored to the bit as without a gate.
+    (Leaning on the candidate's model less the attention lost on the long-query source: tag
+    ``exp/gate-toward-no-attention``, docs/results/default.md, "Long queries lean on the embedder".)
 
     Attributes:
         signal: The signal of the query's length (:mod:`heedrank.signals.query`).
         limit: Words up to which the score is the models' own.
         power: How fast the lean grows past ``limit``.
-        toward: The target model's signals; empty: the candidate's model less the attention.
+        toward: The target model's signals.
     """
 
     signal: str
     limit: float
     power: float = 1.0
-    toward: tuple[str, ...] = ()
+    toward: tuple[str, ...] = (dense.NAME,)
 
     def weights(self, lengths: np.ndarray) -> np.ndarray:
         """``(n,)`` float64 ``g`` of ``(n,)`` query lengths (1 where a length is NaN or at most ``limit``)."""
@@ -112,6 +112,9 @@ class QueryGate:
             return None
         sig, limit, power = str(entry.get("signal", query.NAME)), entry.get("limit"), entry.get("power", 1.0)
         toward = tuple(str(t) for t in entry.get("toward") or ())
+        if not toward:
+            raise ValidationError("the card's scorer gate names no target model ('toward'): refit it "
+                                  "(heedrank lab choose-gate)")
         if not {sig, *toward} <= set(names()):
             raise ValidationError(f"the card's scorer gate reads {[sig, *toward]}, not all registered signals: refit "
                                   "it (heedrank lab choose-gate)")
@@ -235,8 +238,7 @@ class Scorer:
             model = self.model_for(present)
             if model is None:
                 continue
-            own = model.logits(X[rows], column)
-            s = own
+            s = model.logits(X[rows], column)
             inner = self.exact([u for u in model.uses if u != self.stepped]) if self.stepped in model.uses else None
             if step and inner is not None:
                 base = self.model_for([f for f in present if f != self.stepped])
@@ -244,12 +246,9 @@ class Scorer:
                     s = s + (base.logits(X[rows], column) - inner.logits(X[rows], column))
             if self.gate is not None and self.gate.signal in column:
                 g = self.gate.weights(X[rows, column[self.gate.signal]])
-                target = self.exact(self.gate.toward) if self.gate.toward else inner
+                target = self.exact(self.gate.toward)
                 if (g < 1).any() and target is not None and target is not model and set(target.uses) <= set(present):
-                    if self.gate.toward:  # the whole score leans on the target model
-                        s = s - (1.0 - g) * (s - target.logits(X[rows], column))
-                    else:  # the attention's step A - B, scaled by g
-                        s = s - (1.0 - g) * (own - target.logits(X[rows], column))
+                    s = s - (1.0 - g) * (s - target.logits(X[rows], column))  # the whole score leans on the target
             out[rows] = s
         return out
 

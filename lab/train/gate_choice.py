@@ -4,8 +4,8 @@ The scorer (:mod:`heedrank.lab.train.source_choice`) is fitted on sources whose 
 (their dumps' longest query: 24 words); the long-query source (:mod:`heedrank.lab.long_queries`: NFCorpus documents
 as queries, median 223 words) shows what its attention is worth past them. The gate's ``limit``
 is the longest query of the scorer's sources (a rule: the attention keeps its fitted weight over
-the lengths it was fitted on); its target model (:data:`TARGETS`: the model without the attention,
-or the embedder alone) and ``power`` (:data:`POWERS`) are chosen on the long source (the highest
+the lengths it was fitted on); its target model (:data:`TARGETS`: the embedder alone) and
+``power`` (:data:`POWERS`) are chosen on the long source (the highest
 value there; ties: the smallest power, the least change). The scorer's sources are
 read again with the gate, so that a short query's score is seen unchanged (no query of theirs
 is longer than ``limit``).
@@ -42,12 +42,12 @@ def card_power(power: float) -> float:
     """``power`` as a card holds it (:data:`STEEP` for ``inf``)."""
     return STEEP if math.isinf(power) else float(power)
 
-TARGETS: dict[str, tuple[str, ...]] = {"no attention": (), "embedder": (DENSE,)}
+TARGETS: dict[str, tuple[str, ...]] = {"embedder": (DENSE,)}
 """The models a long query's score may lean on (:attr:`heedrank.scorer.QueryGate.toward`): the
-candidate's model less the attention, or the embedder alone."""
+embedder alone (the candidate's model less the attention lost: tag ``exp/gate-toward-no-attention``)."""
 
 
-def gated(scorer: Scorer, limit: float, power: float, toward: tuple[str, ...] = ()) -> Scorer:
+def gated(scorer: Scorer, limit: float, power: float, toward: tuple[str, ...] = (DENSE,)) -> Scorer:
     """``scorer`` with the gate ``(limit, power, toward)`` (``inf``: :func:`card_power`)."""
     from dataclasses import replace
 

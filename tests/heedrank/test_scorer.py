@@ -219,29 +219,8 @@ def test_a_search_read_in_part_says_how_many_the_scorer_served_without_attention
     assert to_response(res, "reverse").rerank.warnings == list(res.warnings)  # type: ignore[union-attr]
 
 
-GATED = {"scorer": {**ENTRY["scorer"], "gate": {"signal": "query_words", "limit": 10, "power": 1.0}}}
-
-
-def test_a_long_query_leans_on_the_model_without_the_attention() -> None:
-    """The query gate: a query of at most ``limit`` words is scored as before, to the bit; one of
-    40 words gets ``B + (10 / 40) (A - B)``; in a list read in part the step is scaled the same way."""
-    scorer = Scorer.from_card(GATED)
-    assert scorer is not None and scorer.gate is not None
-    assert scorer.features == ("attention", "dense", "rank", "query_words")
-    x = {"attention": 2.0, "dense": 0.5, "rank": math.log(3)}
-    a = -4.0 + 1.0 + 4.0 - 0.3 * math.log(3)
-    b = -5.0 + 5.0 - 0.4 * math.log(3)
-    plain = Scorer.from_card(ENTRY)
-    assert plain is not None
-    assert scorer.logit({**x, "query_words": 10.0})[0] == plain.logit(x)[0] == pytest.approx(a)  # type: ignore[index]
-    assert scorer.logit({**x, "query_words": 40.0})[0] == pytest.approx(b + 0.25 * (a - b))  # type: ignore[index]
-    assert scorer.logit({**x, "query_words": None})[0] == pytest.approx(a)  # type: ignore[index]  # no length: no gate
-    # without the attention the gate has nothing to scale
-    assert scorer.logit({**x, "attention": None, "query_words": 40.0})[0] == pytest.approx(b)  # type: ignore[index]
-    X = np.asarray([[2.0, 0.5, math.log(3), 40.0], [np.nan, 0.5, 0.0, 40.0]])
-    stepped = scorer.logits(X, scorer.features, step=True)
-    assert stepped[0] == pytest.approx(b + 0.25 * (a - b))  # N is B here: the step form is the plain form
-    assert stepped[1] == pytest.approx(-5.0 + 5.0)
+GATED = {"scorer": {**ENTRY["scorer"], "gate": {"signal": "query_words", "limit": 10, "power": 1.0,
+                                                 "toward": ["dense"]}}}
 
 
 def test_the_gate_is_a_number_of_the_query_so_a_document_keeps_its_probability() -> None:
@@ -259,8 +238,9 @@ def test_the_gate_is_a_number_of_the_query_so_a_document_keeps_its_probability()
     assert alone[0] == listed[1]
 
 
-@pytest.mark.parametrize("gate", [{"signal": "nope", "limit": 10}, {"limit": 0}, {"limit": "x"},
-                                  {"limit": 10, "power": -1}])
+@pytest.mark.parametrize("gate", [{"signal": "nope", "limit": 10, "toward": ["dense"]}, {"limit": 0, "toward": ["dense"]},
+                                  {"limit": "x", "toward": ["dense"]}, {"limit": 10, "power": -1, "toward": ["dense"]},
+                                  {"limit": 10}])
 def test_a_gate_the_signals_cannot_serve_is_refused(gate) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValidationError, match="refit"):
         Scorer.from_card({"scorer": {**ENTRY["scorer"], "gate": gate}})

@@ -24,16 +24,15 @@ def test_short_sources_are_unchanged_and_a_long_source_of_noisy_attention_drops_
     # long queries: the attention is noise that points the wrong way (anti-correlated with relevance)
     long = _with_words(_source("long", 3, -3.0), 200)
     scorer = Scorer((SubsetModel(("attention", "dense", "rank"), (1.0, 10.0, -0.2), -4.0),
-                     SubsetModel(("dense", "rank"), (12.0, -0.3), -4.5)), 0.5)
+                     SubsetModel(("dense", "rank"), (12.0, -0.3), -4.5), SubsetModel(("dense",), (12.5,), -4.6)), 0.5)
     report = choose_gate(scorer, short, long)
     assert report["limit"] == 20.0
     for s in short:  # no query past the limit: every gate serves them as the ungated scorer
         assert np.array_equal(served(gated(scorer, 20, 1.0), s), served(scorer, s))
         rows = report["sets"][s.name]["rows"]
-        assert rows["gate toward no attention, power 1"] == rows["default, no gate"]
         assert rows["gate toward embedder, power 1"] == rows["default, no gate"]
     rows = report["sets"]["long"]["rows"]
-    assert rows["gate toward no attention, power inf"] > rows["default, no gate"]
+    assert rows["gate toward embedder, power inf"] > rows["default, no gate"]
     assert report["power"] is not None and math.isinf(report["power"])
     entry = gate_entry(report)
     assert entry is not None and entry["limit"] == 20.0 and entry["power"] == 64.0
@@ -47,6 +46,6 @@ def test_no_gate_when_no_power_helps() -> None:
     short = [_with_words(_source("a", 1, 3.0), 12)]
     long = _with_words(_source("long", 4, 3.0), 12)  # no query past the limit: nothing changes
     scorer = Scorer((SubsetModel(("attention", "dense", "rank"), (1.0, 10.0, -0.2), -4.0),
-                     SubsetModel(("dense", "rank"), (12.0, -0.3), -4.5)), 0.5)
+                     SubsetModel(("dense", "rank"), (12.0, -0.3), -4.5), SubsetModel(("dense",), (12.5,), -4.6)), 0.5)
     report = choose_gate(scorer, short, long)
     assert report["power"] is None and gate_entry(report) is None
