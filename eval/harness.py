@@ -92,7 +92,8 @@ def _for_method(config: Any, method: str) -> Any:
 
 def config_suffix(config: Any, reranking: bool) -> str | None:
     """``t<max_doc_tokens>`` plus ``key=value`` of the reranker options, so that runs of
-    different reranker configurations get different report names."""
+    different reranker configurations get different report names (an option given as ``null``
+    reads ``key=null``; a list or mapping, the first 8 hex digits of its sha256)."""
     if not reranking:
         return None
     if config is None:
@@ -103,8 +104,8 @@ def config_suffix(config: Any, reranking: bool) -> str | None:
     given = config.given_options
     for key in sorted(k for k in given if k != "keep_attention"):
         value = given[key]
-        text = value if isinstance(value, (str, int, float, bool)) else hashlib.sha256(
-            repr(value).encode()).hexdigest()[:8]
+        text = "null" if value is None else value if isinstance(value, (str, int, float, bool)) else (
+            hashlib.sha256(repr(value).encode()).hexdigest()[:8])
         parts.append(f"{key}={text}")
     return "-".join(parts)
 
