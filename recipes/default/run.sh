@@ -290,6 +290,18 @@ step_gate_check() {  # not in the default order: the query gate read on a second
         --out "$W/reports/gate-check.json" | tee "$W/reports/gate-check.md"
 }
 
+step_probability_check() {  # not in the default order: does the served probability mean what it says? The card
+                            # out/card.scorer.json on the scorer step's dumps (its three calibrating sources) and on
+                            # DL19 and NFCorpus dev (never fitted): relevant share, mean P, ECE and /rerank's
+                            # reliability per bin of P (heedrank lab check-probability; reports/reliability.md)
+    local t=$SERVED d=$W/dumps
+    "$HR" lab check-probability --card "served=$W/out/card.scorer.json" \
+        --test "nf-train=$d/$t-nf-train-scorer150-hybrid50.npz" --test "dl21=$d/$t-dl21-bm25-30.npz@2" \
+        --test "scifact=$d/$t-scifact-train-bm25-30.npz" --test "dl19=$d/$t-dl19-bm25-100.npz@2" \
+        --test "nf-dev=$d/$t-nf-dev150-hybrid50.npz" --index "$IDX" \
+        --out "$W/reports/reliability.json" | tee "$W/reports/reliability.md"
+}
+
 step_scorer_eval() {  # the served default through the product (eval beir / trec-dl) beside the embedder alone
                       # (--rerank dense) and the first stage alone, every test query (NFCorpus test, DL19, dev-600's
                       # test fold, NovelEval with its web order); the figures go into the card
