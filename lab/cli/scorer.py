@@ -214,7 +214,8 @@ def lab_check_probability(
 ) -> None:
     """Does the scorer's probability mean what it says (heedrank.lab.train.probability_check)? Per set and
     card, as /rerank and /search serve it: the relevant share against the mean probability, the top
-    candidate's probability against how often it is relevant, and the calibration error."""
+    candidate's probability against how often it is relevant, the calibration error, and /rerank's
+    reliability (each bin of probability's relevant share against its mean probability)."""
     from heedrank.lab.dumps import parse_named
     from heedrank.lab.train.probability_check import check, format_check
     from heedrank.reranker.cards import read_card

@@ -41,15 +41,15 @@ def calibration(p: np.ndarray, y: np.ndarray, bins: int = BINS) -> float:
                      if (idx == b).any()) / len(p))
 
 
-def reliability(p: np.ndarray, y: np.ndarray, edges: Sequence[float] = RELIABILITY) -> list[dict[str, float]]:
+def reliability(p: np.ndarray, y: np.ndarray, edges: Sequence[float] = RELIABILITY) -> list[dict[str, float | None]]:
     """Per bin ``[lo, hi)`` of probabilities ``p`` ``(n,)`` (the last bin closed): ``{"lo", "hi", "n",
     "mean p", "relevant"}``, the candidates' mean probability and relevant share (0/1 labels ``y``
-    ``(n,)``); NaN for an empty bin."""
+    ``(n,)``); ``None`` for an empty bin's."""
     out = []
     for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
         m = (p >= lo) & ((p < hi) if i < len(edges) - 2 else (p <= hi))
-        out.append({"lo": lo, "hi": hi, "n": int(m.sum()), "mean p": float(p[m].mean()) if m.any() else float("nan"),
-                    "relevant": float(y[m].mean()) if m.any() else float("nan")})
+        out.append({"lo": lo, "hi": hi, "n": int(m.sum()), "mean p": float(p[m].mean()) if m.any() else None,
+                    "relevant": float(y[m].mean()) if m.any() else None})
     return out
 
 

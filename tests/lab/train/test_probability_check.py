@@ -36,4 +36,4 @@ def test_reliability_bins_hold_every_candidate_and_close_the_last_bin() -> None:
     assert sum(b["n"] for b in bins) == 5
     assert (bins[1]["n"], bins[1]["relevant"], bins[1]["mean p"]) == (2, 0.5, pytest.approx(0.15))
     assert (bins[-1]["lo"], bins[-1]["n"], bins[-1]["relevant"]) == (0.7, 1, 1.0)
-    assert bins[2]["n"] == 0 and np.isnan(bins[2]["relevant"])
+    assert bins[2]["n"] == 0 and bins[2]["relevant"] is None
