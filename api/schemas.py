@@ -528,8 +528,8 @@ class RerankerInfo(BaseModel):
     signals: list[str] | None = Field(
         None, description="The signals the default's scorer reads (heedrank.scorer: attention, dense, rank; one "
         "logistic model per subset, so a candidate missing one is scored from the rest; query_words: the query's "
-        "length, read by the scorer's query gate, which scales the attention's weight for queries longer than "
-        "its training sources'); null when the loaded reranker is not served by it.")
+        "length, read by the scorer's query gate, which leans the score of a query longer than its training "
+        "sources' on the embedder alone); null when the loaded reranker is not served by it.")
     model_ids: list[str] = Field(description="Values /rerank accepts as `model`.")
     methods: list[str] = Field(description="Rerank methods /search accepts.")
     max_doc_tokens: int

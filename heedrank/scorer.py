@@ -230,6 +230,8 @@ class Scorer:
         if n == 0:
             return out
         column = {f: j for j, f in enumerate(features)}
+        gate = self.gate if self.gate is not None and self.gate.signal in column else None
+        target = self.exact(gate.toward) if gate is not None else None
         have = np.isfinite(X)
         patterns, inverse = np.unique(have, axis=0, return_inverse=True)
         for p, pattern in enumerate(patterns):
@@ -244,10 +246,9 @@ class Scorer:
                 base = self.model_for([f for f in present if f != self.stepped])
                 if base is not None and base is not inner:
                     s = s + (base.logits(X[rows], column) - inner.logits(X[rows], column))
-            if self.gate is not None and self.gate.signal in column:
-                g = self.gate.weights(X[rows, column[self.gate.signal]])
-                target = self.exact(self.gate.toward)
-                if (g < 1).any() and target is not None and target is not model and set(target.uses) <= set(present):
+            if gate is not None and target is not None:
+                g = gate.weights(X[rows, column[gate.signal]])
+                if (g < 1).any() and target is not model and set(target.uses) <= set(present):
                     s = s - (1.0 - g) * (s - target.logits(X[rows], column))  # the whole score leans on the target
             out[rows] = s
         return out

@@ -121,7 +121,7 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
     fusion weight, and the dev and test nDCG@10 of its weights card (``scorer``: what the default
     serves, its signals, cut-off, test nDCG@10 beside the first stage and the embedder alone,
     the configuration its leave-one-source-out choice picked and its query ``gate``
-    (:class:`heedrank.scorer.QueryGate`: the signal, limit and power); ``learned``: the card's record of
+    (:class:`heedrank.scorer.QueryGate`: the signal, limit, power and target model); ``learned``: the card's record of
     ``scoring='learned'``, opt-in since the scorer ships: its ``configuration`` with the query
     adapter, its ``fusion`` weight, dev and test nDCG@10). ``fusion`` at the top is the weight
     the default serves with (``null``: the scorer orders alone, the first stage is not fused)."""
@@ -141,8 +141,8 @@ def default_configuration(settings: Settings) -> dict[str, Any]:
                                      if k in scorer}
             if "choice" in scorer:
                 out["card"]["scorer"]["chosen"] = scorer["choice"].get("chosen")
-            if scorer.get("gate"):  # the query gate: the attention's weight past the sources' longest query
-                out["card"]["scorer"]["gate"] = {k: scorer["gate"][k] for k in ("signal", "limit", "power")
+            if scorer.get("gate"):  # the query gate: past the sources' longest query the score leans on `toward`
+                out["card"]["scorer"]["gate"] = {k: scorer["gate"][k] for k in ("signal", "limit", "power", "toward")
                                                  if k in scorer["gate"]}
         # the card's record of scoring='learned' (opt-in; the default before the scorer): not what "default" serves
         learned = {k: card.data[k] for k in ("configuration", "fusion", "dev_ndcg@10", "test_ndcg@10") if k in card.data}

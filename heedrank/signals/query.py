@@ -2,8 +2,8 @@
 every candidate of the list.
 
 A number of the query alone, so it never ranks one candidate above another: the scorer reads it
-as its query gate (:class:`heedrank.scorer.QueryGate`), which scales the attention's step by how
-far the query lies outside the lengths the scorer was fitted on (a whole argument or a pasted
+as its query gate (:class:`heedrank.scorer.QueryGate`), which leans the score on the embedder alone
+by how far the query lies outside the lengths the scorer was fitted on (a whole argument or a pasted
 passage against the short questions and claims of its training sources).
 """
 

@@ -171,8 +171,9 @@ def lab_choose_gate(
         "--write-card", help="Write --card with the chosen gate in its 'scorer' entry to this NEW path.")] = None,
 ) -> None:
     """Choose the scorer's query gate on a source of long queries (heedrank.lab.train.gate_choice):
-    the attention's step keeps its weight up to the scorer's sources' longest query and falls past
-    it; the power is chosen on the long source, paired with the embedder alone and the ungated scorer."""
+    up to the scorer's sources' longest query the score is the scorer's own, past it it leans on a
+    target model (the embedder alone); the target and power are chosen on the long source, paired with
+    the embedder alone and the ungated scorer."""
     from heedrank.lab.cli.study import write_new_card
     from heedrank.lab.dumps import command_line, parse_named
     from heedrank.lab.train.gate_choice import choose_gate, format_gate, gate_entry

@@ -43,6 +43,7 @@ def test_info_names_the_default_configuration_and_its_figures(client):
     assert scorer["features"] == shipped["features"] and scorer["threshold"] == shipped["threshold"]
     assert scorer["test_ndcg@10"]["dl19-bm25-100"] == shipped["test_ndcg@10"]["dl19-bm25-100"]
     assert scorer["chosen"] == shipped["choice"]["chosen"] and "choice" not in scorer  # the summary, not the report
+    assert scorer["gate"] == {k: shipped["gate"][k] for k in ("signal", "limit", "power", "toward")}  # not its rows
     assert {"default", "blockrank-cached", "icr"} <= set(info["explain_methods"])
     assert "blockrank" not in info["explain_methods"] and "default" in info["methods"]
 
