@@ -398,14 +398,20 @@
     );
   }
 
-  function renderRerankInfo(rr) {
+  // The method a response names, with the one asked for when the service resolved an alias
+  // ("default (blockrank-cached)": the default is cached BlockRank read by the card's scorer).
+  function methodLabel(rr, asked) {
+    return asked && asked !== rr.method ? `${asked} (${rr.method})` : rr.method;
+  }
+
+  function renderRerankInfo(rr, asked) {
     const dl = $("rerank-info");
     const rows = [];
     const add = (k, v) => rows.push(el("dt", { text: k }), el("dd", { "data-key": k, text: v }));
     if (!rr) {
       add("method", "none (first-stage order)");
     } else {
-      add("method", rr.method);
+      add("method", methodLabel(rr, asked));
       add("candidates", rr.candidates);
       if (rr.prompt_tokens !== undefined) add("prompt tokens", rr.prompt_tokens);
       const read = Number.isFinite(rr.doc_tokens) ? `the first ${rr.doc_tokens} tokens of each document` : "";
@@ -434,11 +440,11 @@
 
   // What the reranker did, for the status line: how many candidates it reranked, and how many kept
   // their first-stage places and why (blocks not yet in the document KV store; the time budget ran out).
-  function rerankSummary(rr, moved) {
+  function rerankSummary(rr, moved, asked) {
     const total = Number.isInteger(rr.candidates) ? rr.candidates : 0;
     const scored = Number.isInteger(rr.reranked) ? rr.reranked : total;
     const kept = Math.max(0, total - scored);
-    let text = `reranked ${scored} of ${total} by ${rr.method}`;
+    let text = `reranked ${scored} of ${total} by ${methodLabel(rr, asked)}`;
     if (kept && rr.calibrated && scored > 0) {  // the scorer placed the others from its other signals
       text += `; ${kept} not read by the LM${rr.skipped_cold ? " (not yet in the store)" : ""}, scored from the `
         + `other signals; of the results shown, ${moved} moved`;
@@ -464,13 +470,14 @@
     const hi = scores.length ? Math.max(...scores) : 0;
     $("results").replaceChildren(...hits.map((h) => renderHit(h, lo, hi, Boolean(data.rerank && data.rerank.calibrated))));
     renderTimings(data.timings || {});
-    renderRerankInfo(data.rerank || null);
+    const asked = body.rerank && body.rerank.method;
+    renderRerankInfo(data.rerank || null, asked);
     show($("run-info"), true);
     const n = hits.length;
     const moved = hits.filter((h) => Number.isInteger(h.first_stage_rank) && h.first_stage_rank !== h.rank).length;
     const cut = data.rerank && Number.isFinite(data.rerank.cutoff) ? data.rerank.cutoff : null;
     $("status").textContent = `${n} result${n === 1 ? "" : "s"} for “${body.query}”`
-      + (data.rerank ? `, ${rerankSummary(data.rerank, moved)}` : "")
+      + (data.rerank ? `, ${rerankSummary(data.rerank, moved, asked)}` : "")
       + (cut !== null ? `, cut off at P(relevant) ≥ ${cut.toFixed(2)}` : "")
       + ` in ${fmtMs((data.timings || {}).total)}.`;
   }

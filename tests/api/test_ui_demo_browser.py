@@ -96,6 +96,8 @@ def test_the_page_searches_with_the_default_configuration_and_highlights_evidenc
                            / "smollm2-135m-instruct.blockrank-cached.json").read_text())
         assert "scorer" in card  # the default is served by the card's scorer: no fusion weight
         assert api["rerank"]["method"] == "blockrank-cached" and api["rerank"].get("fusion") is None
+        expect(page.locator("#status")).to_contain_text(" by default (blockrank-cached)")  # the alias, resolved
+        expect(page.locator('#rerank-info dd[data-key="method"]')).to_have_text("default (blockrank-cached)")
         hits = api["results"]
         expect(page.locator("#results > li.hit")).to_have_count(len(hits))
         marks = 0
