@@ -44,7 +44,8 @@ cat <<MSG
 heedrank is serving $INDEX on http://127.0.0.1:$PORT  (Ctrl-C stops it). Its document KV store fills
 in the background (about 10 minutes on 2 cores; in GET /info, collections.default.kv_store.blocks counts up to
 the number of distinct document texts, a little below num_docs, and "filling" turns false): until then a search reranks the candidates
-whose blocks are stored plus 4 more, and says how many it skipped ("skipped_cold"). Try:
+whose blocks are stored plus up to 4 more (as many as its time budget allows), scores the others from their other
+signals and says how many it skipped ("skipped_cold"). Try:
 
   curl -s http://127.0.0.1:$PORT/search -H 'Content-Type: application/json' \\
     -d '{"query": "vitamin D and bone fractures in the elderly", "top_k": 5, "explain": true}'
